@@ -1,0 +1,286 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cm.h: what every file of cudamem._core shares.
+ *
+ * - the table of driver entry points (cm_cu), filled at run time either
+ *   from libcuda.so.1 (driver.c) or from the CPU simulator (sim.c);
+ * - the checking macros that turn a CUresult into CudaAPIError;
+ * - the module state (types, exception classes, interned strings);
+ * - the internal interfaces between the concept files.
+ *
+ * Multiple interpreters are unsupported (NumPy and the driver are per
+ * process), so the module state is reached through one process-wide
+ * pointer, cm_st, set once in module exec.
+ */
+#ifndef CM_H
+#define CM_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define PY_ARRAY_UNIQUE_SYMBOL cm_ARRAY_API
+#ifndef CM_MODULE_C
+#define NO_IMPORT_ARRAY
+#endif
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cudaProfilerTypedefs.h>
+
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ */
+/* The driver entry points                                             */
+/* ------------------------------------------------------------------ */
+
+/*
+ * X(name, version): the entry point cu<name> at the ABI version whose
+ * signature is PFN_cu<name>_v<version> in cudaTypedefs.h.  The loader asks
+ * cuGetProcAddress for exactly that version; the simulator assigns
+ * functions of exactly that type, so the compiler checks both.
+ */
+#define CM_CU_FUNCS(X)                  \
+    X(GetErrorName, 6000)               \
+    X(GetErrorString, 6000)             \
+    X(Init, 2000)                       \
+    X(DriverGetVersion, 2020)           \
+    X(DeviceGet, 2000)                  \
+    X(DeviceGetCount, 2000)             \
+    X(DeviceGetName, 2000)              \
+    X(DeviceGetAttribute, 2000)         \
+    X(DeviceTotalMem, 3020)             \
+    X(DeviceGetUuid, 11040)             \
+    X(DeviceGetPCIBusId, 4010)          \
+    X(DeviceCanAccessPeer, 4000)        \
+    X(DevicePrimaryCtxRetain, 7000)     \
+    X(DevicePrimaryCtxRelease, 11000)   \
+    X(DevicePrimaryCtxReset, 11000)     \
+    X(DevicePrimaryCtxGetState, 7000)   \
+    X(CtxGetCurrent, 4000)              \
+    X(CtxSetCurrent, 4000)              \
+    X(CtxPushCurrent, 4000)             \
+    X(CtxPopCurrent, 4000)              \
+    X(CtxGetDevice, 2000)               \
+    X(CtxSynchronize, 2000)             \
+    X(CtxEnablePeerAccess, 4000)        \
+    X(MemAlloc, 3020)                   \
+    X(MemFree, 3020)                    \
+    X(MemGetInfo, 3020)                 \
+    X(MemAllocManaged, 6000)            \
+    X(MemAllocAsync, 11020)             \
+    X(MemFreeAsync, 11020)              \
+    X(MemHostAlloc, 2020)               \
+    X(MemFreeHost, 2000)                \
+    X(MemHostRegister, 6050)            \
+    X(MemHostUnregister, 4000)          \
+    X(MemHostGetDevicePointer, 3020)    \
+    X(MemGetAddressRange, 3020)         \
+    X(PointerGetAttribute, 4000)        \
+    X(MemcpyHtoD, 3020)                 \
+    X(MemcpyDtoH, 3020)                 \
+    X(MemcpyDtoD, 3020)                 \
+    X(MemcpyHtoDAsync, 3020)            \
+    X(MemcpyDtoHAsync, 3020)            \
+    X(MemcpyDtoDAsync, 3020)            \
+    X(Memcpy2D, 3020)                   \
+    X(Memcpy2DAsync, 3020)              \
+    X(Memcpy3D, 3020)                   \
+    X(Memcpy3DAsync, 3020)              \
+    X(MemcpyPeerAsync, 4000)            \
+    X(MemsetD8, 3020)                   \
+    X(MemsetD8Async, 3020)              \
+    X(MemPrefetchAsync, 12020)          \
+    X(MemAdvise, 12020)                 \
+    X(StreamCreate, 2000)               \
+    X(StreamDestroy, 4000)              \
+    X(StreamSynchronize, 2000)          \
+    X(StreamQuery, 2000)                \
+    X(StreamWaitEvent, 3020)            \
+    X(StreamAddCallback, 5000)          \
+    X(LaunchHostFunc, 10000)            \
+    X(EventCreate, 2000)                \
+    X(EventRecord, 2000)                \
+    X(EventSynchronize, 2000)           \
+    X(EventQuery, 2000)                 \
+    X(EventDestroy, 4000)               \
+    X(EventElapsedTime, 12080)          \
+    X(IpcGetMemHandle, 4010)            \
+    X(IpcOpenMemHandle, 11000)          \
+    X(IpcCloseMemHandle, 4010)          \
+    X(ModuleLoadData, 2000)             \
+    X(ModuleUnload, 2000)               \
+    X(ModuleGetFunction, 2000)          \
+    X(ModuleGetGlobal, 3020)            \
+    X(LaunchKernel, 4000)               \
+    X(FuncSetAttribute, 9000)           \
+    X(FuncGetAttribute, 2020)           \
+    X(FuncGetParamInfo, 12040)          \
+    X(ProfilerStart, 4000)              \
+    X(ProfilerStop, 4000)
+
+typedef struct {
+#define CM_CU_FIELD(name, ver) PFN_cu##name##_v##ver name;
+    CM_CU_FUNCS(CM_CU_FIELD)
+#undef CM_CU_FIELD
+} cm_cu_table;
+
+/* Index of each entry point, for fault injection and name lookup. */
+enum {
+#define CM_CU_INDEX(name, ver) CM_CU_IDX_##name,
+    CM_CU_FUNCS(CM_CU_INDEX)
+#undef CM_CU_INDEX
+    CM_CU_N_FUNCS
+};
+
+/* The process-wide table; entries are NULL until cm_driver_ensure. */
+extern cm_cu_table cm_cu;
+/* The base names ("MemAlloc"), indexed by CM_CU_IDX_*. */
+extern const char *const cm_cu_names[CM_CU_N_FUNCS];
+/* What a NULL entry returns: CUDA_ERROR_NOT_FOUND for the driver,
+ * CUDA_ERROR_NOT_SUPPORTED for the simulator. */
+extern CUresult cm_cu_missing;
+
+/* Which backend filled the table. */
+typedef enum {
+    CM_BACKEND_NONE = 0,
+    CM_BACKEND_DRIVER,
+    CM_BACKEND_SIM
+} cm_backend;
+
+/* ------------------------------------------------------------------ */
+/* Module state                                                        */
+/* ------------------------------------------------------------------ */
+
+typedef struct cm_state {
+    /* types */
+    PyTypeObject *Device_type;
+    PyTypeObject *Context_type;
+    /* exception classes, from cudamem/_errors.py */
+    PyObject *CudaSupportError;
+    PyObject *CudaDriverError;
+    PyObject *CudaAPIError;
+    PyObject *CudaOutOfMemoryError;
+    /* interned strings */
+    PyObject *str_shape;
+    PyObject *str_strides;
+    PyObject *str_typestr;
+    PyObject *str_data;
+    PyObject *str_version;
+    PyObject *str_stream;
+    PyObject *str_descr;
+    PyObject *str_mask;
+} cm_state;
+
+extern cm_state *cm_st;
+
+/* ------------------------------------------------------------------ */
+/* driver.c: loading and error checking                                */
+/* ------------------------------------------------------------------ */
+
+/* Raise CudaAPIError (or its out-of-memory subclass) for rc from the
+ * driver function fn ("cuMemAlloc").  Always returns -1. */
+int cm_raise_cu(CUresult rc, const char *fn);
+
+static inline int
+cm_cu_check(CUresult rc, const char *fn)
+{
+    return rc == CUDA_SUCCESS ? 0 : cm_raise_cu(rc, fn);
+}
+
+/* Call cu<fn>(args...) and check it; 0 or -1 with an exception set.
+ * A missing entry point stays NULL and fails here, not at import. */
+#define CM_CU(fn, args)                                                \
+    cm_cu_check(cm_cu.fn ? cm_cu.fn args : cm_cu_missing, "cu" #fn)
+
+/* The same with the GIL released around the call; err gets 0 or -1. */
+#define CM_CU_NOGIL(err, fn, args)                                     \
+    do {                                                               \
+        CUresult cm_rc_;                                               \
+        Py_BEGIN_ALLOW_THREADS                                         \
+        cm_rc_ = cm_cu.fn ? cm_cu.fn args : cm_cu_missing;             \
+        Py_END_ALLOW_THREADS                                           \
+        (err) = cm_cu_check(cm_rc_, "cu" #fn);                         \
+    } while (0)
+
+/* The raw call, for code that handles the CUresult itself. */
+#define CM_CU_RAW(fn, args) (cm_cu.fn ? cm_cu.fn args : cm_cu_missing)
+
+/* Set once the table is filled and cuInit succeeded (acquire load). */
+extern int cm_driver_ready_flag;
+/* Set in the child of a fork() after the driver was initialised. */
+extern volatile int cm_forked;
+
+/* Load the backend and run cuInit once; 0, or -1 with CudaSupportError
+ * (or CudaDriverError after fork) set.  Cheap after the first call. */
+int cm_driver_ensure_slow(void);
+
+static inline int
+cm_driver_ensure(void)
+{
+    if (__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)
+        && !cm_forked) {
+        return 0;
+    }
+    return cm_driver_ensure_slow();
+}
+
+cm_backend cm_driver_backend(void);
+/* Whether handle 0 means the per-thread default stream. */
+int cm_driver_per_thread(void);
+
+/* ------------------------------------------------------------------ */
+/* sim.c: the CPU simulator                                            */
+/* ------------------------------------------------------------------ */
+
+/* Fill every modelled entry of t; leave the others NULL.  per_thread:
+ * whether stream handle 0 means the per-thread default stream. */
+void cm_sim_fill(cm_cu_table *t, int per_thread);
+/* Arm fault injection: the nth (1 = next) call of entry point idx returns
+ * code.  nth 0 disarms.  0, or -1 if idx is out of range. */
+int cm_sim_inject(int idx, long nth, CUresult code);
+
+/* ------------------------------------------------------------------ */
+/* context.c: devices and primary contexts                             */
+/* ------------------------------------------------------------------ */
+
+/* A Device object (one per device ordinal, made once). */
+typedef struct {
+    PyObject_HEAD
+    int id;               /* ordinal */
+    CUdevice handle;      /* driver handle */
+    PyObject *name;       /* str */
+    int cc_major;         /* compute capability */
+    int cc_minor;
+    PyObject *weakreflist;
+} cm_device;
+
+/* A Context object: one device's primary context as cudamem uses it.
+ * Objects that own driver resources hold a strong reference to it. */
+typedef struct {
+    PyObject_HEAD
+    cm_device *device;    /* strong */
+    CUcontext handle;     /* the primary context, retained once */
+    int alive;            /* NOTE: cleared by close()/reset() of the
+                           * device; a dead context frees nothing */
+    size_t total_mem;     /* device total memory, bytes */
+    PyObject *memory_manager;  /* Python-visible manager object */
+    PyObject *deallocations;   /* Python-visible queue of destroys */
+    PyObject *weakreflist;
+} cm_context;
+
+/* The context current on this thread, making device 0's primary context
+ * current if none is.  Borrowed reference, or NULL with an exception. */
+cm_context *cm_context_current(void);
+/* Make ctx current on this thread if it is not (cheap when it is). */
+int cm_context_activate(cm_context *ctx);
+
+/* ------------------------------------------------------------------ */
+/* init functions, called from module exec in this order               */
+/* ------------------------------------------------------------------ */
+
+int cm_driver_init(PyObject *mod, cm_state *st);
+int cm_context_init(PyObject *mod, cm_state *st);
+
+#endif /* CM_H */
