@@ -31,6 +31,50 @@
 
 #include <stdint.h>
 
+#if PY_VERSION_HEX < 0x030C0000
+#include <structmember.h>
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_READONLY READONLY
+#endif
+
+#if PY_VERSION_HEX < 0x030D0000
+#define PyObject_GetOptionalAttr _PyObject_LookupAttr
+#define Py_IsFinalizing _Py_IsFinalizing
+#endif
+
+#if PY_VERSION_HEX < 0x030C0000
+static inline PyObject *
+PyErr_GetRaisedException(void)
+{
+    PyObject *t;
+    PyObject *v;
+    PyObject *tb;
+
+    PyErr_Fetch(&t, &v, &tb);
+    if (t == NULL) {
+        return NULL;
+    }
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(v, tb);
+        Py_DECREF(tb);
+    }
+    Py_DECREF(t);
+    return v;
+}
+
+static inline void
+PyErr_SetRaisedException(PyObject *exc)
+{
+    if (exc == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc,
+                  PyException_GetTraceback(exc));
+}
+#endif
+
 /* ------------------------------------------------------------------ */
 /* The driver entry points                                             */
 /* ------------------------------------------------------------------ */
@@ -157,11 +201,14 @@ typedef struct cm_state {
     /* types */
     PyTypeObject *Device_type;
     PyTypeObject *Context_type;
+    PyTypeObject *Mem_type;
     /* exception classes, from cudamem/_errors.py */
     PyObject *CudaSupportError;
     PyObject *CudaDriverError;
     PyObject *CudaAPIError;
     PyObject *CudaOutOfMemoryError;
+    /* the MemoryInfo namedtuple class */
+    PyObject *MemoryInfo;
     /* interned strings */
     PyObject *str_shape;
     PyObject *str_strides;
@@ -227,6 +274,9 @@ cm_driver_ensure(void)
 }
 
 cm_backend cm_driver_backend(void);
+/* Whether CUDAMEM_SIMULATOR (or NUMBA_ENABLE_CUDASIM) asks for the
+ * simulator. */
+int cm_env_simulator(void);
 /* Whether handle 0 means the per-thread default stream. */
 int cm_driver_per_thread(void);
 
@@ -277,10 +327,43 @@ cm_context *cm_context_current(void);
 int cm_context_activate(cm_context *ctx);
 
 /* ------------------------------------------------------------------ */
+/* memory.c: allocations                                               */
+/* ------------------------------------------------------------------ */
+
+/* The owner of one device allocation (Python type AutoFreePointer). */
+typedef struct {
+    PyObject_HEAD
+    cm_context *ctx;      /* strong: the context the memory lives in */
+    CUdeviceptr ptr;      /* device address; 0 for a zero-size owner */
+    size_t size;          /* bytes */
+    int freed;            /* NOTE: set once, before the free is issued */
+    PyObject *weakreflist;
+} cm_mem;
+
+/* Allocate size (> 0) bytes of device memory in ctx through the active
+ * memory manager, retrying once on out-of-memory.  A new reference to the
+ * owner object, or NULL with an exception (CudaOutOfMemoryError, a
+ * MemoryError, when the device is full). */
+PyObject *cm_mem_alloc(cm_context *ctx, size_t size);
+
+/* ------------------------------------------------------------------ */
+/* stream.c: stream arguments                                          */
+/* ------------------------------------------------------------------ */
+
+/* Resolve a stream argument.  0, None and False give *handle = 0 and
+ * return 0 (falsy: the caller then uses the array's bound stream, or a
+ * synchronous call).  A cudamem Stream, or any object with
+ * __cuda_stream__ (the cuda.core protocol), gives its handle and returns
+ * 1 (truthy: asynchronous).  Anything else: -1 with TypeError. */
+int cm_stream_resolve(PyObject *obj, CUstream *handle);
+
+/* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */
 
 int cm_driver_init(PyObject *mod, cm_state *st);
 int cm_context_init(PyObject *mod, cm_state *st);
+int cm_memory_init(PyObject *mod, cm_state *st);
+int cm_stream_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

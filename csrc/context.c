@@ -1,0 +1,1088 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * context.c: devices and their primary contexts.
+ *
+ * Owns the Device objects (one per ordinal, made once) and the registry of
+ * Context objects (one per device while its primary context is retained).
+ * cudamem uses primary contexts only: the first call on a thread with no
+ * current context pushes device 0's, a current context that is not a
+ * primary one is refused, and close() on the main thread releases and
+ * resets every primary context so the next call starts fresh.
+ *
+ * Locking: the registries are only touched with the GIL held.  Retaining a
+ * primary context releases the GIL, so after it the registry is checked
+ * again and a context made meanwhile by another thread wins.
+ */
+#include "cm.h"
+#include "devattrs.h"
+
+#include <string.h>
+
+#define CM_MAX_DEVICES 64
+
+static int cm_ndev = -1;                      /* device count, once known */
+static cm_device *cm_devs[CM_MAX_DEVICES];    /* strong, made on demand */
+static cm_context *cm_ctxs[CM_MAX_DEVICES];   /* strong, while retained */
+
+/* ------------------------------------------------------------------ */
+/* Device                                                              */
+/* ------------------------------------------------------------------ */
+
+static int
+cm_device_count(void)
+{
+    int n = 0;
+
+    if (cm_ndev >= 0) {
+        return cm_ndev;
+    }
+    if (cm_driver_ensure() < 0 || CM_CU(DeviceGetCount, (&n)) < 0) {
+        return -1;
+    }
+    cm_ndev = n > CM_MAX_DEVICES ? CM_MAX_DEVICES : n;
+    return cm_ndev;
+}
+
+/* Normalise a device ordinal (negative ones wrap); -1 with IndexError. */
+static int
+cm_device_index(Py_ssize_t i)
+{
+    int n = cm_device_count();
+
+    if (n < 0) {
+        return -1;
+    }
+    if (i < 0) {
+        i += n;
+    }
+    if (i < 0 || i >= n) {
+        PyErr_Format(PyExc_IndexError,
+                     "device index out of range: %zd (there %s %d device%s)",
+                     i, n == 1 ? "is" : "are", n, n == 1 ? "" : "s");
+        return -1;
+    }
+    return (int)i;
+}
+
+/* Device i (already normalised): borrowed, made on first use. */
+static cm_device *
+cm_device_get(int i)
+{
+    cm_device *d;
+    CUdevice h;
+    char name[256];
+
+    if (cm_devs[i] != NULL) {
+        return cm_devs[i];
+    }
+    if (CM_CU(DeviceGet, (&h, i)) < 0
+        || CM_CU(DeviceGetName, (name, (int)sizeof(name), h)) < 0) {
+        return NULL;
+    }
+    d = PyObject_GC_New(cm_device, cm_st->Device_type);
+    if (d == NULL) {
+        return NULL;
+    }
+    d->id = i;
+    d->handle = h;
+    d->name = NULL;
+    d->weakreflist = NULL;
+    d->cc_major = 0;
+    d->cc_minor = 0;
+    PyObject_GC_Track(d);
+    d->name = PyUnicode_DecodeUTF8(name, strlen(name), "replace");
+    if (d->name == NULL
+        || CM_CU(DeviceGetAttribute,
+                 (&d->cc_major,
+                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, h)) < 0
+        || CM_CU(DeviceGetAttribute,
+                 (&d->cc_minor,
+                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, h)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    cm_devs[i] = d;
+    return d;
+}
+
+static int
+cm_device_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((cm_device *)self)->name);
+    return 0;
+}
+
+static void
+cm_device_dealloc(PyObject *self)
+{
+    cm_device *d = (cm_device *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    if (d->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+    Py_CLEAR(d->name);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static int
+cm_devattr_cmp(const void *key, const void *item)
+{
+    return strcmp((const char *)key, ((const cm_devattr *)item)->name);
+}
+
+/* Attributes by numba's names: dev.MULTIPROCESSOR_COUNT and the like. */
+static PyObject *
+cm_device_getattro(PyObject *self, PyObject *name)
+{
+    PyObject *r = PyObject_GenericGetAttr(self, name);
+    const cm_devattr *a;
+    const char *s;
+    int v = 0;
+
+    if (r != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        return r;
+    }
+    s = PyUnicode_AsUTF8(name);
+    if (s == NULL) {
+        return NULL;
+    }
+    a = bsearch(s, cm_devattrs, CM_N_DEVATTRS, sizeof(cm_devattr),
+                cm_devattr_cmp);
+    if (a == NULL) {
+        return NULL;  /* the AttributeError stays set */
+    }
+    PyErr_Clear();
+    if (CM_CU(DeviceGetAttribute, (&v, (CUdevice_attribute)a->value,
+                                   ((cm_device *)self)->handle)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLong(v);
+}
+
+static PyObject *
+cm_device_get_id(PyObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(((cm_device *)self)->id);
+}
+
+static PyObject *
+cm_device_get_name(PyObject *self, void *c)
+{
+    (void)c;
+    return Py_NewRef(((cm_device *)self)->name);
+}
+
+static PyObject *
+cm_device_get_cc(PyObject *self, void *c)
+{
+    cm_device *d = (cm_device *)self;
+
+    (void)c;
+    return Py_BuildValue("(ii)", d->cc_major, d->cc_minor);
+}
+
+static PyObject *
+cm_device_get_uuid(PyObject *self, void *c)
+{
+    CUuuid u;
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    char s[64];
+    int i;
+    int n;
+
+    (void)c;
+    if (CM_CU(DeviceGetUuid, (&u, ((cm_device *)self)->handle)) < 0) {
+        return NULL;
+    }
+    n = snprintf(s, sizeof(s), "GPU-");
+    for (i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) {
+            s[n++] = '-';
+        }
+        n += snprintf(s + n, sizeof(s) - n, "%02x", b[i]);
+    }
+    return PyUnicode_FromStringAndSize(s, n);
+}
+
+static int
+cm_device_cc_at_least(cm_device *d, int major, int minor)
+{
+    return d->cc_major > major || (d->cc_major == major
+                                   && d->cc_minor >= minor);
+}
+
+static PyObject *
+cm_device_get_fp16(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(cm_device_cc_at_least((cm_device *)self, 5, 3));
+}
+
+static PyObject *
+cm_device_get_bf16(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(cm_device_cc_at_least((cm_device *)self, 8, 0));
+}
+
+static PyObject *
+cm_device_get_fp8(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(cm_device_cc_at_least((cm_device *)self, 8, 9));
+}
+
+PyDoc_STRVAR(cm_device_identity_doc,
+"get_device_identity($self, /)\n--\n\n"
+"The device's PCI location: a dict of pci_domain_id, pci_bus_id and "
+"pci_device_id.");
+
+static PyObject *
+cm_device_get_device_identity(PyObject *self, PyObject *unused)
+{
+    CUdevice h = ((cm_device *)self)->handle;
+    int dom = 0;
+    int bus = 0;
+    int dev = 0;
+
+    (void)unused;
+    if (CM_CU(DeviceGetAttribute,
+              (&dom, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, h)) < 0
+        || CM_CU(DeviceGetAttribute,
+                 (&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, h)) < 0
+        || CM_CU(DeviceGetAttribute,
+                 (&dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, h)) < 0) {
+        return NULL;
+    }
+    return Py_BuildValue("{sisisi}", "pci_domain_id", dom, "pci_bus_id", bus,
+                         "pci_device_id", dev);
+}
+
+static int cm_context_release_device(int i);
+
+PyDoc_STRVAR(cm_device_reset_doc,
+"reset($self, /)\n--\n\n"
+"Release and reset this device's primary context.  Every array, stream "
+"and event made in it becomes invalid; the next call that needs the "
+"device starts a fresh context.");
+
+static PyObject *
+cm_device_reset(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (cm_context_release_device(((cm_device *)self)->id) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+cm_device_repr(PyObject *self)
+{
+    cm_device *d = (cm_device *)self;
+
+    return PyUnicode_FromFormat("<CUDA device %d '%U'>", d->id, d->name);
+}
+
+static Py_hash_t
+cm_device_hash(PyObject *self)
+{
+    return (Py_hash_t)((cm_device *)self)->id + 1;
+}
+
+static PyObject *
+cm_device_richcompare(PyObject *a, PyObject *b, int op)
+{
+    int eq;
+
+    if ((op != Py_EQ && op != Py_NE) || Py_TYPE(a) != Py_TYPE(b)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    eq = ((cm_device *)a)->id == ((cm_device *)b)->id;
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+static PyGetSetDef cm_device_getset[] = {
+    {"id", cm_device_get_id, NULL, "The device ordinal.", NULL},
+    {"name", cm_device_get_name, NULL, "The device name.", NULL},
+    {"compute_capability", cm_device_get_cc, NULL,
+     "(major, minor) compute capability.", NULL},
+    {"uuid", cm_device_get_uuid, NULL,
+     "The device UUID, as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.", NULL},
+    {"supports_float16", cm_device_get_fp16, NULL,
+     "Compute capability 5.3 or newer.", NULL},
+    {"supports_bfloat16", cm_device_get_bf16, NULL,
+     "Compute capability 8.0 or newer.", NULL},
+    {"supports_fp8", cm_device_get_fp8, NULL,
+     "Compute capability 8.9 or newer.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef cm_device_methods[] = {
+    {"get_device_identity", cm_device_get_device_identity, METH_NOARGS,
+     cm_device_identity_doc},
+    {"reset", cm_device_reset, METH_NOARGS, cm_device_reset_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef cm_device_members[] = {
+    {"__weaklistoffset__", Py_T_PYSSIZET,
+     offsetof(cm_device, weakreflist), Py_READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(cm_device_doc,
+"A CUDA device.  Attributes of the driver's CUdevice_attribute enum are "
+"readable by their names without the CU_DEVICE_ATTRIBUTE_ prefix, for "
+"example dev.MULTIPROCESSOR_COUNT.\n\n"
+"Notes\n-----\n"
+"get_current_device() returns this object itself, not a weak proxy: it is "
+"hashable, and repr and str agree.");
+
+static PyType_Slot cm_device_slots[] = {
+    {Py_tp_doc, (void *)cm_device_doc},
+    {Py_tp_dealloc, cm_device_dealloc},
+    {Py_tp_traverse, cm_device_traverse},
+    {Py_tp_getattro, cm_device_getattro},
+    {Py_tp_repr, cm_device_repr},
+    {Py_tp_str, cm_device_repr},
+    {Py_tp_hash, cm_device_hash},
+    {Py_tp_richcompare, cm_device_richcompare},
+    {Py_tp_getset, cm_device_getset},
+    {Py_tp_methods, cm_device_methods},
+    {Py_tp_members, cm_device_members},
+    {0, NULL},
+};
+
+static PyType_Spec cm_device_spec = {
+    .name = "cudamem.Device",
+    .basicsize = sizeof(cm_device),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+             | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = cm_device_slots,
+};
+
+/* ------------------------------------------------------------------ */
+/* Context                                                             */
+/* ------------------------------------------------------------------ */
+
+/* The Context of device i, retaining its primary context if needed.
+ * Borrowed reference. */
+static cm_context *
+cm_context_get(int i)
+{
+    cm_device *d;
+    cm_context *c;
+    CUcontext h = NULL;
+    size_t total = 0;
+    int err;
+
+    if (cm_ctxs[i] != NULL) {
+        return cm_ctxs[i];
+    }
+    d = cm_device_get(i);
+    if (d == NULL) {
+        return NULL;
+    }
+    if (!cm_device_cc_at_least(d, 3, 5)) {
+        PyErr_Format(cm_st->CudaSupportError,
+                     "device %d has compute capability %d.%d; cudamem "
+                     "needs 3.5 or newer", i, d->cc_major, d->cc_minor);
+        return NULL;
+    }
+    CM_CU_NOGIL(err, DevicePrimaryCtxRetain, (&h, d->handle));
+    if (err < 0 || CM_CU(DeviceTotalMem, (&total, d->handle)) < 0) {
+        if (err == 0) {
+            (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        }
+        return NULL;
+    }
+    if (cm_ctxs[i] != NULL) {
+        /* Another thread made it while the GIL was released. */
+        (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        return cm_ctxs[i];
+    }
+    c = PyObject_GC_New(cm_context, cm_st->Context_type);
+    if (c == NULL) {
+        (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        return NULL;
+    }
+    c->device = (cm_device *)Py_NewRef(d);
+    c->handle = h;
+    c->alive = 1;
+    c->total_mem = total;
+    c->memory_manager = NULL;
+    c->deallocations = NULL;
+    c->weakreflist = NULL;
+    PyObject_GC_Track(c);
+    cm_ctxs[i] = c;
+    return c;
+}
+
+/* The registered Context whose handle is h, or NULL. */
+static cm_context *
+cm_context_find(CUcontext h)
+{
+    int i;
+
+    for (i = 0; i < CM_MAX_DEVICES && i < cm_ndev; i++) {
+        if (cm_ctxs[i] != NULL && cm_ctxs[i]->handle == h) {
+            return cm_ctxs[i];
+        }
+    }
+    return NULL;
+}
+
+cm_context *
+cm_context_current(void)
+{
+    CUcontext cur = NULL;
+    CUdevice dev;
+    cm_context *c;
+    int i;
+    int n;
+
+    if (cm_driver_ensure() < 0 || CM_CU(CtxGetCurrent, (&cur)) < 0) {
+        return NULL;
+    }
+    if (cur != NULL) {
+        c = cm_context_find(cur);
+        if (c != NULL) {
+            return c;
+        }
+        /* Adopt the primary context another library made current. */
+        if (CM_CU(CtxGetDevice, (&dev)) < 0
+            || (n = cm_device_count()) < 0) {
+            return NULL;
+        }
+        for (i = 0; i < n; i++) {
+            if (cm_device_get(i) == NULL) {
+                return NULL;
+            }
+            if (cm_devs[i]->handle == dev) {
+                break;
+            }
+        }
+        if (i == n || (c = cm_context_get(i)) == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_RuntimeError,
+                             "cudamem cannot operate on the current CUDA "
+                             "context %p: its device is unknown",
+                             (void *)cur);
+            }
+            return NULL;
+        }
+        if (c->handle != cur) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "cudamem cannot operate on non-primary CUDA "
+                         "context %p", (void *)cur);
+            return NULL;
+        }
+        return c;
+    }
+    if (cm_device_count() < 0) {
+        return NULL;
+    }
+    if (cm_ndev == 0) {
+        PyErr_SetString(cm_st->CudaSupportError,
+                        "no CUDA device was found; set CUDAMEM_SIMULATOR=1 "
+                        "to run on the CPU simulator");
+        return NULL;
+    }
+    c = cm_context_get(0);
+    if (c == NULL || CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+        return NULL;
+    }
+    return c;
+}
+
+int
+cm_context_activate(cm_context *ctx)
+{
+    CUcontext cur = NULL;
+
+    if (!ctx->alive) {
+        PyErr_Format(PyExc_ValueError,
+                     "the context of device %d was closed or reset; its "
+                     "memory, streams and events are gone",
+                     ctx->device->id);
+        return -1;
+    }
+    if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
+        return -1;
+    }
+    if (cur == ctx->handle) {
+        return 0;
+    }
+    return CM_CU(CtxSetCurrent, (ctx->handle));
+}
+
+/* Pop every context of the calling thread. */
+static int
+cm_context_pop_all(void)
+{
+    CUcontext cur = NULL;
+    CUcontext popped;
+
+    for (;;) {
+        if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
+            return -1;
+        }
+        if (cur == NULL) {
+            return 0;
+        }
+        if (CM_CU(CtxPopCurrent, (&popped)) < 0) {
+            return -1;
+        }
+    }
+}
+
+/* Forget device i's context: release and reset its primary context. */
+static int
+cm_context_release_device(int i)
+{
+    cm_context *c;
+    CUdevice h;
+    int err = 0;
+
+    if (cm_ctxs[i] == NULL) {
+        return 0;
+    }
+    c = cm_ctxs[i];
+    cm_ctxs[i] = NULL;
+    c->alive = 0;
+    h = c->device->handle;
+    Py_BEGIN_ALLOW_THREADS
+    if (cm_cu.DevicePrimaryCtxRelease) {
+        (void)cm_cu.DevicePrimaryCtxRelease(h);
+    }
+    Py_END_ALLOW_THREADS
+    CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
+    Py_DECREF(c);
+    return err;
+}
+
+static int
+cm_context_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    cm_context *c = (cm_context *)self;
+
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(c->device);
+    Py_VISIT(c->memory_manager);
+    Py_VISIT(c->deallocations);
+    return 0;
+}
+
+static int
+cm_context_clear(PyObject *self)
+{
+    cm_context *c = (cm_context *)self;
+
+    Py_CLEAR(c->memory_manager);
+    Py_CLEAR(c->deallocations);
+    return 0;
+}
+
+static void
+cm_context_dealloc(PyObject *self)
+{
+    cm_context *c = (cm_context *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    if (c->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+    cm_context_clear(self);
+    Py_CLEAR(c->device);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+cm_context_get_device(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(((cm_context *)self)->device);
+}
+
+static PyObject *
+cm_context_get_handle(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromVoidPtr(((cm_context *)self)->handle);
+}
+
+PyDoc_STRVAR(cm_context_get_memory_info_doc,
+"get_memory_info($self, /)\n--\n\n"
+"(free, total) device memory in bytes, as a MemoryInfo named tuple.");
+
+static PyObject *
+cm_context_get_memory_info(PyObject *self, PyObject *unused)
+{
+    size_t free_b = 0;
+    size_t total_b = 0;
+
+    (void)unused;
+    if (cm_context_activate((cm_context *)self) < 0
+        || CM_CU(MemGetInfo, (&free_b, &total_b)) < 0) {
+        return NULL;
+    }
+    return PyObject_CallFunction(cm_st->MemoryInfo, "nn", (Py_ssize_t)free_b,
+                                 (Py_ssize_t)total_b);
+}
+
+PyDoc_STRVAR(cm_context_synchronize_doc,
+"synchronize($self, /)\n--\n\n"
+"Wait, with the GIL released, until all work in this context is done.");
+
+static PyObject *
+cm_context_synchronize(PyObject *self, PyObject *unused)
+{
+    int err;
+
+    (void)unused;
+    if (cm_context_activate((cm_context *)self) < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, CtxSynchronize, ());
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_context_reset_doc,
+"reset($self, /)\n--\n\n"
+"Wait for the context's work and run its pending deallocations.");
+
+static PyObject *
+cm_context_reset(PyObject *self, PyObject *unused)
+{
+    return cm_context_synchronize(self, unused);
+}
+
+PyDoc_STRVAR(cm_context_push_doc,
+"push($self, /)\n--\n\nPush this context on the calling thread's stack.");
+
+static PyObject *
+cm_context_push(PyObject *self, PyObject *unused)
+{
+    cm_context *c = (cm_context *)self;
+
+    (void)unused;
+    if (!c->alive) {
+        return cm_context_activate(c) < 0 ? NULL : Py_None;
+    }
+    if (CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_context_pop_doc,
+"pop($self, /)\n--\n\n"
+"Pop this context from the calling thread's stack; it must be on top.");
+
+static PyObject *
+cm_context_pop(PyObject *self, PyObject *unused)
+{
+    CUcontext cur = NULL;
+    CUcontext popped = NULL;
+
+    (void)unused;
+    if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
+        return NULL;
+    }
+    if (cur != ((cm_context *)self)->handle) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "pop(): this context is not the current one");
+        return NULL;
+    }
+    if (CM_CU(CtxPopCurrent, (&popped)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+cm_context_repr(PyObject *self)
+{
+    cm_context *c = (cm_context *)self;
+
+    return PyUnicode_FromFormat("<CUDA context %p of device %d>",
+                                (void *)c->handle, c->device->id);
+}
+
+static Py_hash_t
+cm_context_hash(PyObject *self)
+{
+    Py_hash_t h = (Py_hash_t)((uintptr_t)((cm_context *)self)->handle >> 4);
+
+    return h == -1 ? -2 : h;
+}
+
+static PyObject *
+cm_context_richcompare(PyObject *a, PyObject *b, int op)
+{
+    int eq;
+
+    if ((op != Py_EQ && op != Py_NE) || Py_TYPE(a) != Py_TYPE(b)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    eq = ((cm_context *)a)->handle == ((cm_context *)b)->handle;
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+static PyGetSetDef cm_context_getset[] = {
+    {"device", cm_context_get_device, NULL, "The context's Device.", NULL},
+    {"handle", cm_context_get_handle, NULL,
+     "The CUcontext, as an int address.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef cm_context_methods[] = {
+    {"get_memory_info", cm_context_get_memory_info, METH_NOARGS,
+     cm_context_get_memory_info_doc},
+    {"synchronize", cm_context_synchronize, METH_NOARGS,
+     cm_context_synchronize_doc},
+    {"reset", cm_context_reset, METH_NOARGS, cm_context_reset_doc},
+    {"push", cm_context_push, METH_NOARGS, cm_context_push_doc},
+    {"pop", cm_context_pop, METH_NOARGS, cm_context_pop_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef cm_context_members[] = {
+    {"__weaklistoffset__", Py_T_PYSSIZET,
+     offsetof(cm_context, weakreflist), Py_READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(cm_context_doc,
+"A device's primary CUDA context, as cudamem uses it.  Equal when the "
+"handles are equal.");
+
+static PyType_Slot cm_context_slots[] = {
+    {Py_tp_doc, (void *)cm_context_doc},
+    {Py_tp_dealloc, cm_context_dealloc},
+    {Py_tp_traverse, cm_context_traverse},
+    {Py_tp_clear, cm_context_clear},
+    {Py_tp_repr, cm_context_repr},
+    {Py_tp_hash, cm_context_hash},
+    {Py_tp_richcompare, cm_context_richcompare},
+    {Py_tp_getset, cm_context_getset},
+    {Py_tp_methods, cm_context_methods},
+    {Py_tp_members, cm_context_members},
+    {0, NULL},
+};
+
+static PyType_Spec cm_context_spec = {
+    .name = "cudamem.Context",
+    .basicsize = sizeof(cm_context),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+             | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = cm_context_slots,
+};
+
+/* ------------------------------------------------------------------ */
+/* Module-level functions                                              */
+/* ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(cm_device_count_doc,
+"_device_count()\n--\n\nThe number of devices the backend reports.");
+
+static PyObject *
+cm_device_count_fn(PyObject *mod, PyObject *unused)
+{
+    int n;
+
+    (void)mod;
+    (void)unused;
+    n = cm_device_count();
+    return n < 0 ? NULL : PyLong_FromLong(n);
+}
+
+/* A device ordinal argument, normalised; -1 with an exception. */
+static int
+cm_device_arg(PyObject *arg)
+{
+    Py_ssize_t i;
+
+    if (PyFloat_Check(arg)) {
+        PyErr_Format(PyExc_TypeError,
+                     "device id must be an integer, not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Format(PyExc_TypeError,
+                         "device id must be an integer, not %.100s",
+                         Py_TYPE(arg)->tp_name);
+        }
+        return -1;
+    }
+    return cm_device_index(i);
+}
+
+PyDoc_STRVAR(cm_get_device_doc,
+"_get_device(device_id)\n--\n\nThe Device of that ordinal.");
+
+static PyObject *
+cm_get_device_fn(PyObject *mod, PyObject *arg)
+{
+    int i;
+
+    (void)mod;
+    if (cm_driver_ensure() < 0 || (i = cm_device_arg(arg)) < 0) {
+        return NULL;
+    }
+    return Py_XNewRef((PyObject *)cm_device_get(i));
+}
+
+PyDoc_STRVAR(cm_current_context_doc,
+"current_context(devnum=None)\n--\n\n"
+"The current primary context of the calling thread.  With no context "
+"current, device 0's primary context is made current (pushed) first.  "
+"With devnum, that device's primary context is pushed and returned.");
+
+static PyObject *
+cm_current_context_fn(PyObject *mod, PyObject *const *args,
+                      Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *devnum = Py_None;
+    cm_context *c;
+    int i;
+
+    (void)mod;
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        if (nargs + PyTuple_GET_SIZE(kwnames) != 1
+            || !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0))
+            || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0),
+                                                "devnum") != 0) {
+            PyErr_SetString(PyExc_TypeError,
+                            "current_context() takes one optional argument, "
+                            "devnum");
+            return NULL;
+        }
+        devnum = args[0];
+    }
+    else if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "current_context() takes at most 1 argument");
+        return NULL;
+    }
+    else if (nargs == 1) {
+        devnum = args[0];
+    }
+    if (devnum == Py_None) {
+        return Py_XNewRef((PyObject *)cm_context_current());
+    }
+    if (cm_driver_ensure() < 0 || (i = cm_device_arg(devnum)) < 0
+        || (c = cm_context_get(i)) == NULL
+        || CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(c);
+}
+
+PyDoc_STRVAR(cm_select_device_doc,
+"select_device(device_id)\n--\n\n"
+"Push device device_id's primary context on the calling thread's stack "
+"and return the Device.  Repeated calls grow the stack; close() pops it.");
+
+static PyObject *
+cm_select_device_fn(PyObject *mod, PyObject *arg)
+{
+    cm_context *c;
+    int i;
+
+    (void)mod;
+    if (cm_driver_ensure() < 0 || (i = cm_device_arg(arg)) < 0
+        || (c = cm_context_get(i)) == NULL
+        || CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(c->device);
+}
+
+PyDoc_STRVAR(cm_push_device_doc,
+"_push_device(device_id)\n--\n\n"
+"Push that device's primary context; used by gpus[i].__enter__.");
+
+static PyObject *
+cm_push_device_fn(PyObject *mod, PyObject *arg)
+{
+    PyObject *d = cm_select_device_fn(mod, arg);
+
+    if (d == NULL) {
+        return NULL;
+    }
+    Py_DECREF(d);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_pop_device_doc,
+"_pop_device(device_id)\n--\n\n"
+"Pop the current context, which must be that device's primary context; "
+"used by gpus[i].__exit__.");
+
+static PyObject *
+cm_pop_device_fn(PyObject *mod, PyObject *arg)
+{
+    CUcontext cur = NULL;
+    CUcontext popped = NULL;
+    int i;
+
+    (void)mod;
+    if (cm_driver_ensure() < 0 || (i = cm_device_arg(arg)) < 0
+        || CM_CU(CtxGetCurrent, (&cur)) < 0) {
+        return NULL;
+    }
+    if (cur != NULL && cm_ctxs[i] != NULL && cur != cm_ctxs[i]->handle) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "the current context is not device %d's: contexts "
+                     "were pushed and popped out of order", i);
+        return NULL;
+    }
+    if (cur != NULL && CM_CU(CtxPopCurrent, (&popped)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_get_current_device_doc,
+"get_current_device()\n--\n\n"
+"The Device of the current context (device 0's made current if none).");
+
+static PyObject *
+cm_get_current_device_fn(PyObject *mod, PyObject *unused)
+{
+    cm_context *c;
+
+    (void)mod;
+    (void)unused;
+    c = cm_context_current();
+    return c == NULL ? NULL : Py_NewRef(c->device);
+}
+
+PyDoc_STRVAR(cm_synchronize_doc,
+"synchronize()\n--\n\n"
+"Wait, with the GIL released, until all work in the current context is "
+"done.");
+
+static PyObject *
+cm_synchronize_fn(PyObject *mod, PyObject *unused)
+{
+    int err;
+
+    (void)mod;
+    (void)unused;
+    if (cm_context_current() == NULL) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, CtxSynchronize, ());
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_close_doc,
+"_close(main_thread)\n--\n\n"
+"Pop every context of the calling thread; on the main thread also release "
+"and reset every primary context.");
+
+static PyObject *
+cm_close_fn(PyObject *mod, PyObject *main_thread)
+{
+    int i;
+    int err = 0;
+
+    (void)mod;
+    if (cm_driver_ensure() < 0 || cm_context_pop_all() < 0) {
+        return NULL;
+    }
+    if (PyObject_IsTrue(main_thread)) {
+        for (i = 0; i < CM_MAX_DEVICES && i < cm_ndev; i++) {
+            if (cm_context_release_device(i) < 0) {
+                err = -1;
+                break;
+            }
+        }
+    }
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_current_device_id_doc,
+"_current_device_id()\n--\n\n"
+"The ordinal of the current context's device, or None when no context is "
+"current.  Makes no context current.");
+
+static PyObject *
+cm_current_device_id_fn(PyObject *mod, PyObject *unused)
+{
+    CUcontext cur = NULL;
+    cm_context *c;
+
+    (void)mod;
+    (void)unused;
+    if (cm_driver_ensure() < 0 || CM_CU(CtxGetCurrent, (&cur)) < 0) {
+        return NULL;
+    }
+    if (cur == NULL) {
+        Py_RETURN_NONE;
+    }
+    c = cm_context_find(cur);
+    if (c == NULL && (c = cm_context_current()) == NULL) {
+        return NULL;
+    }
+    return PyLong_FromLong(c->device->id);
+}
+
+static PyMethodDef cm_context_functions[] = {
+    {"_current_device_id", cm_current_device_id_fn, METH_NOARGS,
+     cm_current_device_id_doc},
+    {"_device_count", cm_device_count_fn, METH_NOARGS, cm_device_count_doc},
+    {"_get_device", cm_get_device_fn, METH_O, cm_get_device_doc},
+    {"current_context", (PyCFunction)(void (*)(void))cm_current_context_fn,
+     METH_FASTCALL | METH_KEYWORDS, cm_current_context_doc},
+    {"select_device", cm_select_device_fn, METH_O, cm_select_device_doc},
+    {"_push_device", cm_push_device_fn, METH_O, cm_push_device_doc},
+    {"_pop_device", cm_pop_device_fn, METH_O, cm_pop_device_doc},
+    {"get_current_device", cm_get_current_device_fn, METH_NOARGS,
+     cm_get_current_device_doc},
+    {"synchronize", cm_synchronize_fn, METH_NOARGS, cm_synchronize_doc},
+    {"_close", cm_close_fn, METH_O, cm_close_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_context_init(PyObject *mod, cm_state *st)
+{
+    st->Device_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        mod, &cm_device_spec, NULL);
+    if (st->Device_type == NULL
+        || PyModule_AddObjectRef(mod, "Device",
+                                 (PyObject *)st->Device_type) < 0) {
+        return -1;
+    }
+    st->Context_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        mod, &cm_context_spec, NULL);
+    if (st->Context_type == NULL
+        || PyModule_AddObjectRef(mod, "Context",
+                                 (PyObject *)st->Context_type) < 0) {
+        return -1;
+    }
+    return PyModule_AddFunctions(mod, cm_context_functions);
+}

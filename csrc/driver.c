@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * driver.c: loading the CUDA driver (or the simulator) at run time.
+ *
+ * Owns the process-wide entry-point table cm_cu, the backend choice, the
+ * result of cuInit, and the translation of a CUresult into CudaAPIError.
+ *
+ * Locking: the table is filled once, under cm_load_lock, taken with the GIL
+ * released; cm_driver_ready_flag is published with a release store after
+ * the table is complete, and read with an acquire load.  Nothing in here
+ * calls the Python API while holding cm_load_lock.
+ */
+#include "cm.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+cm_cu_table cm_cu;
+CUresult cm_cu_missing = CUDA_ERROR_NOT_FOUND;
+int cm_driver_ready_flag;
+volatile int cm_forked;
+
+const char *const cm_cu_names[CM_CU_N_FUNCS] = {
+#define CM_CU_NAME(name, ver) #name,
+    CM_CU_FUNCS(CM_CU_NAME)
+#undef CM_CU_NAME
+};
+
+/* NOTE: everything below is written under cm_load_lock, once. */
+static pthread_mutex_t cm_load_lock = PTHREAD_MUTEX_INITIALIZER;
+static cm_backend cm_backend_used;     /* which backend filled cm_cu */
+static int cm_load_done;               /* a load was attempted */
+static int cm_per_thread;              /* handle 0 is per-thread */
+static char cm_init_error[1024];       /* why loading failed, or "" */
+static pid_t cm_init_pid;              /* process that ran cuInit */
+static void *cm_libcuda;               /* dlopen handle, never closed */
+
+/* An environment variable read as a boolean flag ("1", "true", "yes"). */
+static int
+cm_env_flag(const char *name, int *out)
+{
+    const char *v = getenv(name);
+
+    if (v == NULL || v[0] == '\0') {
+        return 0;
+    }
+    *out = !(strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0
+             || strcasecmp(v, "no") == 0 || strcasecmp(v, "off") == 0);
+    return 1;
+}
+
+/* The first of the named variables that is set decides; else dflt. */
+static int
+cm_env_first_flag(const char *const *names, int dflt)
+{
+    int v;
+
+    for (; *names != NULL; names++) {
+        if (cm_env_flag(*names, &v)) {
+            return v;
+        }
+    }
+    return dflt;
+}
+
+int
+cm_env_simulator(void)
+{
+    static const char *const names[] = {
+        "CUDAMEM_SIMULATOR", "NUMBA_ENABLE_CUDASIM", NULL};
+
+    return cm_env_first_flag(names, 0);
+}
+
+static void
+cm_atfork_child(void)
+{
+    if (cm_driver_ready_flag) {
+        cm_forked = 1;
+    }
+}
+
+/* Resolve every entry of the table from the driver library. */
+static int
+cm_load_driver(void)
+{
+    PFN_cuGetProcAddress_v12000 gpa2;
+    PFN_cuGetProcAddress_v11030 gpa1;
+    cuuint64_t flags;
+    const char *path = getenv("CUDAMEM_DRIVER_LIBRARY");
+
+    if (path == NULL || path[0] == '\0') {
+        path = "libcuda.so.1";
+    }
+    cm_libcuda = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (cm_libcuda == NULL) {
+        const char *why = dlerror();
+
+        snprintf(cm_init_error, sizeof(cm_init_error),
+                 "Error at driver init: the CUDA driver library %s cannot "
+                 "be loaded (%s). Install the NVIDIA driver, or set "
+                 "CUDAMEM_SIMULATOR=1 to run on the CPU simulator.",
+                 path, why ? why : "unknown reason");
+        return -1;
+    }
+    *(void **)&gpa2 = dlsym(cm_libcuda, "cuGetProcAddress_v2");
+    *(void **)&gpa1 = dlsym(cm_libcuda, "cuGetProcAddress");
+    if (gpa2 == NULL && gpa1 == NULL) {
+        snprintf(cm_init_error, sizeof(cm_init_error),
+                 "Error at driver init: %s has no cuGetProcAddress; the "
+                 "NVIDIA driver is too old (CUDA 11.3 or newer is needed). "
+                 "Set CUDAMEM_SIMULATOR=1 to run on the CPU simulator.",
+                 path);
+        return -1;
+    }
+    flags = cm_per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                          : CU_GET_PROC_ADDRESS_DEFAULT;
+#define CM_CU_RESOLVE(name, ver)                                           \
+    do {                                                                   \
+        void *p_ = NULL;                                                   \
+        CUdriverProcAddressQueryResult q_;                                 \
+        CUresult r_ = gpa2 ? gpa2("cu" #name, &p_, (ver), flags, &q_)      \
+                           : gpa1("cu" #name, &p_, (ver), flags);          \
+        *(void **)&cm_cu.name = (r_ == CUDA_SUCCESS) ? p_ : NULL;          \
+    } while (0);
+    CM_CU_FUNCS(CM_CU_RESOLVE)
+#undef CM_CU_RESOLVE
+    cm_cu_missing = CUDA_ERROR_NOT_FOUND;
+    cm_backend_used = CM_BACKEND_DRIVER;
+    return 0;
+}
+
+/* The name of rc: the driver's, else CUDA_ERROR_<n>. */
+static const char *
+cm_cu_error_name(CUresult rc, char *buf, size_t n)
+{
+    const char *name = NULL;
+
+    if (cm_cu.GetErrorName == NULL
+        || cm_cu.GetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) {
+        snprintf(buf, n, "CUDA_ERROR_%d", (int)rc);
+        return buf;
+    }
+    return name;
+}
+
+/* Load and initialise; runs without the GIL, under cm_load_lock. */
+static void
+cm_load_locked(void)
+{
+    static const char *const ptds_names[] = {
+        "CUDAMEM_PER_THREAD_DEFAULT_STREAM",
+        "NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM",
+        "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", NULL};
+    int disabled = 0;
+    CUresult rc;
+    char buf[32];
+
+    cm_load_done = 1;
+    cm_per_thread = cm_env_first_flag(ptds_names, 0);
+    if (cm_env_flag("NUMBA_DISABLE_CUDA", &disabled) && disabled
+        && !cm_env_simulator()) {
+        snprintf(cm_init_error, sizeof(cm_init_error),
+                 "Error at driver init: \nCUDA is disabled due to setting "
+                 "NUMBA_DISABLE_CUDA=1 in the environment, or because CUDA "
+                 "is unsupported on 32-bit systems.:");
+        return;
+    }
+    if (cm_env_simulator()) {
+        cm_sim_fill(&cm_cu, cm_per_thread);
+        cm_cu_missing = CUDA_ERROR_NOT_SUPPORTED;
+        cm_backend_used = CM_BACKEND_SIM;
+    }
+    else if (cm_load_driver() < 0) {
+        memset(&cm_cu, 0, sizeof(cm_cu));
+        return;
+    }
+    rc = cm_cu.Init ? cm_cu.Init(0) : cm_cu_missing;
+    if (rc != CUDA_SUCCESS) {
+        snprintf(cm_init_error, sizeof(cm_init_error),
+                 "Error at driver init: Call to cuInit results in %s (%d). "
+                 "No usable GPU was found; set CUDAMEM_SIMULATOR=1 to run "
+                 "on the CPU simulator.",
+                 cm_cu_error_name(rc, buf, sizeof(buf)), (int)rc);
+        return;
+    }
+    cm_init_pid = getpid();
+    __atomic_store_n(&cm_driver_ready_flag, 1, __ATOMIC_RELEASE);
+}
+
+int
+cm_driver_ensure_slow(void)
+{
+    if (cm_forked || (cm_driver_ready_flag && cm_init_pid != getpid())) {
+        PyErr_SetString(cm_st->CudaDriverError,
+                        "CUDA initialized before forking");
+        return -1;
+    }
+    if (!__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&cm_load_lock);
+        if (!cm_load_done) {
+            cm_load_locked();
+        }
+        pthread_mutex_unlock(&cm_load_lock);
+        Py_END_ALLOW_THREADS
+    }
+    if (!__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)) {
+        PyErr_SetString(cm_st->CudaSupportError, cm_init_error);
+        return -1;
+    }
+    return 0;
+}
+
+cm_backend
+cm_driver_backend(void)
+{
+    return __atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)
+               ? cm_backend_used : CM_BACKEND_NONE;
+}
+
+int
+cm_driver_per_thread(void)
+{
+    return cm_per_thread;
+}
+
+int
+cm_raise_cu(CUresult rc, const char *fn)
+{
+    char buf[32];
+    const char *name;
+    PyObject *cls;
+    PyObject *exc;
+
+    if (rc == CUDA_ERROR_NOT_INITIALIZED
+        && (cm_forked || (cm_init_pid && cm_init_pid != getpid()))) {
+        PyErr_SetString(cm_st->CudaDriverError,
+                        "CUDA initialized before forking");
+        return -1;
+    }
+    name = cm_cu_error_name(rc, buf, sizeof(buf));
+    cls = rc == CUDA_ERROR_OUT_OF_MEMORY ? cm_st->CudaOutOfMemoryError
+                                         : cm_st->CudaAPIError;
+    exc = PyObject_CallFunction(cls, "iss", (int)rc, fn, name);
+    if (exc != NULL) {
+        PyErr_SetObject(cls, exc);
+        Py_DECREF(exc);
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Python-level functions                                              */
+/* ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(cm_init_driver_doc,
+"_init_driver()\n--\n\n"
+"Load the backend and run cuInit now; raise CudaSupportError if that "
+"fails.");
+
+static PyObject *
+cm_init_driver(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_init_error_doc,
+"_init_error()\n--\n\n"
+"The text of the driver initialisation error, or None.  Tries to load the "
+"backend first.");
+
+static PyObject *
+cm_init_error_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    if (cm_driver_ensure() == 0) {
+        Py_RETURN_NONE;
+    }
+    if (!PyErr_ExceptionMatches(cm_st->CudaSupportError)) {
+        return NULL;
+    }
+    PyErr_Clear();
+    return PyUnicode_FromString(cm_init_error);
+}
+
+PyDoc_STRVAR(cm_backend_doc,
+"_backend()\n--\n\n"
+"'driver' or 'simulator' once the backend is loaded, else None.  Does not "
+"load it.");
+
+static PyObject *
+cm_backend_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    switch (cm_driver_backend()) {
+    case CM_BACKEND_DRIVER:
+        return PyUnicode_FromString("driver");
+    case CM_BACKEND_SIM:
+        return PyUnicode_FromString("simulator");
+    default:
+        Py_RETURN_NONE;
+    }
+}
+
+PyDoc_STRVAR(cm_driver_version_doc,
+"driver_version()\n--\n\n"
+"The CUDA version the driver (or simulator) implements, as (major, "
+"minor).");
+
+static PyObject *
+cm_driver_version(PyObject *mod, PyObject *unused)
+{
+    int v = 0;
+
+    (void)mod;
+    (void)unused;
+    if (cm_driver_ensure() < 0 || CM_CU(DriverGetVersion, (&v)) < 0) {
+        return NULL;
+    }
+    return Py_BuildValue("(ii)", v / 1000, (v % 1000) / 10);
+}
+
+PyDoc_STRVAR(cm_runtime_version_doc,
+"runtime_version()\n--\n\n"
+"The version of the CUDA Toolkit headers cudamem was built with, as "
+"(major, minor).");
+
+static PyObject *
+cm_runtime_version(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return Py_BuildValue("(ii)", CUDA_VERSION / 1000,
+                         (CUDA_VERSION % 1000) / 10);
+}
+
+PyDoc_STRVAR(cm_per_thread_doc,
+"_per_thread_default_stream()\n--\n\n"
+"Whether stream handle 0 means the per-thread default stream.");
+
+static PyObject *
+cm_per_thread_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(cm_per_thread);
+}
+
+PyDoc_STRVAR(cm_sim_inject_doc,
+"_sim_inject(name, nth, code)\n--\n\n"
+"Simulator only: make the nth call from now (1 = the next) of the driver "
+"entry point cu<name> return the CUresult code.  nth=0 disarms.");
+
+static PyObject *
+cm_sim_inject_fn(PyObject *mod, PyObject *args)
+{
+    const char *name;
+    long nth;
+    int code;
+    int i;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "sli:_sim_inject", &name, &nth, &code)) {
+        return NULL;
+    }
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    if (cm_driver_backend() != CM_BACKEND_SIM) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "fault injection needs the simulator backend "
+                        "(CUDAMEM_SIMULATOR=1)");
+        return NULL;
+    }
+    if (strncmp(name, "cu", 2) == 0) {
+        name += 2;
+    }
+    for (i = 0; i < CM_CU_N_FUNCS; i++) {
+        if (strcmp(cm_cu_names[i], name) == 0) {
+            break;
+        }
+    }
+    if (i == CM_CU_N_FUNCS || nth < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "unknown driver entry point or bad count: cu%s, %ld",
+                     name, nth);
+        return NULL;
+    }
+    cm_sim_inject(i, nth, (CUresult)code);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cm_driver_methods[] = {
+    {"_init_driver", cm_init_driver, METH_NOARGS, cm_init_driver_doc},
+    {"_init_error", cm_init_error_fn, METH_NOARGS, cm_init_error_doc},
+    {"_backend", cm_backend_fn, METH_NOARGS, cm_backend_doc},
+    {"driver_version", cm_driver_version, METH_NOARGS,
+     cm_driver_version_doc},
+    {"runtime_version", cm_runtime_version, METH_NOARGS,
+     cm_runtime_version_doc},
+    {"_per_thread_default_stream", cm_per_thread_fn, METH_NOARGS,
+     cm_per_thread_doc},
+    {"_sim_inject", cm_sim_inject_fn, METH_VARARGS, cm_sim_inject_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_driver_init(PyObject *mod, cm_state *st)
+{
+    static int atfork_done;
+
+    (void)st;
+    if (!atfork_done) {
+        if (pthread_atfork(NULL, NULL, cm_atfork_child) != 0) {
+            PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+            return -1;
+        }
+        atfork_done = 1;
+    }
+    return PyModule_AddFunctions(mod, cm_driver_methods);
+}

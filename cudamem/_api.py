@@ -1,0 +1,203 @@
+# SPDX-License-Identifier: MIT
+"""The parts of cudamem's API that are natural in Python: device lists,
+context managers, and cold functions that print or decorate.
+
+Hot calls live in the C extension and are re-exported by ``cudamem``
+directly; nothing here is on a per-operation path.
+"""
+
+import functools
+import threading
+
+from . import _core
+from ._errors import CudaSupportError
+
+
+class _DeviceContextManager:
+    """``gpus[i]``: a Device that is also a context manager.
+
+    ``with gpus[i]:`` pushes device i's primary context and pops it on
+    exit; ``__enter__`` returns None, as in numba.  Other attributes are
+    those of the Device.
+    """
+
+    __slots__ = ("_id",)
+
+    def __init__(self, device_id):
+        self._id = device_id
+
+    @property
+    def _device(self):
+        return _core._get_device(self._id)
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+    def __enter__(self):
+        _core._push_device(self._id)
+
+    def __exit__(self, exc_type, exc, tb):
+        _core._pop_device(self._id)
+
+    def __str__(self):
+        return "<Managed Device %d>" % self._id
+
+    __repr__ = __str__
+
+    def __eq__(self, other):
+        if isinstance(other, _DeviceContextManager):
+            return self._id == other._id
+        return self._device == other
+
+    def __hash__(self):
+        return hash(self._id)
+
+
+class _DeviceList:
+    """``cudamem.gpus``: the devices, indexable and iterable.
+
+    The driver is consulted on first use, so importing cudamem needs no
+    GPU.
+    """
+
+    def __init__(self):
+        self._items = None
+        self._lock = threading.Lock()
+
+    @property
+    def _list(self):
+        items = self._items
+        if items is None:
+            with self._lock:
+                if self._items is None:
+                    n = _core._device_count()
+                    self._items = [_DeviceContextManager(i) for i in range(n)]
+                items = self._items
+        return items
+
+    def __len__(self):
+        return len(self._list)
+
+    def __iter__(self):
+        return iter(self._list)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self._list[key]
+        if isinstance(key, float):
+            raise TypeError("device index must be an integer, not float")
+        return self._list[int(key)]
+
+    def __str__(self):
+        return ", ".join(str(d) for d in self._list)
+
+    @property
+    def current(self):
+        """The manager of the current context's device, or None."""
+        from ._core import _current_device_id
+
+        i = _current_device_id()
+        return None if i is None else self._list[i]
+
+
+gpus = _DeviceList()
+
+
+def list_devices():
+    """The device list: ``cudamem.gpus`` itself, as in numba."""
+    return gpus
+
+
+def require_context(fn):
+    """Decorator: run ``fn`` with a primary context current on the thread."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _core.current_context()
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def close():
+    """Pop every context of the calling thread.
+
+    On the main thread it also releases and resets every device's primary
+    context: all arrays, streams and events become invalid, and the next
+    call that needs a device starts a fresh context.
+
+    Notes
+    -----
+    numba then fails the next allocation with
+    CUDA_ERROR_CONTEXT_IS_DESTROYED; cudamem gives the next call a fresh
+    primary context, as numba's documentation intends.
+    """
+    _core._close(threading.current_thread() is threading.main_thread())
+
+
+def is_available():
+    """True when a driver (or the simulator) initialises and has a device.
+
+    Never raises.
+    """
+    try:
+        return _core._device_count() > 0
+    except CudaSupportError:
+        return False
+
+
+def cuda_error():
+    """None, or the text of the error that stopped the driver from
+    initialising."""
+    return _core._init_error()
+
+
+def is_supported_version():
+    """Whether the driver implements at least the CUDA version cudamem was
+    built against."""
+    try:
+        return _core.driver_version() >= (11, 3)
+    except CudaSupportError:
+        return False
+
+
+def detect():
+    """Print the devices and whether each is supported; True if any is."""
+    n = len(gpus)
+    print("Found %d CUDA devices" % n)
+    supported = 0
+    for i in range(n):
+        dev = _core._get_device(i)
+        cc = dev.compute_capability
+        ok = cc >= (3, 5)
+        supported += ok
+        tag = "[SUPPORTED]" if ok else "[NOT SUPPORTED: CC < 3.5]"
+        print("id %d %20s %40s" % (i, dev.name, tag))
+        print("%40s: %d.%d" % ("Compute Capability", cc[0], cc[1]))
+        print("%40s: %d" % ("PCI Device ID", dev.PCI_DEVICE_ID))
+        print("%40s: %d" % ("PCI Bus ID", dev.PCI_BUS_ID))
+        print("%40s: %s" % ("UUID", dev.uuid))
+        print("%40s: %d" % ("Watchdog", dev.KERNEL_EXEC_TIMEOUT))
+        ratio = dev.SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
+        print("%40s: %d" % ("FP32/FP64 Performance Ratio", ratio))
+        print("%40s: %s" % ("FP16 Support", dev.supports_float16))
+        print("%40s: %s" % ("BF16 Support", dev.supports_bfloat16))
+        print("%40s: %s" % ("FP8 Support", dev.supports_fp8))
+    print("Summary:")
+    print("\t%d/%d devices are supported" % (supported, n))
+    return supported > 0
+
+
+def is_float16_supported():
+    """Always True: every supported device has float16."""
+    return True
+
+
+def is_bfloat16_supported():
+    """Whether the current device has compute capability 8.0 or newer."""
+    return _core.get_current_device().supports_bfloat16
+
+
+def is_fp8_supported():
+    """Whether the current device has compute capability 8.9 or newer."""
+    return _core.get_current_device().supports_fp8

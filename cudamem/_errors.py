@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: MIT
+"""Exception classes and small value types shared by cudamem's layers.
+
+The C extension fetches these once at import, so they are plain Python
+classes that pickle by value.
+"""
+
+from collections import namedtuple
+
+__all__ = [
+    "CudaAPIError",
+    "CudaDriverError",
+    "CudaOutOfMemoryError",
+    "CudaSupportError",
+    "MemoryInfo",
+]
+
+
+class CudaSupportError(ImportError):
+    """CUDA cannot be used: no driver, no device, or CUDA disabled.
+
+    ``msg`` holds the reason, as in numba.
+    """
+
+    def __init__(self, msg=""):
+        super().__init__(msg)
+        self.msg = msg
+
+    def __reduce__(self):
+        return (type(self), (self.msg,))
+
+
+class CudaDriverError(Exception):
+    """An error in cudamem's use of the driver that is not a CUresult."""
+
+
+class CudaAPIError(CudaDriverError):
+    """A driver call returned an error.
+
+    Attributes: ``code`` (the CUresult, an int), ``name`` (for example
+    ``"CUDA_ERROR_OUT_OF_MEMORY"``), ``fn`` (the driver function) and
+    ``msg`` ("Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY").
+    ``str()`` is ``"[code] msg"``, as in numba.
+    """
+
+    def __init__(self, code, fn, name=None):
+        if name is None:
+            # CudaAPIError(code, msg), numba's own signature.
+            msg, fn, name = fn, None, None
+        else:
+            msg = "Call to %s results in %s" % (fn, name)
+        self.code = int(code)
+        self.fn = fn
+        self.name = name
+        self.msg = msg
+        super().__init__(self.code, msg)
+
+    def __str__(self):
+        return "[%s] %s" % (self.code, self.msg)
+
+    def __reduce__(self):
+        if self.name is None:
+            return (type(self), (self.code, self.msg))
+        return (type(self), (self.code, self.fn, self.name))
+
+
+class CudaOutOfMemoryError(CudaAPIError, MemoryError):
+    """CUDA_ERROR_OUT_OF_MEMORY: a CudaAPIError that is also a MemoryError."""
+
+
+MemoryInfo = namedtuple("MemoryInfo", "free,total")
+MemoryInfo.__doc__ = "Free and total device memory, in bytes."
