@@ -357,6 +357,11 @@ PyObject *cm_mem_alloc(cm_context *ctx, size_t size);
  * 1 (truthy: asynchronous).  Anything else: -1 with TypeError. */
 int cm_stream_resolve(PyObject *obj, CUstream *handle);
 
+/* A new Stream object wrapping a handle cudamem does not own (external:
+ * never destroyed by cudamem), as external_stream(h) returns.  New
+ * reference, or NULL with an exception. */
+PyObject *cm_stream_external(CUstream handle);
+
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */

@@ -55,6 +55,13 @@ cm_stream_resolve(PyObject *obj, CUstream *handle)
     return 1;
 }
 
+PyObject *
+cm_stream_external(CUstream handle)
+{
+    /* Placeholder until the Stream type lands: the bare handle. */
+    return PyLong_FromVoidPtr((void *)handle);
+}
+
 int
 cm_stream_init(PyObject *mod, cm_state *st)
 {

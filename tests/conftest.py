@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: MIT
+"""Shared fixtures: the backend (real GPU when one works, else the CPU
+simulator), a clean context per test, and the ``impl`` switch that runs a
+test against cudamem and, where installed, numba.cuda.
+
+The backend is chosen before cudamem is imported: if CUDAMEM_SIMULATOR is
+unset and no driver initialises, the simulator is selected.
+"""
+
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _driver_works():
+    """Whether the real driver initialises, probed in a subprocess so that
+    this process stays free to pick the simulator."""
+    code = "import cudamem, sys; sys.exit(0 if cudamem.is_available() else 1)"
+    env = dict(os.environ, CUDAMEM_SIMULATOR="0")
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    try:
+        return subprocess.run([sys.executable, "-c", code], env=env,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+if "CUDAMEM_SIMULATOR" not in os.environ:
+    os.environ["CUDAMEM_SIMULATOR"] = "0" if _driver_works() else "1"
+
+SIMULATOR = os.environ["CUDAMEM_SIMULATOR"] not in ("0", "", "false")
+
+import cudamem  # noqa: E402
+
+
+def pytest_report_header(config):
+    if SIMULATOR:
+        return "cudamem backend: CPU simulator (CUDAMEM_SIMULATOR=1)"
+    dev = cudamem.get_current_device()
+    return "cudamem backend: CUDA driver %d.%d, device %s" % (
+        cudamem.driver_version() + (dev.name,))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SIMULATOR and item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason="needs a real GPU"))
+        if not SIMULATOR and item.get_closest_marker("sim"):
+            item.add_marker(pytest.mark.skip(reason="simulator only"))
+
+
+def pytest_configure(config):
+    try:
+        multiprocessing.set_start_method("spawn")
+    except RuntimeError:
+        pass
+
+
+@pytest.fixture(scope="session")
+def simulator():
+    """True on the simulator backend, False on a real GPU."""
+    return SIMULATOR
+
+
+@pytest.fixture
+def ctx():
+    """The current context for the test; the thread's context stack is the
+    same after the test as before it."""
+    from cudamem import _core
+
+    before = _core._current_device_id()
+    c = cudamem.current_context()
+    yield c
+    after = _core._current_device_id()
+    if before is None and after is not None:
+        c.synchronize()
+
+
+@pytest.fixture(params=["cudamem", "numba"])
+def impl(request):
+    """cudamem, or numba.cuda when it is installed and usable here."""
+    if request.param == "cudamem":
+        return cudamem
+    if SIMULATOR:
+        pytest.skip("numba.cuda is compared on a real GPU only")
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+    numba_cuda = pytest.importorskip("numba.cuda")
+    return numba_cuda
