@@ -711,6 +711,27 @@ cm_context_pop(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_context_memalloc_doc,
+"memalloc($self, size, /)\n--\n\n"
+"Allocate size bytes of device memory in this context; the returned "
+"AutoFreePointer frees it when it goes away.");
+
+static PyObject *
+cm_context_memalloc(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n <= 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "memalloc size must be positive, got %zd", n);
+        return NULL;
+    }
+    return cm_mem_alloc((cm_context *)self, (size_t)n);
+}
+
 static PyObject *
 cm_context_repr(PyObject *self)
 {
@@ -754,6 +775,7 @@ static PyMethodDef cm_context_methods[] = {
      cm_context_synchronize_doc},
     {"reset", cm_context_reset, METH_NOARGS, cm_context_reset_doc},
     {"push", cm_context_push, METH_NOARGS, cm_context_push_doc},
+    {"memalloc", cm_context_memalloc, METH_O, cm_context_memalloc_doc},
     {"pop", cm_context_pop, METH_NOARGS, cm_context_pop_doc},
     {NULL, NULL, 0, NULL},
 };

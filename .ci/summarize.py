@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: MIT
+"""Summarise a .ci/gpu run as one RESULTS.md entry: date, commit, device,
+driver, test counts and the benchmark figures (cudamem's median and its
+ratios to the best peer and to the bare driver)."""
+
+import argparse
+import datetime
+import json
+import pathlib
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+
+def test_counts(path):
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return "tests: no junit report"
+    suites = [root] if root.tag == "testsuite" else list(root)
+    n = sum(int(s.get("tests", 0)) for s in suites)
+    failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0))
+                 for s in suites)
+    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    return "%d passed, %d failed, %d skipped" % (n - failed - skipped,
+                                                 failed, skipped)
+
+
+def bench_lines(path):
+    try:
+        rows = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError):
+        return ["- benchmarks: none recorded"]
+    out = []
+    for row in rows:
+        t = row["times"]
+        if "cudamem" not in t:
+            continue
+        med = t["cudamem"][0]
+        cells = []
+        for lib, v in sorted(t.items()):
+            if row.get("bytes"):
+                cells.append("%s %.1f GB/s" % (lib, row["bytes"] / v[0] / 1e9))
+            else:
+                cells.append("%s %.2f" % (lib, v[0] * 1e6))
+        peers = [v[0] for k, v in t.items() if k not in ("cudamem", "driver")]
+        extra = ""
+        if peers:
+            extra += "; vs best peer %.2fx" % (med / min(peers))
+        if "driver" in t:
+            extra += "; vs bare driver %.2fx (%+.2f us)" % (
+                med / t["driver"][0], (med - t["driver"][0]) * 1e6)
+        unit = "" if row.get("bytes") else " (us, median)"
+        out.append("- %s%s: %s%s" % (row["op"], unit, ", ".join(cells),
+                                     extra))
+    return out or ["- benchmarks: none recorded"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--junit", required=True)
+    ap.add_argument("--bench", required=True)
+    ap.add_argument("--report", required=True)
+    a = ap.parse_args()
+    report = pathlib.Path(a.report).read_text() if pathlib.Path(
+        a.report).exists() else ""
+    drv = re.search(r"driver version: (.*)", report)
+    dev = re.search(r"\[0\] (.*?)  compute capability ([0-9.]+)", report)
+    today = datetime.date.today().isoformat()
+    print("\n## %s, commit %s" % (today, a.commit))
+    print("- device: %s (cc %s), driver %s" % (
+        dev.group(1) if dev else "?", dev.group(2) if dev else "?",
+        drv.group(1) if drv else "?"))
+    print("- tests (`bash .ci/gpu`): %s" % test_counts(a.junit))
+    for line in bench_lines(a.bench):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: MIT
+"""Allocation: one small device array, made and dropped."""
+
+import numpy as np
+
+
+def _numba(cuda):
+    return lambda: cuda.device_array(256, np.float32)
+
+
+def _cudamem(cm):
+    return lambda: cm.device_array(256, np.float32)
+
+
+def _cupy(cp):
+    return lambda: cp.empty(256, np.float32)
+
+
+def _torch(torch):
+    dev = torch.device("cuda")
+    return lambda: torch.empty(256, dtype=torch.float32, device=dev)
+
+
+OPS = [
+    {"name": "device_array(256 f4)",
+     "impls": {"cudamem": _cudamem, "numba": _numba, "cupy": _cupy,
+               "torch": _torch}},
+]

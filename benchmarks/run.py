@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: MIT
+"""Run cudamem's benchmarks side by side with numba-cuda, CuPy, PyTorch and
+the bare driver, whichever are installed, and print one table.
+
+    python benchmarks/run.py [-k SUBSTRING ...] [--json FILE] [--repeats N]
+
+Never run from the test suite; timings are not assertions.
+"""
+
+import argparse
+import importlib
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+
+MODULES = ["ops_alloc"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", action="append", default=[],
+                    help="only operations whose name contains this")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--repeats", type=int, default=31)
+    args = ap.parse_args(argv)
+
+    libs = {name: harness.load_lib(name) for name in harness.LIBS}
+    print("libraries: " + ", ".join(
+        "%s=%s" % (k, "yes" if v is not None else "no")
+        for k, v in libs.items()))
+    if os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", ""):
+        print("note: cudamem runs on the CPU simulator; its timings are "
+              "CPU timings")
+    ops = []
+    for name in MODULES:
+        ops.extend(importlib.import_module(name).OPS)
+    results = harness.run_ops(ops, libs, select=args.k,
+                              repeats=args.repeats)
+    print(harness.format_table(results))
+    if args.json:
+        pathlib.Path(args.json).write_text(harness.to_json(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
