@@ -29,6 +29,7 @@
 #include <cudaTypedefs.h>
 #include <cudaProfilerTypedefs.h>
 
+#include <stddef.h>
 #include <stdint.h>
 
 #if PY_VERSION_HEX < 0x030C0000
