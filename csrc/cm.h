@@ -316,6 +316,8 @@ typedef struct {
     int alive;            /* NOTE: cleared by close()/reset() of the
                            * device; a dead context frees nothing */
     size_t total_mem;     /* device total memory, bytes */
+    unsigned long gen;    /* unique per retained primary context, for
+                           * caches of modules loaded in it */
     PyObject *memory_manager;  /* Python-visible manager object */
     PyObject *deallocations;   /* Python-visible queue of destroys */
     PyObject *weakreflist;
@@ -364,6 +366,34 @@ int cm_stream_resolve(PyObject *obj, CUstream *handle);
 PyObject *cm_stream_external(CUstream handle);
 
 /* ------------------------------------------------------------------ */
+/* kernels.c: internal kernels (NVRTC on a GPU, host code on the sim)  */
+/* ------------------------------------------------------------------ */
+
+#define CM_KMAXDIM 32
+
+/* An N-d strided copy with a cast: dst[i] = cast(src[i]) over shape.
+ * Zero source strides broadcast.  Types are CM_T_* codes of convert.h;
+ * CM_T_BYTES on both sides copies opaque items of itemsize bytes. */
+typedef struct {
+    int ndim;                          /* 0..CM_KMAXDIM */
+    Py_ssize_t shape[CM_KMAXDIM];      /* extents */
+    Py_ssize_t dst_strides[CM_KMAXDIM];  /* bytes */
+    Py_ssize_t src_strides[CM_KMAXDIM];  /* bytes, 0 to broadcast */
+    CUdeviceptr dst;                   /* address of element (0,...,0) */
+    CUdeviceptr src;                   /* address of element (0,...,0) */
+    int dst_type;                      /* CM_T_* */
+    int src_type;                      /* CM_T_* */
+    int itemsize;                      /* bytes, for CM_T_BYTES */
+} cm_copy_desc;
+
+/* Enqueue the copy on stream in ctx; 0, or -1 with an exception
+ * (CudaSupportError when NVRTC is missing on a GPU). */
+int cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream);
+/* The CM_T_* code of a dtype: a numeric code for native-order numeric
+ * types, else CM_T_BYTES. */
+int cm_elem_type_of(PyArray_Descr *dt);
+
+/* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */
 
@@ -371,5 +401,6 @@ int cm_driver_init(PyObject *mod, cm_state *st);
 int cm_context_init(PyObject *mod, cm_state *st);
 int cm_memory_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
+int cm_kernels_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

@@ -23,6 +23,7 @@
 static int cm_ndev = -1;                      /* device count, once known */
 static cm_device *cm_devs[CM_MAX_DEVICES];    /* strong, made on demand */
 static cm_context *cm_ctxs[CM_MAX_DEVICES];   /* strong, while retained */
+static unsigned long cm_ctx_gen;              /* last cm_context.gen */
 
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
@@ -416,6 +417,7 @@ cm_context_get(int i)
     c->handle = h;
     c->alive = 1;
     c->total_mem = total;
+    c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
     c->deallocations = NULL;
     c->weakreflist = NULL;

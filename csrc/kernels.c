@@ -1,0 +1,733 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kernels.c: cudamem's internal kernels and the NVRTC loader.
+ *
+ * One operation serves element assignment with broadcasting and casting,
+ * transposition, and every device-to-device copy the driver's copy calls
+ * cannot express: an N-d strided copy with a cast, dst[i] = cast(src[i])
+ * over a shape, with byte strides on both sides (zero strides on the
+ * source broadcast it).  On a GPU it is a CUDA C kernel compiled with
+ * NVRTC (loaded at run time) per (destination type, source type) pair on
+ * first use, for the device's architecture, cached on disk; on the
+ * simulator the same conversion code (convert.h) runs as a host function
+ * in stream order.
+ *
+ * Owns: the NVRTC function table (filled once), and a small in-memory
+ * table of loaded kernels per context.  Locking: the GIL guards both
+ * tables; compilation runs with the GIL released on local data only.
+ */
+#include "cm.h"
+#include "convert.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <nvrtc.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* NVRTC, loaded at run time                                           */
+/* ------------------------------------------------------------------ */
+
+typedef struct {
+    nvrtcResult (*Version)(int *, int *);
+    nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *,
+                                 int, const char *const *,
+                                 const char *const *);
+    nvrtcResult (*DestroyProgram)(nvrtcProgram *);
+    nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
+    nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*GetPTXSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetPTX)(nvrtcProgram, char *);
+    const char *(*GetErrorString)(nvrtcResult);
+} cm_nvrtc_table;
+
+static cm_nvrtc_table cm_nvrtc;       /* filled once, GIL held */
+static int cm_nvrtc_tried;            /* a load was attempted */
+static int cm_nvrtc_major;            /* NVRTC version, for cache keys */
+static int cm_nvrtc_minor;
+static char cm_nvrtc_error[512];      /* why loading failed */
+
+/* Try one library path; 0 when every entry point was found. */
+static int
+cm_nvrtc_open(const char *path)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+
+    if (h == NULL) {
+        return -1;
+    }
+#define CM_NVRTC_SYM(field, name)                                       \
+    *(void **)&cm_nvrtc.field = dlsym(h, name);                         \
+    if (cm_nvrtc.field == NULL) {                                       \
+        goto err_close;                                                 \
+    }
+    CM_NVRTC_SYM(Version, "nvrtcVersion")
+    CM_NVRTC_SYM(CreateProgram, "nvrtcCreateProgram")
+    CM_NVRTC_SYM(DestroyProgram, "nvrtcDestroyProgram")
+    CM_NVRTC_SYM(CompileProgram, "nvrtcCompileProgram")
+    CM_NVRTC_SYM(GetProgramLogSize, "nvrtcGetProgramLogSize")
+    CM_NVRTC_SYM(GetProgramLog, "nvrtcGetProgramLog")
+    CM_NVRTC_SYM(GetCUBINSize, "nvrtcGetCUBINSize")
+    CM_NVRTC_SYM(GetCUBIN, "nvrtcGetCUBIN")
+    CM_NVRTC_SYM(GetPTXSize, "nvrtcGetPTXSize")
+    CM_NVRTC_SYM(GetPTX, "nvrtcGetPTX")
+    CM_NVRTC_SYM(GetErrorString, "nvrtcGetErrorString")
+#undef CM_NVRTC_SYM
+    if (cm_nvrtc.Version(&cm_nvrtc_major, &cm_nvrtc_minor)
+        != NVRTC_SUCCESS) {
+        goto err_close;
+    }
+    return 0;
+
+err_close:
+    memset(&cm_nvrtc, 0, sizeof(cm_nvrtc));
+    dlclose(h);
+    return -1;
+}
+
+/* Load NVRTC once; 0, or -1 with CudaSupportError set. */
+static int
+cm_nvrtc_ensure(void)
+{
+    static const char *const names[] = {
+        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2",
+        "libnvrtc.so", NULL};
+    const char *env = getenv("CUDAMEM_NVRTC_LIBRARY");
+    const char *roots[3];
+    char path[1024];
+    int i;
+    int ok = -1;
+
+    if (cm_nvrtc.CompileProgram != NULL) {
+        return 0;
+    }
+    if (!cm_nvrtc_tried) {
+        cm_nvrtc_tried = 1;
+        roots[0] = getenv("CUDA_HOME");
+        roots[1] = getenv("CUDA_PATH");
+        roots[2] = "/usr/local/cuda";
+        if (env != NULL && env[0] != '\0') {
+            ok = cm_nvrtc_open(env);
+        }
+        else {
+            for (i = 0; ok < 0 && names[i] != NULL; i++) {
+                ok = cm_nvrtc_open(names[i]);
+            }
+            for (i = 0; ok < 0 && i < 3; i++) {
+                if (roots[i] == NULL || roots[i][0] == '\0') {
+                    continue;
+                }
+                snprintf(path, sizeof(path), "%s/lib64/libnvrtc.so",
+                         roots[i]);
+                ok = cm_nvrtc_open(path);
+            }
+        }
+        if (ok < 0) {
+            snprintf(cm_nvrtc_error, sizeof(cm_nvrtc_error),
+                     "NVRTC could not be loaded (tried %s): cudamem "
+                     "compiles its internal kernels with it. Install the "
+                     "CUDA Toolkit's NVRTC, or point CUDA_HOME or "
+                     "CUDAMEM_NVRTC_LIBRARY at it.",
+                     env != NULL && env[0] != '\0'
+                         ? env : "libnvrtc.so.13/.12/.11.2 and CUDA_HOME");
+        }
+    }
+    if (cm_nvrtc.CompileProgram == NULL) {
+        PyErr_SetString(cm_st->CudaSupportError, cm_nvrtc_error);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Compilation with a disk cache                                       */
+/* ------------------------------------------------------------------ */
+
+static uint64_t
+cm_fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* The cache directory into buf, created if needed; 0 or -1 (no cache). */
+static int
+cm_cache_dir(char *buf, size_t n)
+{
+    const char *d = getenv("CUDAMEM_CACHE_DIR");
+    const char *home;
+    char *p;
+
+    if (d != NULL && d[0] != '\0') {
+        snprintf(buf, n, "%s", d);
+    }
+    else if ((d = getenv("XDG_CACHE_HOME")) != NULL && d[0] != '\0') {
+        snprintf(buf, n, "%s/cudamem", d);
+    }
+    else if ((home = getenv("HOME")) != NULL && home[0] != '\0') {
+        snprintf(buf, n, "%s/.cache/cudamem", home);
+    }
+    else {
+        return -1;
+    }
+    for (p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0755) < 0 && errno != EEXIST) {
+                return -1;
+            }
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Read a whole file into a malloc'd buffer; NULL if absent. */
+static char *
+cm_read_file(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+
+    if (f == NULL) {
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) <= 0
+        || fseek(f, 0, SEEK_SET) != 0) {
+        goto out_close;
+    }
+    buf = malloc((size_t)n);
+    if (buf != NULL && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    *size = (size_t)n;
+out_close:
+    fclose(f);
+    return buf;
+}
+
+/* Write a file atomically (temporary name, then rename); best effort. */
+static void
+cm_write_file(const char *path, const char *data, size_t size)
+{
+    char tmp[1300];
+    FILE *f;
+    int ok;
+
+    if (snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid())
+        >= (int)sizeof(tmp)) {
+        return;
+    }
+    f = fopen(tmp, "wb");
+    if (f == NULL) {
+        return;
+    }
+    ok = fwrite(data, 1, size, f) == size;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+    }
+}
+
+/*
+ * Compile src for compute capability major.minor into a cubin (or PTX
+ * when NVRTC does not know that architecture), through the disk cache.
+ * Runs without the GIL.  Returns a malloc'd image, or NULL with a
+ * malloc'd message in *err.
+ */
+static char *
+cm_compile_nogil(const char *src, const char *name, int major, int minor,
+                 char **err)
+{
+    char cache[1024];
+    char path[1200];
+    char arch[64];
+    const char *opts[3];
+    nvrtcProgram prog = NULL;
+    nvrtcResult rc;
+    char *image = NULL;
+    size_t size = 0;
+    uint64_t key = 1469598103934665603ULL;
+    int have_cache;
+    int ptx;
+
+    key = cm_fnv1a(key, src, strlen(src));
+    snprintf(arch, sizeof(arch), "%d.%d/%d.%d", major, minor,
+             cm_nvrtc_major, cm_nvrtc_minor);
+    key = cm_fnv1a(key, arch, strlen(arch));
+    have_cache = cm_cache_dir(cache, sizeof(cache)) == 0;
+    if (have_cache) {
+        snprintf(path, sizeof(path), "%s/kernel-%016llx.bin", cache,
+                 (unsigned long long)key);
+        image = cm_read_file(path, &size);
+        if (image != NULL) {
+            return image;
+        }
+    }
+    for (ptx = 0; ptx < 2; ptx++) {
+        snprintf(arch, sizeof(arch), "--gpu-architecture=%s_%d%d",
+                 ptx ? "compute" : "sm", major, minor);
+        opts[0] = arch;
+        opts[1] = "--std=c++17";
+        opts[2] = "-default-device";
+        rc = cm_nvrtc.CreateProgram(&prog, src, name, 0, NULL, NULL);
+        if (rc != NVRTC_SUCCESS) {
+            break;
+        }
+        rc = cm_nvrtc.CompileProgram(prog, 3, opts);
+        if (rc == NVRTC_SUCCESS) {
+            break;
+        }
+        if (ptx || rc != NVRTC_ERROR_INVALID_OPTION) {
+            break;
+        }
+        cm_nvrtc.DestroyProgram(&prog);
+        prog = NULL;
+    }
+    if (rc != NVRTC_SUCCESS) {
+        size_t n = 0;
+        const char *what = cm_nvrtc.GetErrorString(rc);
+
+        if (prog != NULL && cm_nvrtc.GetProgramLogSize(prog, &n)
+                                == NVRTC_SUCCESS) {
+            *err = malloc(n + strlen(what) + 64);
+            if (*err != NULL) {
+                int k = sprintf(*err, "NVRTC failed (%s) compiling %s:\n",
+                                what, name);
+                if (cm_nvrtc.GetProgramLog(prog, *err + k)
+                    != NVRTC_SUCCESS) {
+                    (*err)[k] = '\0';
+                }
+            }
+        }
+        goto out_destroy;
+    }
+    if ((ptx ? cm_nvrtc.GetPTXSize(prog, &size)
+             : cm_nvrtc.GetCUBINSize(prog, &size)) != NVRTC_SUCCESS
+        || (image = malloc(size)) == NULL
+        || (ptx ? cm_nvrtc.GetPTX(prog, image)
+                : cm_nvrtc.GetCUBIN(prog, image)) != NVRTC_SUCCESS) {
+        free(image);
+        image = NULL;
+        goto out_destroy;
+    }
+    if (have_cache) {
+        cm_write_file(path, image, size);
+    }
+out_destroy:
+    if (prog != NULL) {
+        cm_nvrtc.DestroyProgram(&prog);
+    }
+    return image;
+}
+
+/* ------------------------------------------------------------------ */
+/* The strided copy-and-cast kernel                                    */
+/* ------------------------------------------------------------------ */
+
+/* The kernel's parameter block; the same layout as cm_kdesc in the CUDA
+ * source below. */
+typedef struct {
+    long long n;                       /* number of elements */
+    int ndim;                          /* dimensions used */
+    long long shape[CM_KMAXDIM];       /* extents */
+    long long ds[CM_KMAXDIM];          /* destination byte strides */
+    long long ss[CM_KMAXDIM];          /* source byte strides */
+} cm_kdesc;
+
+static const char cm_kernel_prefix[] =
+    "#define CM_FN __device__ static inline\n"
+    "#define CM_T_BOOL 0\n#define CM_T_I8 1\n#define CM_T_U8 2\n"
+    "#define CM_T_I16 3\n#define CM_T_U16 4\n#define CM_T_I32 5\n"
+    "#define CM_T_U32 6\n#define CM_T_I64 7\n#define CM_T_U64 8\n"
+    "#define CM_T_F16 9\n#define CM_T_F32 10\n#define CM_T_F64 11\n"
+    "#define CM_T_C64 12\n#define CM_T_C128 13\n";
+
+static const char cm_kernel_body[] =
+    "struct cm_kdesc {\n"
+    "    long long n; int ndim; long long shape[32];\n"
+    "    long long ds[32]; long long ss[32];\n"
+    "};\n"
+    "extern \"C\" __global__ void\n"
+    "cm_copy_cast(unsigned char *dst, const unsigned char *src, "
+    "cm_kdesc d)\n"
+    "{\n"
+    "    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    long long step = (long long)gridDim.x * blockDim.x;\n"
+    "    for (; i < d.n; i += step) {\n"
+    "        long long rem = i;\n"
+    "        long long doff = 0;\n"
+    "        long long soff = 0;\n"
+    "        for (int k = d.ndim - 1; k >= 0; k--) {\n"
+    "            long long ix = rem % d.shape[k];\n"
+    "            rem /= d.shape[k];\n"
+    "            doff += ix * d.ds[k];\n"
+    "            soff += ix * d.ss[k];\n"
+    "        }\n"
+    "        CM_ELEMENT(dst + doff, src + soff);\n"
+    "    }\n"
+    "}\n";
+
+/* A loaded kernel: per context generation and (dst, src, itemsize). */
+typedef struct {
+    unsigned long gen;      /* cm_context.gen it was loaded in */
+    int dst_type;           /* CM_T_* */
+    int src_type;           /* CM_T_* */
+    int itemsize;           /* for CM_T_BYTES, else 0 */
+    CUmodule module;        /* never unloaded: lives with the context */
+    CUfunction fn;          /* cm_copy_cast */
+} cm_kentry;
+
+#define CM_KCACHE 64
+static cm_kentry cm_kcache[CM_KCACHE];   /* NOTE: GIL held */
+static int cm_kcache_n;
+
+/* The kernel for this conversion in ctx (current); 0 or -1. */
+static int
+cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
+              CUfunction *out)
+{
+    cm_kentry *e;
+    char *src = NULL;
+    char *image = NULL;
+    char *err = NULL;
+    char defs[160];
+    size_t n;
+    int i;
+    int major = ctx->device->cc_major;
+    int minor = ctx->device->cc_minor;
+    CUmodule mod = NULL;
+    CUfunction fn = NULL;
+
+    for (i = 0; i < cm_kcache_n; i++) {
+        e = &cm_kcache[i];
+        if (e->gen == ctx->gen && e->dst_type == dst_t
+            && e->src_type == src_t && e->itemsize == itemsize) {
+            *out = e->fn;
+            return 0;
+        }
+    }
+    if (cm_nvrtc_ensure() < 0) {
+        return -1;
+    }
+    if (dst_t == CM_T_BYTES) {
+        snprintf(defs, sizeof(defs),
+                 "#define CM_ELEMENT(dp, sp) for (int b_ = 0; b_ < %d; "
+                 "b_++) { (dp)[b_] = (sp)[b_]; }\n", itemsize);
+    }
+    else {
+        snprintf(defs, sizeof(defs),
+                 "#define CM_ELEMENT(dp, sp) cm_store(%d, (dp), "
+                 "cm_load(%d, (sp)))\n", dst_t, src_t);
+    }
+    n = strlen(cm_kernel_prefix) + strlen(cm_convert_src) + strlen(defs)
+        + strlen(cm_kernel_body) + 4;
+    src = malloc(n);
+    if (src == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(src, n, "%s%s\n%s%s", cm_kernel_prefix, cm_convert_src, defs,
+             cm_kernel_body);
+    Py_BEGIN_ALLOW_THREADS
+    image = cm_compile_nogil(src, "cudamem_copy_cast.cu", major, minor,
+                             &err);
+    Py_END_ALLOW_THREADS
+    free(src);
+    if (image == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "%s",
+                     err != NULL ? err : "NVRTC compilation failed");
+        free(err);
+        return -1;
+    }
+    if (CM_CU(ModuleLoadData, (&mod, image)) < 0) {
+        free(image);
+        return -1;
+    }
+    free(image);
+    if (CM_CU(ModuleGetFunction, (&fn, mod, "cm_copy_cast")) < 0) {
+        (void)CM_CU_RAW(ModuleUnload, (mod));
+        return -1;
+    }
+    if (cm_kcache_n == CM_KCACHE) {
+        /* Forget the oldest; its module stays loaded with its context. */
+        memmove(cm_kcache, cm_kcache + 1,
+                (CM_KCACHE - 1) * sizeof(cm_kentry));
+        cm_kcache_n--;
+    }
+    e = &cm_kcache[cm_kcache_n++];
+    e->gen = ctx->gen;
+    e->dst_type = dst_t;
+    e->src_type = src_t;
+    e->itemsize = itemsize;
+    e->module = mod;
+    e->fn = fn;
+    *out = fn;
+    return 0;
+}
+
+/* The simulator's copy: a host function run in stream order. */
+typedef struct {
+    cm_kdesc k;            /* extents and strides */
+    unsigned char *dst;    /* destination element (0, ..., 0) */
+    const unsigned char *src;  /* source element (0, ..., 0) */
+    int dst_type;          /* CM_T_* */
+    int src_type;          /* CM_T_* */
+    int itemsize;          /* for CM_T_BYTES */
+} cm_host_copy;
+
+static void CUDA_CB
+cm_host_copy_run(void *arg)
+{
+    cm_host_copy *c = arg;
+    long long i;
+    long long rem;
+    long long doff;
+    long long soff;
+    long long ix;
+    int k;
+
+    for (i = 0; i < c->k.n; i++) {
+        rem = i;
+        doff = 0;
+        soff = 0;
+        for (k = c->k.ndim - 1; k >= 0; k--) {
+            ix = rem % c->k.shape[k];
+            rem /= c->k.shape[k];
+            doff += ix * c->k.ds[k];
+            soff += ix * c->k.ss[k];
+        }
+        if (c->dst_type == CM_T_BYTES) {
+            memcpy(c->dst + doff, c->src + soff, (size_t)c->itemsize);
+        }
+        else {
+            cm_store(c->dst_type, c->dst + doff,
+                     cm_load(c->src_type, c->src + soff));
+        }
+    }
+    free(c);
+}
+
+int
+cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
+{
+    cm_kdesc k;
+    CUfunction fn;
+    CUdeviceptr dst = d->dst;
+    CUdeviceptr src = d->src;
+    void *params[3];
+    long long blocks;
+    int i;
+
+    if (d->ndim < 0 || d->ndim > CM_KMAXDIM) {
+        PyErr_Format(PyExc_ValueError,
+                     "arrays of more than %d dimensions cannot be copied "
+                     "on the device", CM_KMAXDIM);
+        return -1;
+    }
+    if ((d->dst_type == CM_T_BYTES) != (d->src_type == CM_T_BYTES)
+        || (d->dst_type == CM_T_BYTES && d->itemsize <= 0)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cannot convert between a structured or opaque "
+                        "dtype and a numeric one");
+        return -1;
+    }
+    memset(&k, 0, sizeof(k));
+    k.n = 1;
+    k.ndim = d->ndim;
+    for (i = 0; i < d->ndim; i++) {
+        k.shape[i] = d->shape[i];
+        k.ds[i] = d->dst_strides[i];
+        k.ss[i] = d->src_strides[i];
+        k.n *= d->shape[i];
+    }
+    if (k.n == 0) {
+        return 0;
+    }
+    if (cm_context_activate(ctx) < 0) {
+        return -1;
+    }
+    if (cm_driver_backend() == CM_BACKEND_SIM) {
+        cm_host_copy *c = malloc(sizeof(*c));
+
+        if (c == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->k = k;
+        c->dst = (unsigned char *)(uintptr_t)dst;
+        c->src = (const unsigned char *)(uintptr_t)src;
+        c->dst_type = d->dst_type;
+        c->src_type = d->src_type;
+        c->itemsize = d->itemsize;
+        if (CM_CU(LaunchHostFunc, (stream, cm_host_copy_run, c)) < 0) {
+            free(c);
+            return -1;
+        }
+        return 0;
+    }
+    if (cm_kernel_get(ctx, d->dst_type, d->src_type,
+                      d->dst_type == CM_T_BYTES ? d->itemsize : 0,
+                      &fn) < 0) {
+        return -1;
+    }
+    params[0] = &dst;
+    params[1] = &src;
+    params[2] = &k;
+    blocks = (k.n + 255) / 256;
+    if (blocks > 65535) {
+        blocks = 65535;
+    }
+    return CM_CU(LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256, 1, 1,
+                                0, stream, params, NULL));
+}
+
+int
+cm_elem_type_of(PyArray_Descr *dt)
+{
+    if (!PyArray_ISNBO(dt->byteorder)) {
+        return CM_T_BYTES;
+    }
+    switch (dt->type_num) {
+    case NPY_BOOL: return CM_T_BOOL;
+    case NPY_BYTE: return CM_T_I8;
+    case NPY_UBYTE: return CM_T_U8;
+    case NPY_SHORT: return CM_T_I16;
+    case NPY_USHORT: return CM_T_U16;
+    case NPY_HALF: return CM_T_F16;
+    case NPY_FLOAT: return CM_T_F32;
+    case NPY_DOUBLE: return CM_T_F64;
+    case NPY_CFLOAT: return CM_T_C64;
+    case NPY_CDOUBLE: return CM_T_C128;
+    default: break;
+    }
+    if (PyTypeNum_ISINTEGER(dt->type_num)) {
+        int size = (int)PyDataType_ELSIZE(dt);
+        int sgn = PyTypeNum_ISSIGNED(dt->type_num);
+
+        switch (size) {
+        case 1: return sgn ? CM_T_I8 : CM_T_U8;
+        case 2: return sgn ? CM_T_I16 : CM_T_U16;
+        case 4: return sgn ? CM_T_I32 : CM_T_U32;
+        case 8: return sgn ? CM_T_I64 : CM_T_U64;
+        default: break;
+        }
+    }
+    return CM_T_BYTES;
+}
+
+/* ------------------------------------------------------------------ */
+/* Python-level test entry                                             */
+/* ------------------------------------------------------------------ */
+
+/* A tuple of ints into out[0..n); -1 with an exception. */
+static int
+cm_ssize_tuple(PyObject *t, Py_ssize_t *out, int n, const char *what)
+{
+    int i;
+
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be a tuple of %d ints",
+                     what, n);
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        out[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(cm_copy_kernel_doc,
+"_copy_kernel(dst, dst_strides, dst_dtype, src, src_strides, src_dtype, "
+"shape, stream=0)\n--\n\n"
+"Run the internal strided copy-and-cast kernel between two device "
+"addresses (for tests): dst[i] = dst_dtype(src[i]) over shape.");
+
+static PyObject *
+cm_copy_kernel_fn(PyObject *mod, PyObject *args)
+{
+    unsigned long long dst;
+    unsigned long long src;
+    PyObject *dstr;
+    PyObject *sstr;
+    PyObject *shape;
+    PyObject *stream_obj = Py_False;
+    PyArray_Descr *ddt = NULL;
+    PyArray_Descr *sdt = NULL;
+    cm_copy_desc d;
+    CUstream stream;
+    cm_context *ctx;
+    PyObject *r = NULL;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "KOO&KOO&O|O:_copy_kernel", &dst, &dstr,
+                          PyArray_DescrConverter, &ddt, &src, &sstr,
+                          PyArray_DescrConverter, &sdt, &shape,
+                          &stream_obj)) {
+        goto out;
+    }
+    memset(&d, 0, sizeof(d));
+    d.ndim = PyTuple_Check(shape) ? (int)PyTuple_GET_SIZE(shape) : -1;
+    if (d.ndim < 0 || d.ndim > CM_KMAXDIM) {
+        PyErr_SetString(PyExc_ValueError, "bad shape");
+        goto out;
+    }
+    if (cm_ssize_tuple(shape, d.shape, d.ndim, "shape") < 0
+        || cm_ssize_tuple(dstr, d.dst_strides, d.ndim, "dst_strides") < 0
+        || cm_ssize_tuple(sstr, d.src_strides, d.ndim, "src_strides") < 0
+        || cm_stream_resolve(stream_obj, &stream) < 0
+        || (ctx = cm_context_current()) == NULL) {
+        goto out;
+    }
+    d.dst = (CUdeviceptr)dst;
+    d.src = (CUdeviceptr)src;
+    d.dst_type = cm_elem_type_of(ddt);
+    d.src_type = cm_elem_type_of(sdt);
+    d.itemsize = (int)PyDataType_ELSIZE(ddt);
+    if (d.dst_type == CM_T_BYTES
+        && !PyArray_EquivTypes(ddt, sdt)) {
+        PyErr_SetString(PyExc_TypeError, "opaque dtypes must be equal");
+        goto out;
+    }
+    if (cm_copy_kernel(ctx, &d, stream) < 0) {
+        goto out;
+    }
+    r = Py_NewRef(Py_None);
+out:
+    Py_XDECREF(ddt);
+    Py_XDECREF(sdt);
+    return r;
+}
+
+static PyMethodDef cm_kernels_functions[] = {
+    {"_copy_kernel", cm_copy_kernel_fn, METH_VARARGS, cm_copy_kernel_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_kernels_init(PyObject *mod, cm_state *st)
+{
+    (void)st;
+    return PyModule_AddFunctions(mod, cm_kernels_functions);
+}
