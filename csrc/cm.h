@@ -203,6 +203,7 @@ typedef struct cm_state {
     PyTypeObject *Device_type;
     PyTypeObject *Context_type;
     PyTypeObject *Mem_type;
+    PyTypeObject *Pending_type;
     /* exception classes, from cudamem/_errors.py */
     PyObject *CudaSupportError;
     PyObject *CudaDriverError;
@@ -307,6 +308,8 @@ typedef struct {
     PyObject *weakreflist;
 } cm_device;
 
+typedef struct cm_pending cm_pending;
+
 /* A Context object: one device's primary context as cudamem uses it.
  * Objects that own driver resources hold a strong reference to it. */
 typedef struct {
@@ -318,8 +321,14 @@ typedef struct {
     size_t total_mem;     /* device total memory, bytes */
     unsigned long gen;    /* unique per retained primary context, for
                            * caches of modules loaded in it */
-    PyObject *memory_manager;  /* Python-visible manager object */
-    PyObject *deallocations;   /* Python-visible queue of destroys */
+    PyObject *memory_manager;  /* the memory manager object */
+    cm_pending *memq;     /* strong: the memory manager's release queue */
+    cm_pending *ctxq;     /* strong: streams, events, modules */
+    size_t st_bytes;      /* device bytes allocated and not yet released */
+    size_t st_peak;       /* the most st_bytes has been */
+    size_t st_count;      /* live device allocations */
+    size_t st_total_count;  /* device allocations ever made */
+    size_t st_pinned;     /* pinned host bytes allocated */
     PyObject *weakreflist;
 } cm_context;
 
@@ -328,6 +337,9 @@ typedef struct {
 cm_context *cm_context_current(void);
 /* Make ctx current on this thread if it is not (cheap when it is). */
 int cm_context_activate(cm_context *ctx);
+/* The Context of a device given as an ordinal or Device object (its
+ * primary context retained, not pushed).  Borrowed, or NULL. */
+cm_context *cm_context_of_device(PyObject *dev);
 
 /* ------------------------------------------------------------------ */
 /* memory.c: allocations                                               */
@@ -342,6 +354,31 @@ typedef struct {
     int freed;            /* NOTE: set once, before the free is issued */
     PyObject *weakreflist;
 } cm_mem;
+
+/* What a queued release does. */
+enum {
+    CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */
+    CM_REL_HOST,          /* cuMemFreeHost (pinned or mapped memory) */
+    CM_REL_STREAM,        /* cuStreamDestroy */
+    CM_REL_EVENT,         /* cuEventDestroy */
+    CM_REL_MODULE         /* cuModuleUnload */
+};
+
+/* Queue the release of a driver resource of ctx: memory on its memory
+ * manager's queue, the rest on the context's; flush past the thresholds.
+ * Safe on a driver callback thread (it never flushes there).  Never
+ * raises: a failed flush is reported as unraisable.  Nothing happens for
+ * a context that was closed or reset. */
+void cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle,
+                    size_t size);
+/* Flush both of ctx's queues now (unless defer_cleanup holds them). */
+int cm_ctx_flush(cm_context *ctx);
+/* Flush one queue; 0, or -1 with the first driver error raised. */
+int cm_pending_flush(cm_pending *q);
+/* Set a queue's defer_cleanup depth; returns the old one. */
+int cm_pending_hold(cm_pending *q, int depth);
+/* Make ctx's two queues; called once when the context is made. */
+int cm_ctx_init_memory(cm_context *ctx);
 
 /* Allocate size (> 0) bytes of device memory in ctx through the active
  * memory manager, retrying once on out-of-memory.  A new reference to the
@@ -359,6 +396,11 @@ PyObject *cm_mem_alloc(cm_context *ctx, size_t size);
  * __cuda_stream__ (the cuda.core protocol), gives its handle and returns
  * 1 (truthy: asynchronous).  Anything else: -1 with TypeError. */
 int cm_stream_resolve(PyObject *obj, CUstream *handle);
+
+/* Whether the calling thread is running a host callback for cudamem (the
+ * driver's callback thread).  The driver forbids API calls there, so a
+ * dealloc that would free a driver resource must defer it instead. */
+int cm_on_driver_thread(void);
 
 /* A new Stream object wrapping a handle cudamem does not own (external:
  * never destroyed by cudamem), as external_stream(h) returns.  New

@@ -419,9 +419,21 @@ cm_context_get(int i)
     c->total_mem = total;
     c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
-    c->deallocations = NULL;
+    c->memq = NULL;
+    c->ctxq = NULL;
+    c->st_bytes = 0;
+    c->st_peak = 0;
+    c->st_count = 0;
+    c->st_total_count = 0;
+    c->st_pinned = 0;
     c->weakreflist = NULL;
     PyObject_GC_Track(c);
+    if (cm_ctx_init_memory(c) < 0) {
+        c->alive = 0;
+        Py_DECREF(c);
+        (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        return NULL;
+    }
     cm_ctxs[i] = c;
     return c;
 }
@@ -556,6 +568,10 @@ cm_context_release_device(int i)
         return 0;
     }
     c = cm_ctxs[i];
+    /* What is queued is given back before the context goes. */
+    if (cm_ctx_flush(c) < 0) {
+        PyErr_WriteUnraisable((PyObject *)c);
+    }
     cm_ctxs[i] = NULL;
     c->alive = 0;
     h = c->device->handle;
@@ -577,7 +593,8 @@ cm_context_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(c->device);
     Py_VISIT(c->memory_manager);
-    Py_VISIT(c->deallocations);
+    Py_VISIT(c->memq);
+    Py_VISIT(c->ctxq);
     return 0;
 }
 
@@ -587,7 +604,8 @@ cm_context_clear(PyObject *self)
     cm_context *c = (cm_context *)self;
 
     Py_CLEAR(c->memory_manager);
-    Py_CLEAR(c->deallocations);
+    Py_CLEAR(c->memq);
+    Py_CLEAR(c->ctxq);
     return 0;
 }
 
@@ -662,12 +680,73 @@ cm_context_synchronize(PyObject *self, PyObject *unused)
 
 PyDoc_STRVAR(cm_context_reset_doc,
 "reset($self, /)\n--\n\n"
-"Wait for the context's work and run its pending deallocations.");
+"Wait for the context's work and run its pending deallocations now "
+"(even inside defer_cleanup()).");
 
 static PyObject *
 cm_context_reset(PyObject *self, PyObject *unused)
 {
-    return cm_context_synchronize(self, unused);
+    cm_context *c = (cm_context *)self;
+    PyObject *r = cm_context_synchronize(self, unused);
+    int dm;
+    int dc;
+
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    if (c->memory_manager != NULL) {
+        r = PyObject_CallMethod(c->memory_manager, "reset", NULL);
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    dm = cm_pending_hold(c->memq, 0);
+    dc = cm_pending_hold(c->ctxq, 0);
+    r = cm_ctx_flush(c) < 0 ? NULL : Py_NewRef(Py_None);
+    cm_pending_hold(c->memq, dm);
+    cm_pending_hold(c->ctxq, dc);
+    return r;
+}
+
+static PyObject *
+cm_context_get_deallocations(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(((cm_context *)self)->ctxq);
+}
+
+static PyObject *
+cm_context_get_memq(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(((cm_context *)self)->memq);
+}
+
+static PyObject *
+cm_context_get_memory_manager(PyObject *self, void *unused)
+{
+    cm_context *c = (cm_context *)self;
+    PyObject *cls;
+
+    (void)unused;
+    if (c->memory_manager == NULL) {
+        cls = PyImport_ImportModule("cudamem._emm");
+        if (cls == NULL) {
+            return NULL;
+        }
+        Py_SETREF(cls, PyObject_GetAttrString(cls, "DefaultMemoryManager"));
+        if (cls == NULL) {
+            return NULL;
+        }
+        c->memory_manager = PyObject_CallFunctionObjArgs(cls, self, NULL);
+        Py_DECREF(cls);
+        if (c->memory_manager == NULL) {
+            return NULL;
+        }
+    }
+    return Py_NewRef(c->memory_manager);
 }
 
 PyDoc_STRVAR(cm_context_push_doc,
@@ -767,6 +846,12 @@ static PyGetSetDef cm_context_getset[] = {
     {"device", cm_context_get_device, NULL, "The context's Device.", NULL},
     {"handle", cm_context_get_handle, NULL,
      "The CUcontext, as an int address.", NULL},
+    {"deallocations", cm_context_get_deallocations, NULL,
+     "The queue of pending stream, event and module destroys.", NULL},
+    {"_memory_deallocations", cm_context_get_memq, NULL,
+     "The queue of pending memory frees (its memory manager's).", NULL},
+    {"memory_manager", cm_context_get_memory_manager, NULL,
+     "The context's memory manager.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -854,6 +939,23 @@ cm_device_arg(PyObject *arg)
         return -1;
     }
     return cm_device_index(i);
+}
+
+cm_context *
+cm_context_of_device(PyObject *dev)
+{
+    int i;
+
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    if (PyObject_TypeCheck(dev, cm_st->Device_type)) {
+        i = ((cm_device *)dev)->id;
+    }
+    else if ((i = cm_device_arg(dev)) < 0) {
+        return NULL;
+    }
+    return cm_context_get(i);
 }
 
 PyDoc_STRVAR(cm_get_device_doc,

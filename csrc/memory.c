@@ -1,42 +1,420 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory.c: the allocation path and the owner objects of device memory.
+ * memory.c: the allocation path, deferred deallocation, and the owner
+ * objects of device memory.
  *
- * Owns AutoFreePointer, the reference-counted C object that owns one
- * device allocation made by cudamem's default memory manager.  Arrays and
- * their views hold a strong reference to it; when the last one goes the
- * allocation is freed in its context (never twice, never after the
- * context was closed or reset).  Out-of-memory on allocation is retried
- * once after a full garbage collection, which releases arrays kept alive
- * only by reference cycles.
+ * Owns:
+ * - PendingDeallocs, a FIFO of driver releases (kind, handle, size).
+ *   Every context has two, as in numba: its memory manager's (device,
+ *   managed, pinned and mapped memory) and its own (streams, events,
+ *   modules).  A queue flushes when its count goes above
+ *   config.CUDA_DEALLOCS_COUNT or, for memory, its bytes above
+ *   config.CUDA_DEALLOCS_RATIO times the device's memory; never while
+ *   defer_cleanup() holds it; and on out-of-memory, close() and reset().
+ * - DefaultMemoryManager, the manager every context gets unless a plugin
+ *   is set: cuMemAlloc, with the queue above as its free path.
+ * - AutoFreePointer, the reference-counted owner of one allocation.
+ *   Arrays and views hold a strong reference; when the last one goes the
+ *   free is queued.  A context that was closed or reset frees nothing.
  *
- * Locking: none of its own; everything runs with the GIL held, except the
- * driver calls, which release it.
+ * Locking: the GIL guards the queues and the counters.  A flush takes the
+ * entries out of the queue first and runs the driver calls with the GIL
+ * released, so other threads may queue more meanwhile.  No flush runs on
+ * a driver callback thread (the driver forbids API calls there): entries
+ * simply wait for the next flush.
  */
 #include "cm.h"
 
-/* Run fn with ctx current on this thread, pushing it only if needed. */
-static CUresult
-cm_free_in_context(cm_context *ctx, CUdeviceptr p)
+#include <string.h>
+
+/* Settings read by every queue at use; config changes them at run time. */
+static long cm_cfg_count = 10;         /* CUDA_DEALLOCS_COUNT */
+static double cm_cfg_ratio = 0.2;      /* CUDA_DEALLOCS_RATIO */
+
+/* ------------------------------------------------------------------ */
+/* PendingDeallocs                                                     */
+/* ------------------------------------------------------------------ */
+
+/* One queued release. */
+typedef struct {
+    int kind;             /* CM_REL_* */
+    uintptr_t handle;     /* the driver handle or address */
+    size_t size;          /* bytes it counts for (0 if none) */
+} cm_pending_item;
+
+struct cm_pending {
+    PyObject_HEAD
+    cm_context *ctx;      /* strong: flushes run in it */
+    cm_pending_item *items;  /* FIFO, items[0] oldest */
+    Py_ssize_t n;         /* entries */
+    Py_ssize_t cap;       /* allocated entries */
+    size_t bytes;         /* sum of sizes */
+    int disabled;         /* defer_cleanup() nesting depth */
+    int has_byte_limit;   /* memory queues flush on bytes too */
+};
+
+static const char *
+cm_rel_fn(int kind)
 {
+    switch (kind) {
+    case CM_REL_DEVICE: return "cuMemFree";
+    case CM_REL_HOST: return "cuMemFreeHost";
+    case CM_REL_STREAM: return "cuStreamDestroy";
+    case CM_REL_EVENT: return "cuEventDestroy";
+    case CM_REL_MODULE: return "cuModuleUnload";
+    default: return "release";
+    }
+}
+
+/* Run one release; no GIL, the right context current. */
+static CUresult
+cm_rel_run(const cm_pending_item *it)
+{
+    switch (it->kind) {
+    case CM_REL_DEVICE:
+        return CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
+    case CM_REL_HOST:
+        return CM_CU_RAW(MemFreeHost, ((void *)it->handle));
+    case CM_REL_STREAM:
+        return CM_CU_RAW(StreamDestroy, ((CUstream)it->handle));
+    case CM_REL_EVENT:
+        return CM_CU_RAW(EventDestroy, ((CUevent)it->handle));
+    case CM_REL_MODULE:
+        return CM_CU_RAW(ModuleUnload, ((CUmodule)it->handle));
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static int
+cm_pending_over(cm_pending *q)
+{
+    if (q->n > cm_cfg_count) {
+        return 1;
+    }
+    return q->has_byte_limit
+           && (double)q->bytes > cm_cfg_ratio * (double)q->ctx->total_mem;
+}
+
+/* Run every queued release, oldest first, unless disabled.  On an error
+ * the failing entry is dropped, the rest stay queued, and the error is
+ * raised (-1).  0 when done or nothing to do. */
+int
+cm_pending_flush(cm_pending *q)
+{
+    cm_pending_item *items;
+    Py_ssize_t n;
+    Py_ssize_t i;
+    Py_ssize_t done = 0;
+    CUresult rc = CUDA_SUCCESS;
     CUcontext cur = NULL;
     CUcontext popped;
-    CUresult rc;
+    CUcontext h;
+    int pushed = 0;
 
-    if (cm_cu.MemFree == NULL) {
-        return cm_cu_missing;
+    if (q->disabled || q->n == 0 || cm_on_driver_thread()) {
+        return 0;
     }
-    if (cm_cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx->handle) {
-        return cm_cu.MemFree(p);
+    items = q->items;
+    n = q->n;
+    q->items = NULL;
+    q->n = 0;
+    q->cap = 0;
+    q->bytes = 0;
+    if (!q->ctx->alive || cm_forked) {
+        PyMem_Free(items);
+        return 0;
     }
-    rc = cm_cu.CtxPushCurrent(ctx->handle);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
+    h = q->ctx->handle;
+    Py_BEGIN_ALLOW_THREADS
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS || cur != h) {
+        rc = CM_CU_RAW(CtxPushCurrent, (h));
+        pushed = rc == CUDA_SUCCESS;
     }
-    rc = cm_cu.MemFree(p);
-    (void)cm_cu.CtxPopCurrent(&popped);
-    return rc;
+    for (i = 0; rc == CUDA_SUCCESS && i < n; i++) {
+        rc = cm_rel_run(&items[i]);
+        done = i + 1;
+    }
+    if (pushed) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+    }
+    Py_END_ALLOW_THREADS
+    if (rc == CUDA_SUCCESS) {
+        PyMem_Free(items);
+        return 0;
+    }
+    /* Keep what was not attempted, ahead of anything queued meanwhile. */
+    if (done < n) {
+        Py_ssize_t rest = n - done;
+        cm_pending_item *merged = PyMem_Malloc(
+            (size_t)(rest + q->n) * sizeof(*merged));
+
+        if (merged != NULL) {
+            memcpy(merged, items + done, (size_t)rest * sizeof(*merged));
+            if (q->n) {
+                memcpy(merged + rest, q->items,
+                       (size_t)q->n * sizeof(*merged));
+            }
+            for (i = 0; i < rest; i++) {
+                q->bytes += merged[i].size;
+            }
+            PyMem_Free(q->items);
+            q->items = merged;
+            q->n += rest;
+            q->cap = q->n;
+        }
+    }
+    i = done > 0 ? done - 1 : 0;
+    cm_raise_cu(rc, cm_rel_fn(items[i].kind));
+    PyMem_Free(items);
+    return -1;
 }
+
+int
+cm_pending_hold(cm_pending *q, int depth)
+{
+    int old = q->disabled;
+
+    q->disabled = depth;
+    return old;
+}
+
+/* Append an entry, flushing past the thresholds.  Never raises: a failed
+ * flush is reported as unraisable. */
+static void
+cm_pending_add(cm_pending *q, int kind, uintptr_t handle, size_t size)
+{
+    if (q->n == q->cap) {
+        Py_ssize_t cap = q->cap ? q->cap * 2 : 16;
+        cm_pending_item *p = PyMem_Realloc(q->items,
+                                           (size_t)cap * sizeof(*p));
+
+        if (p == NULL) {
+            /* Cannot queue: release now rather than leak. */
+            cm_pending_item it = {kind, handle, size};
+            CUresult rc;
+
+            Py_BEGIN_ALLOW_THREADS
+            rc = cm_rel_run(&it);
+            Py_END_ALLOW_THREADS
+            (void)rc;
+            return;
+        }
+        q->items = p;
+        q->cap = cap;
+    }
+    q->items[q->n].kind = kind;
+    q->items[q->n].handle = handle;
+    q->items[q->n].size = size;
+    q->n++;
+    q->bytes += size;
+    if (cm_pending_over(q) && cm_pending_flush(q) < 0) {
+        PyErr_WriteUnraisable((PyObject *)q);
+    }
+}
+
+static int
+cm_pending_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((cm_pending *)self)->ctx);
+    return 0;
+}
+
+static int
+cm_pending_clear_refs(PyObject *self)
+{
+    Py_CLEAR(((cm_pending *)self)->ctx);
+    return 0;
+}
+
+static void
+cm_pending_dealloc(PyObject *self)
+{
+    cm_pending *q = (cm_pending *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    /* Entries left here belong to a context that is gone. */
+    PyMem_Free(q->items);
+    Py_CLEAR(q->ctx);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static cm_pending *
+cm_pending_new(cm_context *ctx, int has_byte_limit)
+{
+    cm_pending *q = PyObject_GC_New(cm_pending, cm_st->Pending_type);
+
+    if (q == NULL) {
+        return NULL;
+    }
+    q->ctx = (cm_context *)Py_NewRef(ctx);
+    q->items = NULL;
+    q->n = 0;
+    q->cap = 0;
+    q->bytes = 0;
+    q->disabled = 0;
+    q->has_byte_limit = has_byte_limit;
+    PyObject_GC_Track(q);
+    return q;
+}
+
+static Py_ssize_t
+cm_pending_len(PyObject *self)
+{
+    return ((cm_pending *)self)->n;
+}
+
+PyDoc_STRVAR(cm_pending_clear_doc,
+"clear($self, /)\n--\n\n"
+"Run every queued release now, oldest first; does nothing inside "
+"defer_cleanup().  If one fails, that error is raised and the entries "
+"after it stay queued.");
+
+static PyObject *
+cm_pending_clear(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (cm_pending_flush((cm_pending *)self) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_pending_disable_doc,
+"_disable($self, delta, /)\n--\n\n"
+"Raise (delta=1) or lower (delta=-1) the defer_cleanup() depth.  On "
+"leaving the outermost level, flush if a threshold is passed.");
+
+static PyObject *
+cm_pending_disable(PyObject *self, PyObject *arg)
+{
+    cm_pending *q = (cm_pending *)self;
+    long d = PyLong_AsLong(arg);
+
+    if (d == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (d != 1 && d != -1) {
+        PyErr_SetString(PyExc_ValueError, "delta must be 1 or -1");
+        return NULL;
+    }
+    if (d < 0 && q->disabled == 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "defer_cleanup() exited more often than entered");
+        return NULL;
+    }
+    q->disabled += (int)d;
+    if (q->disabled == 0 && cm_pending_over(q)
+        && cm_pending_flush(q) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+cm_pending_get_bytes(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSize_t(((cm_pending *)self)->bytes);
+}
+
+static PyObject *
+cm_pending_get_disabled(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(((cm_pending *)self)->disabled > 0);
+}
+
+static PyGetSetDef cm_pending_getset[] = {
+    {"pending_bytes", cm_pending_get_bytes, NULL,
+     "Bytes the queued releases will give back.", NULL},
+    {"_size", cm_pending_get_bytes, NULL, "numba's name of pending_bytes.",
+     NULL},
+    {"is_disabled", cm_pending_get_disabled, NULL,
+     "Whether defer_cleanup() holds this queue.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef cm_pending_methods[] = {
+    {"clear", cm_pending_clear, METH_NOARGS, cm_pending_clear_doc},
+    {"_disable", cm_pending_disable, METH_O, cm_pending_disable_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(cm_pending_doc,
+"A context's queue of pending driver releases (deferred deallocation): "
+"len() entries, pending_bytes, clear().");
+
+static PyType_Slot cm_pending_slots[] = {
+    {Py_tp_doc, (void *)cm_pending_doc},
+    {Py_tp_dealloc, cm_pending_dealloc},
+    {Py_tp_traverse, cm_pending_traverse},
+    {Py_tp_clear, cm_pending_clear_refs},
+    {Py_mp_length, cm_pending_len},
+    {Py_sq_length, cm_pending_len},
+    {Py_tp_getset, cm_pending_getset},
+    {Py_tp_methods, cm_pending_methods},
+    {0, NULL},
+};
+
+static PyType_Spec cm_pending_spec = {
+    .name = "cudamem.PendingDeallocs",
+    .basicsize = sizeof(cm_pending),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+             | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = cm_pending_slots,
+};
+
+/* ------------------------------------------------------------------ */
+/* Releases, by context                                                */
+/* ------------------------------------------------------------------ */
+
+void
+cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle, size_t size)
+{
+    cm_pending *q;
+
+    if (handle == 0 || !ctx->alive || cm_forked) {
+        return;
+    }
+    q = (kind == CM_REL_DEVICE || kind == CM_REL_HOST) ? ctx->memq
+                                                       : ctx->ctxq;
+    if (kind == CM_REL_DEVICE) {
+        ctx->st_bytes -= size;
+        ctx->st_count--;
+    }
+    cm_pending_add(q, kind, handle, size);
+}
+
+int
+cm_ctx_flush(cm_context *ctx)
+{
+    int a = cm_pending_flush(ctx->memq);
+    int b = a < 0 ? 0 : cm_pending_flush(ctx->ctxq);
+
+    return (a < 0 || b < 0) ? -1 : 0;
+}
+
+int
+cm_ctx_init_memory(cm_context *ctx)
+{
+    ctx->memq = cm_pending_new(ctx, 1);
+    if (ctx->memq == NULL) {
+        return -1;
+    }
+    ctx->ctxq = cm_pending_new(ctx, 0);
+    if (ctx->ctxq == NULL) {
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* AutoFreePointer                                                     */
+/* ------------------------------------------------------------------ */
 
 static int
 cm_mem_traverse(PyObject *self, visitproc visit, void *arg)
@@ -46,24 +424,15 @@ cm_mem_traverse(PyObject *self, visitproc visit, void *arg)
     return 0;
 }
 
-/* Free the allocation now, once; 0 or -1 with an exception set. */
-static int
+/* Queue the free once. */
+static void
 cm_mem_release(cm_mem *m)
 {
-    CUdeviceptr p = m->ptr;
-    CUresult rc = CUDA_SUCCESS;
-
     if (m->freed) {
-        return 0;
+        return;
     }
     m->freed = 1;
-    if (p == 0 || !m->ctx->alive || cm_forked) {
-        return 0;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    rc = cm_free_in_context(m->ctx, p);
-    Py_END_ALLOW_THREADS
-    return cm_cu_check(rc, "cuMemFree");
+    cm_ctx_release(m->ctx, CM_REL_DEVICE, (uintptr_t)m->ptr, m->size);
 }
 
 static void
@@ -77,13 +446,73 @@ cm_mem_dealloc(PyObject *self)
     if (m->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
-    if (!Py_IsFinalizing() && cm_mem_release(m) < 0) {
-        PyErr_WriteUnraisable(self);
+    if (!Py_IsFinalizing()) {
+        cm_mem_release(m);
     }
     Py_CLEAR(m->ctx);
     tp->tp_free(self);
     Py_DECREF(tp);
     PyErr_SetRaisedException(exc);
+}
+
+/* Raise out-of-memory with a snapshot of where the memory is. */
+static void
+cm_raise_oom(cm_context *ctx, CUresult rc, size_t size)
+{
+    size_t free_b = 0;
+    size_t total_b = 0;
+    PyObject *exc;
+    PyObject *msg;
+
+    (void)CM_CU_RAW(MemGetInfo, (&free_b, &total_b));
+    cm_raise_cu(rc, "cuMemAlloc");
+    exc = PyErr_GetRaisedException();
+    if (exc == NULL) {
+        return;
+    }
+    msg = PyUnicode_FromFormat(
+        "Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
+        "requested, %zu of %zu bytes free on device %d, %zu bytes in "
+        "pending frees, 0 bytes held in pools",
+        size, free_b, total_b, ctx->device->id, ctx->memq->bytes);
+    if (msg == NULL
+        || PyObject_SetAttrString(exc, "msg", msg) < 0
+        || PyObject_SetAttrString(exc, "requested",
+                                  PyLong_FromSize_t(size)) < 0
+        || PyObject_SetAttrString(exc, "free",
+                                  PyLong_FromSize_t(free_b)) < 0
+        || PyObject_SetAttrString(exc, "total",
+                                  PyLong_FromSize_t(total_b)) < 0
+        || PyObject_SetAttrString(exc, "pending_bytes",
+                                  PyLong_FromSize_t(ctx->memq->bytes)) < 0
+        || PyObject_SetAttrString(exc, "pool_reserved",
+                                  PyLong_FromLong(0)) < 0
+        || PyObject_SetAttrString(exc, "largest_free_block", Py_None) < 0) {
+        Py_XDECREF(msg);
+        Py_DECREF(exc);
+        return;
+    }
+    Py_DECREF(msg);
+    PyErr_SetRaisedException(exc);
+}
+
+/* Run gc.collect(); 0 or -1. */
+static int
+cm_gc_collect(void)
+{
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *r;
+
+    if (gc == NULL) {
+        return -1;
+    }
+    r = PyObject_CallMethod(gc, "collect", NULL);
+    Py_DECREF(gc);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
 }
 
 PyObject *
@@ -92,7 +521,6 @@ cm_mem_alloc(cm_context *ctx, size_t size)
     CUdeviceptr p = 0;
     CUresult rc;
     cm_mem *m;
-    PyObject *r;
     int attempt;
 
     if (cm_context_activate(ctx) < 0) {
@@ -105,15 +533,15 @@ cm_mem_alloc(cm_context *ctx, size_t size)
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
-        /* Arrays held only by reference cycles free their memory. */
-        r = PyImport_ImportModule("gc");
-        if (r != NULL) {
-            Py_SETREF(r, PyObject_CallMethod(r, "collect", NULL));
-        }
-        if (r == NULL) {
+        /* One policy: run pending frees, collect cycles, retry once. */
+        if (cm_pending_flush(ctx->memq) < 0 || cm_gc_collect() < 0
+            || cm_pending_flush(ctx->memq) < 0) {
             return NULL;
         }
-        Py_DECREF(r);
+    }
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        cm_raise_oom(ctx, rc, size);
+        return NULL;
     }
     if (cm_cu_check(rc, "cuMemAlloc") < 0) {
         return NULL;
@@ -129,6 +557,12 @@ cm_mem_alloc(cm_context *ctx, size_t size)
     m->freed = 0;
     m->weakreflist = NULL;
     PyObject_GC_Track(m);
+    ctx->st_bytes += size;
+    ctx->st_count++;
+    ctx->st_total_count++;
+    if (ctx->st_bytes > ctx->st_peak) {
+        ctx->st_peak = ctx->st_bytes;
+    }
     return (PyObject *)m;
 }
 
@@ -167,8 +601,9 @@ cm_mem_get_context(PyObject *self, void *unused)
 
 PyDoc_STRVAR(cm_mem_free_doc,
 "free($self, /)\n--\n\n"
-"Free the allocation now.  Arrays that still use it are left dangling: "
-"only call this when nothing refers to the memory any more.");
+"Release the allocation now (through the deferred queue).  Arrays that "
+"still use it are left dangling: only call this when nothing refers to "
+"the memory any more.  A second call raises RuntimeError.");
 
 static PyObject *
 cm_mem_free(PyObject *self, PyObject *unused)
@@ -180,9 +615,7 @@ cm_mem_free(PyObject *self, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "Freeing dead memory");
         return NULL;
     }
-    if (cm_mem_release(m) < 0) {
-        return NULL;
-    }
+    cm_mem_release(m);
     Py_RETURN_NONE;
 }
 
@@ -211,8 +644,9 @@ static PyMemberDef cm_mem_members[] = {
 };
 
 PyDoc_STRVAR(cm_mem_doc,
-"One device allocation of cudamem's default memory manager, freed when "
-"the last array or view that uses it goes away.");
+"One device allocation of cudamem's default memory manager.  Its free is "
+"queued (deferred deallocation) when the last array or view that uses it "
+"goes away.");
 
 static PyType_Slot cm_mem_slots[] = {
     {Py_tp_doc, (void *)cm_mem_doc},
@@ -232,9 +666,114 @@ static PyType_Spec cm_mem_spec = {
     .slots = cm_mem_slots,
 };
 
+/* ------------------------------------------------------------------ */
+/* Module-level functions                                              */
+/* ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(cm_set_dealloc_config_doc,
+"_set_dealloc_config(count, ratio)\n--\n\n"
+"Set CUDA_DEALLOCS_COUNT and CUDA_DEALLOCS_RATIO (cudamem.config does "
+"this whenever they change).");
+
+static PyObject *
+cm_set_dealloc_config(PyObject *mod, PyObject *args)
+{
+    long count;
+    double ratio;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "ld:_set_dealloc_config", &count, &ratio)) {
+        return NULL;
+    }
+    if (count < 0 || ratio < 0.0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "CUDA_DEALLOCS_COUNT and CUDA_DEALLOCS_RATIO must "
+                        "not be negative");
+        return NULL;
+    }
+    cm_cfg_count = count;
+    cm_cfg_ratio = ratio;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_memory_stats_doc,
+"memory_stats(device=None)\n--\n\n"
+"A dict of allocation statistics for the device (default: the current "
+"one): allocated_bytes, peak_allocated_bytes, allocation_count, "
+"total_allocations, pending_free_count, pending_free_bytes, "
+"pool_reserved_bytes, pool_free_bytes, pinned_bytes, manager.");
+
+static PyObject *
+cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
+{
+    cm_context *ctx;
+
+    (void)mod;
+    if (nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "memory_stats() takes at most one argument, device");
+        return NULL;
+    }
+    if (nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) == 1
+        && args[0] != Py_None) {
+        ctx = cm_context_of_device(args[0]);
+    }
+    else {
+        ctx = cm_context_current();
+    }
+    if (ctx == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue(
+        "{snsnsnsnsnsnsnsnsnss}",
+        "allocated_bytes", (Py_ssize_t)ctx->st_bytes,
+        "peak_allocated_bytes", (Py_ssize_t)ctx->st_peak,
+        "allocation_count", (Py_ssize_t)ctx->st_count,
+        "total_allocations", (Py_ssize_t)ctx->st_total_count,
+        "pending_free_count", ctx->memq->n + ctx->ctxq->n,
+        "pending_free_bytes", (Py_ssize_t)ctx->memq->bytes,
+        "pool_reserved_bytes", (Py_ssize_t)0,
+        "pool_free_bytes", (Py_ssize_t)0,
+        "pinned_bytes", (Py_ssize_t)ctx->st_pinned,
+        "manager", "default");
+}
+
+static PyMethodDef cm_memory_functions[] = {
+    {"_set_dealloc_config", cm_set_dealloc_config, METH_VARARGS,
+     cm_set_dealloc_config_doc},
+    {"memory_stats", (PyCFunction)(void (*)(void))cm_memory_stats,
+     METH_FASTCALL | METH_KEYWORDS, cm_memory_stats_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+/* An environment setting: CUDAMEM_<name> wins over NUMBA_CUDA_<name>. */
+static const char *
+cm_env_setting(const char *name)
+{
+    char key[96];
+    const char *v;
+
+    snprintf(key, sizeof(key), "CUDAMEM_%s", name);
+    v = getenv(key);
+    if (v == NULL || v[0] == '\0') {
+        snprintf(key, sizeof(key), "NUMBA_CUDA_%s", name);
+        v = getenv(key);
+    }
+    return (v == NULL || v[0] == '\0') ? NULL : v;
+}
+
 int
 cm_memory_init(PyObject *mod, cm_state *st)
 {
+    const char *v;
+
+    if ((v = cm_env_setting("MAX_PENDING_DEALLOCS_COUNT")) != NULL) {
+        cm_cfg_count = strtol(v, NULL, 10);
+    }
+    if ((v = cm_env_setting("MAX_PENDING_DEALLOCS_RATIO")) != NULL) {
+        cm_cfg_ratio = strtod(v, NULL);
+    }
     st->Mem_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_mem_spec, NULL);
     if (st->Mem_type == NULL
@@ -242,5 +781,12 @@ cm_memory_init(PyObject *mod, cm_state *st)
                                  (PyObject *)st->Mem_type) < 0) {
         return -1;
     }
-    return 0;
+    st->Pending_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        mod, &cm_pending_spec, NULL);
+    if (st->Pending_type == NULL
+        || PyModule_AddObjectRef(mod, "PendingDeallocs",
+                                 (PyObject *)st->Pending_type) < 0) {
+        return -1;
+    }
+    return PyModule_AddFunctions(mod, cm_memory_functions);
 }

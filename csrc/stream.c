@@ -55,6 +55,13 @@ cm_stream_resolve(PyObject *obj, CUstream *handle)
     return 1;
 }
 
+int
+cm_on_driver_thread(void)
+{
+    /* Placeholder until host callbacks land: none run yet. */
+    return 0;
+}
+
 PyObject *
 cm_stream_external(CUstream handle)
 {

@@ -8,7 +8,6 @@ without numba.  The driver is loaded at run time; set
 ``CUDAMEM_SIMULATOR=1`` to run everything on the CPU simulator.
 """
 
-from . import _core
 from ._api import (
     close,
     cuda_error,
@@ -28,10 +27,12 @@ from ._core import (
     current_context,
     driver_version,
     get_current_device,
+    memory_stats,
     runtime_version,
     select_device,
     synchronize,
 )
+from ._emm import defer_cleanup
 from ._errors import (
     CudaAPIError,
     CudaDriverError,
@@ -53,6 +54,7 @@ __all__ = [
     "close",
     "cuda_error",
     "current_context",
+    "defer_cleanup",
     "detect",
     "driver_version",
     "get_current_device",
@@ -63,6 +65,7 @@ __all__ = [
     "is_fp8_supported",
     "is_supported_version",
     "list_devices",
+    "memory_stats",
     "require_context",
     "runtime_version",
     "select_device",

@@ -4,5 +4,10 @@
 from .._core import Context, Device
 from .._errors import CudaAPIError, CudaDriverError, MemoryInfo
 
-__all__ = ["CudaAPIError", "CudaDriverError", "Context", "Device",
-           "MemoryInfo"]
+__all__ = [
+           "Context",
+           "CudaAPIError",
+           "CudaDriverError",
+           "Device",
+           "MemoryInfo",
+]
