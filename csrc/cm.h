@@ -321,7 +321,9 @@ typedef struct {
     size_t total_mem;     /* device total memory, bytes */
     unsigned long gen;    /* unique per retained primary context, for
                            * caches of modules loaded in it */
-    PyObject *memory_manager;  /* the memory manager object */
+    PyObject *memory_manager;  /* the memory manager object, made on first
+                                * use for the default manager */
+    int mm_plugin;        /* memory_manager is a Python plugin */
     cm_pending *memq;     /* strong: the memory manager's release queue */
     cm_pending *ctxq;     /* strong: streams, events, modules */
     size_t st_bytes;      /* device bytes allocated and not yet released */
@@ -345,7 +347,8 @@ cm_context *cm_context_of_device(PyObject *dev);
 /* memory.c: allocations                                               */
 /* ------------------------------------------------------------------ */
 
-/* The owner of one device allocation (Python type AutoFreePointer). */
+/* The owner of one device allocation of the default memory manager
+ * (Python type DeviceAllocation). */
 typedef struct {
     PyObject_HEAD
     cm_context *ctx;      /* strong: the context the memory lives in */
@@ -380,11 +383,14 @@ int cm_pending_hold(cm_pending *q, int depth);
 /* Make ctx's two queues; called once when the context is made. */
 int cm_ctx_init_memory(cm_context *ctx);
 
-/* Allocate size (> 0) bytes of device memory in ctx through the active
- * memory manager, retrying once on out-of-memory.  A new reference to the
- * owner object, or NULL with an exception (CudaOutOfMemoryError, a
- * MemoryError, when the device is full). */
-PyObject *cm_mem_alloc(cm_context *ctx, size_t size);
+/* Allocate size (> 0) bytes of device memory in ctx through its memory
+ * manager (the C default, or a Python plugin's memalloc), the default
+ * retrying once on out-of-memory after flushing and collecting.  A new
+ * reference to the owner object (keep it alive as long as the memory is
+ * used; it is a DeviceAllocation only for the default manager) with the
+ * address in *ptr, or NULL with an exception (CudaOutOfMemoryError, also
+ * a MemoryError, when the device is full). */
+PyObject *cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *ptr);
 
 /* ------------------------------------------------------------------ */
 /* stream.c: stream arguments                                          */

@@ -32,7 +32,20 @@ from ._core import (
     select_device,
     synchronize,
 )
-from ._emm import defer_cleanup
+from . import config
+from ._emm import (
+    AutoFreePointer,
+    BaseCUDAMemoryManager,
+    GetIpcHandleMixin,
+    HostOnlyCUDAMemoryManager,
+    ManagedMemory,
+    MappedMemory,
+    MemoryPointer,
+    OwnedPointer,
+    PinnedMemory,
+    defer_cleanup,
+    set_memory_manager,
+)
 from ._errors import (
     CudaAPIError,
     CudaDriverError,
@@ -44,14 +57,24 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoFreePointer",
+    "BaseCUDAMemoryManager",
     "Context",
     "CudaAPIError",
     "CudaDriverError",
     "CudaOutOfMemoryError",
     "CudaSupportError",
     "Device",
+    "GetIpcHandleMixin",
+    "HostOnlyCUDAMemoryManager",
+    "ManagedMemory",
+    "MappedMemory",
     "MemoryInfo",
+    "MemoryPointer",
+    "OwnedPointer",
+    "PinnedMemory",
     "close",
+    "config",
     "cuda_error",
     "current_context",
     "defer_cleanup",
@@ -69,5 +92,6 @@ __all__ = [
     "require_context",
     "runtime_version",
     "select_device",
+    "set_memory_manager",
     "synchronize",
 ]
