@@ -8,7 +8,7 @@ without numba.  The driver is loaded at run time; set
 ``CUDAMEM_SIMULATOR=1`` to run everything on the CPU simulator.
 """
 
-from . import _core
+from . import _core, config
 from ._api import (
     close,
     cuda_error,
@@ -23,14 +23,24 @@ from ._api import (
     require_context,
 )
 from ._core import (
+    AutoFreePointer,
     Context,
     Device,
+    DeviceNDArray,
+    DeviceNDArrayBase,
+    DeviceRecord,
+    as_cuda_array,
     current_context,
+    device_array,
+    device_array_like,
     driver_version,
+    from_cuda_array_interface,
     get_current_device,
+    is_cuda_array,
     runtime_version,
     select_device,
     synchronize,
+    to_device,
 )
 from ._errors import (
     CudaAPIError,
@@ -43,22 +53,32 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoFreePointer",
     "Context",
     "CudaAPIError",
     "CudaDriverError",
     "CudaOutOfMemoryError",
     "CudaSupportError",
     "Device",
+    "DeviceNDArray",
+    "DeviceNDArrayBase",
+    "DeviceRecord",
     "MemoryInfo",
+    "as_cuda_array",
     "close",
+    "config",
     "cuda_error",
     "current_context",
     "detect",
+    "device_array",
+    "device_array_like",
     "driver_version",
+    "from_cuda_array_interface",
     "get_current_device",
     "gpus",
     "is_available",
     "is_bfloat16_supported",
+    "is_cuda_array",
     "is_float16_supported",
     "is_fp8_supported",
     "is_supported_version",
@@ -67,4 +87,5 @@ __all__ = [
     "runtime_version",
     "select_device",
     "synchronize",
+    "to_device",
 ]
