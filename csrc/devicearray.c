@@ -673,6 +673,7 @@ static PyObject *cm_str_cai;                /* "__cuda_array_interface__" */
 static PyObject *cm_str_sync_cfg;           /* "CUDA_ARRAY_INTERFACE_SYNC" */
 static PyObject *cm_api_split;              /* cudamem._api._split */
 static PyObject *cm_zero;                   /* the int 0 */
+static PyObject *cm_str_C;                  /* "C" */
 
 /* Parse METH_FASTCALL | METH_KEYWORDS arguments.  names: indices into
  * cm_kw of the n parameters, all positional-or-keyword; the first nreq
@@ -3225,7 +3226,7 @@ cm_device_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     if (dt == NULL) {
         return NULL;
     }
-    ndim = cm_parse_layout(p[0], p[2], p[3] != NULL ? p[3] : cm_kw[K_ORDER],
+    ndim = cm_parse_layout(p[0], p[2], p[3] != NULL ? p[3] : cm_str_C,
                            PyDataType_ELSIZE(dt), shape, strides);
     if (ndim >= 0 && (p[4] == NULL || cm_stream_resolve(p[4], &h) >= 0)) {
         r = cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dt, 0,
@@ -3930,8 +3931,9 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
     cm_str_cai = PyUnicode_InternFromString("__cuda_array_interface__");
     cm_str_sync_cfg = PyUnicode_InternFromString("CUDA_ARRAY_INTERFACE_SYNC");
     cm_zero = PyLong_FromLong(0);
+    cm_str_C = PyUnicode_InternFromString("C");
     if (cm_str_cuda_memory == NULL || cm_str_cai == NULL
-        || cm_str_sync_cfg == NULL || cm_zero == NULL) {
+        || cm_str_sync_cfg == NULL || cm_zero == NULL || cm_str_C == NULL) {
         return -1;
     }
     st->DeviceNDArrayBase_type = cm_make_type(mod, &cm_base_spec, NULL);
