@@ -3287,10 +3287,10 @@ cm_describe(PyObject *ary, int *ndim, Py_ssize_t *shape, Py_ssize_t *strides,
     if (flags == NULL) {
         return -1;
     }
-    v = PyObject_GetItem(flags, PyUnicode_FromString("C_CONTIGUOUS"));
+    v = PyMapping_GetItemString(flags, "C_CONTIGUOUS");
     *c = v != NULL && PyObject_IsTrue(v) == 1;
     Py_XDECREF(v);
-    v = PyObject_GetItem(flags, PyUnicode_FromString("F_CONTIGUOUS"));
+    v = PyMapping_GetItemString(flags, "F_CONTIGUOUS");
     *f = v != NULL && PyObject_IsTrue(v) == 1;
     Py_XDECREF(v);
     Py_DECREF(flags);

@@ -8,7 +8,7 @@ import pytest
 import cudamem as cuda
 from cudamem.cudadrv.devicearray import auto_device
 
-from test_device_array import DTYPES, Stream, sample
+from test_device_array import DTYPES, Stream, host, sample
 
 
 def layouts(base):
@@ -269,7 +269,7 @@ def test_async_copies(ctx, dtype):
     e = cuda.device_array_like(h, stream=s)
     e.copy_to_device(d)
     cuda.synchronize()
-    np.testing.assert_array_equal(e.copy_to_host(stream=0), h)
+    np.testing.assert_array_equal(host(e), h)
 
 
 def test_oom_is_memory_error(ctx, simulator):
