@@ -204,6 +204,11 @@ typedef struct cm_state {
     PyTypeObject *Context_type;
     PyTypeObject *Mem_type;
     PyTypeObject *Pending_type;
+    PyTypeObject *DeviceNDArrayBase_type;
+    PyTypeObject *DeviceNDArray_type;
+    PyTypeObject *DeviceRecord_type;
+    /* cudamem.config, imported on first use by the CAI-import path */
+    PyObject *config;
     /* exception classes, from cudamem/_errors.py */
     PyObject *CudaSupportError;
     PyObject *CudaDriverError;
@@ -440,6 +445,39 @@ int cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream);
 /* The CM_T_* code of a dtype: a numeric code for native-order numeric
  * types, else CM_T_BYTES. */
 int cm_elem_type_of(PyArray_Descr *dt);
+/* devicearray.c: layouts and the copy engine                          */
+/* ------------------------------------------------------------------ */
+
+/* A strided view of memory on either side of the bus: what the layout
+ * math and the copy engine work on, shared by device arrays and the
+ * host-backed (mapped / managed) arrays. */
+typedef struct {
+    uintptr_t addr;             /* address of the first logical element */
+    int ndim;
+    const Py_ssize_t *shape;    /* ndim entries */
+    const Py_ssize_t *strides;  /* ndim entries, bytes, any sign */
+    Py_ssize_t itemsize;
+    int device;                 /* 1: device memory, 0: host memory */
+} cm_view;
+
+/* NumPy-1.19 contiguity of a layout: size-1 dimensions are ignored, an
+ * empty array is both, a zero stride on a longer dimension is neither. */
+void cm_layout_flags(int ndim, const Py_ssize_t *shape,
+                     const Py_ssize_t *strides, Py_ssize_t itemsize,
+                     int *c_contig, int *f_contig);
+/* The byte span of a layout (0 when empty) and, in *lo, the offset of its
+ * lowest byte from the first logical element (<= 0). */
+Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
+                          const Py_ssize_t *strides, Py_ssize_t itemsize,
+                          Py_ssize_t *lo);
+/* Copy src into dst, element by element in logical order: both have the
+ * same shape once size-1 dimensions are dropped and the same itemsize.
+ * Any layouts; zero strides only where src has them too (or src only).
+ * Writes no byte of dst's span outside the view.  async: use the ...Async
+ * calls on stream; staged copies then synchronise stream before they
+ * return.  0, or -1 with an exception set. */
+int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
+            int async);
 
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
@@ -450,5 +488,6 @@ int cm_context_init(PyObject *mod, cm_state *st);
 int cm_memory_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 int cm_kernels_init(PyObject *mod, cm_state *st);
+int cm_devicearray_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

@@ -23,6 +23,10 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->Device_type);
     Py_VISIT(st->Context_type);
     Py_VISIT(st->Mem_type);
+    Py_VISIT(st->DeviceNDArrayBase_type);
+    Py_VISIT(st->DeviceNDArray_type);
+    Py_VISIT(st->DeviceRecord_type);
+    Py_VISIT(st->config);
     Py_VISIT(st->CudaSupportError);
     Py_VISIT(st->CudaDriverError);
     Py_VISIT(st->CudaAPIError);
@@ -42,6 +46,10 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->Device_type);
     Py_CLEAR(st->Context_type);
     Py_CLEAR(st->Mem_type);
+    Py_CLEAR(st->DeviceNDArrayBase_type);
+    Py_CLEAR(st->DeviceNDArray_type);
+    Py_CLEAR(st->DeviceRecord_type);
+    Py_CLEAR(st->config);
     Py_CLEAR(st->CudaSupportError);
     Py_CLEAR(st->CudaDriverError);
     Py_CLEAR(st->CudaAPIError);
@@ -126,7 +134,8 @@ cm_module_exec(PyObject *mod)
     cm_st = st;
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
         || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
-        || cm_kernels_init(mod, st) < 0) {
+        || cm_kernels_init(mod, st) < 0
+        || cm_devicearray_init(mod, st) < 0) {
         cm_st = NULL;
         return -1;
     }

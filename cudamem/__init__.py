@@ -8,6 +8,7 @@ without numba.  The driver is loaded at run time; set
 ``CUDAMEM_SIMULATOR=1`` to run everything on the CPU simulator.
 """
 
+from . import config
 from ._api import (
     close,
     cuda_error,
@@ -24,15 +25,23 @@ from ._api import (
 from ._core import (
     Context,
     Device,
+    DeviceNDArray,
+    DeviceNDArrayBase,
+    DeviceRecord,
+    as_cuda_array,
     current_context,
+    device_array,
+    device_array_like,
     driver_version,
+    from_cuda_array_interface,
     get_current_device,
+    is_cuda_array,
     memory_stats,
     runtime_version,
     select_device,
     synchronize,
+    to_device,
 )
-from . import config
 from ._emm import (
     AutoFreePointer,
     BaseCUDAMemoryManager,
@@ -65,6 +74,9 @@ __all__ = [
     "CudaOutOfMemoryError",
     "CudaSupportError",
     "Device",
+    "DeviceNDArray",
+    "DeviceNDArrayBase",
+    "DeviceRecord",
     "GetIpcHandleMixin",
     "HostOnlyCUDAMemoryManager",
     "ManagedMemory",
@@ -73,17 +85,22 @@ __all__ = [
     "MemoryPointer",
     "OwnedPointer",
     "PinnedMemory",
+    "as_cuda_array",
     "close",
     "config",
     "cuda_error",
     "current_context",
     "defer_cleanup",
     "detect",
+    "device_array",
+    "device_array_like",
     "driver_version",
+    "from_cuda_array_interface",
     "get_current_device",
     "gpus",
     "is_available",
     "is_bfloat16_supported",
+    "is_cuda_array",
     "is_float16_supported",
     "is_fp8_supported",
     "is_supported_version",
@@ -94,4 +111,5 @@ __all__ = [
     "select_device",
     "set_memory_manager",
     "synchronize",
+    "to_device",
 ]

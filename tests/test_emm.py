@@ -179,6 +179,7 @@ def test_auto_free_pointer_frees_with_its_last_owner(ctx):
 
 def test_default_manager_interface(ctx):
     mm = ctx.memory_manager
+    mm.deallocations.clear()
     assert mm.interface_version == 1
     mm.initialize()
     mm.initialize()
