@@ -424,6 +424,25 @@ PyObject *cm_stream_external(CUstream handle);
 
 #define CM_KMAXDIM 32
 
+/* Element type codes; used by the kernels'
+ * conversion code (convert.h) and cm_elem_type_of. */
+#define CM_T_BOOL 0
+#define CM_T_I8 1
+#define CM_T_U8 2
+#define CM_T_I16 3
+#define CM_T_U16 4
+#define CM_T_I32 5
+#define CM_T_U32 6
+#define CM_T_I64 7
+#define CM_T_U64 8
+#define CM_T_F16 9
+#define CM_T_F32 10
+#define CM_T_F64 11
+#define CM_T_C64 12
+#define CM_T_C128 13
+#define CM_T_BYTES 14   /* opaque items of a given size: copied, not cast */
+
+
 /* An N-d strided copy with a cast: dst[i] = cast(src[i]) over shape.
  * Zero source strides broadcast.  Types are CM_T_* codes of convert.h;
  * CM_T_BYTES on both sides copies opaque items of itemsize bytes. */

@@ -612,6 +612,49 @@ out_free_buf:
     return rc;
 }
 
+/* The raw element type that moves itemsize bytes unchanged. */
+static int
+cm_raw_type(Py_ssize_t itemsize)
+{
+    switch (itemsize) {
+    case 1: return CM_T_U8;
+    case 2: return CM_T_U16;
+    case 4: return CM_T_U32;
+    case 8: return CM_T_U64;
+    default: return CM_T_BYTES;
+    }
+}
+
+/* A device-to-device copy (with a cast when the types differ) by the
+ * internal kernel, over a joint layout; waits for it unless async. */
+static int
+cm_copy_by_kernel(const cm_joint *j, int dst_type, int src_type,
+                  CUstream stream, int async)
+{
+    cm_copy_desc d;
+    cm_context *ctx = cm_context_current();
+    int i;
+
+    if (ctx == NULL) {
+        return -1;
+    }
+    d.ndim = j->ndim;
+    for (i = 0; i < j->ndim; i++) {
+        d.shape[i] = j->shape[i];
+        d.dst_strides[i] = j->ds[i];
+        d.src_strides[i] = j->ss[i];
+    }
+    d.dst = (CUdeviceptr)j->dst;
+    d.src = (CUdeviceptr)j->src;
+    d.dst_type = dst_type;
+    d.src_type = src_type;
+    d.itemsize = (int)j->itemsize;
+    if (cm_copy_kernel(ctx, &d, stream) < 0) {
+        return -1;
+    }
+    return async ? 0 : cm_stream_wait(stream);
+}
+
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
              int async, int may_stage)
@@ -632,10 +675,17 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
         return 0;
     }
     cm_plan_make(&j, &p);
+    if (p.pieces > 1 && dst->device && src->device
+        && j.ndim <= CM_KMAXDIM) {
+        /* No 2-D / 3-D copy expresses it: the internal kernel does. */
+        int t = cm_raw_type(j.itemsize);
+
+        return cm_copy_by_kernel(&j, t, t, stream, async);
+    }
     if (p.pieces > 1 && may_stage) {
-        /* Make the host side follow the device side's layout, or stage a
-         * device-to-device copy that no 2-D / 3-D copy expresses through
-         * the host (until a copy kernel replaces that). */
+        /* Make the host side follow the device side's layout (or, past
+         * the kernel's dimension limit, stage a device-to-device copy
+         * through the host). */
         return cm_copy_staged(dst, src, src->device ? src : dst, stream,
                               async);
     }
@@ -2136,6 +2186,76 @@ cm_da_subscript(PyObject *self, PyObject *item)
 
 /* Fill the device view lhs (dtype) from value with numba's broadcasting
  * rules; host values are cast with NumPy's unsafe casting. */
+/* lhs = cast(src) elementwise by the internal kernel; src strides are
+ * per lhs dimension (0 broadcasts).  Waits for it unless async. */
+static int
+cm_assign_by_kernel(const cm_view *lhs, int dst_type, CUdeviceptr src,
+                    const Py_ssize_t *src_strides, int src_type,
+                    CUstream h, int async)
+{
+    cm_copy_desc d;
+    cm_context *ctx = cm_context_current();
+    int i;
+
+    if (ctx == NULL) {
+        return -1;
+    }
+    d.ndim = lhs->ndim;
+    for (i = 0; i < lhs->ndim; i++) {
+        d.shape[i] = lhs->shape[i];
+        d.dst_strides[i] = lhs->strides[i];
+        d.src_strides[i] = src_strides[i];
+    }
+    d.dst = (CUdeviceptr)lhs->addr;
+    d.src = src;
+    d.dst_type = dst_type;
+    d.src_type = src_type;
+    d.itemsize = (int)lhs->itemsize;
+    if (cm_copy_kernel(ctx, &d, h) < 0) {
+        return -1;
+    }
+    return async ? 0 : cm_stream_wait(h);
+}
+
+/* lhs = host broadcast over lhs (rstrides: host's strides per lhs
+ * dimension, 0 where it broadcasts): one upload of the compact host
+ * value into a temporary device buffer, then the kernel.  The temporary's
+ * free is deferred, so it outlives the kernel. */
+static int
+cm_assign_broadcast(const cm_view *lhs, PyArrayObject *host,
+                    const Py_ssize_t *rstrides, CUstream h, int async)
+{
+    cm_context *ctx = cm_context_current();
+    PyObject *tmp_owner;
+    CUdeviceptr tmp = 0;
+    size_t nbytes = (size_t)PyArray_NBYTES(host);
+    int t = cm_raw_type(lhs->itemsize);
+    int err;
+    int rc;
+
+    if (ctx == NULL) {
+        return -1;
+    }
+    tmp_owner = cm_mem_alloc(ctx, nbytes, &tmp);
+    if (tmp_owner == NULL) {
+        return -1;
+    }
+    if (async) {
+        err = CM_CU(MemcpyHtoDAsync, (tmp, PyArray_DATA(host), nbytes, h));
+        /* The host value may be a temporary: let the upload land. */
+        if (err == 0) {
+            err = cm_stream_wait(h);
+        }
+    }
+    else {
+        CM_CU_NOGIL(err, MemcpyHtoD, (tmp, PyArray_DATA(host), nbytes));
+    }
+    rc = err < 0 ? -1
+                 : cm_assign_by_kernel(lhs, t, tmp, rstrides, t, h, async);
+    Py_DECREF(tmp_owner);
+    return rc;
+}
+
 static int
 cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
           CUstream h, int async)
@@ -2221,7 +2341,16 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
             rc = cm_copy(lhs, &rv, h, async);
             goto out_rhs;
         }
-        /* Another dtype: cast on the host. */
+        /* Another numeric dtype: the kernel casts on the device. */
+        if (cm_elem_type_of(d->dtype) != CM_T_BYTES
+            && cm_elem_type_of(dtype) != CM_T_BYTES
+            && lhs->ndim <= CM_KMAXDIM) {
+            rc = cm_assign_by_kernel(lhs, cm_elem_type_of(dtype),
+                                     (CUdeviceptr)d->ptr, rstrides,
+                                     cm_elem_type_of(d->dtype), h, async);
+            goto out_rhs;
+        }
+        /* Anything else: cast on the host. */
         cm_da_view(d, &rv);
         host = cm_view_to_host(&rv, d->dtype, h, async);
         if (host == NULL) {
@@ -2237,8 +2366,9 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
     }
     Py_INCREF(dtype);
     /* Steals the dtype reference. */
-    host = (PyArrayObject *)PyArray_FromArray((PyArrayObject *)rhs, dtype,
-                                              NPY_ARRAY_FORCECAST);
+    host = (PyArrayObject *)PyArray_FromArray(
+        (PyArrayObject *)rhs, dtype,
+        NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS);
     if (host == NULL) {
         goto out_rhs;
     }
@@ -2277,6 +2407,11 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
             }
             goto out_host;
         }
+    }
+    if (PyArray_SIZE(host) < size && lhs->ndim <= CM_KMAXDIM) {
+        /* Broadcast: upload the value once, then the kernel spreads it. */
+        rc = cm_assign_broadcast(lhs, host, rstrides, h, async);
+        goto out_host;
     }
     cm_nd_view(host, &rv);
     rv.ndim = lhs->ndim;
