@@ -170,7 +170,8 @@ def format_table(results):
         lines.append(line)
         for kind in ("errors", "skipped"):
             for lib, msg in row.get(kind, {}).items():
-                lines.append("    %s %s: %s" % (kind[:-1], lib, msg))
+                label = "error" if kind == "errors" else "skipped"
+                lines.append("    %s %s: %s" % (label, lib, msg))
     return "\n".join(lines)
 
 

@@ -21,8 +21,12 @@ def _torch(torch):
     return lambda: torch.empty(256, dtype=torch.float32, device=dev)
 
 
+def _driver(core):
+    return lambda: core._alloc_free(1024)
+
+
 OPS = [
     {"name": "device_array(256 f4)",
      "impls": {"cudamem": _cudamem, "numba": _numba, "cupy": _cupy,
-               "torch": _torch}},
+               "torch": _torch, "driver": _driver}},
 ]

@@ -969,7 +969,94 @@ cm_memset_fn(PyObject *mod, PyObject *args)
     return err < 0 ? NULL : Py_NewRef(Py_None);
 }
 
+PyDoc_STRVAR(cm_memcpy_htod_doc,
+"_memcpy_htod(dptr, buffer)\n--\n\n"
+"cuMemcpyHtoD of a whole contiguous buffer: the bare driver call, for "
+"benchmarks and tests.");
+
+static PyObject *
+cm_memcpy_htod_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long d;
+    Py_buffer view;
+    int err;
+
+    (void)mod;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_memcpy_htod(dptr, buffer)");
+        return NULL;
+    }
+    d = PyLong_AsUnsignedLongLong(args[0]);
+    if ((d == (unsigned long long)-1 && PyErr_Occurred())
+        || PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemcpyHtoD, ((CUdeviceptr)d, view.buf,
+                                  (size_t)view.len));
+    PyBuffer_Release(&view);
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_memcpy_dtoh_doc,
+"_memcpy_dtoh(buffer, dptr)\n--\n\n"
+"cuMemcpyDtoH into a whole writable contiguous buffer: the bare driver "
+"call, for benchmarks and tests.");
+
+static PyObject *
+cm_memcpy_dtoh_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long d;
+    Py_buffer view;
+    int err;
+
+    (void)mod;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_memcpy_dtoh(buffer, dptr)");
+        return NULL;
+    }
+    d = PyLong_AsUnsignedLongLong(args[1]);
+    if ((d == (unsigned long long)-1 && PyErr_Occurred())
+        || PyObject_GetBuffer(args[0], &view,
+                              PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemcpyDtoH, (view.buf, (CUdeviceptr)d,
+                                  (size_t)view.len));
+    PyBuffer_Release(&view);
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_alloc_free_doc,
+"_alloc_free(size)\n--\n\n"
+"cuMemAlloc then cuMemFree: the bare driver's cost of one allocation, "
+"for benchmarks.");
+
+static PyObject *
+cm_alloc_free_fn(PyObject *mod, PyObject *arg)
+{
+    Py_ssize_t size = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    CUdeviceptr d = 0;
+    CUresult rc;
+
+    (void)mod;
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = CM_CU_RAW(MemAlloc, (&d, (size_t)size));
+    if (rc == CUDA_SUCCESS) {
+        rc = CM_CU_RAW(MemFree, (d));
+    }
+    Py_END_ALLOW_THREADS
+    return cm_cu_check(rc, "cuMemAlloc") < 0 ? NULL : Py_NewRef(Py_None);
+}
+
 static PyMethodDef cm_memory_functions[] = {
+    {"_memcpy_htod", (PyCFunction)(void (*)(void))cm_memcpy_htod_fn,
+     METH_FASTCALL, cm_memcpy_htod_doc},
+    {"_memcpy_dtoh", (PyCFunction)(void (*)(void))cm_memcpy_dtoh_fn,
+     METH_FASTCALL, cm_memcpy_dtoh_doc},
+    {"_alloc_free", cm_alloc_free_fn, METH_O, cm_alloc_free_doc},
     {"_host_alloc", cm_host_alloc_fn, METH_VARARGS, cm_host_alloc_doc},
     {"_host_free", cm_host_free_fn, METH_O, cm_host_free_doc},
     {"_host_register", cm_host_register_fn, METH_VARARGS,
