@@ -112,7 +112,12 @@ def _htd_numba(cuda):
 
 def _htd_cupy(cp):
     a = _cupy_array(cp)
-    return lambda: a.set(HOST)
+    stream = cp.cuda.get_current_stream()
+
+    def run():
+        a.set(HOST)  # enqueued on the current stream: wait for it
+        stream.synchronize()
+    return run
 
 
 def _htd_torch(torch):
