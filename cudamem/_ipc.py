@@ -117,8 +117,8 @@ def _layout(shape, dtype, strides):
             raise ValueError("strides not match ndim")
     if 0 in shape:
         return shape, dtype, strides, 0
-    lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
-    hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+    lo = sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s > 0)
     return shape, dtype, strides, hi - lo + dtype.itemsize
 
 
@@ -388,7 +388,8 @@ def _export_array(arr):
     if not isinstance(ctx, _core.Context):
         ctx = _core.current_context()
     _, _, _, span = _layout(arr.shape, arr.dtype, arr.strides)
-    lo = sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if s < 0)
+    lo = sum((n - 1) * s
+             for n, s in zip(arr.shape, arr.strides, strict=True) if s < 0)
     low = arr.device_ctypes_pointer.value + lo
     memory = MemoryPointer(ctx, low, span, owner=gpu_data)
     ipch = ctx.memory_manager.get_ipc_handle(memory)
