@@ -211,6 +211,12 @@ def test_open_twice(ctx, child):
     np.testing.assert_array_equal(values, np.arange(10.0))
 
 
+def test_unclosed_mapping_is_closed_through_the_queue(ctx, child):
+    a = cuda.to_device(np.arange(3.0) + 5)
+    first, pending, after = child.call("drop_unclosed", a.get_ipc_handle())
+    assert (first, pending, after) == (5.0, 1, 0)
+
+
 @pytest.mark.sim
 def test_dead_after_close(ctx, child):
     a = cuda.to_device(np.arange(10.0))
