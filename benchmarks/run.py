@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE.parent))  # the in-tree build comes first
 
 import harness  # noqa: E402
 
-MODULES = ["ops_alloc", "ops_transfer"]
+MODULES = ["ops_alloc", "ops_transfer", "ops_ipc"]
 
 
 def main(argv=None):
@@ -38,10 +38,18 @@ def main(argv=None):
         print("note: cudamem runs on the CPU simulator; its timings are "
               "CPU timings")
     ops = []
+    extras = []
     for name in MODULES:
-        ops.extend(importlib.import_module(name).OPS)
+        mod = importlib.import_module(name)
+        ops.extend(mod.OPS)
+        # Operations the in-process timer cannot measure (IPC needs a
+        # second process) come as ready rows from run_extra.
+        if hasattr(mod, "run_extra"):
+            extras.append(mod.run_extra)
     results = harness.run_ops(ops, libs, select=args.k,
                               repeats=args.repeats)
+    for extra in extras:
+        results.extend(extra(libs, select=args.k, repeats=args.repeats))
     print(harness.format_table(results))
     if args.json:
         pathlib.Path(args.json).write_text(harness.to_json(results))

@@ -207,6 +207,7 @@ typedef struct cm_state {
     PyTypeObject *DeviceNDArrayBase_type;
     PyTypeObject *DeviceNDArray_type;
     PyTypeObject *DeviceRecord_type;
+    PyTypeObject *IpcMemory_type;
     /* cudamem.config, imported on first use by the CAI-import path */
     PyObject *config;
     /* exception classes, from cudamem/_errors.py */
@@ -369,7 +370,8 @@ enum {
     CM_REL_HOST,          /* cuMemFreeHost (pinned or mapped memory) */
     CM_REL_STREAM,        /* cuStreamDestroy */
     CM_REL_EVENT,         /* cuEventDestroy */
-    CM_REL_MODULE         /* cuModuleUnload */
+    CM_REL_MODULE,        /* cuModuleUnload */
+    CM_REL_IPC            /* cuIpcCloseMemHandle (an imported mapping) */
 };
 
 /* Queue the release of a driver resource of ctx: memory on its memory
@@ -508,5 +510,14 @@ int cm_memory_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 int cm_kernels_init(PyObject *mod, cm_state *st);
 int cm_devicearray_init(PyObject *mod, cm_state *st);
+int cm_ipc_init(PyObject *mod, cm_state *st);
+
+/* ------------------------------------------------------------------ */
+/* ipc.c                                                               */
+/* ------------------------------------------------------------------ */
+
+/* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle made by
+ * cudamem._ipc._export_array. */
+PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
 
 #endif /* CM_H */

@@ -3929,6 +3929,11 @@ PyDoc_STRVAR(cm_da_is_c_doc,
 PyDoc_STRVAR(cm_da_is_f_doc,
 "is_f_contiguous($self, /)\n--\n\nWhether the array is F-contiguous.");
 
+PyDoc_STRVAR(cm_da_get_ipc_handle_doc,
+"get_ipc_handle($self, /)\n--\n\n"
+"An IpcArrayHandle for this array: picklable, opened in another process\n"
+"with open() or a with block (see cudamem.IpcArrayHandle).");
+
 static PyMethodDef cm_da_methods[] = {
     {"getitem", (PyCFunction)(void (*)(void))cm_da_getitem, CM_FAST,
      cm_da_getitem_doc},
@@ -3949,6 +3954,8 @@ static PyMethodDef cm_da_methods[] = {
     {"is_f_contiguous", cm_da_is_f_contiguous, METH_NOARGS, cm_da_is_f_doc},
     {"__array__", (PyCFunction)(void (*)(void))cm_da_array, CM_FAST,
      cm_da_array_doc},
+    {"get_ipc_handle", cm_ipc_get_handle, METH_NOARGS,
+     cm_da_get_ipc_handle_doc},
     {NULL, NULL, 0, NULL},
 };
 

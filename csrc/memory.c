@@ -62,6 +62,7 @@ cm_rel_fn(int kind)
     case CM_REL_STREAM: return "cuStreamDestroy";
     case CM_REL_EVENT: return "cuEventDestroy";
     case CM_REL_MODULE: return "cuModuleUnload";
+    case CM_REL_IPC: return "cuIpcCloseMemHandle";
     default: return "release";
     }
 }
@@ -81,6 +82,8 @@ cm_rel_run(const cm_pending_item *it)
         return CM_CU_RAW(EventDestroy, ((CUevent)it->handle));
     case CM_REL_MODULE:
         return CM_CU_RAW(ModuleUnload, ((CUmodule)it->handle));
+    case CM_REL_IPC:
+        return CM_CU_RAW(IpcCloseMemHandle, ((CUdeviceptr)it->handle));
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -380,8 +383,8 @@ cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle, size_t size)
     if (handle == 0 || !ctx->alive || cm_forked) {
         return;
     }
-    q = (kind == CM_REL_DEVICE || kind == CM_REL_HOST) ? ctx->memq
-                                                       : ctx->ctxq;
+    q = (kind == CM_REL_DEVICE || kind == CM_REL_HOST || kind == CM_REL_IPC)
+        ? ctx->memq : ctx->ctxq;
     if (kind == CM_REL_DEVICE) {
         ctx->st_bytes -= size;
         ctx->st_count--;

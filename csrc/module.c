@@ -26,6 +26,7 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->DeviceNDArrayBase_type);
     Py_VISIT(st->DeviceNDArray_type);
     Py_VISIT(st->DeviceRecord_type);
+    Py_VISIT(st->IpcMemory_type);
     Py_VISIT(st->config);
     Py_VISIT(st->CudaSupportError);
     Py_VISIT(st->CudaDriverError);
@@ -49,6 +50,7 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->DeviceNDArrayBase_type);
     Py_CLEAR(st->DeviceNDArray_type);
     Py_CLEAR(st->DeviceRecord_type);
+    Py_CLEAR(st->IpcMemory_type);
     Py_CLEAR(st->config);
     Py_CLEAR(st->CudaSupportError);
     Py_CLEAR(st->CudaDriverError);
@@ -135,7 +137,7 @@ cm_module_exec(PyObject *mod)
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
         || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
         || cm_kernels_init(mod, st) < 0
-        || cm_devicearray_init(mod, st) < 0) {
+        || cm_devicearray_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0) {
         cm_st = NULL;
         return -1;
     }

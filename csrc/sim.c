@@ -36,6 +36,11 @@
  * default streams and all memory calls do; boolean pointer attributes are
  * written as unsigned int.
  *
+ * IPC (the section "Interprocess memory"): device allocations are
+ * page-aligned and page-granular host memory, so that cuIpcGetMemHandle
+ * can move one into a memfd (shared memory) in place; another process
+ * opens it through /proc/<pid>/fd/<n>.  That section explains the choice.
+ *
  * Everything here is plain C11 and pthreads: it runs on worker threads
  * that never hold the GIL, so it must not call the Python API.
  */
@@ -51,6 +56,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIM_ASAN 1
+#endif
+#endif
+#ifdef SIM_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 #define SIM_MAX_DEVICES 16
 #define SIM_DEFAULT_MEMORY ((size_t)1 << 30)
@@ -70,6 +92,7 @@ typedef struct sim_ctx sim_ctx;
 typedef struct sim_stream sim_stream;
 typedef struct sim_event sim_event;
 typedef struct sim_op sim_op;
+typedef struct sim_ipc sim_ipc;
 
 /* A primary context.  The CUcontext handle is its address. */
 struct sim_ctx {
@@ -181,7 +204,8 @@ enum {
     SIM_MEM_DEVICE,         /* cuMemAlloc */
     SIM_MEM_MANAGED,        /* cuMemAllocManaged */
     SIM_MEM_HOST,           /* cuMemHostAlloc */
-    SIM_MEM_REGISTERED      /* cuMemHostRegister */
+    SIM_MEM_REGISTERED,     /* cuMemHostRegister */
+    SIM_MEM_IPC             /* cuIpcOpenMemHandle (another process's) */
 };
 
 /* Who is freeing an allocation (it stays registered while they wait). */
@@ -201,6 +225,7 @@ typedef struct {
     sim_ctx *ctx;           /* context current at allocation */
     unsigned int flags;     /* the flags it was made with */
     uint64_t id;            /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    sim_ipc *ipc;           /* exported or imported: see sim_ipc; or NULL */
 } sim_alloc;
 
 /* One simulated device. */
@@ -278,6 +303,8 @@ static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 static void sim_stream_destroy(sim_stream *s);
+static void sim_ipc_release(sim_alloc *a);
+static size_t sim_device_span(size_t size);
 
 /* ------------------------------------------------------------------ */
 /* Fault injection                                                     */
@@ -1185,7 +1212,16 @@ sim_alloc_release(sim_alloc *a)
     if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED) {
         sim.dev[a->ctx->dev].used -= a->charged;
     }
-    if (a->kind != SIM_MEM_REGISTERED) {
+    if (a->ipc != NULL) {
+        sim_ipc_release(a);
+    }
+#ifdef SIM_ASAN
+    if (a->kind == SIM_MEM_DEVICE) {
+        ASAN_UNPOISON_MEMORY_REGION((void *)a->base,
+                                    sim_device_span(a->size));
+    }
+#endif
+    if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
         free((void *)a->base);
     }
     free(a);
@@ -2080,10 +2116,21 @@ sim_device_alloc(CUdeviceptr *dptr, size_t size, int kind, unsigned int flags)
             || charged > sim.capacity - sim.dev[c->dev].used) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
-        else if (posix_memalign(&mem, SIM_DEVICE_ALIGN, size) != 0) {
+        else if (kind == SIM_MEM_DEVICE
+                 ? posix_memalign(&mem, sysconf(_SC_PAGESIZE),
+                                  sim_device_span(size)) != 0
+                 : posix_memalign(&mem, SIM_DEVICE_ALIGN, size) != 0) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
         else {
+#ifdef SIM_ASAN
+            /* Whole pages, so IPC can share them; the tail stays out of
+             * bounds. */
+            if (kind == SIM_MEM_DEVICE) {
+                ASAN_POISON_MEMORY_REGION((char *)mem + size,
+                                          sim_device_span(size) - size);
+            }
+#endif
             rc = sim_alloc_add(c, mem, size, charged, kind, flags);
             if (rc != CUDA_SUCCESS) {
                 free(mem);
@@ -2300,7 +2347,8 @@ sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
     if (rc == CUDA_SUCCESS) {
         a = sim_alloc_find((uintptr_t)dptr);
         if (a == NULL
-            || (a->kind != SIM_MEM_DEVICE && a->kind != SIM_MEM_MANAGED)) {
+            || (a->kind != SIM_MEM_DEVICE && a->kind != SIM_MEM_MANAGED
+                && a->kind != SIM_MEM_IPC)) {
             rc = CUDA_ERROR_NOT_FOUND;
         }
         else {
@@ -3204,6 +3252,396 @@ sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 }
 
 /* ------------------------------------------------------------------ */
+/* Interprocess memory (lock held unless noted)                        */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A device allocation is private heap memory, page-aligned and a whole
+ * number of pages, until cuIpcGetMemHandle first exports it.  Then, once,
+ * its pages move into a memfd: with no operation running anywhere (the
+ * export waits for all queued work, as a free does), the contents are
+ * written to a new memfd, which is mapped MAP_SHARED | MAP_FIXED over the
+ * same addresses, so the device pointer does not change.  The memfd stays
+ * open until the allocation is freed; then the addresses get private
+ * anonymous pages again and go back to the heap.  Allocations that are
+ * never exported cost nothing more than the page rounding, and keep the
+ * sanitizers' checks.
+ *
+ * The handle names (pid, memfd number, a random per-process nonce, the
+ * allocation's buffer id, sizes, device).  Another process opens
+ * /proc/<pid>/fd/<n>: that needs no privilege between processes of one
+ * user (a read-mode ptrace check, which Yama leaves alone), unlike
+ * pidfd_getfd (attach mode) or /proc/<pid>/map_files (CAP_SYS_ADMIN); and
+ * unlike a named POSIX shm object it leaves nothing behind when a process
+ * dies and is not bounded by the size of /dev/shm.  The opener checks that
+ * what it opened is the memfd named "cudamem-sim-<nonce>-<id>", so a
+ * freed allocation whose descriptor number was reused, or a process that
+ * exited and whose pid was reused, is refused.
+ *
+ * Answers where the driver leaves room: the pointer exported must be the
+ * allocation's base (cuMemAlloc memory only; managed and host memory give
+ * CUDA_ERROR_INVALID_VALUE); opening in the exporting process gives
+ * CUDA_ERROR_INVALID_CONTEXT, as the driver does; a handle whose
+ * allocation was freed, or whose process exited, gives
+ * CUDA_ERROR_INVALID_VALUE (the driver calls this undefined); opening a
+ * handle the process already opened returns the same pointer and counts
+ * the opens, as the driver documents, and cuIpcCloseMemHandle unmaps (after
+ * waiting for queued work) when the count reaches zero.  An imported
+ * mapping charges nothing against this process's device memory.
+ */
+
+#define SIM_IPC_MAGIC 0x4d495343u  /* "CSIM" */
+
+/* What a CUipcMemHandle holds (the rest of its 64 bytes are zero). */
+typedef struct {
+    uint32_t magic;         /* SIM_IPC_MAGIC */
+    uint32_t pid;           /* the exporting process */
+    int32_t fd;             /* its memfd */
+    int32_t dev;            /* the allocation's device ordinal */
+    uint64_t nonce;         /* the exporting process's sim_ipc_nonce */
+    uint64_t id;            /* the allocation's buffer id there */
+    uint64_t size;          /* the allocation's size */
+    uint64_t span;          /* bytes shared: whole pages */
+} sim_ipc_key;
+
+_Static_assert(sizeof(sim_ipc_key) <= CU_IPC_HANDLE_SIZE,
+               "the key must fit in a CUipcMemHandle");
+
+/* The IPC state of an allocation: exported (fd >= 0) or imported. */
+struct sim_ipc {
+    int fd;                 /* exported: the memfd; imported: -1 */
+    sim_ipc_key key;        /* the handle's contents */
+    int refs;               /* imported: opens not yet closed */
+    uintptr_t base;         /* imported: where it is mapped */
+    sim_ipc *next;          /* imported: link in sim_ipc_imports */
+};
+
+/* Every mapping this process imported and has not closed. */
+static sim_ipc *sim_ipc_imports;
+/* Random, made on the first export; 0 until then. */
+static uint64_t sim_ipc_nonce;
+
+/* The host bytes behind a device allocation of size bytes: whole pages
+ * (SIZE_MAX when that overflows, which no allocation satisfies). */
+static size_t
+sim_device_span(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    if (size > SIZE_MAX - (page - 1)) {
+        return SIZE_MAX;
+    }
+    return (size + page - 1) & ~(page - 1);
+}
+
+/* The memfd name of an exported allocation. */
+static void
+sim_ipc_name(char *buf, size_t n, uint64_t nonce, uint64_t id)
+{
+    snprintf(buf, n, "cudamem-sim-%016llx-%llu", (unsigned long long)nonce,
+             (unsigned long long)id);
+}
+
+/* Wait until no operation is queued or running anywhere: all work
+ * submitted before, and none submitted meanwhile.  The lock is released
+ * while waiting. */
+static CUresult
+sim_ipc_quiesce(void)
+{
+    uint64_t g;
+    CUresult rc;
+
+    do {
+        g = sim.gseq;
+        rc = sim_drain(NULL);
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+    } while (g != sim.gseq);
+    return CUDA_SUCCESS;
+}
+
+/* Move the device allocation at base p into a memfd, in place. */
+static CUresult
+sim_ipc_share(uintptr_t p)
+{
+    char name[64];
+    sim_alloc *a;
+    sim_ipc *x;
+    size_t span;
+    size_t done = 0;
+    ssize_t w;
+    CUresult rc;
+    int fd;
+
+    rc = sim_ipc_quiesce();
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    /* It may have been freed, or shared, while the lock was released. */
+    a = sim_alloc_find(p);
+    if (a == NULL || a->base != p || a->kind != SIM_MEM_DEVICE) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (a->ipc != NULL) {
+        return CUDA_SUCCESS;
+    }
+    while (sim_ipc_nonce == 0) {
+        if (getrandom(&sim_ipc_nonce, sizeof(sim_ipc_nonce), 0)
+            != (ssize_t)sizeof(sim_ipc_nonce)) {
+            sim_ipc_nonce = (uint64_t)sim_now_ns() ^ ((uint64_t)getpid() << 32);
+        }
+    }
+    x = calloc(1, sizeof(*x));
+    if (x == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    span = sim_device_span(a->size);
+    sim_ipc_name(name, sizeof(name), sim_ipc_nonce, a->id);
+    fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)span) != 0) {
+        goto fail;
+    }
+    while (done < a->size) {
+        w = pwrite(fd, (const char *)a->base + done, a->size - done,
+                   (off_t)done);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            goto fail;
+        }
+        done += (size_t)w;
+    }
+    if (mmap((void *)a->base, span, PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        goto fail;
+    }
+#ifdef SIM_ASAN
+    ASAN_POISON_MEMORY_REGION((char *)a->base + a->size, span - a->size);
+#endif
+    x->fd = fd;
+    x->key.magic = SIM_IPC_MAGIC;
+    x->key.pid = (uint32_t)getpid();
+    x->key.fd = fd;
+    x->key.dev = a->ctx->dev;
+    x->key.nonce = sim_ipc_nonce;
+    x->key.id = a->id;
+    x->key.size = a->size;
+    x->key.span = span;
+    a->ipc = x;
+    return CUDA_SUCCESS;
+fail:
+    rc = errno == EMFILE || errno == ENFILE || errno == ENOMEM
+         ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+    if (fd >= 0) {
+        close(fd);
+    }
+    free(x);
+    return rc;
+}
+
+/* Undo what sim_ipc_share or an open did to a; from sim_alloc_release. */
+static void
+sim_ipc_release(sim_alloc *a)
+{
+    sim_ipc *x = a->ipc;
+    sim_ipc **pp;
+
+    if (x->fd >= 0) {
+        /* Private pages again, so the heap may reuse the addresses.  If
+         * that fails the shared pages stay: still memory, never a hole. */
+        (void)mmap((void *)a->base, (size_t)x->key.span,
+                   PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        close(x->fd);
+    }
+    else {
+        munmap((void *)a->base, (size_t)x->key.span);
+        for (pp = &sim_ipc_imports; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == x) {
+                *pp = x->next;
+                break;
+            }
+        }
+    }
+    free(x);
+    a->ipc = NULL;
+}
+
+/* Open and map the memfd a key names (no lock needed). */
+static CUresult
+sim_ipc_map(const sim_ipc_key *k, void **out)
+{
+    char path[64];
+    char link[128];
+    char want[128];
+    char name[64];
+    struct stat st;
+    ssize_t n;
+    void *m;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%u/fd/%d", (unsigned int)k->pid,
+             (int)k->fd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        /* Gone: the allocation was freed or its process exited. */
+        return errno == EACCES || errno == EPERM ? CUDA_ERROR_NOT_PERMITTED
+                                                 : CUDA_ERROR_INVALID_VALUE;
+    }
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    n = readlink(path, link, sizeof(link) - 1);
+    sim_ipc_name(name, sizeof(name), k->nonce, k->id);
+    snprintf(want, sizeof(want), "/memfd:%s (deleted)", name);
+    if (n < 0 || (link[n] = '\0', strcmp(link, want) != 0)
+        || fstat(fd, &st) != 0 || (uint64_t)st.st_size < k->span) {
+        close(fd);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    m = mmap(NULL, (size_t)k->span, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+             0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+static CUresult
+sim_IpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(IpcGetMemHandle);
+    if (pHandle == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)dptr);
+        if (a == NULL || a->base != (uintptr_t)dptr
+            || a->kind != SIM_MEM_DEVICE) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else if (a->ipc == NULL) {
+            rc = sim_ipc_share(a->base);
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)dptr);
+        memset(pHandle, 0, sizeof(*pHandle));
+        memcpy(pHandle->reserved, &a->ipc->key, sizeof(a->ipc->key));
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_IpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                     unsigned int Flags)
+{
+    sim_ipc_key k;
+    sim_ipc *x;
+    sim_alloc *a;
+    sim_ctx *c;
+    void *mem = NULL;
+    CUresult rc;
+
+    SIM_ENTER(IpcOpenMemHandle);
+    memcpy(&k, handle.reserved, sizeof(k));
+    if (pdptr == NULL
+        || (Flags & ~(unsigned int)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        || k.magic != SIM_IPC_MAGIC || k.fd < 0 || k.size == 0
+        || k.size > k.span || k.span > SIZE_MAX) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc != CUDA_SUCCESS) {
+        goto out;
+    }
+    if (k.pid == (uint32_t)getpid() && k.nonce == sim_ipc_nonce) {
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+        goto out;
+    }
+    for (x = sim_ipc_imports; x != NULL; x = x->next) {
+        if (x->key.pid == k.pid && x->key.nonce == k.nonce
+            && x->key.id == k.id) {
+            x->refs++;
+            *pdptr = (CUdeviceptr)x->base;
+            goto out;
+        }
+    }
+    x = calloc(1, sizeof(*x));
+    if (x == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    rc = sim_ipc_map(&k, &mem);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_alloc_add(c, mem, (size_t)k.size, 0, SIM_MEM_IPC, Flags);
+        if (rc != CUDA_SUCCESS) {
+            munmap(mem, (size_t)k.span);
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        free(x);
+        goto out;
+    }
+    a = sim_alloc_find((uintptr_t)mem);
+    x->fd = -1;
+    x->key = k;
+    x->refs = 1;
+    x->base = (uintptr_t)mem;
+    x->next = sim_ipc_imports;
+    sim_ipc_imports = x;
+    a->ipc = x;
+    *pdptr = (CUdeviceptr)(uintptr_t)mem;
+out:
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_IpcCloseMemHandle(CUdeviceptr dptr)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(IpcCloseMemHandle);
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)dptr);
+        if (a == NULL || a->base != (uintptr_t)dptr
+            || a->kind != SIM_MEM_IPC) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else if (--a->ipc->refs == 0) {
+            /* Unmap once nothing queued can still touch it. */
+            a->dying = SIM_DYING_FREE;
+            rc = sim_drain(NULL);
+            if (rc != CUDA_SUCCESS) {
+                a->dying = SIM_DYING_NO;
+                a->ipc->refs++;
+            }
+            else {
+                sim_alloc_remove(a);
+                sim_alloc_release(a);
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
 /* Profiler                                                            */
 /* ------------------------------------------------------------------ */
 
@@ -3294,6 +3732,9 @@ cm_sim_fill(cm_cu_table *t, int per_thread)
     SIM_FILL(EventQuery)
     SIM_FILL(EventDestroy)
     SIM_FILL(EventElapsedTime)
+    SIM_FILL(IpcGetMemHandle)
+    SIM_FILL(IpcOpenMemHandle)
+    SIM_FILL(IpcCloseMemHandle)
     SIM_FILL(ProfilerStart)
     SIM_FILL(ProfilerStop)
 #undef SIM_FILL

@@ -62,6 +62,7 @@ from ._errors import (
     CudaSupportError,
     MemoryInfo,
 )
+from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
 
 __version__ = "0.1.0"
 
@@ -79,6 +80,8 @@ __all__ = [
     "DeviceRecord",
     "GetIpcHandleMixin",
     "HostOnlyCUDAMemoryManager",
+    "IpcArrayHandle",
+    "IpcHandle",
     "ManagedMemory",
     "MappedMemory",
     "MemoryInfo",
@@ -106,6 +109,7 @@ __all__ = [
     "is_supported_version",
     "list_devices",
     "memory_stats",
+    "open_ipc_array",
     "require_context",
     "runtime_version",
     "select_device",

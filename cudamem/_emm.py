@@ -419,7 +419,7 @@ class GetIpcHandleMixin:
         return _ipc.ipc_handle_of(self.context, memory)
 
 
-class DefaultMemoryManager:
+class DefaultMemoryManager(GetIpcHandleMixin):
     """cudamem's built-in manager: cuMemAlloc, with frees deferred on the
     context's queue (``deallocations``) and flushed past the thresholds of
     ``config.CUDA_DEALLOCS_COUNT`` / ``CUDA_DEALLOCS_RATIO``."""

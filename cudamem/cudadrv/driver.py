@@ -3,11 +3,13 @@
 
 from .._core import Context, Device
 from .._errors import CudaAPIError, CudaDriverError, MemoryInfo
+from .._ipc import IpcHandle
 
 __all__ = [
            "Context",
            "CudaAPIError",
            "CudaDriverError",
            "Device",
+           "IpcHandle",
            "MemoryInfo",
 ]

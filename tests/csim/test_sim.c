@@ -257,7 +257,7 @@ group_init_and_devices(void)
     EXPECT(cu.ProfilerStart(), CUDA_SUCCESS);
     EXPECT(cu.ProfilerStop(), CUDA_SUCCESS);
     /* Not modelled: left NULL for the caller to report. */
-    CHECK(cu.LaunchKernel == NULL && cu.IpcGetMemHandle == NULL);
+    CHECK(cu.LaunchKernel == NULL);
     CHECK(cu.MemAllocAsync == NULL && cu.ModuleLoadData == NULL);
 }
 
@@ -1024,6 +1024,139 @@ group_fork(void)
 }
 
 /* ------------------------------------------------------------------ */
+/* IPC: an exporter and an importer process                            */
+/* ------------------------------------------------------------------ */
+
+/* Read exactly n bytes from fd; 0 or -1. */
+static int
+read_full(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    ssize_t r;
+
+    while (got < n) {
+        r = read(fd, (char *)buf + got, n - got);
+        if (r <= 0) {
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* The importer: gets two handles (live, then freed), checks each. */
+static void
+ipc_importer(int rfd, int wfd)
+{
+    CUipcMemHandle h;
+    CUipcMemHandle bad;
+    CUdeviceptr d = 0;
+    CUdeviceptr d2 = 0;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    unsigned char buf[5000];
+    char ok = 1;
+    size_t i;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    CHECK(read_full(rfd, &h, sizeof(h)) == 0);
+    EXPECT(cu.IpcOpenMemHandle(NULL, h, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.IpcOpenMemHandle(&d, h, 2), CUDA_ERROR_INVALID_VALUE);
+    memset(&bad, 0, sizeof(bad));
+    EXPECT(cu.IpcOpenMemHandle(&d, bad, 1), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.IpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    /* A second open counts and gives the same pointer. */
+    OK(cu.IpcOpenMemHandle(&d2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    CHECK(d == d2);
+    OK(cu.MemGetAddressRange(&base, &size, d + 10));
+    CHECK(base == d && size == sizeof(buf));
+    OK(cu.MemcpyDtoH(buf, d, sizeof(buf)));
+    for (i = 0; i < sizeof(buf); i++) {
+        CHECK(buf[i] == (unsigned char)(i * 7));
+    }
+    OK(cu.MemsetD8(d + 100, 0xAB, 50));
+    EXPECT(cu.MemFree(d), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.IpcCloseMemHandle(d));
+    OK(cu.MemcpyDtoH(buf, d, 1));   /* still open once */
+    OK(cu.IpcCloseMemHandle(d));
+    EXPECT(cu.IpcCloseMemHandle(d), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemcpyDtoH(buf, d, 1), CUDA_ERROR_INVALID_VALUE);
+    CHECK(write(wfd, &ok, 1) == 1);
+    /* The second handle's allocation was freed before it was sent. */
+    CHECK(read_full(rfd, &h, sizeof(h)) == 0);
+    EXPECT(cu.IpcOpenMemHandle(&d, h, 1), CUDA_ERROR_INVALID_VALUE);
+    ok = failures == 0;
+    CHECK(write(wfd, &ok, 1) == 1);
+}
+
+static void
+group_ipc(void)
+{
+    int to_child[2];
+    int to_parent[2];
+    CUipcMemHandle h;
+    CUipcMemHandle h2;
+    CUdeviceptr d = 0;
+    CUdeviceptr m = 0;
+    CUdeviceptr e = 0;
+    unsigned char buf[5000];
+    char ok = 0;
+    size_t i;
+    pid_t pid;
+    int status = 0;
+
+    CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0);
+    pid = fork();
+    if (pid == 0) {
+        /* Forked before cuInit: a fresh simulator of its own. */
+        close(to_child[1]);
+        close(to_parent[0]);
+        ipc_importer(to_child[0], to_parent[1]);
+        exit(failures ? 1 : 0);
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    OK(cu.Init(0));
+    retain_and_push(0);
+    EXPECT(cu.IpcGetMemHandle(&h, 0), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemAlloc(&d, sizeof(buf)));
+    for (i = 0; i < sizeof(buf); i++) {
+        buf[i] = (unsigned char)(i * 7);
+    }
+    OK(cu.MemcpyHtoD(d, buf, sizeof(buf)));
+    EXPECT(cu.IpcGetMemHandle(NULL, d), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.IpcGetMemHandle(&h, d + 1), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemAllocManaged(&m, 64, CU_MEM_ATTACH_GLOBAL));
+    EXPECT(cu.IpcGetMemHandle(&h, m), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.IpcGetMemHandle(&h, d));
+    /* Exporting again gives the same handle; contents stayed. */
+    OK(cu.IpcGetMemHandle(&h2, d));
+    CHECK(memcmp(&h, &h2, sizeof(h)) == 0);
+    memset(buf, 0, sizeof(buf));
+    OK(cu.MemcpyDtoH(buf, d, sizeof(buf)));
+    CHECK(buf[4999] == (unsigned char)(4999 * 7));
+    /* Not in the process that exported it. */
+    EXPECT(cu.IpcOpenMemHandle(&e, h, 1), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(write(to_child[1], &h, sizeof(h)) == (ssize_t)sizeof(h));
+    CHECK(read_full(to_parent[0], &ok, 1) == 0 && ok);
+    /* The importer's write is visible here. */
+    OK(cu.MemcpyDtoH(buf, d, sizeof(buf)));
+    CHECK(buf[99] == (unsigned char)(99 * 7) && buf[100] == 0xAB
+          && buf[149] == 0xAB && buf[150] == (unsigned char)(150 * 7));
+    OK(cu.MemFree(d));
+    OK(cu.MemFree(m));
+    /* A freed allocation's handle. */
+    OK(cu.MemAlloc(&d, 100));
+    OK(cu.IpcGetMemHandle(&h, d));
+    OK(cu.MemFree(d));
+    CHECK(write(to_child[1], &h, sizeof(h)) == (ssize_t)sizeof(h));
+    CHECK(read_full(to_parent[0], &ok, 1) == 0 && ok);
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* ------------------------------------------------------------------ */
 /* Driver                                                              */
 /* ------------------------------------------------------------------ */
 
@@ -1044,6 +1177,7 @@ static const group groups[] = {
     {"reentry_and_faults", group_reentry_and_faults, NULL, 0},
     {"per_thread", group_per_thread, NULL, 1},
     {"fork", group_fork, NULL, 0},
+    {"ipc", group_ipc, NULL, 0},
 };
 
 static void

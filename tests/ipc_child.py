@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: MIT
+"""The importing side of test_ipc.py: run in spawned child processes,
+which inherit CUDAMEM_SIMULATOR from the parent's environment."""
+
+import pickle
+
+import numpy as np
+
+
+def _ops():
+    import cudamem as cuda
+    from cudamem import _core
+
+    def read(h):
+        with h as arr:
+            return arr.copy_to_host()
+
+    def add(h, value):
+        with h as arr:
+            arr.copy_to_device(arr.copy_to_host() + value)
+            cuda.synchronize()
+
+    def open_(h):
+        h.open()
+        h.close()
+
+    def open_twice(h):
+        h.open()
+        try:
+            h.open()
+        finally:
+            h.close()
+
+    def close_twice(h):
+        h.open()
+        h.close()
+        h.close()
+
+    def two_copies(h):
+        h2 = pickle.loads(pickle.dumps(h))
+        a1 = h.open()
+        a2 = h2.open()
+        same = (a1.device_ctypes_pointer.value
+                == a2.device_ctypes_pointer.value)
+        h.close()
+        # Still mapped for the second open.
+        values = a2.copy_to_host()
+        h2.close()
+        return same, values
+
+    def dead_after_close(h):
+        arr = h.open()
+        h.close()
+        arr.copy_to_host()
+
+    def raw(handle, shape, dtype, strides, offset):
+        with cuda.open_ipc_array(handle, shape, dtype, strides=strides,
+                                 offset=offset) as arr:
+            return arr.copy_to_host()
+
+    def raw_raises(handle, shape, dtype):
+        keep = None
+        try:
+            with cuda.open_ipc_array(handle, shape, dtype) as arr:
+                keep = arr
+                raise KeyError("in the block")
+        except KeyError:
+            pass
+        # The block's exit closed the mapping (Q6): the array is dead.
+        keep.copy_to_host()
+
+    def ipch_read(ipch, dtype, count):
+        ctx = _core.current_context()
+        ptr = ipch.open(ctx)
+        dt = np.dtype(dtype)
+        arr = cuda.DeviceNDArray((count,), (dt.itemsize,), dt, gpu_data=ptr)
+        try:
+            return arr.copy_to_host()
+        finally:
+            ipch.close()
+
+    def drop_unclosed(h):
+        # Never closed: the mapping's owner queues the close when it goes.
+        arr = h.open()
+        first = float(arr.copy_to_host()[0])
+        del arr
+        h._ipc_handle._impl = None
+        mm = _core.current_context().memory_manager
+        pending = len(mm.deallocations)
+        mm.reset()
+        return first, pending, len(mm.deallocations)
+
+    return {
+        "drop_unclosed": drop_unclosed,
+        "read": read, "add": add, "open": open_, "open_twice": open_twice,
+        "close_twice": close_twice, "two_copies": two_copies,
+        "dead_after_close": dead_after_close, "raw": raw,
+        "raw_raises": raw_raises, "ipch_read": ipch_read,
+    }
+
+
+def serve(conn):
+    """Answer (op, *args) requests until None: ("ok", result) or
+    ("err", exception type name, message)."""
+    ops = _ops()
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        try:
+            conn.send(("ok", ops[msg[0]](*msg[1:])))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            conn.send(("err", type(e).__name__, str(e)))
+    conn.close()
+
+
+def read_and_write(q_in, q_out):
+    """One round through Queues: read the array, add 1 to it."""
+    import cudamem as cuda
+
+    h = q_in.get()
+    with h as arr:
+        host = arr.copy_to_host()
+        arr.copy_to_device(host + 1)
+        cuda.synchronize()
+    q_out.put(host)

@@ -1,0 +1,324 @@
+# SPDX-License-Identifier: MIT
+"""Sharing device memory between processes: IpcArrayHandle, IpcHandle,
+open_ipc_array.  The importing side runs in spawned child processes
+(tests/ipc_child.py); on the simulator exported memory lives in a memfd,
+so the same tests run without a GPU."""
+
+import multiprocessing
+import pickle
+
+import numpy as np
+import pytest
+
+import cudamem as cuda
+from cudamem import _core
+
+import emm_plugin
+import ipc_child
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+class Child:
+    """A spawned process that opens what the parent sends it."""
+
+    def __init__(self):
+        self.conn, theirs = SPAWN.Pipe()
+        self.proc = SPAWN.Process(target=ipc_child.serve, args=(theirs,))
+        self.proc.start()
+        theirs.close()
+
+    def call(self, op, *args):
+        self.conn.send((op,) + args)
+        if not self.conn.poll(60):
+            raise TimeoutError("the child did not answer %s" % op)
+        r = self.conn.recv()
+        if r[0] == "ok":
+            return r[1]
+        return Failure(r[1], r[2])
+
+    def stop(self):
+        self.conn.send(None)
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+class Failure:
+    """An exception raised in the child: its type name and message."""
+
+    def __init__(self, name, message):
+        self.name = name
+        self.message = message
+
+    def __repr__(self):
+        return "Failure(%s: %s)" % (self.name, self.message)
+
+
+@pytest.fixture(scope="module")
+def child():
+    c = Child()
+    yield c
+    c.stop()
+
+
+def expect_failure(r, name, text):
+    assert isinstance(r, Failure), r
+    assert r.name == name, r
+    assert text in r.message, r
+
+
+# ---------------------------------------------------------------------------
+# Reading and writing from another process
+# ---------------------------------------------------------------------------
+
+
+def test_child_reads_and_writes_through_queues(ctx):
+    a = cuda.to_device(np.arange(100, dtype=np.int32))
+    q_in = SPAWN.Queue()
+    q_out = SPAWN.Queue()
+    p = SPAWN.Process(target=ipc_child.read_and_write, args=(q_in, q_out))
+    p.start()
+    q_in.put(a.get_ipc_handle())
+    seen = q_out.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(seen, np.arange(100))
+    np.testing.assert_array_equal(a.copy_to_host(), np.arange(100) + 1)
+
+
+LAYOUTS = {
+    "1d": lambda h: h,
+    "2d_c": lambda h: h.reshape(6, 20),
+    "3d_f": lambda h: np.asfortranarray(h.reshape(4, 5, 6)),
+    "view": lambda h: h.reshape(12, 10)[3:9, 2:7],
+    "strided": lambda h: h[5:100:3],
+    "negative": lambda h: h.reshape(10, 12)[::-2, ::-1],
+    "0d": lambda h: h[7].reshape(()),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("dtype", [np.float64, np.int16, np.complex64])
+def test_layouts_round_trip(ctx, child, layout, dtype):
+    base = cuda.to_device(np.arange(120).astype(dtype))
+    host = LAYOUTS[layout](np.arange(120).astype(dtype))
+    # The same view of the device array as of the host one.
+    if layout == "1d":
+        d = base
+    elif layout in ("2d_c",):
+        d = base.reshape(6, 20)
+    elif layout == "3d_f":
+        d = cuda.to_device(host)
+    elif layout == "view":
+        d = base.reshape(12, 10)[3:9, 2:7]
+    elif layout == "strided":
+        d = base[5:100:3]
+    elif layout == "negative":
+        d = base.reshape(10, 12)[::-2, ::-1]
+    else:
+        d = base.reshape(120)[7:8].reshape(())
+    assert d.shape == host.shape and d.strides == host.strides
+    h = d.get_ipc_handle()
+    assert h.shape == d.shape and h.strides == d.strides
+    assert h.dtype == d.dtype
+    seen = child.call("read", h)
+    np.testing.assert_array_equal(seen, host)
+    assert seen.dtype == host.dtype and seen.shape == host.shape
+    assert child.call("add", h, 1) is None
+    np.testing.assert_array_equal(d.copy_to_host(), host + 1)
+
+
+def test_view_offset_and_size(ctx):
+    a = cuda.device_array(1000, dtype=np.float64)
+    h = a[100:300].get_ipc_handle()
+    assert h.offset == 800
+    assert h.ipc_handle.size == 1600
+    whole = a.get_ipc_handle()
+    assert whole.offset == 0
+    assert bytes(whole.handle) == bytes(h.handle)
+
+
+def test_record_dtype(ctx, child):
+    dt = np.dtype([("a", np.int32), ("b", np.float64, (2,))], align=True)
+    host = np.zeros(5, dtype=dt)
+    host["a"] = np.arange(5)
+    host["b"] = np.arange(10).reshape(5, 2) / 2
+    d = cuda.to_device(host)
+    seen = child.call("read", d.get_ipc_handle())
+    assert seen.dtype == dt
+    np.testing.assert_array_equal(seen, host)
+
+
+def test_open_ipc_array_raw_bytes(ctx, child):
+    a = cuda.to_device(np.arange(64, dtype=np.float32))
+    raw = bytes(a.get_ipc_handle().handle)
+    assert len(raw) == 64
+    # Any ndim without strides: C strides (numba assumed 1-D).
+    seen = child.call("raw", raw, (4, 8), np.float32, None, 0)
+    np.testing.assert_array_equal(seen, np.arange(32).reshape(4, 8))
+    # An offset into the allocation, explicit strides, numba's tuple form.
+    seen = child.call("raw", tuple(raw), (3, 2), np.float32, (8, 4), 16)
+    np.testing.assert_array_equal(seen, [[4, 5], [6, 7], [8, 9]])
+    r = child.call("raw", raw, (4, 8), np.float32, (4,), 0)
+    expect_failure(r, "ValueError", "strides not match ndim")
+    r = child.call("raw", raw[:10], (4,), np.float32, None, 0)
+    expect_failure(r, "ValueError", "64 bytes")
+
+
+@pytest.mark.sim
+def test_open_ipc_array_closes_on_exception(ctx, child):
+    a = cuda.to_device(np.arange(8.0))
+    r = child.call("raw_raises", bytes(a.get_ipc_handle().handle), (8,),
+                   np.float64)
+    expect_failure(r, "CudaAPIError", "CUDA_ERROR_INVALID_VALUE")
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+def test_open_in_exporting_process(ctx):
+    a = cuda.to_device(np.arange(4))
+    h = a.get_ipc_handle()
+    with pytest.raises(ValueError, match="from original process"):
+        h.open()
+    with pytest.raises(ValueError, match="from original process"):
+        h.ipc_handle.open_direct(ctx)
+    # Once pickled the base is gone: the driver refuses.
+    h2 = pickle.loads(pickle.dumps(h))
+    with pytest.raises(cuda.CudaAPIError,
+                       match="CUDA_ERROR_INVALID_CONTEXT") as e:
+        h2.open()
+    assert e.value.name == "CUDA_ERROR_INVALID_CONTEXT"
+    # A failed open leaves the handle closed.
+    with pytest.raises(ValueError, match="IpcHandle not opened"):
+        h2.close()
+
+
+def test_open_twice(ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    expect_failure(child.call("open_twice", h), "ValueError",
+                   "IpcHandle is already opened")
+    expect_failure(child.call("close_twice", h), "ValueError",
+                   "IpcHandle not opened")
+    # Two handles of the same memory in one process: the driver counts
+    # the opens and returns the same pointer.
+    same, values = child.call("two_copies", h)
+    assert same
+    np.testing.assert_array_equal(values, np.arange(10.0))
+
+
+def test_unclosed_mapping_is_closed_through_the_queue(ctx, child):
+    a = cuda.to_device(np.arange(3.0) + 5)
+    first, pending, after = child.call("drop_unclosed", a.get_ipc_handle())
+    assert (first, pending, after) == (5.0, 1, 0)
+
+
+@pytest.mark.sim
+def test_dead_after_close(ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    expect_failure(child.call("dead_after_close", a.get_ipc_handle()),
+                   "CudaAPIError", "CUDA_ERROR_INVALID_VALUE")
+
+
+@pytest.mark.sim
+def test_open_after_exporter_freed(ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    del a
+    h.ipc_handle.base = None
+    ctx.memory_manager.reset()
+    assert ctx.memory_manager.deallocations.pending_bytes == 0
+    expect_failure(child.call("open", h), "CudaAPIError",
+                   "CUDA_ERROR_INVALID_VALUE")
+
+
+def test_handle_from_another_device(ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    other = {"pci_domain_id": 0x7777, "pci_bus_id": 0x77,
+             "pci_device_id": 7}
+    h2 = cuda.IpcArrayHandle(
+        cuda.IpcHandle(None, h.handle, h.ipc_handle.size,
+                       source_info=other, offset=0), h.array_desc)
+    expect_failure(child.call("read", h2), "RuntimeError", "No device of")
+    # Without source info there is no peer question to ask.
+    bare = cuda.IpcHandle(None, h.handle, 80)
+    with pytest.raises(RuntimeError, match="doesn't have source info"):
+        bare.can_access_peer(ctx)
+    with pytest.raises(RuntimeError, match="No device of"):
+        h2.ipc_handle.can_access_peer(ctx)
+    assert h.ipc_handle.can_access_peer(ctx)
+
+
+def test_export_errors(ctx):
+    with pytest.raises(ValueError, match="empty array"):
+        cuda.device_array(0).get_ipc_handle()
+    with pytest.raises(TypeError, match="Context"):
+        _core._ipc_export(None, 1)
+    with pytest.raises(ValueError, match="NULL"):
+        _core._ipc_export(ctx, 0)
+    with pytest.raises(cuda.CudaAPIError):
+        _core._ipc_export(ctx, 8)
+    with pytest.raises(ValueError, match="64 bytes"):
+        _core._ipc_open(ctx, b"x" * 10, 8)
+    with pytest.raises(TypeError):
+        cuda.IpcHandle(None, object(), 8)
+
+
+# ---------------------------------------------------------------------------
+# Pickling
+# ---------------------------------------------------------------------------
+
+
+def test_pickle_round_trip(ctx):
+    a = cuda.to_device(np.arange(12, dtype=np.int64).reshape(3, 4))
+    h = a[1:].get_ipc_handle()
+    ih = h.ipc_handle
+    assert ih.base is not None
+    assert ih.source_info == ctx.device.get_device_identity()
+    assert len(ih.handle.reserved) == 64
+    for proto in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        ih2 = pickle.loads(pickle.dumps(ih, protocol=proto))
+        assert ih2.base is None
+        assert bytes(ih2.handle) == bytes(ih.handle)
+        assert (ih2.size, ih2.offset, ih2.source_info) == (
+            ih.size, ih.offset, ih.source_info)
+        h2 = pickle.loads(pickle.dumps(h, protocol=proto))
+        assert h2.array_desc == h.array_desc
+        assert (h2.shape, h2.strides, h2.dtype, h2.offset) == (
+            (2, 4), (32, 8), np.dtype(np.int64), 32)
+    assert ih.size == 64 and ih.offset == 32
+
+
+def test_public_names():
+    from cudamem.cudadrv import devicearray, driver
+
+    assert driver.IpcHandle is cuda.IpcHandle
+    assert devicearray.IpcArrayHandle is cuda.IpcArrayHandle
+    assert "open_ipc_array" in cuda.__all__
+
+
+# ---------------------------------------------------------------------------
+# Memory-manager plugins
+# ---------------------------------------------------------------------------
+
+
+def test_emm_plugin_allocation_exports(ctx, child):
+    mm = emm_plugin.CountingManager(context=ctx)
+    mp = mm.memalloc(8 * 100)
+    arr = cuda.DeviceNDArray((100,), (8,), np.float64, gpu_data=mp)
+    arr.copy_to_device(np.arange(100.0))
+    view = mp.view(8 * 40)
+    ih = mm.get_ipc_handle(view)
+    assert ih.offset == 320 and ih.size == 480
+    assert ih.base is view
+    seen = child.call("ipch_read", ih, np.float64, 60)
+    np.testing.assert_array_equal(seen, np.arange(40.0, 100.0))
+    # The default manager exports the same way.
+    dm = ctx.memory_manager
+    ih2 = dm.get_ipc_handle(view)
+    assert bytes(ih2.handle) == bytes(ih.handle) and ih2.offset == 320
