@@ -23,6 +23,8 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->Device_type);
     Py_VISIT(st->Context_type);
     Py_VISIT(st->Mem_type);
+    Py_VISIT(st->Stream_type);
+    Py_VISIT(st->Event_type);
     Py_VISIT(st->CudaSupportError);
     Py_VISIT(st->CudaDriverError);
     Py_VISIT(st->CudaAPIError);
@@ -42,6 +44,8 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->Device_type);
     Py_CLEAR(st->Context_type);
     Py_CLEAR(st->Mem_type);
+    Py_CLEAR(st->Stream_type);
+    Py_CLEAR(st->Event_type);
     Py_CLEAR(st->CudaSupportError);
     Py_CLEAR(st->CudaDriverError);
     Py_CLEAR(st->CudaAPIError);

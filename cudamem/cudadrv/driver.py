@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """numba.cuda.cudadrv.driver's names, re-exported from cudamem."""
 
-from .._core import Context, Device
+from .._core import Context, Device, Event, Stream
 from .._errors import CudaAPIError, CudaDriverError, MemoryInfo
 
-__all__ = ["CudaAPIError", "CudaDriverError", "Context", "Device",
-           "MemoryInfo"]
+__all__ = ["CudaAPIError", "CudaDriverError", "Context", "Device", "Event",
+           "MemoryInfo", "Stream"]
