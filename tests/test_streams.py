@@ -150,9 +150,11 @@ def test_auto_synchronize_on_exception(stream):
             stream.add_callback(lambda s, st, a: ran.append(a), "done")
             opener.start()
             raise ValueError("boom")
-    opener.join()
+    # Checked before joining the opener: without the sync in __exit__ the
+    # gate would still be closed here.
     assert ran == ["done"]
     assert stream.query() is True
+    opener.join()
 
 
 # ------------------------------------------------------------------
