@@ -16,6 +16,15 @@ from streamutil import Gate
 import cudamem as cuda
 
 
+def _subprocess_env():
+    """The environment for a child that must import this cudamem."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cuda.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 @pytest.fixture
 def stream(ctx):
     s = cuda.stream()
@@ -32,7 +41,7 @@ def test_user_stream_views(stream):
     assert isinstance(h, int) and h not in (0, 1, 2)
     assert int(stream) == h
     assert stream.__cuda_stream__() == (0, h)
-    assert repr(stream) == "<CUDA stream %d>" % h
+    assert repr(stream) == f"<CUDA stream {h}>"
     assert stream.external is False
     assert isinstance(stream, cuda.Stream)
 
@@ -57,7 +66,7 @@ def test_default_streams(ctx, factory, handle, text):
 
 def test_truthiness_and_identity(stream):
     assert bool(stream) is True
-    assert stream == stream
+    assert stream == stream  # noqa: PLR0124  (identity equality)
     assert stream != cuda.stream()
     assert hash(stream) == object.__hash__(stream)
     assert len({stream, stream}) == 1
@@ -74,7 +83,7 @@ def test_external_stream(ctx, stream):
     e = cuda.external_stream(0x12345678)
     assert e.external is True
     assert e.handle == 0x12345678 and int(e) == 0x12345678
-    assert repr(e) == "<External CUDA stream %d>" % 0x12345678
+    assert repr(e) == f"<External CUDA stream {0x12345678}>"
     assert "default" not in repr(e).lower()
     assert e.__cuda_stream__() == (0, 0x12345678)
     assert cuda.external_stream(ptr=5).handle == 5
@@ -83,7 +92,7 @@ def test_external_stream(ctx, stream):
 
 def test_external_stream_never_destroyed(stream):
     w = cuda.external_stream(stream.handle)
-    assert repr(w) == "<External CUDA stream %d>" % stream.handle
+    assert repr(w) == f"<External CUDA stream {stream.handle}>"
     del w
     gc.collect()
     # The wrapped stream still works: cudamem did not destroy it.
@@ -144,12 +153,11 @@ def test_auto_synchronize_on_exception(stream):
     # Opened from another thread only once the body has raised, so the
     # callback can only have run if __exit__ waited for it.
     opener = threading.Timer(0.05, gate.open)
-    with pytest.raises(ValueError, match="boom"):
-        with stream.auto_synchronize():
-            gate.block(stream)
-            stream.add_callback(lambda s, st, a: ran.append(a), "done")
-            opener.start()
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), stream.auto_synchronize():
+        gate.block(stream)
+        stream.add_callback(lambda s, st, a: ran.append(a), "done")
+        opener.start()
+        raise ValueError("boom")
     # Checked before joining the opener: without the sync in __exit__ the
     # gate would still be closed here.
     assert ran == ["done"]
@@ -212,7 +220,7 @@ def test_callback_exception_becomes_warning(stream):
     def bad(s, status, arg):
         raise KeyError("boom")
 
-    with pytest.warns(UserWarning,
+    with pytest.warns(UserWarning,  # noqa: PT031  (the sync must be inside)
                       match="Exception in stream callback: 'boom'"):
         stream.add_callback(bad)
         stream.synchronize()
@@ -226,7 +234,7 @@ def test_cuda_call_inside_callback_is_refused(stream):
     def cb(s, status, arg):
         s.synchronize()
 
-    with pytest.warns(UserWarning,
+    with pytest.warns(UserWarning,  # noqa: PT031  (the sync must be inside)
                       match="cannot be called from a stream callback"):
         stream.add_callback(cb)
         stream.synchronize()
@@ -471,9 +479,9 @@ def test_blocking_call_holding_thread_cannot_deadlock_callback(what):
     only when the main thread (holding the GIL) enters synchronize() on a
     second stream, which waits for the callback.  If synchronize kept the
     GIL this would hang forever, so it runs in a subprocess."""
-    env = dict(os.environ)
     r = subprocess.run([sys.executable, "-c", _DEADLOCK_SCRIPT, what],
-                       env=env, capture_output=True, text=True, timeout=45)
+                       env=_subprocess_env(), capture_output=True,
+                       text=True, timeout=45, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
 
@@ -492,8 +500,8 @@ def test_exit_with_callbacks_pending():
                 s.add_callback(lambda st, status, a: out.append(a), i)
         print("exiting")
     """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                       text=True, timeout=45)
+    r = subprocess.run([sys.executable, "-c", script], env=_subprocess_env(),
+                       capture_output=True, text=True, timeout=45, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "exiting"
     assert "Fatal" not in r.stderr

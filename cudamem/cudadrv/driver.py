@@ -4,5 +4,5 @@
 from .._core import Context, Device, Event, Stream
 from .._errors import CudaAPIError, CudaDriverError, MemoryInfo
 
-__all__ = ["CudaAPIError", "CudaDriverError", "Context", "Device", "Event",
+__all__ = ["Context", "CudaAPIError", "CudaDriverError", "Device", "Event",
            "MemoryInfo", "Stream"]
