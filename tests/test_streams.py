@@ -505,3 +505,63 @@ def test_exit_with_callbacks_pending():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "exiting"
     assert "Fatal" not in r.stderr
+
+
+# ------------------------------------------------------------------
+# Default-stream mode
+# ------------------------------------------------------------------
+
+_MODE_SCRIPT = textwrap.dedent("""
+    import sys
+    import cudamem as cuda
+    from cudamem import _core
+    from streamutil import Gate
+
+    per_thread = _core._per_thread_default_stream()
+    d = cuda.default_stream()
+    assert d.handle == 0 and repr(d) == "<Default CUDA stream>"
+    s = cuda.stream()              # blocking: waits for the legacy stream
+    ev = cuda.event(timing=False)
+    with Gate() as gate:
+        gate.block(d)
+        ev.record(s)
+        if per_thread:
+            ev.synchronize()       # not held by the per-thread stream
+        else:
+            assert ev.query() is False   # held by the legacy stream
+        gate.open()
+        d.synchronize()
+    ev.synchronize()
+    print("per-thread" if per_thread else "legacy")
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flag, mode", [
+    ("0", "legacy"), ("1", "per-thread")])
+def test_default_stream_follows_mode(flag, mode):
+    """Handle 0 behaves as the legacy or the per-thread default stream as
+    CUDAMEM_PER_THREAD_DEFAULT_STREAM says."""
+    env = _subprocess_env()
+    env["CUDAMEM_PER_THREAD_DEFAULT_STREAM"] = flag
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), env["PYTHONPATH"]])
+    r = subprocess.run([sys.executable, "-c", _MODE_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=90,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == mode
+
+
+def test_external_wrapper_as_stream_argument(stream):
+    order = []
+    with Gate() as gate:
+        gate.block(stream)
+        ev = cuda.event(timing=False)
+        ev.record(cuda.external_stream(stream.handle))
+        assert ev.query() is False    # recorded on the same stream
+        stream.add_callback(lambda s, st, a: order.append(a), 1)
+        gate.open()
+        ev.synchronize()
+    stream.synchronize()
+    assert order == [1]
