@@ -28,6 +28,14 @@
  * injection uses atomics only.  In the child of a fork() after cuInit the
  * lock is never touched: every entry point answers NOT_INITIALIZED.
  *
+ * Choices where the driver leaves room: frees (cuMemFree, cuMemFreeHost,
+ * cuMemHostUnregister) wait for all queued work, as the driver's frees
+ * synchronise; a thread's per-thread default streams are destroyed (after
+ * draining) by a pthread key destructor when the thread exits; calls on an
+ * explicit stream or event handle need no current context, calls on the
+ * default streams and all memory calls do; boolean pointer attributes are
+ * written as unsigned int.
+ *
  * Everything here is plain C11 and pthreads: it runs on worker threads
  * that never hold the GIL, so it must not call the Python API.
  */
@@ -3035,7 +3043,8 @@ sim_EventCreate(CUevent *phEvent, unsigned int Flags)
                                     | CU_EVENT_INTERPROCESS))) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)) {
+    if ((Flags & CU_EVENT_INTERPROCESS)
+        && !(Flags & CU_EVENT_DISABLE_TIMING)) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     sim_lock();

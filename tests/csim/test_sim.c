@@ -1,0 +1,1099 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_sim.c: standalone tests of the CPU simulator (csrc/sim.c).
+ *
+ * Build and run with tests/csim/Makefile (`make -C tests/csim check`),
+ * which links sim.c directly under ASan+UBSan and under TSan.
+ *
+ * Each group runs in its own child process, because the simulator reads
+ * its environment once, at cuInit, and cannot be initialised again after
+ * a fork; the parent never calls cuInit.
+ */
+#include "cm.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static cm_cu_table cu;
+static int failures;
+
+#define CHECK(cond)                                                     \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,      \
+                    __LINE__, #cond);                                   \
+            failures++;                                                 \
+        }                                                               \
+    } while (0)
+
+/* Check that a call returns the expected CUresult. */
+#define EXPECT(call, want)                                              \
+    do {                                                                \
+        CUresult got_ = (call);                                         \
+        if (got_ != (want)) {                                           \
+            const char *n_ = NULL;                                      \
+            cu.GetErrorName(got_, &n_);                                 \
+            fprintf(stderr, "%s:%d: %s returned %d (%s), want %s\n",    \
+                    __FILE__, __LINE__, #call, (int)got_,               \
+                    n_ ? n_ : "?", #want);                              \
+            failures++;                                                 \
+        }                                                               \
+    } while (0)
+
+#define OK(call) EXPECT(call, CUDA_SUCCESS)
+
+static void
+sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* A gate: a host function that blocks its stream until opened         */
+/* ------------------------------------------------------------------ */
+
+typedef struct {
+    pthread_mutex_t mu;     /* guards the fields */
+    pthread_cond_t cv;      /* signalled on change */
+    int open;               /* the host function may return */
+    int entered;            /* the host function has started */
+    pthread_t thread;       /* the thread it ran on */
+} gate;
+
+static void
+gate_init(gate *g)
+{
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->open = 0;
+    g->entered = 0;
+}
+
+static void
+gate_fini(gate *g)
+{
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+}
+
+static void CUDA_CB
+gate_fn(void *arg)
+{
+    gate *g = arg;
+
+    pthread_mutex_lock(&g->mu);
+    g->entered = 1;
+    g->thread = pthread_self();
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open) {
+        pthread_cond_wait(&g->cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void
+gate_open(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void
+gate_wait_entered(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    while (!g->entered) {
+        pthread_cond_wait(&g->cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* A counter bumped by host functions, in order. */
+typedef struct {
+    pthread_mutex_t mu;     /* guards the fields */
+    int log[64];            /* values seen, in call order */
+    int n;                  /* how many */
+    pthread_t thread;       /* the thread of the last call */
+} order_log;
+
+typedef struct {
+    order_log *log;         /* where to append */
+    int value;              /* what to append */
+} order_arg;
+
+static void CUDA_CB
+order_fn(void *arg)
+{
+    order_arg *a = arg;
+
+    pthread_mutex_lock(&a->log->mu);
+    a->log->log[a->log->n++] = a->value;
+    a->log->thread = pthread_self();
+    pthread_mutex_unlock(&a->log->mu);
+}
+
+static void CUDA_CB
+callback_fn(CUstream h, CUresult status, void *arg)
+{
+    order_arg *a = arg;
+
+    (void)h;
+    if (status == CUDA_SUCCESS) {
+        order_fn(a);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Groups                                                              */
+/* ------------------------------------------------------------------ */
+
+static CUcontext
+retain_and_push(int dev)
+{
+    CUcontext ctx = NULL;
+
+    OK(cu.DevicePrimaryCtxRetain(&ctx, dev));
+    OK(cu.CtxPushCurrent(ctx));
+    return ctx;
+}
+
+static void
+group_init_and_devices(void)
+{
+    const char *s = NULL;
+    int v = 0, n = 0;
+    char name[64], bus[32];
+    CUdevice dev = -1;
+    CUuuid u1, u2;
+    size_t total = 0;
+    unsigned int flags = 1;
+    int active = 1;
+
+    /* Before cuInit. */
+    EXPECT(cu.DeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    EXPECT(cu.MemAlloc(NULL, 1), CUDA_ERROR_NOT_INITIALIZED);
+    OK(cu.DriverGetVersion(&v));
+    CHECK(v == 13000);
+    OK(cu.GetErrorName(CUDA_ERROR_INVALID_VALUE, &s));
+    CHECK(s && strcmp(s, "CUDA_ERROR_INVALID_VALUE") == 0);
+    OK(cu.GetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s));
+    CHECK(s && strcmp(s, "out of memory") == 0);
+    OK(cu.GetErrorName(CUDA_ERROR_CONTEXT_IS_DESTROYED, &s));
+    CHECK(s && strcmp(s, "CUDA_ERROR_CONTEXT_IS_DESTROYED") == 0);
+    OK(cu.GetErrorName(CUDA_ERROR_UNKNOWN, &s));
+    OK(cu.GetErrorName(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, &s));
+    EXPECT(cu.GetErrorName((CUresult)12345, &s), CUDA_ERROR_INVALID_VALUE);
+    CHECK(s == NULL);
+    s = "x";
+    EXPECT(cu.GetErrorString((CUresult)12345, &s), CUDA_ERROR_INVALID_VALUE);
+    CHECK(s == NULL);
+    EXPECT(cu.Init(1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.DeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    OK(cu.Init(0));
+    OK(cu.Init(0));
+
+    OK(cu.DeviceGetCount(&n));
+    CHECK(n == 2);
+    OK(cu.DeviceGet(&dev, 1));
+    CHECK(dev == 1);
+    EXPECT(cu.DeviceGet(&dev, 2), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT(cu.DeviceGet(&dev, -1), CUDA_ERROR_INVALID_DEVICE);
+    OK(cu.DeviceGetName(name, sizeof(name), 0));
+    CHECK(strcmp(name, "cudamem simulator") == 0);
+    EXPECT(cu.DeviceGetName(name, sizeof(name), 5), CUDA_ERROR_INVALID_DEVICE);
+    OK(cu.DeviceGetPCIBusId(bus, sizeof(bus), 1));
+    CHECK(strcmp(bus, "0000:02:00.0") == 0);
+    OK(cu.DeviceGetUuid(&u1, 0));
+    OK(cu.DeviceGetUuid(&u2, 0));
+    CHECK(memcmp(&u1, &u2, sizeof(u1)) == 0);
+    OK(cu.DeviceGetUuid(&u2, 1));
+    CHECK(memcmp(&u1, &u2, sizeof(u1)) != 0);
+    OK(cu.DeviceTotalMem(&total, 0));
+    CHECK(total == ((size_t)1 << 30));
+
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
+    CHECK(v == 132);
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                             0));
+    CHECK(v == 9);
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                             0));
+    CHECK(v == 0);
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0));
+    CHECK(v == 32);
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 0));
+    CHECK(v == 2147483647);
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 1));
+    CHECK(v == 2);
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0));
+    CHECK(v == 1);
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+                             0));
+    CHECK(v == 0);
+    v = 7;
+    OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH,
+                             0));
+    CHECK(v == 0);
+    EXPECT(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 9),
+           CUDA_ERROR_INVALID_DEVICE);
+
+    OK(cu.DeviceCanAccessPeer(&v, 0, 1));
+    CHECK(v == 1);
+    OK(cu.DeviceCanAccessPeer(&v, 1, 1));
+    CHECK(v == 0);
+    OK(cu.DevicePrimaryCtxGetState(0, &flags, &active));
+    CHECK(flags == 0 && active == 0);
+    EXPECT(cu.ProfilerStart(), CUDA_SUCCESS);
+    EXPECT(cu.ProfilerStop(), CUDA_SUCCESS);
+    /* Not modelled: left NULL for the caller to report. */
+    CHECK(cu.LaunchKernel == NULL && cu.IpcGetMemHandle == NULL);
+    CHECK(cu.MemAllocAsync == NULL && cu.ModuleLoadData == NULL);
+}
+
+static void
+group_contexts(void)
+{
+    CUcontext c0, c1, cur, old, c0b;
+    CUdevice dev = -1;
+    CUdeviceptr d;
+    CUstream s;
+    size_t freeb, total;
+    int active = 0;
+    unsigned int flags;
+
+    OK(cu.Init(0));
+    OK(cu.CtxGetCurrent(&cur));
+    CHECK(cur == NULL);
+    EXPECT(cu.CtxGetDevice(&dev), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cu.MemAlloc(&d, 16), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cu.CtxPopCurrent(&old), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cu.CtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cu.DevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
+
+    OK(cu.DevicePrimaryCtxRetain(&c0, 0));
+    OK(cu.DevicePrimaryCtxRetain(&c0b, 0));
+    CHECK(c0 == c0b);
+    OK(cu.DevicePrimaryCtxRetain(&c1, 1));
+    CHECK(c0 != c1);
+    OK(cu.DevicePrimaryCtxGetState(0, &flags, &active));
+    CHECK(active == 1);
+    EXPECT(cu.CtxPushCurrent((CUcontext)(void *)&dev),
+           CUDA_ERROR_INVALID_CONTEXT);
+
+    OK(cu.CtxPushCurrent(c0));
+    OK(cu.CtxPushCurrent(c1));
+    OK(cu.CtxGetDevice(&dev));
+    CHECK(dev == 1);
+    OK(cu.CtxPopCurrent(&old));
+    CHECK(old == c1);
+    OK(cu.CtxGetCurrent(&cur));
+    CHECK(cur == c0);
+    OK(cu.CtxSetCurrent(c1));           /* replaces the top */
+    OK(cu.CtxGetCurrent(&cur));
+    CHECK(cur == c1);
+    OK(cu.CtxSetCurrent(NULL));         /* pops */
+    OK(cu.CtxGetCurrent(&cur));
+    CHECK(cur == NULL);
+    OK(cu.CtxSetCurrent(NULL));         /* no-op on an empty stack */
+    OK(cu.CtxSetCurrent(c0));           /* pushes on an empty stack */
+
+    /* Peers. */
+    OK(cu.CtxEnablePeerAccess(c1, 0));
+    EXPECT(cu.CtxEnablePeerAccess(c1, 0),
+           CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    EXPECT(cu.CtxEnablePeerAccess(c0, 0), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT(cu.CtxEnablePeerAccess(c1, 1), CUDA_ERROR_INVALID_VALUE);
+
+    /* Reset destroys: memory back, stale handles detected. */
+    OK(cu.MemAlloc(&d, 1000));
+    OK(cu.StreamCreate(&s, 0));
+    OK(cu.MemsetD8Async(d, 1, 1000, s));
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(total - freeb == 1024);
+    OK(cu.DevicePrimaryCtxReset(0));
+    OK(cu.DevicePrimaryCtxGetState(0, &flags, &active));
+    CHECK(active == 0);
+    EXPECT(cu.CtxGetDevice(&dev), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    EXPECT(cu.MemAlloc(&d, 16), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    EXPECT(cu.StreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.StreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.CtxPushCurrent(c0), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    OK(cu.CtxGetCurrent(&cur));
+    CHECK(cur == c0);
+    OK(cu.CtxPopCurrent(&old));
+    CHECK(old == c0);
+    /* A new retain makes a new context with all memory free. */
+    OK(cu.DevicePrimaryCtxRetain(&c0b, 0));
+    CHECK(c0b != c0);
+    OK(cu.CtxPushCurrent(c0b));
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total);
+    EXPECT(cu.MemFree(d), CUDA_ERROR_INVALID_VALUE);
+    /* The peer access went with the old context. */
+    OK(cu.CtxSetCurrent(c1));
+    OK(cu.CtxEnablePeerAccess(c0b, 0));
+    OK(cu.CtxPopCurrent(NULL));
+
+    /* Releases: three retains of device 0 (one before reset), one of 1. */
+    OK(cu.DevicePrimaryCtxRelease(0));
+    OK(cu.DevicePrimaryCtxRelease(0));
+    OK(cu.DevicePrimaryCtxGetState(0, &flags, &active));
+    CHECK(active == 1);
+    OK(cu.DevicePrimaryCtxRelease(0));  /* to 0: destroyed */
+    OK(cu.DevicePrimaryCtxGetState(0, &flags, &active));
+    CHECK(active == 0);
+    EXPECT(cu.DevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
+    OK(cu.DevicePrimaryCtxRelease(1));
+}
+
+static void
+group_memory(void)
+{
+    CUdeviceptr d, d2, m, base = 0, dp = 0;
+    size_t freeb, total, size = 0, sz;
+    char *h = NULL, *reg;
+    unsigned int u = 9;
+    CUcontext ctx, pc = NULL;
+    void *hp = NULL;
+    int ord = -1;
+    CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+
+    OK(cu.Init(0));
+    ctx = retain_and_push(0);
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(total == 1048576 && freeb == total);
+    EXPECT(cu.MemAlloc(&d, 0), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemAlloc(&d, 1));
+    CHECK(d % 256 == 0);
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total - 256);
+    EXPECT(cu.MemAlloc(&d2, 1048576), CUDA_ERROR_OUT_OF_MEMORY);
+    OK(cu.MemAlloc(&d2, 1048576 - 256));
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == 0);
+    EXPECT(cu.MemAlloc(&m, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT(cu.MemFree(d2 + 8), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemFree(0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemFree((CUdeviceptr)(uintptr_t)&size),
+           CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemFree(d2));
+    EXPECT(cu.MemFree(d2), CUDA_ERROR_INVALID_VALUE);   /* double free */
+    OK(cu.MemGetAddressRange(&base, &size, d + 0));
+    CHECK(base == d && size == 1);
+    EXPECT(cu.MemGetAddressRange(&base, &size, d + 1), CUDA_ERROR_NOT_FOUND);
+
+    /* Managed. */
+    EXPECT(cu.MemAllocManaged(&m, 100, 4), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemAllocManaged(&m, 100, CU_MEM_ATTACH_GLOBAL));
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total - 512);
+    OK(cu.PointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED, m + 5));
+    CHECK(u == 1);
+    OK(cu.PointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, m));
+    CHECK(u == CU_MEMORYTYPE_DEVICE);
+    OK(cu.PointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, m));
+    CHECK(hp == (void *)(uintptr_t)m);
+    OK(cu.MemPrefetchAsync(m, 100, loc, 0, NULL));
+    EXPECT(cu.MemPrefetchAsync(m, 101, loc, 0, NULL),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemPrefetchAsync(d, 1, loc, 0, NULL), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemAdvise(m, 50, CU_MEM_ADVISE_SET_READ_MOSTLY, loc));
+    EXPECT(cu.MemAdvise(d, 1, CU_MEM_ADVISE_SET_READ_MOSTLY, loc),
+           CUDA_ERROR_INVALID_VALUE);
+    loc.id = 7;
+    EXPECT(cu.MemPrefetchAsync(m, 100, loc, 0, NULL),
+           CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemFree(m));
+
+    /* Pointer attributes of device memory. */
+    OK(cu.PointerGetAttribute(&pc, CU_POINTER_ATTRIBUTE_CONTEXT, d));
+    CHECK(pc == ctx);
+    OK(cu.PointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d));
+    CHECK(u == CU_MEMORYTYPE_DEVICE);
+    OK(cu.PointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED, d));
+    CHECK(u == 0);
+    OK(cu.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d));
+    CHECK(ord == 0);
+    EXPECT(cu.PointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, d),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.PointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  (CUdeviceptr)(uintptr_t)&u),
+           CUDA_ERROR_INVALID_VALUE);
+
+    /* Pinned host memory. */
+    EXPECT(cu.MemHostAlloc((void **)&h, 64, 8), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemHostAlloc((void **)&h, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total - 256);        /* not charged */
+    OK(cu.MemHostGetDevicePointer(&dp, h + 10, 0));
+    CHECK(dp == (CUdeviceptr)(uintptr_t)(h + 10));
+    OK(cu.PointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dp));
+    CHECK(u == CU_MEMORYTYPE_HOST);
+    OK(cu.PointerGetAttribute(&sz, CU_POINTER_ATTRIBUTE_RANGE_SIZE, dp));
+    CHECK(sz == 4096);
+    OK(cu.PointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                              dp));
+    CHECK(base == (CUdeviceptr)(uintptr_t)h);
+    EXPECT(cu.MemHostRegister(h + 100, 10, 0),
+           CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    /* Copies into pinned memory through its device pointer. */
+    OK(cu.MemsetD8(dp, 0x5a, 16));
+    CHECK(h[10] == 0x5a && h[25] == 0x5a && h[26] != 0x5a - 1000);
+    EXPECT(cu.MemsetD8(dp, 0, 4096), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemFreeHost(h + 1), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemFreeHost(h));
+    EXPECT(cu.MemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
+
+    /* Registered host memory. */
+    reg = malloc(1000);
+    EXPECT(cu.MemHostGetDevicePointer(&dp, reg, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemHostRegister(reg, 1000, 0x100), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemHostRegister(reg + 100, 500, CU_MEMHOSTREGISTER_DEVICEMAP));
+    EXPECT(cu.MemHostRegister(reg, 101, 0),
+           CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    EXPECT(cu.MemHostRegister(reg + 599, 10, 0),
+           CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    OK(cu.MemHostRegister(reg, 100, 0));        /* adjacent is fine */
+    OK(cu.MemHostRegister(reg + 600, 400, 0));
+    OK(cu.MemHostGetDevicePointer(&dp, reg + 150, 0));
+    CHECK(dp == (CUdeviceptr)(uintptr_t)(reg + 150));
+    OK(cu.PointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MAPPED, dp));
+    CHECK(u == 1);
+    EXPECT(cu.MemHostUnregister(reg + 150),
+           CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    OK(cu.MemHostUnregister(reg + 100));
+    EXPECT(cu.MemHostUnregister(reg + 100),
+           CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    OK(cu.MemHostUnregister(reg));
+    OK(cu.MemHostUnregister(reg + 600));
+    free(reg);
+
+    OK(cu.MemFree(d));
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
+}
+
+static void
+group_copies(void)
+{
+    CUdeviceptr d, e;
+    unsigned char src[256], dst[256], grid[8][16], out[8][16];
+    unsigned char cube[3][4][8], cout[3][4][8];
+    CUDA_MEMCPY2D p2;
+    CUDA_MEMCPY3D p3;
+    int i, x, y, z, ok;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    for (i = 0; i < 256; i++) {
+        src[i] = (unsigned char)i;
+    }
+    OK(cu.MemAlloc(&d, 256));
+    OK(cu.MemAlloc(&e, 256));
+    OK(cu.MemcpyHtoD(d, src, 256));
+    OK(cu.MemcpyDtoD(e, d, 256));
+    memset(dst, 0, sizeof(dst));
+    OK(cu.MemcpyDtoH(dst, e, 256));
+    CHECK(memcmp(src, dst, 256) == 0);
+    OK(cu.MemcpyHtoD(d, src, 0));               /* size 0: no-op */
+    OK(cu.MemcpyHtoD(0, NULL, 0));
+    EXPECT(cu.MemcpyHtoD(d, src, 257), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemcpyHtoD(d + 1, src, 256), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemcpyDtoH(dst, d + 200, 57), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemcpyDtoD(e, (CUdeviceptr)(uintptr_t)src, 16),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, 16),
+           CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemsetD8(d, 0xab, 256));
+    OK(cu.MemcpyDtoH(dst, d, 256));
+    CHECK(dst[0] == 0xab && dst[255] == 0xab);
+    EXPECT(cu.MemsetD8(d + 1, 0, 256), CUDA_ERROR_INVALID_VALUE);
+
+    /* 2D: host 8x16 grid -> device rows of pitch 32 -> host. */
+    for (y = 0; y < 8; y++) {
+        for (x = 0; x < 16; x++) {
+            grid[y][x] = (unsigned char)(y * 16 + x);
+        }
+    }
+    OK(cu.MemsetD8(d, 0, 256));
+    memset(&p2, 0, sizeof(p2));
+    p2.srcMemoryType = CU_MEMORYTYPE_HOST;
+    p2.srcHost = grid;
+    p2.srcPitch = 16;
+    p2.srcXInBytes = 4;
+    p2.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    p2.dstDevice = d;
+    p2.dstPitch = 32;
+    p2.WidthInBytes = 12;
+    p2.Height = 8;
+    OK(cu.Memcpy2D(&p2));
+    OK(cu.MemcpyDtoH(dst, d, 256));
+    ok = 1;
+    for (y = 0; y < 8; y++) {
+        for (x = 0; x < 32; x++) {
+            int want = x < 12 ? y * 16 + x + 4 : 0;
+            ok &= dst[y * 32 + x] == want;
+        }
+    }
+    CHECK(ok);
+    /* Back with UNIFIED on both sides, into a strided host grid. */
+    memset(out, 0, sizeof(out));
+    memset(&p2, 0, sizeof(p2));
+    p2.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+    p2.srcDevice = d;
+    p2.srcPitch = 32;
+    p2.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+    p2.dstDevice = (CUdeviceptr)(uintptr_t)out;
+    p2.dstPitch = 16;
+    p2.dstY = 1;
+    p2.WidthInBytes = 12;
+    p2.Height = 7;
+    OK(cu.Memcpy2DAsync(&p2, NULL));
+    OK(cu.StreamSynchronize(NULL));
+    CHECK(out[0][0] == 0 && out[1][0] == 4 && out[7][11] == 6 * 16 + 15);
+    /* Validation. */
+    p2.srcPitch = 11;
+    EXPECT(cu.Memcpy2D(&p2), CUDA_ERROR_INVALID_VALUE);
+    p2.srcPitch = 32;
+    p2.Height = 9;                      /* 9 rows of 32 do not fit */
+    p2.dstY = 0;
+    p2.dstDevice = (CUdeviceptr)(uintptr_t)grid;
+    p2.dstPitch = 12;
+    EXPECT(cu.Memcpy2D(&p2), CUDA_ERROR_INVALID_VALUE);
+    p2.Height = 7;
+    p2.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+    EXPECT(cu.Memcpy2D(&p2), CUDA_ERROR_NOT_SUPPORTED);
+    p2.srcMemoryType = (CUmemorytype)9;
+    EXPECT(cu.Memcpy2D(&p2), CUDA_ERROR_INVALID_VALUE);
+
+    /* 3D: a 3x4x8 host cube into device slices of 5 rows of pitch 10. */
+    for (z = 0; z < 3; z++) {
+        for (y = 0; y < 4; y++) {
+            for (x = 0; x < 8; x++) {
+                cube[z][y][x] = (unsigned char)(z * 100 + y * 10 + x);
+            }
+        }
+    }
+    memset(&p3, 0, sizeof(p3));
+    p3.srcMemoryType = CU_MEMORYTYPE_HOST;
+    p3.srcHost = cube;
+    p3.srcPitch = 8;
+    p3.srcHeight = 4;
+    p3.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    p3.dstDevice = e;
+    p3.dstPitch = 10;
+    p3.dstHeight = 5;
+    p3.WidthInBytes = 8;
+    p3.Height = 4;
+    p3.Depth = 3;
+    OK(cu.MemsetD8(e, 0xee, 256));
+    OK(cu.Memcpy3D(&p3));
+    OK(cu.MemcpyDtoH(dst, e, 256));
+    CHECK(dst[0] == 0 && dst[8] == 0xee && dst[10] == 10);
+    CHECK(dst[50 + 3 * 10 + 7] == 137 && dst[40] == 0xee);
+    /* And back, with offsets on the device side. */
+    memset(cout, 0, sizeof(cout));
+    memset(&p3, 0, sizeof(p3));
+    p3.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    p3.srcDevice = e;
+    p3.srcPitch = 10;
+    p3.srcHeight = 5;
+    p3.srcY = 1;
+    p3.srcZ = 1;
+    p3.srcXInBytes = 2;
+    p3.dstMemoryType = CU_MEMORYTYPE_HOST;
+    p3.dstHost = cout;
+    p3.dstPitch = 8;
+    p3.dstHeight = 4;
+    p3.WidthInBytes = 6;
+    p3.Height = 3;
+    p3.Depth = 2;
+    OK(cu.Memcpy3DAsync(&p3, NULL));
+    OK(cu.CtxSynchronize());
+    CHECK(cout[0][0][0] == 112 && cout[1][2][5] == 237);
+    p3.srcHeight = 3;                   /* < Height + srcY */
+    EXPECT(cu.Memcpy3D(&p3), CUDA_ERROR_INVALID_VALUE);
+    p3.srcHeight = 5;
+    p3.Depth = 5;                       /* runs past the allocation */
+    EXPECT(cu.Memcpy3D(&p3), CUDA_ERROR_INVALID_VALUE);
+    p3.Depth = 2;
+    p3.srcLOD = 1;
+    EXPECT(cu.Memcpy3D(&p3), CUDA_ERROR_INVALID_VALUE);
+
+    OK(cu.MemFree(d));
+    OK(cu.MemFree(e));
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
+}
+
+/* Groups that need CUDAMEM_SIM_DELAY_US: asynchrony must be visible. */
+static void
+group_async(void)
+{
+    CUdeviceptr d;
+    CUstream s;
+    CUevent a, b;
+    float ms = -1;
+    unsigned char *src = malloc(1 << 16), *dst = malloc(1 << 16);
+    int i;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    for (i = 0; i < (1 << 16); i++) {
+        src[i] = (unsigned char)(i * 7);
+    }
+    memset(dst, 0, 1 << 16);
+    OK(cu.MemAlloc(&d, 1 << 16));
+    OK(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.EventCreate(&a, CU_EVENT_DEFAULT));
+    OK(cu.EventCreate(&b, CU_EVENT_BLOCKING_SYNC));
+    OK(cu.EventRecord(a, s));
+    OK(cu.MemcpyHtoDAsync(d, src, 1 << 16, s));    /* pageable, async */
+    OK(cu.MemcpyDtoHAsync(dst, d, 1 << 16, s));
+    OK(cu.EventRecord(b, s));
+    /* Each op sleeps 20 ms first: nothing can have finished yet. */
+    EXPECT(cu.StreamQuery(s), CUDA_ERROR_NOT_READY);
+    EXPECT(cu.EventQuery(b), CUDA_ERROR_NOT_READY);
+    EXPECT(cu.EventElapsedTime(&ms, a, b), CUDA_ERROR_NOT_READY);
+    OK(cu.EventSynchronize(b));
+    OK(cu.StreamQuery(s));
+    OK(cu.EventQuery(a));
+    CHECK(memcmp(src, dst, 1 << 16) == 0);
+    OK(cu.EventElapsedTime(&ms, a, b));
+    /* Three ops of >= 20 ms each lie between the two timestamps. */
+    CHECK(ms >= 55.0f && ms < 5000.0f);
+
+    /* A synchronous copy on the default stream returns when done. */
+    memset(dst, 0, 1 << 16);
+    OK(cu.MemcpyDtoH(dst, d, 1 << 16));
+    CHECK(memcmp(src, dst, 1 << 16) == 0);
+
+    /* Destroying a stream with queued work: the work still happens. */
+    memset(dst, 0, 1 << 16);
+    OK(cu.MemcpyDtoHAsync(dst, d, 1 << 16, s));
+    OK(cu.EventRecord(b, s));
+    OK(cu.StreamDestroy(s));
+    EXPECT(cu.StreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+    OK(cu.EventSynchronize(b));
+    CHECK(memcmp(src, dst, 1 << 16) == 0);
+
+    /* Destroying an event whose record is pending. */
+    OK(cu.StreamCreate(&s, 0));
+    OK(cu.EventRecord(a, s));
+    OK(cu.EventDestroy(a));
+    EXPECT(cu.EventQuery(a), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.EventDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    OK(cu.StreamSynchronize(s));
+    OK(cu.StreamDestroy(s));
+
+    OK(cu.EventDestroy(b));
+    OK(cu.MemFree(d));
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
+    free(src);
+    free(dst);
+}
+
+static void
+group_streams(void)
+{
+    CUdeviceptr d;
+    CUstream s1, s2, nb;
+    CUevent e, nt;
+    gate g1, g2;
+    order_log lg;
+    order_arg args[8];
+    unsigned char host[64];
+    float ms;
+    int i;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.MemAlloc(&d, 64));
+    OK(cu.MemsetD8(d, 0, 64));
+    OK(cu.StreamCreate(&s1, 0));
+    OK(cu.StreamCreate(&s2, 0));
+    OK(cu.StreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+    EXPECT(cu.StreamCreate(&nb, 2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.StreamQuery((CUstream)(void *)host), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.StreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.StreamDestroy(CU_STREAM_LEGACY), CUDA_ERROR_INVALID_HANDLE);
+
+    /* In-order execution on the worker thread, host fns and callbacks. */
+    pthread_mutex_init(&lg.mu, NULL);
+    lg.n = 0;
+    for (i = 0; i < 8; i++) {
+        args[i].log = &lg;
+        args[i].value = i;
+        if (i % 2) {
+            OK(cu.StreamAddCallback(s1, callback_fn, &args[i], 0));
+        }
+        else {
+            OK(cu.LaunchHostFunc(s1, order_fn, &args[i]));
+        }
+    }
+    EXPECT(cu.StreamAddCallback(s1, callback_fn, &args[0], 1),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.LaunchHostFunc(s1, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.StreamSynchronize(s1));
+    CHECK(lg.n == 8);
+    for (i = 0; i < lg.n; i++) {
+        CHECK(lg.log[i] == i);
+    }
+    CHECK(!pthread_equal(lg.thread, pthread_self()));
+
+    /* Ordering within a stream behind a blocked host function. */
+    gate_init(&g1);
+    OK(cu.LaunchHostFunc(s1, gate_fn, &g1));
+    OK(cu.MemsetD8Async(d, 7, 64, s1));
+    gate_wait_entered(&g1);
+    CHECK(!pthread_equal(g1.thread, pthread_self()));
+    sleep_ms(20);
+    EXPECT(cu.StreamQuery(s1), CUDA_ERROR_NOT_READY);
+    OK(cu.StreamQuery(s2));
+    gate_open(&g1);
+    OK(cu.StreamSynchronize(s1));
+    OK(cu.MemcpyDtoH(host, d, 64));
+    CHECK(host[0] == 7 && host[63] == 7);
+    gate_fini(&g1);
+
+    /* Legacy stream waits for blocking streams, not non-blocking ones. */
+    gate_init(&g1);
+    gate_init(&g2);
+    OK(cu.LaunchHostFunc(s1, gate_fn, &g1));
+    OK(cu.LaunchHostFunc(nb, gate_fn, &g2));
+    gate_wait_entered(&g1);
+    gate_wait_entered(&g2);
+    OK(cu.MemsetD8Async(d, 9, 64, NULL));   /* behind s1, not behind nb */
+    sleep_ms(20);
+    EXPECT(cu.StreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_NOT_READY);
+    gate_open(&g1);
+    OK(cu.StreamSynchronize(CU_STREAM_LEGACY));
+    EXPECT(cu.StreamQuery(nb), CUDA_ERROR_NOT_READY);
+    gate_open(&g2);
+    OK(cu.StreamSynchronize(nb));
+    gate_fini(&g1);
+    gate_fini(&g2);
+
+    /* A blocking stream waits for the legacy stream; nb does not. */
+    gate_init(&g1);
+    OK(cu.LaunchHostFunc(CU_STREAM_LEGACY, gate_fn, &g1));
+    gate_wait_entered(&g1);
+    OK(cu.MemsetD8Async(d, 3, 32, s2));
+    OK(cu.MemsetD8Async(d + 32, 4, 32, nb));
+    OK(cu.StreamSynchronize(nb));
+    sleep_ms(20);
+    EXPECT(cu.StreamQuery(s2), CUDA_ERROR_NOT_READY);
+    gate_open(&g1);
+    OK(cu.StreamSynchronize(s2));
+    OK(cu.MemcpyDtoH(host, d, 64));
+    CHECK(host[0] == 3 && host[31] == 3 && host[32] == 4 && host[63] == 4);
+    gate_fini(&g1);
+
+    /* cuStreamWaitEvent: s2 waits for an event recorded on nb. */
+    gate_init(&g1);
+    OK(cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    OK(cu.EventQuery(e));                   /* never recorded */
+    OK(cu.EventSynchronize(e));
+    OK(cu.LaunchHostFunc(nb, gate_fn, &g1));
+    OK(cu.EventRecord(e, nb));
+    OK(cu.StreamWaitEvent(s2, e, 0));
+    OK(cu.MemsetD8Async(d, 5, 64, s2));
+    gate_wait_entered(&g1);
+    sleep_ms(20);
+    EXPECT(cu.EventQuery(e), CUDA_ERROR_NOT_READY);
+    EXPECT(cu.StreamQuery(s2), CUDA_ERROR_NOT_READY);
+    /* Re-recording after the wait does not change what s2 waits for. */
+    OK(cu.EventRecord(e, s1));
+    OK(cu.StreamSynchronize(s1));
+    OK(cu.EventQuery(e));
+    EXPECT(cu.StreamQuery(s2), CUDA_ERROR_NOT_READY);
+    gate_open(&g1);
+    OK(cu.StreamSynchronize(s2));
+    OK(cu.MemcpyDtoH(host, d, 64));
+    CHECK(host[10] == 5);
+    EXPECT(cu.StreamWaitEvent(s2, e, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.StreamWaitEvent(s2, (CUevent)(void *)host, 0),
+           CUDA_ERROR_INVALID_HANDLE);
+    gate_fini(&g1);
+
+    /* Event errors. */
+    OK(cu.EventCreate(&nt, CU_EVENT_DEFAULT));
+    EXPECT(cu.EventElapsedTime(&ms, nt, nt), CUDA_ERROR_INVALID_HANDLE);
+    OK(cu.EventRecord(nt, s1));
+    OK(cu.EventSynchronize(nt));
+    OK(cu.EventElapsedTime(&ms, nt, nt));
+    CHECK(ms == 0.0f);
+    EXPECT(cu.EventElapsedTime(&ms, nt, e), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.EventCreate(&e, 0x40), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.EventCreate(&e, CU_EVENT_INTERPROCESS),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.EventRecord((CUevent)(void *)host, s1),
+           CUDA_ERROR_INVALID_HANDLE);
+    OK(cu.EventDestroy(nt));
+    OK(cu.EventDestroy(e));
+
+    OK(cu.StreamDestroy(s1));
+    OK(cu.StreamDestroy(s2));
+    OK(cu.StreamDestroy(nb));
+    EXPECT(cu.StreamDestroy(nb), CUDA_ERROR_INVALID_HANDLE);
+    OK(cu.MemFree(d));
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
+    pthread_mutex_destroy(&lg.mu);
+}
+
+/* What a host function saw when it called back into the simulator. */
+typedef struct {
+    CUstream self;          /* the stream it runs on */
+    CUresult query;         /* cuStreamQuery(self) */
+    CUresult sync;          /* cuStreamSynchronize(self) */
+    CUresult enqueue;       /* cuMemsetD8Async on another stream */
+    CUstream other;         /* that stream */
+    CUdeviceptr d;          /* what it set */
+} reentry;
+
+static void CUDA_CB
+reentry_fn(void *arg)
+{
+    reentry *r = arg;
+
+    r->query = cu.StreamQuery(r->self);
+    r->sync = cu.StreamSynchronize(r->self);
+    r->enqueue = cu.MemsetD8Async(r->d, 1, 1, r->other);
+}
+
+static void
+group_reentry_and_faults(void)
+{
+    CUdeviceptr d;
+    CUstream s, t;
+    CUcontext ctx;
+    reentry r;
+    int n = 0;
+
+    OK(cu.Init(0));
+    ctx = retain_and_push(0);
+    OK(cu.MemAlloc(&d, 16));
+    OK(cu.StreamCreate(&s, 0));
+    OK(cu.StreamCreate(&t, CU_STREAM_NON_BLOCKING));
+    /* A host function pushes the context: a thread has its own stack. */
+    r.self = s;
+    r.other = t;
+    r.d = d;
+    OK(cu.LaunchHostFunc(s, reentry_fn, &r));
+    OK(cu.StreamSynchronize(s));
+    CHECK(r.query == CUDA_ERROR_NOT_READY);
+    CHECK(r.sync == CUDA_ERROR_NOT_PERMITTED);
+    CHECK(r.enqueue == CUDA_ERROR_INVALID_CONTEXT);
+
+    /* Fault injection: the 2nd next cuMemAlloc fails, once. */
+    CHECK(cm_sim_inject(CM_CU_IDX_MemAlloc, 2, CUDA_ERROR_OUT_OF_MEMORY)
+          == 0);
+    OK(cu.MemAlloc(&r.d, 16));
+    OK(cu.MemFree(r.d));
+    EXPECT(cu.MemAlloc(&r.d, 16), CUDA_ERROR_OUT_OF_MEMORY);
+    OK(cu.MemAlloc(&r.d, 16));
+    OK(cu.MemFree(r.d));
+    /* Disarming. */
+    CHECK(cm_sim_inject(CM_CU_IDX_DeviceGetCount, 1, CUDA_ERROR_UNKNOWN)
+          == 0);
+    CHECK(cm_sim_inject(CM_CU_IDX_DeviceGetCount, 0, CUDA_ERROR_UNKNOWN)
+          == 0);
+    OK(cu.DeviceGetCount(&n));
+    /* Injection wins even over the init rule's exceptions. */
+    CHECK(cm_sim_inject(CM_CU_IDX_GetErrorName, 1, CUDA_ERROR_NOT_FOUND)
+          == 0);
+    {
+        const char *name;
+        EXPECT(cu.GetErrorName(CUDA_SUCCESS, &name), CUDA_ERROR_NOT_FOUND);
+        OK(cu.GetErrorName(CUDA_SUCCESS, &name));
+    }
+    CHECK(cm_sim_inject(-1, 1, CUDA_ERROR_UNKNOWN) == -1);
+    CHECK(cm_sim_inject(CM_CU_N_FUNCS, 1, CUDA_ERROR_UNKNOWN) == -1);
+
+    /* Reset with queued work on live streams drains them first. */
+    OK(cu.MemsetD8Async(d, 2, 16, t));
+    OK(cu.DevicePrimaryCtxReset(0));
+    EXPECT(cu.StreamQuery(t), CUDA_ERROR_INVALID_HANDLE);
+    OK(cu.CtxPopCurrent(NULL));
+    (void)ctx;
+    OK(cu.DevicePrimaryCtxRelease(0));
+}
+
+/* Per-thread default streams (cm_sim_fill(.., 1)). */
+typedef struct {
+    CUcontext ctx;          /* to push */
+    gate *g;                /* to launch on handle 0 */
+    CUresult rc;            /* of the launch */
+} ptds_arg;
+
+static void *
+ptds_thread(void *p)
+{
+    ptds_arg *a = p;
+
+    a->rc = cu.CtxPushCurrent(a->ctx);
+    if (a->rc == CUDA_SUCCESS) {
+        a->rc = cu.LaunchHostFunc(NULL, gate_fn, a->g);
+    }
+    if (a->rc == CUDA_SUCCESS) {
+        a->rc = cu.StreamSynchronize(NULL);
+    }
+    cu.CtxPopCurrent(NULL);
+    return NULL;
+}
+
+static void
+group_per_thread(void)
+{
+    CUcontext ctx;
+    gate g1, g2;
+    pthread_t th;
+    ptds_arg a;
+    CUdeviceptr d;
+
+    OK(cu.Init(0));
+    ctx = retain_and_push(0);
+    gate_init(&g1);
+    gate_init(&g2);
+    /* This thread's handle 0 is blocked ... */
+    OK(cu.LaunchHostFunc(NULL, gate_fn, &g1));
+    gate_wait_entered(&g1);
+    /* ... another thread's handle 0 is another stream. */
+    a.ctx = ctx;
+    a.g = &g2;
+    pthread_create(&th, NULL, ptds_thread, &a);
+    gate_wait_entered(&g2);
+    CHECK(!pthread_equal(g1.thread, g2.thread));
+    gate_open(&g2);
+    pthread_join(th, NULL);
+    OK(a.rc);
+    EXPECT(cu.StreamQuery(NULL), CUDA_ERROR_NOT_READY);
+    EXPECT(cu.StreamQuery(CU_STREAM_PER_THREAD), CUDA_ERROR_NOT_READY);
+    /* The legacy stream waits for per-thread streams. */
+    OK(cu.MemAlloc(&d, 16));
+    OK(cu.MemsetD8Async(d, 1, 16, CU_STREAM_LEGACY));
+    sleep_ms(20);
+    EXPECT(cu.StreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_NOT_READY);
+    gate_open(&g1);
+    OK(cu.StreamSynchronize(CU_STREAM_LEGACY));
+    OK(cu.StreamQuery(NULL));
+    OK(cu.CtxSynchronize());
+    OK(cu.MemFree(d));
+    gate_fini(&g1);
+    gate_fini(&g2);
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
+}
+
+static void
+group_fork(void)
+{
+    pid_t pid;
+    int status = 0, n;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    pid = fork();
+    if (pid == 0) {
+        int bad = 0;
+        CUdeviceptr d;
+        bad |= cu.Init(0) != CUDA_ERROR_NOT_INITIALIZED;
+        bad |= cu.DeviceGetCount(&n) != CUDA_ERROR_NOT_INITIALIZED;
+        bad |= cu.MemAlloc(&d, 16) != CUDA_ERROR_NOT_INITIALIZED;
+        _exit(bad);
+    }
+    CHECK(pid > 0);
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    OK(cu.DeviceGetCount(&n));
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
+}
+
+/* ------------------------------------------------------------------ */
+/* Driver                                                              */
+/* ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;       /* printed */
+    void (*fn)(void);       /* the group */
+    const char *env;        /* "NAME=value NAME=value", or NULL */
+    int per_thread;         /* cm_sim_fill's second argument */
+} group;
+
+static const group groups[] = {
+    {"init_and_devices", group_init_and_devices, "CUDAMEM_SIM_DEVICES=2", 0},
+    {"contexts", group_contexts, "CUDAMEM_SIM_DEVICES=2", 0},
+    {"memory", group_memory, "CUDAMEM_SIM_MEMORY=1048576", 0},
+    {"copies", group_copies, NULL, 0},
+    {"async", group_async, "CUDAMEM_SIM_DELAY_US=20000", 0},
+    {"streams", group_streams, NULL, 0},
+    {"reentry_and_faults", group_reentry_and_faults, NULL, 0},
+    {"per_thread", group_per_thread, NULL, 1},
+    {"fork", group_fork, NULL, 0},
+};
+
+static void
+apply_env(const char *env)
+{
+    char buf[256], *tok, *save = NULL, *eq;
+
+    if (env == NULL) {
+        return;
+    }
+    snprintf(buf, sizeof(buf), "%s", env);
+    for (tok = strtok_r(buf, " ", &save); tok != NULL;
+         tok = strtok_r(NULL, " ", &save)) {
+        eq = strchr(tok, '=');
+        *eq = '\0';
+        setenv(tok, eq + 1, 1);
+    }
+}
+
+int
+main(int argc, char **argv)
+{
+    size_t i;
+    int bad = 0;
+
+    for (i = 0; i < sizeof(groups) / sizeof(groups[0]); i++) {
+        const group *g = &groups[i];
+        pid_t pid;
+        int status = 0;
+
+        if (argc > 1 && strcmp(argv[1], g->name) != 0) {
+            continue;
+        }
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        if (pid == 0) {
+            apply_env(g->env);
+            cm_sim_fill(&cu, g->per_thread);
+            g->fn();
+            exit(failures ? 1 : 0);
+        }
+        waitpid(pid, &status, 0);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            printf("ok   %s\n", g->name);
+        }
+        else {
+            printf("FAIL %s (status %d)\n", g->name, status);
+            bad = 1;
+        }
+    }
+    return bad;
+}
