@@ -859,9 +859,11 @@ cm_stream_dealloc(PyObject *self)
     if (s->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
+    /* Reported against the type: self, at refcount 0, must not reach
+     * the unraisable hook, which would take and drop a reference. */
     if (s->kind == CM_STREAM_USER && !Py_IsFinalizing()
         && cm_handle_release(s->ctx, 0, s->handle) < 0) {
-        PyErr_WriteUnraisable(self);
+        PyErr_WriteUnraisable((PyObject *)tp);
     }
     Py_CLEAR(s->owner);
     Py_CLEAR(s->ctx);
@@ -1277,9 +1279,10 @@ cm_event_dealloc(PyObject *self)
     if (e->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
+    /* Reported against the type, as in cm_stream_dealloc. */
     if (e->ctx != NULL && !Py_IsFinalizing()
         && cm_handle_release(e->ctx, 1, e->handle) < 0) {
-        PyErr_WriteUnraisable(self);
+        PyErr_WriteUnraisable((PyObject *)tp);
     }
     Py_CLEAR(e->ctx);
     tp->tp_free(self);
