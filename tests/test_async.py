@@ -4,6 +4,7 @@ completion path (API.md §4, §14)."""
 
 import asyncio
 import gc
+import os
 import threading
 import weakref
 
@@ -194,3 +195,18 @@ def test_await_event_needs_loop(ctx):
     ev = cuda.event()
     with pytest.raises(RuntimeError):
         ev.__await__()
+
+
+def test_no_fd_leak_across_loops(ctx):
+    s = cuda.stream()
+
+    async def main():
+        await s.async_done()
+
+    run(main())
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        run(main())
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 1

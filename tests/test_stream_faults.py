@@ -130,3 +130,24 @@ def test_destroy_failure_is_unraisable_not_fatal(ctx, monkeypatch, make,
     gc.collect()
     assert w() is None
     assert seen == [(cuda.CudaAPIError, tp)]
+
+
+def test_release_deferred_from_callback_thread(ctx, monkeypatch):
+    """An event whose last reference dies on the callback thread is not
+    destroyed there (the driver forbids it) but by the next cudamem call on
+    an ordinary thread: a failure injected after the callback shows up
+    there."""
+    import threading
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook",
+                        lambda u: seen.append((u.exc_type,
+                                               threading.get_ident())))
+    s = cuda.stream()
+    box = [cuda.event()]
+    s.add_callback(lambda st, status, a: a.clear(), box)
+    ctx.synchronize()              # waits for the callback; runs nothing
+    assert box == []
+    _core._sim_inject("EventDestroy", 1, CUDA_ERROR_INVALID_VALUE)
+    cuda.event()                   # runs the deferred release
+    assert seen == [(cuda.CudaAPIError, threading.get_ident())]
