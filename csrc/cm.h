@@ -210,6 +210,8 @@ typedef struct cm_state {
     PyTypeObject *IpcMemory_type;
     /* cudamem.config, imported on first use by the CAI-import path */
     PyObject *config;
+    PyTypeObject *Stream_type;
+    PyTypeObject *Event_type;
     /* exception classes, from cudamem/_errors.py */
     PyObject *CudaSupportError;
     PyObject *CudaDriverError;
@@ -400,14 +402,65 @@ int cm_ctx_init_memory(cm_context *ctx);
 PyObject *cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *ptr);
 
 /* ------------------------------------------------------------------ */
-/* stream.c: stream arguments                                          */
+/* stream.c: streams, events and stream arguments                      */
 /* ------------------------------------------------------------------ */
+
+/* What a Stream object stands for; decides its repr, whether cudamem
+ * destroys it, and what a CUDA Array Interface export names. */
+typedef enum {
+    CM_STREAM_USER = 0,       /* made by stream(); destroyed by cudamem */
+    CM_STREAM_DEFAULT,        /* default_stream(): handle 0 */
+    CM_STREAM_LEGACY,         /* legacy_default_stream(): handle 1 */
+    CM_STREAM_PER_THREAD,     /* per_thread_default_stream(): handle 2 */
+    CM_STREAM_EXTERNAL        /* external_stream(h): never destroyed */
+} cm_stream_kind;
+
+/* A Stream object (Python type cudamem.Stream, final: an exact type check
+ * with cm_stream_check is enough).  Device-array code reads handle
+ * directly. */
+typedef struct {
+    PyObject_HEAD
+    CUstream handle;      /* driver handle; 0, 1, 2 for the defaults */
+    cm_context *ctx;      /* strong: made current around driver calls */
+    cm_stream_kind kind;  /* what the handle means */
+    PyObject *owner;      /* strong or NULL: keeps an external stream's
+                           * producer alive */
+    PyObject *weakreflist;
+} cm_stream;
+
+#define cm_stream_check(op) Py_IS_TYPE((op), cm_st->Stream_type)
+
+/* An Event object (Python type cudamem.Event, final). */
+typedef struct {
+    PyObject_HEAD
+    CUevent handle;       /* driver handle, NULL until created */
+    cm_context *ctx;      /* strong: made current around driver calls */
+    int timing;           /* created without CU_EVENT_DISABLE_TIMING */
+    PyObject *weakreflist;
+} cm_event;
+
+#define cm_event_check(op) Py_IS_TYPE((op), cm_st->Event_type)
+
+/* The stream handle a CUDA Array Interface export names for s: the
+ * default stream (handle 0) is spelled 1 (legacy) or 2 (per-thread),
+ * matching the default-stream mode, since the interface forbids 0
+ * (API.md Q2). */
+static inline uintptr_t
+cm_stream_cai_handle(const cm_stream *s)
+{
+    if (s->handle == NULL) {
+        return cm_driver_per_thread() ? (uintptr_t)CU_STREAM_PER_THREAD
+                                      : (uintptr_t)CU_STREAM_LEGACY;
+    }
+    return (uintptr_t)s->handle;
+}
 
 /* Resolve a stream argument.  0, None and False give *handle = 0 and
  * return 0 (falsy: the caller then uses the array's bound stream, or a
- * synchronous call).  A cudamem Stream, or any object with
- * __cuda_stream__ (the cuda.core protocol), gives its handle and returns
- * 1 (truthy: asynchronous).  Anything else: -1 with TypeError. */
+ * synchronous call).  A cudamem Stream (one type check, no attribute
+ * lookup), or any object with __cuda_stream__ (the cuda.core protocol),
+ * gives its handle and returns 1 (truthy: asynchronous).  Anything else:
+ * -1 with TypeError. */
 int cm_stream_resolve(PyObject *obj, CUstream *handle);
 
 /* Whether the calling thread is running a host callback for cudamem (the
@@ -416,9 +469,12 @@ int cm_stream_resolve(PyObject *obj, CUstream *handle);
 int cm_on_driver_thread(void);
 
 /* A new Stream object wrapping a handle cudamem does not own (external:
- * never destroyed by cudamem), as external_stream(h) returns.  New
- * reference, or NULL with an exception. */
+ * never destroyed by cudamem), as external_stream(h) returns, in the
+ * current context.  New reference, or NULL with an exception. */
 PyObject *cm_stream_external(CUstream handle);
+/* The same, keeping owner (may be NULL) alive as long as the Stream. */
+PyObject *cm_stream_external_owned(CUstream handle, PyObject *owner);
+
 
 /* ------------------------------------------------------------------ */
 /* kernels.c: internal kernels (NVRTC on a GPU, host code on the sim)  */

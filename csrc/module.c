@@ -28,6 +28,8 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->DeviceRecord_type);
     Py_VISIT(st->IpcMemory_type);
     Py_VISIT(st->config);
+    Py_VISIT(st->Stream_type);
+    Py_VISIT(st->Event_type);
     Py_VISIT(st->CudaSupportError);
     Py_VISIT(st->CudaDriverError);
     Py_VISIT(st->CudaAPIError);
@@ -52,6 +54,8 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->DeviceRecord_type);
     Py_CLEAR(st->IpcMemory_type);
     Py_CLEAR(st->config);
+    Py_CLEAR(st->Stream_type);
+    Py_CLEAR(st->Event_type);
     Py_CLEAR(st->CudaSupportError);
     Py_CLEAR(st->CudaDriverError);
     Py_CLEAR(st->CudaAPIError);

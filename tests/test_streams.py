@@ -1,0 +1,567 @@
+# SPDX-License-Identifier: MIT
+"""Streams: factories, identity and protocol views, ordering, callbacks,
+dropped streams, stream arguments, and the GIL (API.md §2.3, §4)."""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+
+import pytest
+from streamutil import Gate
+
+import cudamem as cuda
+
+
+def _subprocess_env():
+    """The environment for a child that must import this cudamem."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cuda.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+@pytest.fixture
+def stream(ctx):
+    s = cuda.stream()
+    yield s
+    s.synchronize()
+
+
+# ------------------------------------------------------------------
+# Factories, repr, int, protocol, truthiness, identity
+# ------------------------------------------------------------------
+
+def test_user_stream_views(stream):
+    h = stream.handle
+    assert isinstance(h, int) and h not in (0, 1, 2)
+    assert int(stream) == h
+    assert stream.__cuda_stream__() == (0, h)
+    assert repr(stream) == f"<CUDA stream {h}>"
+    assert stream.external is False
+    assert isinstance(stream, cuda.Stream)
+
+
+@pytest.mark.parametrize("factory, handle, text", [
+    (cuda.default_stream, 0, "<Default CUDA stream>"),
+    (cuda.legacy_default_stream, 1, "<Legacy default CUDA stream>"),
+    (cuda.per_thread_default_stream, 2, "<Per-thread default CUDA stream>"),
+])
+def test_default_streams(ctx, factory, handle, text):
+    s = factory()
+    assert s.handle == handle and int(s) == handle
+    assert s.__cuda_stream__() == (0, handle)
+    assert repr(s) == text
+    assert s.external is False
+    assert bool(s) is True           # truthy even with handle 0
+    other = factory()
+    assert other is not s and other != s   # a fresh object, identity eq
+    s.synchronize()
+    assert s.query() is True
+
+
+def test_truthiness_and_identity(stream):
+    assert bool(stream) is True
+    assert stream == stream  # noqa: PLR0124  (identity equality)
+    assert stream != cuda.stream()
+    assert hash(stream) == object.__hash__(stream)
+    assert len({stream, stream}) == 1
+
+
+def test_types_not_instantiable(ctx):
+    with pytest.raises(TypeError):
+        cuda.Stream()
+    with pytest.raises(TypeError):
+        cuda.Event()
+
+
+def test_external_stream(ctx, stream):
+    e = cuda.external_stream(0x12345678)
+    assert e.external is True
+    assert e.handle == 0x12345678 and int(e) == 0x12345678
+    assert repr(e) == f"<External CUDA stream {0x12345678}>"
+    assert "default" not in repr(e).lower()
+    assert e.__cuda_stream__() == (0, 0x12345678)
+    assert cuda.external_stream(ptr=5).handle == 5
+    assert cuda.external_stream(True).handle == 1   # bool is an int
+
+
+def test_external_stream_never_destroyed(stream):
+    w = cuda.external_stream(stream.handle)
+    assert repr(w) == f"<External CUDA stream {stream.handle}>"
+    del w
+    gc.collect()
+    # The wrapped stream still works: cudamem did not destroy it.
+    stream.synchronize()
+    ran = []
+    stream.add_callback(lambda s, st, a: ran.append(a), 7)
+    stream.synchronize()
+    assert ran == [7]
+
+
+@pytest.mark.parametrize("bad", [1.0, "0x10", None, b"1", [1], object()])
+def test_external_stream_type_errors(ctx, bad):
+    with pytest.raises(TypeError,
+                       match="ptr for external stream must be an int"):
+        cuda.external_stream(bad)
+
+
+def test_external_stream_range(ctx):
+    with pytest.raises(OverflowError):
+        cuda.external_stream(-1)
+    with pytest.raises(OverflowError):
+        cuda.external_stream(1 << 64)
+    with pytest.raises(TypeError):
+        cuda.external_stream()
+
+
+# ------------------------------------------------------------------
+# synchronize, query, auto_synchronize
+# ------------------------------------------------------------------
+
+def test_query_follows_pending_work(stream):
+    assert stream.query() is True
+    with Gate() as gate:
+        gate.block(stream)
+        assert stream.query() is False
+        gate.open()
+        stream.synchronize()
+    assert stream.query() is True
+    assert not gate.timed_out
+
+
+def test_auto_synchronize_yields_and_syncs(stream):
+    ran = []
+    with stream.auto_synchronize() as s:
+        assert s is stream
+        with Gate() as gate:
+            gate.block(stream)
+            stream.add_callback(lambda s, st, a: ran.append(a), "done")
+            gate.open()
+    assert ran == ["done"]
+    assert stream.query() is True
+
+
+def test_auto_synchronize_on_exception(stream):
+    """API.md Q6: the exit action runs in `finally`."""
+    ran = []
+    gate = Gate()
+    # Opened from another thread only once the body has raised, so the
+    # callback can only have run if __exit__ waited for it.
+    opener = threading.Timer(0.05, gate.open)
+    with pytest.raises(ValueError, match="boom"), stream.auto_synchronize():
+        gate.block(stream)
+        stream.add_callback(lambda s, st, a: ran.append(a), "done")
+        opener.start()
+        raise ValueError("boom")
+    # Checked before joining the opener: without the sync in __exit__ the
+    # gate would still be closed here.
+    assert ran == ["done"]
+    assert stream.query() is True
+    opener.join()
+
+
+# ------------------------------------------------------------------
+# Callbacks
+# ------------------------------------------------------------------
+
+def test_callbacks_in_order(stream):
+    out = []
+    for i in range(50):
+        stream.add_callback(lambda s, st, a: out.append(a), i)
+    stream.synchronize()
+    assert out == list(range(50))
+
+
+def test_callback_arguments_and_thread(stream):
+    seen = []
+
+    def cb(s, status, arg):
+        seen.append((s, status, arg, threading.get_ident()))
+
+    stream.add_callback(cb)
+    stream.add_callback(cb, arg="x")
+    stream.add_callback(callback=cb, arg=3)
+    stream.synchronize()
+    assert [(s, st, a) for s, st, a, _ in seen] == [
+        (stream, 0, None), (stream, 0, "x"), (stream, 0, 3)]
+    assert all(t != threading.get_ident() for *_, t in seen)
+    assert all(type(st) is int for _, st, _, _ in seen)
+
+
+def test_callback_on_default_stream(ctx):
+    out = []
+    s = cuda.default_stream()
+    s.add_callback(lambda s, st, a: out.append(a), 1)
+    s.synchronize()
+    assert out == [1]
+
+
+def test_add_callback_argument_errors(stream):
+    with pytest.raises(TypeError, match="callable"):
+        stream.add_callback(5)
+    with pytest.raises(TypeError):
+        stream.add_callback()
+    with pytest.raises(TypeError):
+        stream.add_callback(print, 1, 2)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        stream.add_callback(print, bogus=1)
+    with pytest.raises(TypeError, match="multiple values"):
+        stream.add_callback(print, callback=print)
+
+
+def test_callback_exception_becomes_warning(stream):
+    after = []
+
+    def bad(s, status, arg):
+        raise KeyError("boom")
+
+    with pytest.warns(UserWarning,  # noqa: PT031  (the sync must be inside)
+                      match="Exception in stream callback: 'boom'"):
+        stream.add_callback(bad)
+        stream.synchronize()
+    # The process and the stream carry on.
+    stream.add_callback(lambda s, st, a: after.append(a), 1)
+    stream.synchronize()
+    assert after == [1]
+
+
+def test_cuda_call_inside_callback_is_refused(stream):
+    def cb(s, status, arg):
+        s.synchronize()
+
+    with pytest.warns(UserWarning,  # noqa: PT031  (the sync must be inside)
+                      match="cannot be called from a stream callback"):
+        stream.add_callback(cb)
+        stream.synchronize()
+
+
+def test_callback_references_held_until_run(stream):
+    class Arg:
+        pass
+
+    def cb(s, status, arg):
+        pass
+
+    arg = Arg()
+    base_cb = sys.getrefcount(cb)
+    base_arg = sys.getrefcount(arg)
+    base_stream = sys.getrefcount(stream)
+    with Gate() as gate:
+        gate.block(stream)
+        stream.add_callback(cb, arg)
+        assert sys.getrefcount(cb) == base_cb + 1
+        assert sys.getrefcount(arg) == base_arg + 1
+        # the gate's record and cb's record both hold the stream
+        assert sys.getrefcount(stream) == base_stream + 2
+        gate.open()
+        stream.synchronize()
+    assert sys.getrefcount(cb) == base_cb
+    assert sys.getrefcount(arg) == base_arg
+    assert sys.getrefcount(stream) == base_stream
+
+
+def test_callback_keeps_only_reference_alive(stream):
+    out = []
+    arg = [1, 2, 3]
+
+    class Box(list):
+        pass
+
+    box = Box(arg)
+    w = weakref.ref(box)
+    with Gate() as gate:
+        gate.block(stream)
+        stream.add_callback(lambda s, st, a: out.append(list(a)), box)
+        del box
+        gc.collect()
+        assert w() is not None
+        gate.open()
+        stream.synchronize()
+    assert out == [arg]
+    assert w() is None
+
+
+# ------------------------------------------------------------------
+# Across streams
+# ------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_streams_are_independent(ctx):
+    s1 = cuda.stream()
+    s2 = cuda.stream()
+    ev = cuda.event(timing=False)
+    with Gate() as gate:
+        gate.block(s1)
+        # Work on s2 completes while s1 is held (no host callback on s2:
+        # the driver may run all host callbacks on one thread).
+        ev.record(s2)
+        ev.synchronize()
+        s2.synchronize()
+        assert s2.query() is True
+        assert s1.query() is False
+        gate.open()
+        s1.synchronize()
+    assert not gate.timed_out
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["stream.wait_event", "event.wait"])
+def test_wait_event_orders_streams(ctx, how):
+    s1 = cuda.stream()
+    s2 = cuda.stream()
+    ev = cuda.event(timing=False)
+    order = []
+    with Gate() as gate:
+        gate.block(s1)
+        s1.add_callback(lambda s, st, a: order.append(a), "s1")
+        ev.record(s1)
+        if how == "stream.wait_event":
+            s2.wait_event(ev)
+        else:
+            ev.wait(s2)
+        s2.add_callback(lambda s, st, a: order.append(a), "s2")
+        assert s2.query() is False    # s2 waits for s1's gate
+        gate.open()
+        s2.synchronize()
+    assert order == ["s1", "s2"]
+    s1.synchronize()
+
+
+def test_wait_event_type_error(stream):
+    with pytest.raises(TypeError, match="expects an Event"):
+        stream.wait_event(stream)
+
+
+# ------------------------------------------------------------------
+# Dropping streams
+# ------------------------------------------------------------------
+
+def test_dropped_stream_is_freed(ctx):
+    s = cuda.stream()
+    w = weakref.ref(s)
+    del s
+    assert w() is None
+
+
+@pytest.mark.timeout(30)
+def test_stream_dropped_with_work_queued(ctx):
+    """The queued work still runs, then the stream goes: the pending
+    callbacks held it, and nothing stays behind."""
+    out = []
+    s = cuda.stream()
+    h = s.handle
+    w = weakref.ref(s)
+    with Gate() as gate:
+        gate.block(s)
+        for i in range(5):
+            s.add_callback(lambda st, status, a: out.append(a), i)
+        del s
+        gc.collect()
+        assert w() is not None          # kept by the pending callbacks
+        gate.open()
+        ctx.synchronize()
+    assert out == list(range(5))
+    assert w() is None
+    # The handle was released from the callback thread, deferred to the
+    # next cudamem call on an ordinary thread; that call succeeds.
+    s2 = cuda.stream()
+    s2.synchronize()
+    assert h != 0
+
+
+def test_many_streams_no_growth(ctx):
+    gc.collect()
+    before = len(gc.get_objects())
+    for _ in range(200):
+        s = cuda.stream()
+        s.add_callback(lambda st, status, a: None)
+        s.synchronize()
+        del s
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+
+
+# ------------------------------------------------------------------
+# Stream arguments (cm_stream_resolve through Event.record)
+# ------------------------------------------------------------------
+
+class _ForeignStream:
+    def __init__(self, h):
+        self.h = h
+
+    def __cuda_stream__(self):
+        return (0, self.h)
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: 0, lambda s: None, lambda s: False, lambda s: s,
+    lambda s: cuda.default_stream(), lambda s: _ForeignStream(s.handle),
+])
+def test_stream_arguments_accepted(stream, make):
+    ev = cuda.event()
+    ev.record(make(stream))
+    ev.record(stream=make(stream))
+    ev.synchronize()
+    ev.wait(make(stream))
+    stream.synchronize()
+
+
+@pytest.mark.parametrize("bad", [1, 2, True, 1.5, "s", 1 << 70, object()])
+def test_stream_arguments_rejected(stream, bad):
+    ev = cuda.event()
+    with pytest.raises(TypeError, match="Expected a Stream object or 0"):
+        ev.record(bad)
+
+
+def test_bad_cuda_stream_protocol(stream):
+    class Bad:
+        def __cuda_stream__(self):
+            return 5
+
+    with pytest.raises(TypeError, match="must return"):
+        cuda.event().record(Bad())
+
+
+# ------------------------------------------------------------------
+# The GIL: blocking calls release it
+# ------------------------------------------------------------------
+
+_DEADLOCK_SCRIPT = textwrap.dedent("""
+    import sys, threading
+    import cudamem as cuda
+
+    what = sys.argv[1]
+    s1 = cuda.stream()
+    s2 = cuda.stream()
+    done = cuda.event(timing=False)
+    go = threading.Event()
+    ran = []
+
+    def gate(stream, status, arg):
+        # Waits with the GIL released, but needs the GIL to return.
+        go.wait()
+
+    def needs_gil(stream, status, arg):
+        ran.append(threading.get_ident())
+
+    s1.add_callback(gate)
+    s1.add_callback(needs_gil)
+    done.record(s1)
+    s2.wait_event(done)
+
+    # Open the gate only once this thread is entering the blocking call:
+    # from then on the callbacks can finish only if that call releases the
+    # GIL while it waits.
+    target = {"stream": s2.synchronize, "event": done.synchronize}[what]
+
+    def prof(frame, event, arg):
+        if event == "c_call" and arg == target:
+            sys.setprofile(None)
+            go.set()
+
+    sys.setprofile(prof)
+    target()
+    sys.setprofile(None)
+    assert ran and ran[0] != threading.get_ident(), ran
+    print("ok")
+""")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["stream", "event"])
+def test_blocking_call_holding_thread_cannot_deadlock_callback(what):
+    """A callback that needs the GIL is queued behind a gate that opens
+    only when the main thread (holding the GIL) enters synchronize() on a
+    second stream, which waits for the callback.  If synchronize kept the
+    GIL this would hang forever, so it runs in a subprocess."""
+    r = subprocess.run([sys.executable, "-c", _DEADLOCK_SCRIPT, what],
+                       env=_subprocess_env(), capture_output=True,
+                       text=True, timeout=45, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.leaks
+@pytest.mark.timeout(60)
+def test_exit_with_callbacks_pending():
+    """Exiting while host callbacks are still queued neither crashes nor
+    hangs: callbacks that arrive once the interpreter exits are skipped."""
+    script = textwrap.dedent("""
+        import cudamem as cuda
+        out = []
+        streams = [cuda.stream() for _ in range(4)]
+        for s in streams:
+            for i in range(200):
+                s.add_callback(lambda st, status, a: out.append(a), i)
+        print("exiting")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], env=_subprocess_env(),
+                       capture_output=True, text=True, timeout=45, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "exiting"
+    assert "Fatal" not in r.stderr
+
+
+# ------------------------------------------------------------------
+# Default-stream mode
+# ------------------------------------------------------------------
+
+_MODE_SCRIPT = textwrap.dedent("""
+    import sys
+    import cudamem as cuda
+    from cudamem import _core
+    from streamutil import Gate
+
+    per_thread = _core._per_thread_default_stream()
+    d = cuda.default_stream()
+    assert d.handle == 0 and repr(d) == "<Default CUDA stream>"
+    s = cuda.stream()              # blocking: waits for the legacy stream
+    ev = cuda.event(timing=False)
+    with Gate() as gate:
+        gate.block(d)
+        ev.record(s)
+        if per_thread:
+            ev.synchronize()       # not held by the per-thread stream
+        else:
+            assert ev.query() is False   # held by the legacy stream
+        gate.open()
+        d.synchronize()
+    ev.synchronize()
+    print("per-thread" if per_thread else "legacy")
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flag, mode", [
+    ("0", "legacy"), ("1", "per-thread")])
+def test_default_stream_follows_mode(flag, mode):
+    """Handle 0 behaves as the legacy or the per-thread default stream as
+    CUDAMEM_PER_THREAD_DEFAULT_STREAM says."""
+    env = _subprocess_env()
+    env["CUDAMEM_PER_THREAD_DEFAULT_STREAM"] = flag
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), env["PYTHONPATH"]])
+    r = subprocess.run([sys.executable, "-c", _MODE_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=90,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == mode
+
+
+def test_external_wrapper_as_stream_argument(stream):
+    order = []
+    with Gate() as gate:
+        gate.block(stream)
+        ev = cuda.event(timing=False)
+        ev.record(cuda.external_stream(stream.handle))
+        assert ev.query() is False    # recorded on the same stream
+        stream.add_callback(lambda s, st, a: order.append(a), 1)
+        gate.open()
+        ev.synchronize()
+    stream.synchronize()
+    assert order == [1]
