@@ -1205,17 +1205,6 @@ cm_effective_stream(PyObject *arg, PyObject *bound, CUstream *h)
             return r;
         }
     }
-    /* A bare int here is a handle stored by the CAI import while streams
-     * are placeholders (cm_stream_external). */
-    if (PyLong_CheckExact(bound)) {
-        void *p = PyLong_AsVoidPtr(bound);
-
-        if (p == NULL && PyErr_Occurred()) {
-            return -1;
-        }
-        *h = (CUstream)p;
-        return p != NULL;
-    }
     return cm_stream_resolve(bound, h);
 }
 

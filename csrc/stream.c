@@ -17,9 +17,9 @@
  * Locking: everything Python runs with the GIL held.  A notifier's list of
  * completed records is guarded by its pthread mutex, which the driver
  * thread takes without the GIL and the loop thread takes with it; nothing
- * under it calls Python or the driver.  Deferred handle releases (streams
- * and events whose last reference died on a driver thread) are guarded by
- * cm_deferred_lock, with the same rule.
+ * under it calls Python or the driver.  Streams and events give their
+ * handles back through the context's queue of pending destroys
+ * (memory.c), which never flushes on a driver callback thread.
  */
 #include "cm.h"
 
@@ -154,104 +154,17 @@ cm_python_leave(void)
     __atomic_sub_fetch(&cm_callbacks_inside, 1, __ATOMIC_SEQ_CST);
 }
 
-/* A stream or event handle whose release had to wait for an ordinary
- * thread. */
-typedef struct cm_deferred {
-    struct cm_deferred *next;
-    cm_context *ctx;      /* strong */
-    int is_event;         /* CUevent, else CUstream */
-    void *handle;
-} cm_deferred;
-
-static pthread_mutex_t cm_deferred_lock = PTHREAD_MUTEX_INITIALIZER;
-static cm_deferred *cm_deferred_head;  /* NOTE: guarded by the lock */
-
-/* Destroy a stream or event handle with ctx current on this thread,
- * pushing it only if needed.  Runs without the GIL. */
-static CUresult
-cm_destroy_in_context(CUcontext ctx, int is_event, void *handle)
-{
-    CUcontext cur = NULL;
-    CUcontext popped;
-    CUresult rc;
-    int pushed = 0;
-
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS || cur != ctx) {
-        rc = CM_CU_RAW(CtxPushCurrent, (ctx));
-        if (rc != CUDA_SUCCESS) {
-            return rc;
-        }
-        pushed = 1;
-    }
-    rc = is_event ? CM_CU_RAW(EventDestroy, ((CUevent)handle))
-                  : CM_CU_RAW(StreamDestroy, ((CUstream)handle));
-    if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-    }
-    return rc;
-}
-
-/* Release a stream or event handle of ctx: at once, or, on a driver
- * callback thread (where the driver forbids API calls), at the next
- * cudamem stream or event call on an ordinary thread.  A dead context or
- * a forked child frees nothing.  GIL held; 0, or -1 with an exception.
- *
- * This is the one place a Stream or Event gives its handle back; the
- * context's deferred-destroy queue will plug in here. */
+/* Release a stream or event handle of ctx through the context's queue of
+ * pending destroys (API.md 9): it is destroyed when the queue flushes,
+ * never on a driver callback thread, where the driver forbids API calls.
+ * A dead context or a forked child frees nothing.  GIL held; never
+ * fails. */
 static int
 cm_handle_release(cm_context *ctx, int is_event, void *handle)
 {
-    cm_deferred *d;
-    CUresult rc;
-
-    if (handle == NULL || !ctx->alive || cm_forked) {
-        return 0;
-    }
-    if (cm_on_driver_thread()) {
-        d = PyMem_RawMalloc(sizeof(*d));
-        if (d == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        d->ctx = (cm_context *)Py_NewRef(ctx);
-        d->is_event = is_event;
-        d->handle = handle;
-        pthread_mutex_lock(&cm_deferred_lock);
-        d->next = cm_deferred_head;
-        cm_deferred_head = d;
-        pthread_mutex_unlock(&cm_deferred_lock);
-        return 0;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    rc = cm_destroy_in_context(ctx->handle, is_event, handle);
-    Py_END_ALLOW_THREADS
-    return cm_cu_check(rc, is_event ? "cuEventDestroy" : "cuStreamDestroy");
-}
-
-/* Run the releases deferred from driver threads.  GIL held, ordinary
- * thread; failures are reported as unraisable, never raised. */
-static void
-cm_deferred_run(void)
-{
-    cm_deferred *d;
-    cm_deferred *next;
-
-    if (__atomic_load_n(&cm_deferred_head, __ATOMIC_ACQUIRE) == NULL
-        || cm_on_driver_thread()) {
-        return;
-    }
-    pthread_mutex_lock(&cm_deferred_lock);
-    d = cm_deferred_head;
-    cm_deferred_head = NULL;
-    pthread_mutex_unlock(&cm_deferred_lock);
-    for (; d != NULL; d = next) {
-        next = d->next;
-        if (cm_handle_release(d->ctx, d->is_event, d->handle) < 0) {
-            PyErr_WriteUnraisable(NULL);
-        }
-        Py_DECREF(d->ctx);
-        PyMem_RawFree(d);
-    }
+    cm_ctx_release(ctx, is_event ? CM_REL_EVENT : CM_REL_STREAM,
+                   (uintptr_t)handle, 0);
+    return 0;
 }
 
 PyDoc_STRVAR(cm_callbacks_atexit_doc,
@@ -903,7 +816,6 @@ cm_stream_synchronize(PyObject *self, PyObject *unused)
         || cm_context_activate(s->ctx) < 0) {
         return NULL;
     }
-    cm_deferred_run();
     CM_CU_NOGIL(err, StreamSynchronize, (h));
     if (err < 0) {
         return NULL;
@@ -1361,7 +1273,6 @@ cm_event_synchronize(PyObject *self, PyObject *unused)
         || cm_context_activate(e->ctx) < 0) {
         return NULL;
     }
-    cm_deferred_run();
     CM_CU_NOGIL(err, EventSynchronize, (h));
     if (err < 0) {
         return NULL;
@@ -1564,7 +1475,6 @@ cm_stream_fn(PyObject *mod, PyObject *unused)
     if (ctx == NULL) {
         return NULL;
     }
-    cm_deferred_run();
     CM_CU_NOGIL(err, StreamCreate, (&h, CU_STREAM_DEFAULT));
     if (err < 0) {
         return NULL;
@@ -1697,7 +1607,6 @@ cm_event_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         || (ctx = cm_context_current()) == NULL) {
         return NULL;
     }
-    cm_deferred_run();
     e = PyObject_GC_New(cm_event, cm_st->Event_type);
     if (e == NULL) {
         return NULL;

@@ -111,43 +111,76 @@ def test_driver_errors_are_named(ctx, call, name):
         call(s, e)
 
 
+@pytest.fixture
+def ctxq(ctx):
+    """The context's queue of pending destroys, empty, default limits."""
+    q = ctx.deallocations
+    q.clear()
+    _core._set_dealloc_config(10, 0.2)
+    yield q
+    _core._set_dealloc_config(10, 0.2)
+    q.clear()
+
+
 @pytest.mark.parametrize("make, name", [
     (lambda: cuda.stream(), "StreamDestroy"),
     (lambda: cuda.event(), "EventDestroy"),
 ])
-def test_destroy_failure_is_unraisable_not_fatal(ctx, monkeypatch, make,
-                                                 name):
-    """A failing destroy in dealloc is reported (against the type: the
-    object itself is already dead) and never crashes."""
-    seen = []
-    monkeypatch.setattr(sys, "unraisablehook",
-                        lambda u: seen.append((u.exc_type, u.object)))
+def test_destroy_is_queued_and_its_failure_raised_by_clear(ctxq, make,
+                                                           name):
+    """Streams and events go to the context's queue (API.md 9); a failing
+    destroy surfaces from the flush that runs it, with the driver's name,
+    and the queue is usable afterwards."""
     obj = make()
-    tp = type(obj)
     w = weakref.ref(obj)
-    _core._sim_inject(name, 1, CUDA_ERROR_INVALID_VALUE)
     del obj
     gc.collect()
     assert w() is None
-    assert seen == [(cuda.CudaAPIError, tp)]
+    assert len(ctxq) == 1
+    _core._sim_inject(name, 1, CUDA_ERROR_INVALID_VALUE)
+    with pytest.raises(cuda.CudaAPIError, match=f"cu{name}"):
+        ctxq.clear()
+    assert len(ctxq) == 0
 
 
-def test_release_deferred_from_callback_thread(ctx, monkeypatch):
+@pytest.mark.parametrize("make, name", [
+    (lambda: cuda.stream(), "StreamDestroy"),
+    (lambda: cuda.event(), "EventDestroy"),
+])
+def test_destroy_failure_in_dealloc_is_unraisable_not_fatal(
+        ctxq, monkeypatch, make, name):
+    """A flush run from a dealloc (past the count limit) cannot raise: the
+    failure is reported as unraisable and never crashes."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook",
+                        lambda u: seen.append(u.exc_type))
+    _core._set_dealloc_config(0, 0.2)
+    obj = make()
+    _core._sim_inject(name, 1, CUDA_ERROR_INVALID_VALUE)
+    del obj
+    gc.collect()
+    assert seen == [cuda.CudaAPIError]
+    assert len(ctxq) == 0
+
+
+def test_release_deferred_from_callback_thread(ctxq, monkeypatch):
     """An event whose last reference dies on the callback thread is not
-    destroyed there (the driver forbids it) but by the next cudamem call on
-    an ordinary thread: a failure injected after the callback shows up
-    there."""
+    destroyed there (the driver forbids it): it waits in the queue, and the
+    next flush on an ordinary thread destroys it."""
     import threading
 
+    _core._set_dealloc_config(0, 0.2)
+    s = cuda.stream()
+    box = [cuda.event()]
+    s.add_callback(lambda st, status, a: a.clear(), box)
+    s.synchronize()                # waits for the callback
+    assert box == []
+    assert len(ctxq) == 1          # queued, not flushed on that thread
     seen = []
     monkeypatch.setattr(sys, "unraisablehook",
                         lambda u: seen.append((u.exc_type,
                                                threading.get_ident())))
-    s = cuda.stream()
-    box = [cuda.event()]
-    s.add_callback(lambda st, status, a: a.clear(), box)
-    ctx.synchronize()              # waits for the callback; runs nothing
-    assert box == []
     _core._sim_inject("EventDestroy", 1, CUDA_ERROR_INVALID_VALUE)
-    cuda.event()                   # runs the deferred release
-    assert seen == [(cuda.CudaAPIError, threading.get_ident())]
+    with pytest.raises(cuda.CudaAPIError, match="cuEventDestroy"):
+        ctxq.clear()
+    assert seen == []
