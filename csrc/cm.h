@@ -204,11 +204,15 @@ typedef struct cm_state {
     PyTypeObject *Context_type;
     PyTypeObject *Mem_type;
     PyTypeObject *Pending_type;
+    PyTypeObject *Module_type;
+    PyTypeObject *Kernel_type;
+    PyTypeObject *Launcher_type;
     /* exception classes, from cudamem/_errors.py */
     PyObject *CudaSupportError;
     PyObject *CudaDriverError;
     PyObject *CudaAPIError;
     PyObject *CudaOutOfMemoryError;
+    PyObject *CompileError;
     /* the MemoryInfo namedtuple class */
     PyObject *MemoryInfo;
     /* interned strings */
@@ -220,6 +224,7 @@ typedef struct cm_state {
     PyObject *str_stream;
     PyObject *str_descr;
     PyObject *str_mask;
+    PyObject *str_cai;                 /* "__cuda_array_interface__" */
 } cm_state;
 
 extern cm_state *cm_st;
@@ -422,6 +427,7 @@ typedef struct {
     int n_names;                     /* name expressions to lower */
     const char *const *names;
     int want_ptx;                    /* PTX for compute_XY, not a cubin */
+    int keep_ptx;                    /* also return the PTX text */
 } cm_nvrtc_req;
 
 /* What came out; every pointer malloc'd, freed by
@@ -430,8 +436,10 @@ typedef struct {
     char *image;                     /* cubin, or NUL-terminated PTX */
     size_t size;                     /* bytes of image (without the NUL) */
     int is_ptx;                      /* image is PTX */
+    char *ptx;                       /* the PTX text, if keep_ptx */
     char **lowered;                  /* n_names lowered (mangled) names */
-    char *log;                       /* NVRTC's message and log on failure */
+    char *log;                       /* NVRTC's log on failure (or NULL) */
+    const char *error;               /* NVRTC's error name on failure */
 } cm_nvrtc_result;
 
 /* Statuses of cm_nvrtc_compile_nogil. */
@@ -491,5 +499,6 @@ int cm_context_init(PyObject *mod, cm_state *st);
 int cm_memory_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 int cm_kernels_init(PyObject *mod, cm_state *st);
+int cm_kernel_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

@@ -146,9 +146,10 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
             PyErr_NoMemory();
         }
         else {
-            PyErr_Format(PyExc_RuntimeError, "%s",
-                         res.log != NULL ? res.log
-                                         : "NVRTC compilation failed");
+            PyErr_Format(PyExc_RuntimeError,
+                         "NVRTC failed (%s) compiling %s:\n%s",
+                         res.error != NULL ? res.error : "?", req.name,
+                         res.log != NULL ? res.log : "");
         }
         cm_nvrtc_result_clear(&res, 0);
         return -1;

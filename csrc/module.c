@@ -23,6 +23,10 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->Device_type);
     Py_VISIT(st->Context_type);
     Py_VISIT(st->Mem_type);
+    Py_VISIT(st->Module_type);
+    Py_VISIT(st->Kernel_type);
+    Py_VISIT(st->Launcher_type);
+    Py_VISIT(st->CompileError);
     Py_VISIT(st->CudaSupportError);
     Py_VISIT(st->CudaDriverError);
     Py_VISIT(st->CudaAPIError);
@@ -42,6 +46,10 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->Device_type);
     Py_CLEAR(st->Context_type);
     Py_CLEAR(st->Mem_type);
+    Py_CLEAR(st->Module_type);
+    Py_CLEAR(st->Kernel_type);
+    Py_CLEAR(st->Launcher_type);
+    Py_CLEAR(st->CompileError);
     Py_CLEAR(st->CudaSupportError);
     Py_CLEAR(st->CudaDriverError);
     Py_CLEAR(st->CudaAPIError);
@@ -55,6 +63,7 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->str_stream);
     Py_CLEAR(st->str_descr);
     Py_CLEAR(st->str_mask);
+    Py_CLEAR(st->str_cai);
     return 0;
 }
 
@@ -126,7 +135,7 @@ cm_module_exec(PyObject *mod)
     cm_st = st;
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
         || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
-        || cm_kernels_init(mod, st) < 0) {
+        || cm_kernels_init(mod, st) < 0 || cm_kernel_init(mod, st) < 0) {
         cm_st = NULL;
         return -1;
     }

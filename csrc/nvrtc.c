@@ -305,11 +305,12 @@ cm_write_file(const char *path, const char *data, size_t size)
 }
 
 /*
- * A cache entry: "CMNVRTC1", u32 is_ptx, u32 n_names, per name u32 length
- * and its bytes, then the image to the end of the file.
+ * A cache entry: "CMNVRTC2", u32 is_ptx, u32 n_names, per name u32 length
+ * and its bytes, u64 length of the kept PTX and its bytes, then the image
+ * to the end of the file.
  */
 static const char cm_cache_magic[8] = {'C', 'M', 'N', 'V', 'R', 'T', 'C',
-                                       '1'};
+                                       '2'};
 
 /* Fill res from a cache entry; 0, or -1 if the entry is not usable. */
 static int
@@ -320,6 +321,7 @@ cm_cache_decode(const char *buf, size_t size, int n_names,
     uint32_t is_ptx;
     uint32_t n;
     uint32_t len;
+    uint64_t plen;
     int i;
 
     if (size < pos || memcmp(buf, cm_cache_magic, 8) != 0) {
@@ -350,6 +352,19 @@ cm_cache_decode(const char *buf, size_t size, int n_names,
         res->lowered[i][len] = '\0';
         pos += len;
     }
+    if (size - pos < 8) {
+        return -1;
+    }
+    memcpy(&plen, buf + pos, 8);
+    pos += 8;
+    if (plen > 0) {
+        if (size - pos < plen || (res->ptx = malloc(plen + 1)) == NULL) {
+            return -1;
+        }
+        memcpy(res->ptx, buf + pos, plen);
+        res->ptx[plen] = '\0';
+        pos += plen;
+    }
     if (size == pos || (res->image = malloc(size - pos + 1)) == NULL) {
         return -1;
     }
@@ -364,7 +379,8 @@ cm_cache_decode(const char *buf, size_t size, int n_names,
 static void
 cm_cache_store(const char *path, const cm_nvrtc_result *res, int n_names)
 {
-    size_t total = sizeof(cm_cache_magic) + 8 + res->size;
+    uint64_t plen = res->ptx != NULL ? strlen(res->ptx) : 0;
+    size_t total = sizeof(cm_cache_magic) + 8 + 8 + plen + res->size;
     uint32_t u;
     char *buf;
     size_t pos;
@@ -389,6 +405,11 @@ cm_cache_store(const char *path, const cm_nvrtc_result *res, int n_names)
         memcpy(buf + pos + 4, res->lowered[i], u);
         pos += 4 + u;
     }
+    memcpy(buf + pos, &plen, 8);
+    if (plen > 0) {
+        memcpy(buf + pos + 8, res->ptx, plen);
+    }
+    pos += 8 + plen;
     memcpy(buf + pos, res->image, res->size);
     cm_write_file(path, buf, total);
     free(buf);
@@ -400,6 +421,7 @@ cm_nvrtc_result_clear(cm_nvrtc_result *res, int n_names)
     int i;
 
     free(res->image);
+    free(res->ptx);
     free(res->log);
     if (res->lowered != NULL) {
         for (i = 0; i < n_names; i++) {
@@ -414,30 +436,44 @@ cm_nvrtc_result_clear(cm_nvrtc_result *res, int n_names)
 /* Compilation                                                         */
 /* ------------------------------------------------------------------ */
 
-/* res->log = "<what>" plus the program's log; best effort. */
+/* res->error and res->log (the program's log, if any) for status rc. */
 static void
-cm_take_log(nvrtcProgram prog, nvrtcResult rc, const char *name,
-            cm_nvrtc_result *res)
+cm_take_log(nvrtcProgram prog, nvrtcResult rc, cm_nvrtc_result *res)
 {
-    const char *what = cm_nvrtc.GetErrorString(rc);
     size_t n = 0;
-    int k;
 
-    if (prog == NULL
-        || cm_nvrtc.GetProgramLogSize(prog, &n) != NVRTC_SUCCESS) {
-        n = 0;
-    }
+    res->error = cm_nvrtc.GetErrorString(rc);
     free(res->log);
-    res->log = malloc(n + strlen(what) + strlen(name) + 64);
-    if (res->log == NULL) {
+    res->log = NULL;
+    if (prog == NULL
+        || cm_nvrtc.GetProgramLogSize(prog, &n) != NVRTC_SUCCESS
+        || n <= 1 || (res->log = malloc(n + 1)) == NULL) {
         return;
     }
-    k = sprintf(res->log, "NVRTC failed (%s) compiling %s%s", what, name,
-                n > 1 ? ":\n" : "");
-    if (n == 0 || cm_nvrtc.GetProgramLog(prog, res->log + k)
-                      != NVRTC_SUCCESS) {
-        res->log[k] = '\0';
+    if (cm_nvrtc.GetProgramLog(prog, res->log) != NVRTC_SUCCESS) {
+        res->log[0] = '\0';
     }
+    res->log[n] = '\0';
+}
+
+/* The PTX of a compiled program, malloc'd and NUL-terminated; NULL if
+ * out of memory or unavailable. */
+static char *
+cm_get_ptx(nvrtcProgram prog)
+{
+    size_t n = 0;
+    char *p;
+
+    if (cm_nvrtc.GetPTXSize(prog, &n) != NVRTC_SUCCESS
+        || (p = malloc(n + 1)) == NULL) {
+        return NULL;
+    }
+    if (cm_nvrtc.GetPTX(prog, p) != NVRTC_SUCCESS) {
+        free(p);
+        return NULL;
+    }
+    p[n] = '\0';
+    return p;
 }
 
 /* One compilation for one architecture option; the status. */
@@ -508,6 +544,9 @@ cm_compile_once(const cm_nvrtc_req *req, const char *arch, int ptx,
     }
     res->image[res->size] = '\0';
     res->is_ptx = ptx;
+    if (req->keep_ptx && (res->ptx = cm_get_ptx(prog)) == NULL) {
+        goto out_destroy;
+    }
     status = CM_NVRTC_OK;
     goto out_destroy;
 
@@ -515,7 +554,7 @@ out_fail:
     status = rc == NVRTC_ERROR_OUT_OF_MEMORY ? CM_NVRTC_ENOMEM
                                              : CM_NVRTC_EFAIL;
     if (status == CM_NVRTC_EFAIL) {
-        cm_take_log(prog, rc, req->name, res);
+        cm_take_log(prog, rc, res);
     }
 out_destroy:
     if (prog != NULL) {
@@ -550,8 +589,9 @@ cm_nvrtc_compile_nogil(const cm_nvrtc_req *req, cm_nvrtc_result *res)
     for (i = 0; i < req->n_names; i++) {
         cm_hash_str(&h, req->names[i]);
     }
-    snprintf(arch, sizeof(arch), "%d.%d/%d.%d/%d", req->major, req->minor,
-             cm_nvrtc_major, cm_nvrtc_minor, req->want_ptx);
+    snprintf(arch, sizeof(arch), "%d.%d/%d.%d/%d%d", req->major,
+             req->minor, cm_nvrtc_major, cm_nvrtc_minor, req->want_ptx,
+             req->keep_ptx);
     cm_hash_str(&h, arch);
     have_cache = cm_cache_dir(cache, sizeof(cache)) == 0;
     if (have_cache) {

@@ -24,6 +24,9 @@ from ._api import (
 from ._core import (
     Context,
     Device,
+    Kernel,
+    Module,
+    compile,
     current_context,
     driver_version,
     get_current_device,
@@ -33,7 +36,9 @@ from ._core import (
     synchronize,
 )
 from ._emm import defer_cleanup
+from ._kernel import DeviceSymbol
 from ._errors import (
+    CompileError,
     CudaAPIError,
     CudaDriverError,
     CudaOutOfMemoryError,
@@ -44,14 +49,19 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompileError",
     "Context",
     "CudaAPIError",
     "CudaDriverError",
     "CudaOutOfMemoryError",
     "CudaSupportError",
     "Device",
+    "DeviceSymbol",
+    "Kernel",
     "MemoryInfo",
+    "Module",
     "close",
+    "compile",
     "cuda_error",
     "current_context",
     "defer_cleanup",
