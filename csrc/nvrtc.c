@@ -613,7 +613,7 @@ cm_nvrtc_compile_nogil(const cm_nvrtc_req *req, cm_nvrtc_result *res)
         snprintf(arch, sizeof(arch), "--gpu-architecture=%s_%d%d",
                  ptx ? "compute" : "sm", req->major, req->minor);
         status = cm_compile_once(req, arch, ptx, res, &invalid_arch);
-        if (status == CM_NVRTC_OK || !invalid_arch) {
+        if (status == CM_NVRTC_OK || !invalid_arch || ptx == 1) {
             break;
         }
         cm_nvrtc_result_clear(res, req->n_names);
