@@ -1161,7 +1161,15 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
         }
         ok = !PyDataType_REFCHK(d)
              && (size_t)PyDataType_ELSIZE(d) == k->params[i].size;
-        if (ok) {
+        if (ok && PyDataType_ISFLEXIBLE(d)) {
+            /* For flexible types (void, bytes) NumPy hands out a pointer
+             * to the scalar's data rather than the data. */
+            void *data = NULL;
+
+            PyArray_ScalarAsCtype(o, &data);
+            memcpy(dst, data, k->params[i].size);
+        }
+        else if (ok) {
             PyArray_ScalarAsCtype(o, dst);
         }
         Py_DECREF(d);

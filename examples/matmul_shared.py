@@ -53,8 +53,9 @@ def main():
     dc = device_array((n, n), np.float32)
     kernel[blocks, (TPB, TPB)](da, db, dc, n)
     got = copy_to_host(dc)
-    assert np.allclose(got, expected, rtol=1e-4), np.abs(got - expected).max()
-    print("cudamem: max abs error vs NumPy %.2e" % np.abs(got - expected).max())
+    err = np.abs(got - expected).max()
+    assert np.allclose(got, expected, rtol=1e-4), err
+    print("cudamem: max abs error vs NumPy %.2e" % err)
 
     ncuda = numba_cuda()
     if ncuda is not None:
