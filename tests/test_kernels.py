@@ -135,9 +135,9 @@ def test_no_such_kernel(nvrtc, cache_dir):
     with pytest.raises(ValueError, match="no kernel named 'nope'"):
         mod.get_function("nope")
     with pytest.raises(AttributeError, match="no kernel named 'nope'"):
-        getattr(mod, "nope")
+        _ = mod.nope
     with pytest.raises(AttributeError):
-        getattr(mod, "__nope__")
+        _ = mod.__nope__
     with pytest.raises(TypeError):
         mod.get_function(3)
 
@@ -351,7 +351,7 @@ def test_simulator_launch_raises_support_error(fill, ctx):
     with pytest.raises(CudaSupportError, match="kernels need a GPU"):
         fill[1, 32](d, 1.0, 4)
     with pytest.raises(CudaSupportError, match="kernels need a GPU"):
-        getattr(fill, "attributes")
+        _ = fill.attributes
     mod = cudamem.compile("__device__ int g;")
     with pytest.raises(CudaSupportError, match="kernels need a GPU"):
         mod.get_global("g")
