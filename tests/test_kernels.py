@@ -579,7 +579,7 @@ def test_many_args_and_big_block(nvrtc, cache_dir):
 
 
 @pytest.mark.gpu
-@pytest.mark.filterwarnings("ignore:Grid size")
+@pytest.mark.filterwarnings("ignore:.*Grid size")
 def test_numba_kernel_on_cudamem_memory(ctx):
     if not hasattr(np, "row_stack"):
         np.row_stack = np.vstack
@@ -599,7 +599,7 @@ def test_numba_kernel_on_cudamem_memory(ctx):
 
 
 @pytest.mark.gpu
-@pytest.mark.filterwarnings("ignore:Grid size")
+@pytest.mark.filterwarnings("ignore:.*Grid size")
 def test_cudamem_kernel_on_numba_array(nvrtc, cache_dir, fill):
     if not hasattr(np, "row_stack"):
         np.row_stack = np.vstack
