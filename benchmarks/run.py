@@ -13,11 +13,13 @@ import os
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # the in-tree build comes first
 
 import harness  # noqa: E402
 
-MODULES = ["ops_alloc", "ops_kernels"]
+MODULES = ["ops_alloc", "ops_transfer", "ops_kernels"]
 
 
 def main(argv=None):

@@ -204,6 +204,11 @@ typedef struct cm_state {
     PyTypeObject *Context_type;
     PyTypeObject *Mem_type;
     PyTypeObject *Pending_type;
+    PyTypeObject *DeviceNDArrayBase_type;
+    PyTypeObject *DeviceNDArray_type;
+    PyTypeObject *DeviceRecord_type;
+    /* cudamem.config, imported on first use by the CAI-import path */
+    PyObject *config;
     PyTypeObject *Module_type;
     PyTypeObject *Kernel_type;
     PyTypeObject *Launcher_type;
@@ -326,7 +331,9 @@ typedef struct {
     size_t total_mem;     /* device total memory, bytes */
     unsigned long gen;    /* unique per retained primary context, for
                            * caches of modules loaded in it */
-    PyObject *memory_manager;  /* the memory manager object */
+    PyObject *memory_manager;  /* the memory manager object, made on first
+                                * use for the default manager */
+    int mm_plugin;        /* memory_manager is a Python plugin */
     cm_pending *memq;     /* strong: the memory manager's release queue */
     cm_pending *ctxq;     /* strong: streams, events, modules */
     size_t st_bytes;      /* device bytes allocated and not yet released */
@@ -350,7 +357,8 @@ cm_context *cm_context_of_device(PyObject *dev);
 /* memory.c: allocations                                               */
 /* ------------------------------------------------------------------ */
 
-/* The owner of one device allocation (Python type AutoFreePointer). */
+/* The owner of one device allocation of the default memory manager
+ * (Python type DeviceAllocation). */
 typedef struct {
     PyObject_HEAD
     cm_context *ctx;      /* strong: the context the memory lives in */
@@ -385,11 +393,14 @@ int cm_pending_hold(cm_pending *q, int depth);
 /* Make ctx's two queues; called once when the context is made. */
 int cm_ctx_init_memory(cm_context *ctx);
 
-/* Allocate size (> 0) bytes of device memory in ctx through the active
- * memory manager, retrying once on out-of-memory.  A new reference to the
- * owner object, or NULL with an exception (CudaOutOfMemoryError, a
- * MemoryError, when the device is full). */
-PyObject *cm_mem_alloc(cm_context *ctx, size_t size);
+/* Allocate size (> 0) bytes of device memory in ctx through its memory
+ * manager (the C default, or a Python plugin's memalloc), the default
+ * retrying once on out-of-memory after flushing and collecting.  A new
+ * reference to the owner object (keep it alive as long as the memory is
+ * used; it is a DeviceAllocation only for the default manager) with the
+ * address in *ptr, or NULL with an exception (CudaOutOfMemoryError, also
+ * a MemoryError, when the device is full). */
+PyObject *cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *ptr);
 
 /* ------------------------------------------------------------------ */
 /* stream.c: stream arguments                                          */
@@ -468,6 +479,25 @@ void cm_nvrtc_result_clear(cm_nvrtc_result *res, int n_names);
 
 #define CM_KMAXDIM 32
 
+/* Element type codes; used by the kernels'
+ * conversion code (convert.h) and cm_elem_type_of. */
+#define CM_T_BOOL 0
+#define CM_T_I8 1
+#define CM_T_U8 2
+#define CM_T_I16 3
+#define CM_T_U16 4
+#define CM_T_I32 5
+#define CM_T_U32 6
+#define CM_T_I64 7
+#define CM_T_U64 8
+#define CM_T_F16 9
+#define CM_T_F32 10
+#define CM_T_F64 11
+#define CM_T_C64 12
+#define CM_T_C128 13
+#define CM_T_BYTES 14   /* opaque items of a given size: copied, not cast */
+
+
 /* An N-d strided copy with a cast: dst[i] = cast(src[i]) over shape.
  * Zero source strides broadcast.  Types are CM_T_* codes of convert.h;
  * CM_T_BYTES on both sides copies opaque items of itemsize bytes. */
@@ -489,6 +519,39 @@ int cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream);
 /* The CM_T_* code of a dtype: a numeric code for native-order numeric
  * types, else CM_T_BYTES. */
 int cm_elem_type_of(PyArray_Descr *dt);
+/* devicearray.c: layouts and the copy engine                          */
+/* ------------------------------------------------------------------ */
+
+/* A strided view of memory on either side of the bus: what the layout
+ * math and the copy engine work on, shared by device arrays and the
+ * host-backed (mapped / managed) arrays. */
+typedef struct {
+    uintptr_t addr;             /* address of the first logical element */
+    int ndim;
+    const Py_ssize_t *shape;    /* ndim entries */
+    const Py_ssize_t *strides;  /* ndim entries, bytes, any sign */
+    Py_ssize_t itemsize;
+    int device;                 /* 1: device memory, 0: host memory */
+} cm_view;
+
+/* NumPy-1.19 contiguity of a layout: size-1 dimensions are ignored, an
+ * empty array is both, a zero stride on a longer dimension is neither. */
+void cm_layout_flags(int ndim, const Py_ssize_t *shape,
+                     const Py_ssize_t *strides, Py_ssize_t itemsize,
+                     int *c_contig, int *f_contig);
+/* The byte span of a layout (0 when empty) and, in *lo, the offset of its
+ * lowest byte from the first logical element (<= 0). */
+Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
+                          const Py_ssize_t *strides, Py_ssize_t itemsize,
+                          Py_ssize_t *lo);
+/* Copy src into dst, element by element in logical order: both have the
+ * same shape once size-1 dimensions are dropped and the same itemsize.
+ * Any layouts; zero strides only where src has them too (or src only).
+ * Writes no byte of dst's span outside the view.  async: use the ...Async
+ * calls on stream; staged copies then synchronise stream before they
+ * return.  0, or -1 with an exception set. */
+int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
+            int async);
 
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
@@ -499,6 +562,7 @@ int cm_context_init(PyObject *mod, cm_state *st);
 int cm_memory_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 int cm_kernels_init(PyObject *mod, cm_state *st);
+int cm_devicearray_init(PyObject *mod, cm_state *st);
 int cm_kernel_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

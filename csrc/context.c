@@ -372,6 +372,32 @@ static PyType_Spec cm_device_spec = {
 /* Context                                                             */
 /* ------------------------------------------------------------------ */
 
+/* Give a new context the plugin memory manager, if one is set (or named
+ * by the environment): cudamem._emm._manager_for(ctx) returns it,
+ * initialised, or None for the built-in default. */
+static int
+cm_context_make_manager(cm_context *c)
+{
+    PyObject *m = PyImport_ImportModule("cudamem._emm");
+    PyObject *mm;
+
+    if (m == NULL) {
+        return -1;
+    }
+    mm = PyObject_CallMethod(m, "_manager_for", "O", (PyObject *)c);
+    Py_DECREF(m);
+    if (mm == NULL) {
+        return -1;
+    }
+    if (mm == Py_None) {
+        Py_DECREF(mm);
+        return 0;
+    }
+    c->memory_manager = mm;
+    c->mm_plugin = 1;
+    return 0;
+}
+
 /* The Context of device i, retaining its primary context if needed.
  * Borrowed reference. */
 static cm_context *
@@ -419,6 +445,7 @@ cm_context_get(int i)
     c->total_mem = total;
     c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
+    c->mm_plugin = 0;
     c->memq = NULL;
     c->ctxq = NULL;
     c->st_bytes = 0;
@@ -435,6 +462,13 @@ cm_context_get(int i)
         return NULL;
     }
     cm_ctxs[i] = c;
+    if (cm_context_make_manager(c) < 0) {
+        cm_ctxs[i] = NULL;
+        c->alive = 0;
+        Py_DECREF(c);
+        (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        return NULL;
+    }
     return c;
 }
 
@@ -794,13 +828,16 @@ cm_context_pop(PyObject *self, PyObject *unused)
 
 PyDoc_STRVAR(cm_context_memalloc_doc,
 "memalloc($self, size, /)\n--\n\n"
-"Allocate size bytes of device memory in this context; the returned "
-"AutoFreePointer frees it when it goes away.");
+"Allocate size bytes of device memory in this context through its "
+"memory manager.  The returned owner (a DeviceAllocation for the default "
+"manager, whatever a plugin's memalloc returns) releases the memory when "
+"it goes away.");
 
 static PyObject *
 cm_context_memalloc(PyObject *self, PyObject *arg)
 {
     Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    CUdeviceptr p;
 
     if (n == -1 && PyErr_Occurred()) {
         return NULL;
@@ -810,7 +847,7 @@ cm_context_memalloc(PyObject *self, PyObject *arg)
                      "memalloc size must be positive, got %zd", n);
         return NULL;
     }
-    return cm_mem_alloc((cm_context *)self, (size_t)n);
+    return cm_mem_alloc((cm_context *)self, (size_t)n, &p);
 }
 
 static PyObject *

@@ -19,23 +19,6 @@
 #ifndef CM_CONVERT_H
 #define CM_CONVERT_H
 
-/* Element type codes; keep in step with cm_elem_type_of in kernels.c. */
-#define CM_T_BOOL 0
-#define CM_T_I8 1
-#define CM_T_U8 2
-#define CM_T_I16 3
-#define CM_T_U16 4
-#define CM_T_I32 5
-#define CM_T_U32 6
-#define CM_T_I64 7
-#define CM_T_U64 8
-#define CM_T_F16 9
-#define CM_T_F32 10
-#define CM_T_F64 11
-#define CM_T_C64 12
-#define CM_T_C128 13
-#define CM_T_BYTES 14   /* opaque items of a given size: copied, not cast */
-
 #define CM_CONVERT_CODE(...)                                           \
     static const char cm_convert_src[] = #__VA_ARGS__;                 \
     __VA_ARGS__

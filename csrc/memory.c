@@ -13,7 +13,7 @@
  *   defer_cleanup() holds it; and on out-of-memory, close() and reset().
  * - DefaultMemoryManager, the manager every context gets unless a plugin
  *   is set: cuMemAlloc, with the queue above as its free path.
- * - AutoFreePointer, the reference-counted owner of one allocation.
+ * - DeviceAllocation, the reference-counted owner of one allocation.
  *   Arrays and views hold a strong reference; when the last one goes the
  *   free is queued.  A context that was closed or reset frees nothing.
  *
@@ -413,7 +413,7 @@ cm_ctx_init_memory(cm_context *ctx)
 }
 
 /* ------------------------------------------------------------------ */
-/* AutoFreePointer                                                     */
+/* DeviceAllocation                                                    */
 /* ------------------------------------------------------------------ */
 
 static int
@@ -515,16 +515,56 @@ cm_gc_collect(void)
     return 0;
 }
 
+/* The device address of a plugin's MemoryPointer: its device_pointer,
+ * an int or anything with an int .value (ctypes). */
+static int
+cm_plugin_pointer(PyObject *mp, CUdeviceptr *out)
+{
+    PyObject *v = PyObject_GetAttrString(mp, "device_pointer");
+    unsigned long long u;
+
+    if (v == NULL) {
+        return -1;
+    }
+    if (!PyLong_Check(v)) {
+        Py_SETREF(v, PyObject_GetAttrString(v, "value"));
+        if (v == NULL) {
+            return -1;
+        }
+        if (v == Py_None) {
+            Py_SETREF(v, PyLong_FromLong(0));
+        }
+    }
+    u = PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (CUdeviceptr)u;
+    return 0;
+}
+
 PyObject *
-cm_mem_alloc(cm_context *ctx, size_t size)
+cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
 {
     CUdeviceptr p = 0;
     CUresult rc;
     cm_mem *m;
+    PyObject *mp;
     int attempt;
 
     if (cm_context_activate(ctx) < 0) {
         return NULL;
+    }
+    if (ctx->mm_plugin) {
+        /* A Python plugin: its users pay for the call. */
+        mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
+                                 (Py_ssize_t)size);
+        if (mp == NULL || cm_plugin_pointer(mp, out) < 0) {
+            Py_XDECREF(mp);
+            return NULL;
+        }
+        return mp;
     }
     for (attempt = 0;; attempt++) {
         Py_BEGIN_ALLOW_THREADS
@@ -563,6 +603,7 @@ cm_mem_alloc(cm_context *ctx, size_t size)
     if (ctx->st_bytes > ctx->st_peak) {
         ctx->st_peak = ctx->st_bytes;
     }
+    *out = p;
     return (PyObject *)m;
 }
 
@@ -659,7 +700,7 @@ static PyType_Slot cm_mem_slots[] = {
 };
 
 static PyType_Spec cm_mem_spec = {
-    .name = "cudamem.AutoFreePointer",
+    .name = "cudamem.DeviceAllocation",
     .basicsize = sizeof(cm_mem),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
              | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
@@ -736,10 +777,299 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         "pool_reserved_bytes", (Py_ssize_t)0,
         "pool_free_bytes", (Py_ssize_t)0,
         "pinned_bytes", (Py_ssize_t)ctx->st_pinned,
-        "manager", "default");
+        "manager", ctx->mm_plugin ? "plugin" : "default");
+}
+
+/* Make sure a context is current; the raw helpers below run in it. */
+static int
+cm_need_context(void)
+{
+    return cm_context_current() == NULL ? -1 : 0;
+}
+
+PyDoc_STRVAR(cm_host_alloc_doc,
+"_host_alloc(size, flags)\n--\n\n"
+"cuMemHostAlloc in the current context; the host address.");
+
+static PyObject *
+cm_host_alloc_fn(PyObject *mod, PyObject *args)
+{
+    Py_ssize_t size;
+    unsigned int flags;
+    void *p = NULL;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "nI:_host_alloc", &size, &flags)
+        || cm_need_context() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemHostAlloc, (&p, (size_t)size, flags));
+    return err < 0 ? NULL : PyLong_FromVoidPtr(p);
+}
+
+PyDoc_STRVAR(cm_host_free_doc,
+"_host_free(ptr)\n--\n\ncuMemFreeHost.");
+
+static PyObject *
+cm_host_free_fn(PyObject *mod, PyObject *arg)
+{
+    void *p = PyLong_AsVoidPtr(arg);
+    int err;
+
+    (void)mod;
+    if ((p == NULL && PyErr_Occurred()) || cm_need_context() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemFreeHost, (p));
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_host_register_doc,
+"_host_register(ptr, size, flags)\n--\n\ncuMemHostRegister.");
+
+static PyObject *
+cm_host_register_fn(PyObject *mod, PyObject *args)
+{
+    unsigned long long p;
+    Py_ssize_t size;
+    unsigned int flags;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "KnI:_host_register", &p, &size, &flags)
+        || cm_need_context() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemHostRegister, ((void *)(uintptr_t)p, (size_t)size,
+                                       flags));
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_host_unregister_doc,
+"_host_unregister(ptr)\n--\n\ncuMemHostUnregister.");
+
+static PyObject *
+cm_host_unregister_fn(PyObject *mod, PyObject *arg)
+{
+    void *p = PyLong_AsVoidPtr(arg);
+    int err;
+
+    (void)mod;
+    if ((p == NULL && PyErr_Occurred()) || cm_need_context() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemHostUnregister, (p));
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_host_device_pointer_doc,
+"_host_device_pointer(ptr)\n--\n\n"
+"cuMemHostGetDevicePointer: the device address of mapped host memory.");
+
+static PyObject *
+cm_host_device_pointer_fn(PyObject *mod, PyObject *arg)
+{
+    void *p = PyLong_AsVoidPtr(arg);
+    CUdeviceptr d = 0;
+
+    (void)mod;
+    if ((p == NULL && PyErr_Occurred()) || cm_need_context() < 0
+        || CM_CU(MemHostGetDevicePointer, (&d, p, 0)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(d);
+}
+
+PyDoc_STRVAR(cm_managed_alloc_doc,
+"_managed_alloc(size, flags)\n--\n\ncuMemAllocManaged.");
+
+static PyObject *
+cm_managed_alloc_fn(PyObject *mod, PyObject *args)
+{
+    Py_ssize_t size;
+    unsigned int flags;
+    CUdeviceptr d = 0;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "nI:_managed_alloc", &size, &flags)
+        || cm_need_context() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemAllocManaged, (&d, (size_t)size, flags));
+    return err < 0 ? NULL : PyLong_FromUnsignedLongLong(d);
+}
+
+PyDoc_STRVAR(cm_device_alloc_doc,
+"_device_alloc(size)\n--\n\ncuMemAlloc, with no manager involved.");
+
+static PyObject *
+cm_device_alloc_fn(PyObject *mod, PyObject *arg)
+{
+    Py_ssize_t size = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    CUdeviceptr d = 0;
+    int err;
+
+    (void)mod;
+    if ((size == -1 && PyErr_Occurred()) || cm_need_context() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemAlloc, (&d, (size_t)size));
+    return err < 0 ? NULL : PyLong_FromUnsignedLongLong(d);
+}
+
+PyDoc_STRVAR(cm_device_free_doc,
+"_device_free(ptr)\n--\n\ncuMemFree, with no manager involved.");
+
+static PyObject *
+cm_device_free_fn(PyObject *mod, PyObject *arg)
+{
+    unsigned long long d = PyLong_AsUnsignedLongLong(arg);
+    int err;
+
+    (void)mod;
+    if ((d == (unsigned long long)-1 && PyErr_Occurred())
+        || cm_need_context() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemFree, ((CUdeviceptr)d));
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_memset_doc,
+"_memset(ptr, byte, count, stream=0)\n--\n\n"
+"cuMemsetD8 (synchronous) or cuMemsetD8Async on a truthy stream.");
+
+static PyObject *
+cm_memset_fn(PyObject *mod, PyObject *args)
+{
+    unsigned long long d;
+    unsigned char byte;
+    Py_ssize_t count;
+    PyObject *stream_obj = Py_False;
+    CUstream stream;
+    int async;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "KbnO:_memset", &d, &byte, &count,
+                          &stream_obj)
+        || (async = cm_stream_resolve(stream_obj, &stream)) < 0
+        || cm_need_context() < 0) {
+        return NULL;
+    }
+    if (async) {
+        err = CM_CU(MemsetD8Async, ((CUdeviceptr)d, byte, (size_t)count,
+                                    stream));
+    }
+    else {
+        CM_CU_NOGIL(err, MemsetD8, ((CUdeviceptr)d, byte, (size_t)count));
+    }
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_memcpy_htod_doc,
+"_memcpy_htod(dptr, buffer)\n--\n\n"
+"cuMemcpyHtoD of a whole contiguous buffer: the bare driver call, for "
+"benchmarks and tests.");
+
+static PyObject *
+cm_memcpy_htod_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long d;
+    Py_buffer view;
+    int err;
+
+    (void)mod;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_memcpy_htod(dptr, buffer)");
+        return NULL;
+    }
+    d = PyLong_AsUnsignedLongLong(args[0]);
+    if ((d == (unsigned long long)-1 && PyErr_Occurred())
+        || PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemcpyHtoD, ((CUdeviceptr)d, view.buf,
+                                  (size_t)view.len));
+    PyBuffer_Release(&view);
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_memcpy_dtoh_doc,
+"_memcpy_dtoh(buffer, dptr)\n--\n\n"
+"cuMemcpyDtoH into a whole writable contiguous buffer: the bare driver "
+"call, for benchmarks and tests.");
+
+static PyObject *
+cm_memcpy_dtoh_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long d;
+    Py_buffer view;
+    int err;
+
+    (void)mod;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_memcpy_dtoh(buffer, dptr)");
+        return NULL;
+    }
+    d = PyLong_AsUnsignedLongLong(args[1]);
+    if ((d == (unsigned long long)-1 && PyErr_Occurred())
+        || PyObject_GetBuffer(args[0], &view,
+                              PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemcpyDtoH, (view.buf, (CUdeviceptr)d,
+                                  (size_t)view.len));
+    PyBuffer_Release(&view);
+    return err < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(cm_alloc_free_doc,
+"_alloc_free(size)\n--\n\n"
+"cuMemAlloc then cuMemFree: the bare driver's cost of one allocation, "
+"for benchmarks.");
+
+static PyObject *
+cm_alloc_free_fn(PyObject *mod, PyObject *arg)
+{
+    Py_ssize_t size = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    CUdeviceptr d = 0;
+    CUresult rc;
+
+    (void)mod;
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = CM_CU_RAW(MemAlloc, (&d, (size_t)size));
+    if (rc == CUDA_SUCCESS) {
+        rc = CM_CU_RAW(MemFree, (d));
+    }
+    Py_END_ALLOW_THREADS
+    return cm_cu_check(rc, "cuMemAlloc") < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 static PyMethodDef cm_memory_functions[] = {
+    {"_memcpy_htod", (PyCFunction)(void (*)(void))cm_memcpy_htod_fn,
+     METH_FASTCALL, cm_memcpy_htod_doc},
+    {"_memcpy_dtoh", (PyCFunction)(void (*)(void))cm_memcpy_dtoh_fn,
+     METH_FASTCALL, cm_memcpy_dtoh_doc},
+    {"_alloc_free", cm_alloc_free_fn, METH_O, cm_alloc_free_doc},
+    {"_host_alloc", cm_host_alloc_fn, METH_VARARGS, cm_host_alloc_doc},
+    {"_host_free", cm_host_free_fn, METH_O, cm_host_free_doc},
+    {"_host_register", cm_host_register_fn, METH_VARARGS,
+     cm_host_register_doc},
+    {"_host_unregister", cm_host_unregister_fn, METH_O,
+     cm_host_unregister_doc},
+    {"_host_device_pointer", cm_host_device_pointer_fn, METH_O,
+     cm_host_device_pointer_doc},
+    {"_managed_alloc", cm_managed_alloc_fn, METH_VARARGS,
+     cm_managed_alloc_doc},
+    {"_device_alloc", cm_device_alloc_fn, METH_O, cm_device_alloc_doc},
+    {"_device_free", cm_device_free_fn, METH_O, cm_device_free_doc},
+    {"_memset", cm_memset_fn, METH_VARARGS, cm_memset_doc},
     {"_set_dealloc_config", cm_set_dealloc_config, METH_VARARGS,
      cm_set_dealloc_config_doc},
     {"memory_stats", (PyCFunction)(void (*)(void))cm_memory_stats,
@@ -777,7 +1107,7 @@ cm_memory_init(PyObject *mod, cm_state *st)
     st->Mem_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_mem_spec, NULL);
     if (st->Mem_type == NULL
-        || PyModule_AddObjectRef(mod, "AutoFreePointer",
+        || PyModule_AddObjectRef(mod, "DeviceAllocation",
                                  (PyObject *)st->Mem_type) < 0) {
         return -1;
     }

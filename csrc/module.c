@@ -23,6 +23,10 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->Device_type);
     Py_VISIT(st->Context_type);
     Py_VISIT(st->Mem_type);
+    Py_VISIT(st->DeviceNDArrayBase_type);
+    Py_VISIT(st->DeviceNDArray_type);
+    Py_VISIT(st->DeviceRecord_type);
+    Py_VISIT(st->config);
     Py_VISIT(st->Module_type);
     Py_VISIT(st->Kernel_type);
     Py_VISIT(st->Launcher_type);
@@ -46,6 +50,10 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->Device_type);
     Py_CLEAR(st->Context_type);
     Py_CLEAR(st->Mem_type);
+    Py_CLEAR(st->DeviceNDArrayBase_type);
+    Py_CLEAR(st->DeviceNDArray_type);
+    Py_CLEAR(st->DeviceRecord_type);
+    Py_CLEAR(st->config);
     Py_CLEAR(st->Module_type);
     Py_CLEAR(st->Kernel_type);
     Py_CLEAR(st->Launcher_type);
@@ -135,7 +143,9 @@ cm_module_exec(PyObject *mod)
     cm_st = st;
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
         || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
-        || cm_kernels_init(mod, st) < 0 || cm_kernel_init(mod, st) < 0) {
+        || cm_kernels_init(mod, st) < 0
+        || cm_devicearray_init(mod, st) < 0
+        || cm_kernel_init(mod, st) < 0) {
         cm_st = NULL;
         return -1;
     }

@@ -8,6 +8,7 @@ without numba.  The driver is loaded at run time; set
 ``CUDAMEM_SIMULATOR=1`` to run everything on the CPU simulator.
 """
 
+from . import config
 from ._api import (
     close,
     cuda_error,
@@ -24,19 +25,39 @@ from ._api import (
 from ._core import (
     Context,
     Device,
+    DeviceNDArray,
+    DeviceNDArrayBase,
+    DeviceRecord,
     Kernel,
     Module,
+    as_cuda_array,
     compile,
     current_context,
+    device_array,
+    device_array_like,
     driver_version,
+    from_cuda_array_interface,
     get_current_device,
+    is_cuda_array,
     memory_stats,
     runtime_version,
     select_device,
     synchronize,
+    to_device,
 )
-from ._emm import defer_cleanup
-from ._kernel import DeviceSymbol
+from ._emm import (
+    AutoFreePointer,
+    BaseCUDAMemoryManager,
+    GetIpcHandleMixin,
+    HostOnlyCUDAMemoryManager,
+    ManagedMemory,
+    MappedMemory,
+    MemoryPointer,
+    OwnedPointer,
+    PinnedMemory,
+    defer_cleanup,
+    set_memory_manager,
+)
 from ._errors import (
     CompileError,
     CudaAPIError,
@@ -45,10 +66,13 @@ from ._errors import (
     CudaSupportError,
     MemoryInfo,
 )
+from ._kernel import DeviceSymbol
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoFreePointer",
+    "BaseCUDAMemoryManager",
     "CompileError",
     "Context",
     "CudaAPIError",
@@ -56,21 +80,37 @@ __all__ = [
     "CudaOutOfMemoryError",
     "CudaSupportError",
     "Device",
+    "DeviceNDArray",
+    "DeviceNDArrayBase",
+    "DeviceRecord",
     "DeviceSymbol",
+    "GetIpcHandleMixin",
+    "HostOnlyCUDAMemoryManager",
     "Kernel",
+    "ManagedMemory",
+    "MappedMemory",
     "MemoryInfo",
+    "MemoryPointer",
     "Module",
+    "OwnedPointer",
+    "PinnedMemory",
+    "as_cuda_array",
     "close",
     "compile",
+    "config",
     "cuda_error",
     "current_context",
     "defer_cleanup",
     "detect",
+    "device_array",
+    "device_array_like",
     "driver_version",
+    "from_cuda_array_interface",
     "get_current_device",
     "gpus",
     "is_available",
     "is_bfloat16_supported",
+    "is_cuda_array",
     "is_float16_supported",
     "is_fp8_supported",
     "is_supported_version",
@@ -79,5 +119,7 @@ __all__ = [
     "require_context",
     "runtime_version",
     "select_device",
+    "set_memory_manager",
     "synchronize",
+    "to_device",
 ]

@@ -201,3 +201,17 @@ def is_bfloat16_supported():
 def is_fp8_supported():
     """Whether the current device has compute capability 8.9 or newer."""
     return _core.get_current_device().supports_fp8
+
+
+def _split(ary, section, stream=0):
+    """DeviceNDArray.split: a generator of consecutive 1-D views of
+    ``section`` elements; its errors appear when it is iterated."""
+    if ary.ndim != 1:
+        raise ValueError("only support 1d array")
+    if ary.strides[0] != ary.dtype.itemsize:
+        raise ValueError("only support unit stride")
+    nsect = (ary.size + section - 1) // section
+    for i in range(nsect):
+        begin = i * section
+        yield ary.getitem(slice(begin, min(begin + section, ary.size)),
+                          stream=stream)

@@ -1,14 +1,422 @@
 # SPDX-License-Identifier: MIT
-"""Memory managers and deferred cleanup, as numba.cuda exposes them.
+"""Memory managers: the External Memory Management (EMM) plugin interface
+of numba.cuda (version 1), its pointer classes, and deferred cleanup.
 
 The default manager's work is done in C (cudamem._core): its allocations
-never pass through Python.  The class here is the Python face every
-context shows as ``context.memory_manager``.
+never pass through Python, and ``DefaultMemoryManager`` here is only the
+face every context shows as ``context.memory_manager``.  A plugin set with
+``set_memory_manager`` (or named by ``CUDAMEM_MEMORY_MANAGER`` /
+``NUMBA_CUDA_MEMORY_MANAGER``) is called from C for every allocation of
+the contexts made afterwards; only its users pay for those Python calls.
 """
 
+import abc
 import contextlib
+import ctypes
+import importlib
+import os
+import threading
+import weakref
 
 from . import _core
+from ._errors import MemoryInfo
+
+__all__ = [
+    "AutoFreePointer",
+    "BaseCUDAMemoryManager",
+    "DefaultMemoryManager",
+    "GetIpcHandleMixin",
+    "HostOnlyCUDAMemoryManager",
+    "ManagedMemory",
+    "MappedMemory",
+    "MemoryPointer",
+    "OwnedPointer",
+    "PinnedMemory",
+    "defer_cleanup",
+    "set_memory_manager",
+]
+
+CU_MEMHOSTALLOC_PORTABLE = 0x01
+CU_MEMHOSTALLOC_DEVICEMAP = 0x02
+CU_MEMHOSTALLOC_WRITECOMBINED = 0x04
+CU_MEMHOSTREGISTER_DEVICEMAP = 0x02
+CU_MEM_ATTACH_GLOBAL = 0x1
+CU_MEM_ATTACH_HOST = 0x2
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def _address(pointer):
+    """An int address from an int, a ctypes pointer or anything with
+    ``.value`` (None and NULL give 0)."""
+    if isinstance(pointer, int):
+        return pointer
+    value = getattr(pointer, "value", pointer)
+    return int(value or 0)
+
+
+# ---------------------------------------------------------------------------
+# Pointer classes
+# ---------------------------------------------------------------------------
+
+
+class MemoryPointer:
+    """Device memory that a memory manager hands out.
+
+    ``finalizer``, if given, runs once: on ``free()`` or when this object
+    is garbage-collected.  ``owner`` (default: self) is what keeps the
+    memory alive for views.
+    """
+
+    __cuda_memory__ = True
+
+    def __init__(self, context, pointer, size, owner=None, finalizer=None):
+        self.context = context
+        self.device_pointer = _address(pointer)
+        self.size = size
+        self._cuda_memsize_ = size
+        self.is_managed = finalizer is not None
+        self.refct = 1
+        self.handle = self.device_pointer
+        self._owner = owner
+        self._finalizer = None
+        if finalizer is not None:
+            self._finalizer = weakref.finalize(self, finalizer)
+
+    @property
+    def owner(self):
+        return self if self._owner is None else self._owner
+
+    @property
+    def device_ctypes_pointer(self):
+        return ctypes.c_size_t(self.device_pointer)
+
+    @property
+    def device_pointer_value(self):
+        return self.device_pointer or None
+
+    def own(self):
+        """A proxy that counts as one more owner of this memory."""
+        return OwnedPointer(weakref.proxy(self))
+
+    def free(self):
+        """Run the finalizer now; a second call raises RuntimeError."""
+        if self.is_managed:
+            if not self._finalizer.alive:
+                raise RuntimeError("Freeing dead memory")
+            self._finalizer()
+
+    def memset(self, byte, count=None, stream=0):
+        """Fill ``count`` bytes (default: all) with ``byte``."""
+        count = self.size if count is None else count
+        if count:
+            _core._memset(self.device_pointer, byte, count, stream)
+
+    def view(self, start, stop=None):
+        """A pointer to bytes [start, stop) of this memory."""
+        if stop is None:
+            size = self.size - start
+        else:
+            size = stop - start
+        if size < 0:
+            raise RuntimeError("size cannot be negative")
+        if not self.device_pointer_value:
+            if size != 0:
+                raise RuntimeError("non-empty slice into empty slice")
+            base = 0
+        else:
+            base = self.device_pointer + start
+        view = MemoryPointer(self.context, base, size, owner=self.owner)
+        if isinstance(self.owner, (MemoryPointer, OwnedPointer)):
+            return OwnedPointer(weakref.proxy(self.owner), view)
+        return view
+
+
+class AutoFreePointer(MemoryPointer):
+    """Memory freed when its last owner (``own()`` proxy or view) goes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.refct -= 1
+
+
+class MappedMemory(AutoFreePointer):
+    """Mapped (zero-copy) host memory: ``host_pointer`` for the host,
+    ``device_pointer`` for the device; a buffer over the host bytes."""
+
+    __cuda_memory__ = True
+
+    def __init__(self, context, pointer, size, owner=None, finalizer=None):
+        self.host_pointer = _address(pointer)
+        self.owned = owner
+        devptr = _core._host_device_pointer(self.host_pointer)
+        super().__init__(context, devptr, size, finalizer=finalizer)
+        self.handle = self.host_pointer
+        self._buf = (ctypes.c_byte * size).from_address(self.host_pointer)
+
+    def own(self):
+        return MappedOwnedPointer(weakref.proxy(self))
+
+    def __buffer__(self, flags):
+        return memoryview(self._buf)
+
+
+class PinnedMemory(MemoryPointer):
+    """Page-locked host memory (not device memory)."""
+
+    def __init__(self, context, pointer, size, owner=None, finalizer=None):
+        self.owned = owner
+        self.host_pointer = _address(pointer)
+        super().__init__(context, pointer, size, finalizer=finalizer)
+        self.handle = self.host_pointer
+        self._buf = (ctypes.c_byte * size).from_address(self.host_pointer)
+
+    def own(self):
+        return self
+
+    def __buffer__(self, flags):
+        return memoryview(self._buf)
+
+
+class ManagedMemory(AutoFreePointer):
+    """Managed (unified) memory: one address for host and device."""
+
+    def __init__(self, context, pointer, size, owner=None, finalizer=None):
+        self.owned = owner
+        super().__init__(context, pointer, size, finalizer=finalizer)
+        self.handle = self.device_pointer
+        self._buf = (ctypes.c_byte * size).from_address(self.device_pointer)
+
+    def own(self):
+        return MappedOwnedPointer(weakref.proxy(self))
+
+    def __buffer__(self, flags):
+        return memoryview(self._buf)
+
+
+class OwnedPointer:
+    """One owner's hold on a pointer: the base's ``refct`` is raised while
+    this object lives, and the memory is freed when it drops to 0.
+
+    As in numba, the base is held only weakly: a plugin must keep the
+    pointer it made alive itself (numba's managers keep them in
+    ``self.allocations``).
+    """
+
+    def __init__(self, memptr, view=None):
+        self._mem = memptr
+        self._view = self._mem if view is None else view
+        mem = self._mem
+        mem.refct += 1
+
+        def deref():
+            try:
+                mem.refct -= 1
+                if mem.refct == 0:
+                    mem.free()
+            except ReferenceError:
+                pass
+
+        weakref.finalize(self, deref)
+
+    def __getattr__(self, name):
+        return getattr(self._view, name)
+
+
+class MappedOwnedPointer(OwnedPointer):
+    """An owned pointer over host-visible memory, usable as a buffer."""
+
+    def __buffer__(self, flags):
+        return self._view.__buffer__(flags)
+
+
+# ---------------------------------------------------------------------------
+# Managers
+# ---------------------------------------------------------------------------
+
+
+class BaseCUDAMemoryManager(metaclass=abc.ABCMeta):
+    """The EMM plugin interface, version 1 (numba.cuda's)."""
+
+    def __init__(self, *args, **kwargs):
+        if "context" not in kwargs:
+            raise RuntimeError("Memory manager requires a context")
+        self.context = kwargs.pop("context")
+
+    @abc.abstractmethod
+    def memalloc(self, size):
+        """Allocate device memory; return a MemoryPointer."""
+
+    @abc.abstractmethod
+    def memhostalloc(self, size, mapped=False, portable=False, wc=False):
+        """Allocate pinned host memory; MappedMemory or PinnedMemory."""
+
+    @abc.abstractmethod
+    def mempin(self, owner, pointer, size, mapped=False):
+        """Page-lock existing host memory; MappedMemory or PinnedMemory."""
+
+    @abc.abstractmethod
+    def initialize(self):
+        """Prepare for use; may be called any number of times."""
+
+    @abc.abstractmethod
+    def get_ipc_handle(self, memory):
+        """An IpcHandle for memory allocated by this manager."""
+
+    @abc.abstractmethod
+    def get_memory_info(self):
+        """(free, total) device memory as a MemoryInfo."""
+
+    @abc.abstractmethod
+    def reset(self):
+        """Free everything this manager allocated."""
+
+    @abc.abstractmethod
+    def defer_cleanup(self):
+        """A context manager that holds deallocation."""
+
+    @property
+    @abc.abstractmethod
+    def interface_version(self):
+        """The interface version implemented: 1."""
+
+
+class _PendingDeallocs:
+    """A Python queue of finalizers, as numba's plugins expect; the byte
+    limit is 0 until ``memory_capacity`` is set."""
+
+    def __init__(self, capacity=0):
+        self._cons = []
+        self._disable_count = 0
+        self._size = 0
+        self.memory_capacity = capacity
+
+    @property
+    def _max_pending_bytes(self):
+        from . import config
+
+        return int(self.memory_capacity * config.CUDA_DEALLOCS_RATIO)
+
+    def add_item(self, dtor, handle, size=-1):
+        from . import config
+
+        self._cons.append((dtor, handle, size))
+        self._size += max(size, 0)
+        if (len(self._cons) > config.CUDA_DEALLOCS_COUNT
+                or self._size > self._max_pending_bytes):
+            self.clear()
+
+    def clear(self):
+        if self.is_disabled:
+            return
+        while self._cons:
+            dtor, handle, size = self._cons.pop(0)
+            dtor(handle)
+        self._size = 0
+
+    @contextlib.contextmanager
+    def disable(self):
+        self._disable_count += 1
+        try:
+            yield
+        finally:
+            self._disable_count -= 1
+
+    @property
+    def is_disabled(self):
+        return self._disable_count > 0
+
+    def __len__(self):
+        return len(self._cons)
+
+
+class _AllocationsDict(dict):
+    def __setitem__(self, key, value):
+        if key in self:
+            raise AssertionError("duplicate allocation key %r" % (key,))
+        super().__setitem__(key, value)
+
+
+class HostOnlyCUDAMemoryManager(BaseCUDAMemoryManager):
+    """A base for plugins that manage device memory themselves: host
+    allocations (pinned, mapped, registered, managed) are done here."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.allocations = _AllocationsDict()
+        self.deallocations = _PendingDeallocs()
+
+    def _attempt(self, fn, retry):
+        try:
+            return fn()
+        except MemoryError:
+            if not retry:
+                raise
+            self.deallocations.clear()
+            return fn()
+
+    def memhostalloc(self, size, mapped=False, portable=False, wc=False):
+        flags = ((CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0)
+                 | (CU_MEMHOSTALLOC_PORTABLE if portable else 0)
+                 | (CU_MEMHOSTALLOC_WRITECOMBINED if wc else 0))
+        ptr = self._attempt(lambda: _core._host_alloc(size, flags), True)
+        ctx = self.context
+        dealloc = self.deallocations
+
+        def finalizer():
+            dealloc.add_item(_core._host_free, ptr, size if mapped else 0)
+
+        if mapped:
+            mem = MappedMemory(ctx, ptr, size, finalizer=finalizer)
+            self.allocations[ptr] = mem
+            return mem.own()
+        return PinnedMemory(ctx, ptr, size, finalizer=finalizer)
+
+    def mempin(self, owner, pointer, size, mapped=False):
+        ptr = _address(pointer)
+        flags = CU_MEMHOSTREGISTER_DEVICEMAP if mapped else 0
+        self._attempt(lambda: _core._host_register(ptr, size, flags), mapped)
+
+        def finalizer():
+            _core._host_unregister(ptr)  # immediate, never queued
+
+        if mapped:
+            mem = MappedMemory(self.context, ptr, size, owner=owner,
+                               finalizer=finalizer)
+            self.allocations[ptr] = mem
+            return mem.own()
+        return PinnedMemory(self.context, ptr, size, owner=owner,
+                            finalizer=finalizer)
+
+    def memallocmanaged(self, size, attach_global):
+        flags = CU_MEM_ATTACH_GLOBAL if attach_global else CU_MEM_ATTACH_HOST
+        ptr = self._attempt(lambda: _core._managed_alloc(size, flags), True)
+        dealloc = self.deallocations
+
+        def finalizer():
+            dealloc.add_item(_core._device_free, ptr, size)
+
+        mem = ManagedMemory(self.context, ptr, size, finalizer=finalizer)
+        self.allocations[ptr] = mem
+        return mem.own()
+
+    def reset(self):
+        self.allocations.clear()
+        self.deallocations.clear()
+
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        with self.deallocations.disable():
+            yield
+
+
+class GetIpcHandleMixin:
+    """get_ipc_handle for managers whose allocations cuIpcGetMemHandle
+    can export (it finds the base allocation and the offset)."""
+
+    def get_ipc_handle(self, memory):
+        from . import _ipc
+
+        return _ipc.ipc_handle_of(self.context, memory)
 
 
 class DefaultMemoryManager:
@@ -35,7 +443,8 @@ class DefaultMemoryManager:
 
     def get_memory_info(self):
         """(free, total) bytes of device memory."""
-        return self.context.get_memory_info()
+        free, total = self.context.get_memory_info()
+        return MemoryInfo(free, total)
 
     def reset(self):
         """Run the pending frees now."""
@@ -54,25 +463,89 @@ class DefaultMemoryManager:
             q._disable(-1)
 
 
+# ---------------------------------------------------------------------------
+# Choosing the manager
+# ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_plugin = None          # the plugin class, or None for the default
+_env_done = False       # the environment variable was consulted
+
+
+def set_memory_manager(mm_plugin):
+    """Use ``mm_plugin`` (an EMM plugin class, numba's interface version
+    1) for contexts created from now on; existing contexts keep theirs.
+
+    ``None`` or ``"default"`` selects cudamem's built-in manager.
+    """
+    global _plugin
+    if mm_plugin is None or mm_plugin == "default":
+        _plugin = None
+        return
+    if isinstance(mm_plugin, str):
+        raise ValueError("unknown built-in memory manager %r" % mm_plugin)
+    dummy = mm_plugin(context=None)
+    iv = dummy.interface_version
+    if iv != 1:
+        raise RuntimeError("EMM Plugin interface has version %d - version "
+                           "1 required" % iv)
+    _plugin = mm_plugin
+
+
+def _from_environment():
+    global _env_done
+    with _lock:
+        if _env_done:
+            return
+        _env_done = True
+    name = (os.environ.get("CUDAMEM_MEMORY_MANAGER")
+            or os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default")
+    if name == "default":
+        return
+    try:
+        mod = importlib.import_module(name)
+        set_memory_manager(mod._numba_memory_manager)
+    except Exception as e:
+        raise RuntimeError("Failed to use memory manager from %s" % name) \
+            from e
+
+
+def _manager_for(context):
+    """Called from C when a context is made: its plugin manager,
+    initialised, or None for the built-in default."""
+    _from_environment()
+    if _plugin is None:
+        return None
+    mm = _plugin(context=context)
+    mm.initialize()
+    return mm
+
+
 @contextlib.contextmanager
 def defer_cleanup():
     """Hold every deallocation of the current context until the outermost
     block exits; nestable.
 
     Both queues are held: memory frees and stream / event / module
-    destroys.  Unregistering host memory pinned by ``pinned()`` or
-    ``mapped()`` still happens at once.  On leaving the outermost block
-    the thresholds apply again, so a queue that grew past them is flushed
-    then.
+    destroys, and a plugin manager's own ``defer_cleanup()`` as well.
+    Unregistering host memory pinned by ``pinned()`` or ``mapped()`` still
+    happens at once.  On leaving the outermost block the thresholds apply
+    again, so a queue that grew past them is flushed then.
     """
     ctx = _core.current_context()
     mq = ctx._memory_deallocations
     cq = ctx.deallocations
+    mm = ctx.memory_manager
+    plugin = None if isinstance(mm, DefaultMemoryManager) else mm
     mq._disable(1)
     try:
         cq._disable(1)
         try:
-            yield
+            if plugin is None:
+                yield
+            else:
+                with plugin.defer_cleanup():
+                    yield
         finally:
             cq._disable(-1)
     finally:

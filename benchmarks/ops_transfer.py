@@ -1,0 +1,202 @@
+# SPDX-License-Identifier: MIT
+"""Device arrays and small transfers: per-call overhead, side by side.
+
+Every callable leaves the device idle: copies without a stream are
+synchronous in every library measured.
+"""
+
+import numpy as np
+
+N = 256
+HOST = np.arange(N, dtype=np.float32)
+
+
+def _cupy_array(cp):
+    return cp.asarray(HOST)
+
+
+def _torch_tensor(torch):
+    return torch.as_tensor(HOST, device="cuda")
+
+
+# device_array_like ----------------------------------------------------------
+
+def _like_cm(cm):
+    return lambda: cm.device_array_like(HOST)
+
+
+def _like_numba(cuda):
+    return lambda: cuda.device_array_like(HOST)
+
+
+def _like_cupy(cp):
+    a = _cupy_array(cp)
+    return lambda: cp.empty_like(a)
+
+
+def _like_torch(torch):
+    t = _torch_tensor(torch)
+    return lambda: torch.empty_like(t)
+
+
+# to_device -----------------------------------------------------------------
+
+def _to_cm(cm):
+    return lambda: cm.to_device(HOST)
+
+
+def _to_numba(cuda):
+    return lambda: cuda.to_device(HOST)
+
+
+def _to_cupy(cp):
+    return lambda: cp.asarray(HOST)
+
+
+def _to_torch(torch):
+    return lambda: torch.as_tensor(HOST, device="cuda")
+
+
+def _to_driver(core):
+    def run():
+        p = core._device_alloc(HOST.nbytes)
+        core._memcpy_htod(p, HOST)
+        core._device_free(p)
+    return run
+
+
+# copy_to_host --------------------------------------------------------------
+
+def _dth_cm(cm):
+    d = cm.to_device(HOST)
+    return d.copy_to_host
+
+
+def _dth_numba(cuda):
+    d = cuda.to_device(HOST)
+    return d.copy_to_host
+
+
+def _dth_cupy(cp):
+    a = _cupy_array(cp)
+    return a.get
+
+
+def _dth_torch(torch):
+    t = _torch_tensor(torch)
+    return lambda: t.cpu().numpy()
+
+
+def _dth_driver(core):
+    p = core._device_alloc(HOST.nbytes)
+    core._memcpy_htod(p, HOST)
+
+    def run():
+        out = np.empty_like(HOST)
+        core._memcpy_dtoh(out, p)
+        return out
+    return run
+
+
+# copy_to_device into an existing array -------------------------------------
+
+def _htd_cm(cm):
+    d = cm.device_array_like(HOST)
+    return lambda: d.copy_to_device(HOST)
+
+
+def _htd_numba(cuda):
+    d = cuda.device_array_like(HOST)
+    return lambda: d.copy_to_device(HOST)
+
+
+def _htd_cupy(cp):
+    a = _cupy_array(cp)
+    stream = cp.cuda.get_current_stream()
+
+    def run():
+        a.set(HOST)  # enqueued on the current stream: wait for it
+        stream.synchronize()
+    return run
+
+
+def _htd_torch(torch):
+    t = _torch_tensor(torch)
+    src = torch.from_numpy(HOST)
+    return lambda: t.copy_(src)
+
+
+def _htd_driver(core):
+    p = core._device_alloc(HOST.nbytes)
+    return lambda: core._memcpy_htod(p, HOST)
+
+
+# as_cuda_array of a foreign array ------------------------------------------
+
+def _foreign(kind):
+    import importlib
+
+    if kind == "cupy":
+        cp = importlib.import_module("cupy")
+        return cp.asarray(HOST)
+    torch = importlib.import_module("torch")
+    return torch.as_tensor(HOST, device="cuda")
+
+
+def _wrap_cm(kind):
+    def factory(cm):
+        obj = _foreign(kind)
+        return lambda: cm.as_cuda_array(obj)
+    return factory
+
+
+def _wrap_numba(kind):
+    def factory(cuda):
+        obj = _foreign(kind)
+        return lambda: cuda.as_cuda_array(obj)
+    return factory
+
+
+def _wrap_torch_of_cupy(torch):
+    obj = _foreign("cupy")
+    return lambda: torch.as_tensor(obj, device="cuda")
+
+
+def _wrap_cupy_of_torch(cp):
+    obj = _foreign("torch")
+    return lambda: cp.asarray(obj)
+
+
+# __cuda_array_interface__ --------------------------------------------------
+
+def _cai(make):
+    def factory(mod):
+        obj = make(mod)
+        return lambda: obj.__cuda_array_interface__
+    return factory
+
+
+OPS = [
+    {"name": "device_array_like(256 f4)",
+     "impls": {"cudamem": _like_cm, "numba": _like_numba,
+               "cupy": _like_cupy, "torch": _like_torch}},
+    {"name": "to_device(256 f4)",
+     "impls": {"cudamem": _to_cm, "numba": _to_numba, "cupy": _to_cupy,
+               "torch": _to_torch, "driver": _to_driver}},
+    {"name": "copy_to_host(256 f4)",
+     "impls": {"cudamem": _dth_cm, "numba": _dth_numba, "cupy": _dth_cupy,
+               "torch": _dth_torch, "driver": _dth_driver}},
+    {"name": "copy_to_device(256 f4, existing)",
+     "impls": {"cudamem": _htd_cm, "numba": _htd_numba, "cupy": _htd_cupy,
+               "torch": _htd_torch, "driver": _htd_driver}},
+    {"name": "as_cuda_array(cupy array)",
+     "impls": {"cudamem": _wrap_cm("cupy"), "numba": _wrap_numba("cupy"),
+               "torch": _wrap_torch_of_cupy}},
+    {"name": "as_cuda_array(torch tensor)",
+     "impls": {"cudamem": _wrap_cm("torch"), "numba": _wrap_numba("torch"),
+               "cupy": _wrap_cupy_of_torch}},
+    {"name": "__cuda_array_interface__",
+     "impls": {"cudamem": _cai(lambda cm: cm.to_device(HOST)),
+               "numba": _cai(lambda cuda: cuda.to_device(HOST)),
+               "cupy": _cai(_cupy_array), "torch": _cai(_torch_tensor)}},
+]

@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: MIT
+"""A memory-manager plugin written against numba.cuda's documented EMM
+interface, the way external allocators (RMM's, for one) write theirs:
+device memory from its own allocator, host memory from
+HostOnlyCUDAMemoryManager.  Used by test_emm.py, also through
+CUDAMEM_MEMORY_MANAGER=emm_plugin."""
+
+from cudamem import (
+    GetIpcHandleMixin,
+    HostOnlyCUDAMemoryManager,
+    MemoryInfo,
+    MemoryPointer,
+    _core,
+)
+
+LOG = []
+
+
+class CountingManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
+    """Counts its calls; frees when the MemoryPointer dies."""
+
+    instances = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        type(self).instances += 1
+        self.live = {}
+
+    def initialize(self):
+        LOG.append("initialize")
+
+    def memalloc(self, size):
+        ptr = _core._device_alloc(size)
+        LOG.append(("memalloc", size))
+        live = self.live
+        live[ptr] = size
+
+        def finalizer():
+            LOG.append(("free", size))
+            del live[ptr]
+            _core._device_free(ptr)
+
+        return MemoryPointer(self.context, ptr, size, finalizer=finalizer)
+
+    def get_memory_info(self):
+        free, total = self.context.get_memory_info()
+        return MemoryInfo(free=free, total=total)
+
+    @property
+    def interface_version(self):
+        return 1
+
+
+_numba_memory_manager = CountingManager
