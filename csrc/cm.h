@@ -553,6 +553,11 @@ Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
 int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
             int async);
 
+/* Whether o is a cudamem device array (DeviceNDArrayBase or a subclass):
+ * 1 with the address of its first element in *ptr, else 0.  The fast
+ * path for kernel arguments; never raises. */
+int cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr);
+
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */

@@ -18,6 +18,9 @@
  * parameters are read) but nothing is loaded: launching checks the
  * configuration and the arguments, then raises CudaSupportError.
  *
+ * Arguments: cudamem device arrays give their address directly; other
+ * objects are asked for __cuda_array_interface__ (one dict lookup).
+ *
  * Owns: Module (a loaded CUmodule, unloaded through its context's release
  * queue), Kernel and the per-launch configuration object.  Locking: the
  * GIL throughout; NVRTC and module loading run with it released on local
@@ -1141,6 +1144,7 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
 {
     unsigned char *dst = buf + k->params[i].offset;
     unsigned long long ptr;
+    CUdeviceptr dptr;
     int r;
 
     if (PyLong_CheckExact(o) || PyBool_Check(o)) {
@@ -1148,6 +1152,9 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
     }
     if (PyFloat_CheckExact(o)) {
         return cm_pack_float(k, i, o, dst);
+    }
+    if (cm_devicearray_pointer(o, &dptr)) {
+        return cm_pack_ptr(k, i, o, (unsigned long long)dptr, dst);
     }
     if (Py_IS_TYPE(o, cm_st->Mem_type)) {
         return cm_pack_ptr(k, i, o, ((cm_mem *)o)->ptr, dst);

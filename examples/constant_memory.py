@@ -50,7 +50,7 @@ def main():
                 x[i] = x[i] * ncuda.const.array_like(coefficients)[i % 3]
 
         d2 = to_device(host)
-        nb_kernel[1, 32](d2)
+        nb_kernel[1, 32](ncuda.as_cuda_array(d2))
         ncuda.synchronize()
         assert np.array_equal(copy_to_host(d2), got)
         print("numba-cuda on cudamem memory: same result")

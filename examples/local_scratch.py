@@ -53,7 +53,7 @@ def main():
                     x[r, j] = scratch[7 - j]
 
         d2 = to_device(host)
-        nb_kernel[(rows + 63) // 64, 64](d2)
+        nb_kernel[(rows + 63) // 64, 64](ncuda.as_cuda_array(d2))
         ncuda.synchronize()
         assert np.array_equal(copy_to_host(d2), got)
         print("numba-cuda on cudamem memory: same result")

@@ -84,7 +84,8 @@ def main():
                 C[y, x] = tmp
 
         dc2 = device_array((n, n), np.float32)
-        fast_matmul[blocks, (TPB, TPB)](da, db, dc2)
+        fast_matmul[blocks, (TPB, TPB)](
+            *(ncuda.as_cuda_array(x) for x in (da, db, dc2)))
         ncuda.synchronize()
         assert np.allclose(copy_to_host(dc2), got, rtol=1e-5)
         print("numba-cuda on cudamem memory: same result")

@@ -42,7 +42,7 @@ def main():
             x[tid] = sdata[(tid + 1) % 32]
 
         d2 = to_device(host)
-        nb_kernel[1, 32](d2)
+        nb_kernel[1, 32](ncuda.as_cuda_array(d2))
         ncuda.synchronize()
         assert np.array_equal(copy_to_host(d2), got)
         print("numba-cuda on cudamem memory: same result")
