@@ -1186,16 +1186,18 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
         }
         return 0;
     }
-    if (PyArray_Check(o)) {
-        return cm_arg_error(k, i, "host arrays cannot be passed to a "
-                            "kernel; copy it to the device first", o);
-    }
-    r = cm_cai_pointer(o, &ptr);
+    /* Mapped and managed arrays are NumPy subclasses with the CUDA Array
+     * Interface; a plain ndarray is host memory. */
+    r = PyArray_CheckExact(o) ? 0 : cm_cai_pointer(o, &ptr);
     if (r < 0) {
         return -1;
     }
     if (r > 0) {
         return cm_pack_ptr(k, i, o, ptr, dst);
+    }
+    if (PyArray_Check(o)) {
+        return cm_arg_error(k, i, "host arrays cannot be passed to a "
+                            "kernel; copy it to the device first", o);
     }
     if (PyLong_Check(o)) {
         return cm_pack_int(k, i, o, dst);

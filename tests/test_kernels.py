@@ -345,6 +345,24 @@ def test_memalloc_owner_as_pointer(fill, ctx, simulator):
         cudamem.synchronize()
 
 
+def test_cudamem_device_arrays_as_arguments(fill, simulator):
+    if not hasattr(cudamem, "device_array"):
+        pytest.skip("cudamem has no device arrays on this branch")
+    d = cudamem.device_array(8, np.float32)
+    views = [d, d[2:], d[::2]]
+    if hasattr(cudamem, "mapped_array"):
+        views.append(cudamem.mapped_array(8, np.float32))
+    for v in views:
+        if simulator:
+            with pytest.raises(CudaSupportError):
+                fill[1, 8](v, 1.5, v.size)
+        else:
+            fill[1, 8](v, 1.5, v.size)
+    if not simulator:
+        cudamem.synchronize()
+        assert np.all(d.copy_to_host() == 1.5)
+
+
 @pytest.mark.sim
 def test_simulator_launch_raises_support_error(fill, ctx):
     d = CAI(4, np.float32)
