@@ -212,11 +212,15 @@ typedef struct cm_state {
     PyObject *config;
     PyTypeObject *Stream_type;
     PyTypeObject *Event_type;
+    PyTypeObject *Module_type;
+    PyTypeObject *Kernel_type;
+    PyTypeObject *Launcher_type;
     /* exception classes, from cudamem/_errors.py */
     PyObject *CudaSupportError;
     PyObject *CudaDriverError;
     PyObject *CudaAPIError;
     PyObject *CudaOutOfMemoryError;
+    PyObject *CompileError;
     /* the MemoryInfo namedtuple class */
     PyObject *MemoryInfo;
     /* interned strings */
@@ -228,6 +232,7 @@ typedef struct cm_state {
     PyObject *str_stream;
     PyObject *str_descr;
     PyObject *str_mask;
+    PyObject *str_cai;                 /* "__cuda_array_interface__" */
 } cm_state;
 
 extern cm_state *cm_st;
@@ -477,6 +482,56 @@ PyObject *cm_stream_external_owned(CUstream handle, PyObject *owner);
 
 
 /* ------------------------------------------------------------------ */
+/* nvrtc.c: NVRTC loaded at run time, compilation with a disk cache    */
+/* ------------------------------------------------------------------ */
+
+/* What to compile. */
+typedef struct {
+    const char *src;                 /* CUDA C source */
+    const char *name;                /* program name, for the log */
+    int major;                       /* target compute capability */
+    int minor;
+    int n_opts;                      /* extra NVRTC options */
+    const char *const *opts;
+    int n_names;                     /* name expressions to lower */
+    const char *const *names;
+    int want_ptx;                    /* PTX for compute_XY, not a cubin */
+    int keep_ptx;                    /* also return the PTX text */
+} cm_nvrtc_req;
+
+/* What came out; every pointer malloc'd, freed by
+ * cm_nvrtc_result_clear. */
+typedef struct {
+    char *image;                     /* cubin, or NUL-terminated PTX */
+    size_t size;                     /* bytes of image (without the NUL) */
+    int is_ptx;                      /* image is PTX */
+    char *ptx;                       /* the PTX text, if keep_ptx */
+    char **lowered;                  /* n_names lowered (mangled) names */
+    char *log;                       /* NVRTC's log on failure (or NULL) */
+    const char *error;               /* NVRTC's error name on failure */
+} cm_nvrtc_result;
+
+/* Statuses of cm_nvrtc_compile_nogil. */
+enum {
+    CM_NVRTC_OK = 0,
+    CM_NVRTC_EFAIL,                  /* NVRTC refused: res->log says why */
+    CM_NVRTC_ENOMEM                  /* out of host memory */
+};
+
+/* Load NVRTC once; 0, or -1 with CudaSupportError set.  GIL held. */
+int cm_nvrtc_ensure(void);
+/* The loaded NVRTC's version (after cm_nvrtc_ensure). */
+void cm_nvrtc_version(int *major, int *minor);
+/* The CUDA Toolkit's include directory into buf (for -I); 0 or -1. */
+int cm_nvrtc_include_dir(char *buf, size_t n);
+/* Compile through the disk cache (CUDAMEM_CACHE_DIR); runs without the
+ * GIL, after cm_nvrtc_ensure.  A CM_NVRTC_* status; res is filled on
+ * success and holds the log on CM_NVRTC_EFAIL. */
+int cm_nvrtc_compile_nogil(const cm_nvrtc_req *req, cm_nvrtc_result *res);
+/* Free what res holds (n_names as in the request). */
+void cm_nvrtc_result_clear(cm_nvrtc_result *res, int n_names);
+
+/* ------------------------------------------------------------------ */
 /* kernels.c: internal kernels (NVRTC on a GPU, host code on the sim)  */
 /* ------------------------------------------------------------------ */
 
@@ -556,6 +611,11 @@ Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
 int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
             int async);
 
+/* Whether o is a cudamem device array (DeviceNDArrayBase or a subclass):
+ * 1 with the address of its first element in *ptr, else 0.  The fast
+ * path for kernel arguments; never raises. */
+int cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr);
+
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */
@@ -575,5 +635,6 @@ int cm_ipc_init(PyObject *mod, cm_state *st);
 /* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle made by
  * cudamem._ipc._export_array. */
 PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
+int cm_kernel_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

@@ -968,6 +968,16 @@ cm_da_check(PyObject *o)
     return PyObject_TypeCheck(o, ST->DeviceNDArrayBase_type);
 }
 
+int
+cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr)
+{
+    if (!cm_da_check(o)) {
+        return 0;
+    }
+    *ptr = ((cm_da *)o)->ptr;
+    return 1;
+}
+
 static void
 cm_da_view(cm_da *a, cm_view *v)
 {

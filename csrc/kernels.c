@@ -1,343 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kernels.c: cudamem's internal kernels and the NVRTC loader.
+ * kernels.c: cudamem's internal kernels.
  *
  * One operation serves element assignment with broadcasting and casting,
  * transposition, and every device-to-device copy the driver's copy calls
  * cannot express: an N-d strided copy with a cast, dst[i] = cast(src[i])
  * over a shape, with byte strides on both sides (zero strides on the
  * source broadcast it).  On a GPU it is a CUDA C kernel compiled with
- * NVRTC (loaded at run time) per (destination type, source type) pair on
- * first use, for the device's architecture, cached on disk; on the
+ * NVRTC (nvrtc.c) per (destination type, source type) pair on first
+ * use, for the device's architecture, cached on disk; on the
  * simulator the same conversion code (convert.h) runs as a host function
  * in stream order.
  *
- * Owns: the NVRTC function table (filled once), and a small in-memory
- * table of loaded kernels per context.  Locking: the GIL guards both
- * tables; compilation runs with the GIL released on local data only.
+ * Owns: a small in-memory table of loaded kernels per context.  Locking:
+ * the GIL guards it; compilation runs with the GIL released on local data
+ * only.
  */
 #include "cm.h"
 #include "convert.h"
 
-#include <dlfcn.h>
-#include <errno.h>
-#include <nvrtc.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-/* ------------------------------------------------------------------ */
-/* NVRTC, loaded at run time                                           */
-/* ------------------------------------------------------------------ */
-
-typedef struct {
-    nvrtcResult (*Version)(int *, int *);
-    nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *,
-                                 int, const char *const *,
-                                 const char *const *);
-    nvrtcResult (*DestroyProgram)(nvrtcProgram *);
-    nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
-    nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
-    nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
-    nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
-    nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
-    nvrtcResult (*GetPTXSize)(nvrtcProgram, size_t *);
-    nvrtcResult (*GetPTX)(nvrtcProgram, char *);
-    const char *(*GetErrorString)(nvrtcResult);
-} cm_nvrtc_table;
-
-static cm_nvrtc_table cm_nvrtc;       /* filled once, GIL held */
-static int cm_nvrtc_tried;            /* a load was attempted */
-static int cm_nvrtc_major;            /* NVRTC version, for cache keys */
-static int cm_nvrtc_minor;
-static char cm_nvrtc_error[512];      /* why loading failed */
-
-/* Try one library path; 0 when every entry point was found. */
-static int
-cm_nvrtc_open(const char *path)
-{
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-
-    if (h == NULL) {
-        return -1;
-    }
-#define CM_NVRTC_SYM(field, name)                                       \
-    *(void **)&cm_nvrtc.field = dlsym(h, name);                         \
-    if (cm_nvrtc.field == NULL) {                                       \
-        goto err_close;                                                 \
-    }
-    CM_NVRTC_SYM(Version, "nvrtcVersion")
-    CM_NVRTC_SYM(CreateProgram, "nvrtcCreateProgram")
-    CM_NVRTC_SYM(DestroyProgram, "nvrtcDestroyProgram")
-    CM_NVRTC_SYM(CompileProgram, "nvrtcCompileProgram")
-    CM_NVRTC_SYM(GetProgramLogSize, "nvrtcGetProgramLogSize")
-    CM_NVRTC_SYM(GetProgramLog, "nvrtcGetProgramLog")
-    CM_NVRTC_SYM(GetCUBINSize, "nvrtcGetCUBINSize")
-    CM_NVRTC_SYM(GetCUBIN, "nvrtcGetCUBIN")
-    CM_NVRTC_SYM(GetPTXSize, "nvrtcGetPTXSize")
-    CM_NVRTC_SYM(GetPTX, "nvrtcGetPTX")
-    CM_NVRTC_SYM(GetErrorString, "nvrtcGetErrorString")
-#undef CM_NVRTC_SYM
-    if (cm_nvrtc.Version(&cm_nvrtc_major, &cm_nvrtc_minor)
-        != NVRTC_SUCCESS) {
-        goto err_close;
-    }
-    return 0;
-
-err_close:
-    memset(&cm_nvrtc, 0, sizeof(cm_nvrtc));
-    dlclose(h);
-    return -1;
-}
-
-/* Load NVRTC once; 0, or -1 with CudaSupportError set. */
-static int
-cm_nvrtc_ensure(void)
-{
-    static const char *const names[] = {
-        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2",
-        "libnvrtc.so", NULL};
-    const char *env = getenv("CUDAMEM_NVRTC_LIBRARY");
-    const char *roots[3];
-    char path[1024];
-    int i;
-    int ok = -1;
-
-    if (cm_nvrtc.CompileProgram != NULL) {
-        return 0;
-    }
-    if (!cm_nvrtc_tried) {
-        cm_nvrtc_tried = 1;
-        roots[0] = getenv("CUDA_HOME");
-        roots[1] = getenv("CUDA_PATH");
-        roots[2] = "/usr/local/cuda";
-        if (env != NULL && env[0] != '\0') {
-            ok = cm_nvrtc_open(env);
-        }
-        else {
-            for (i = 0; ok < 0 && names[i] != NULL; i++) {
-                ok = cm_nvrtc_open(names[i]);
-            }
-            for (i = 0; ok < 0 && i < 3; i++) {
-                if (roots[i] == NULL || roots[i][0] == '\0') {
-                    continue;
-                }
-                snprintf(path, sizeof(path), "%s/lib64/libnvrtc.so",
-                         roots[i]);
-                ok = cm_nvrtc_open(path);
-            }
-        }
-        if (ok < 0) {
-            snprintf(cm_nvrtc_error, sizeof(cm_nvrtc_error),
-                     "NVRTC could not be loaded (tried %s): cudamem "
-                     "compiles its internal kernels with it. Install the "
-                     "CUDA Toolkit's NVRTC, or point CUDA_HOME or "
-                     "CUDAMEM_NVRTC_LIBRARY at it.",
-                     env != NULL && env[0] != '\0'
-                         ? env : "libnvrtc.so.13/.12/.11.2 and CUDA_HOME");
-        }
-    }
-    if (cm_nvrtc.CompileProgram == NULL) {
-        PyErr_SetString(cm_st->CudaSupportError, cm_nvrtc_error);
-        return -1;
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Compilation with a disk cache                                       */
-/* ------------------------------------------------------------------ */
-
-static uint64_t
-cm_fnv1a(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-/* The cache directory into buf, created if needed; 0 or -1 (no cache). */
-static int
-cm_cache_dir(char *buf, size_t n)
-{
-    const char *d = getenv("CUDAMEM_CACHE_DIR");
-    const char *home;
-    char *p;
-
-    if (d != NULL && d[0] != '\0') {
-        snprintf(buf, n, "%s", d);
-    }
-    else if ((d = getenv("XDG_CACHE_HOME")) != NULL && d[0] != '\0') {
-        snprintf(buf, n, "%s/cudamem", d);
-    }
-    else if ((home = getenv("HOME")) != NULL && home[0] != '\0') {
-        snprintf(buf, n, "%s/.cache/cudamem", home);
-    }
-    else {
-        return -1;
-    }
-    for (p = buf + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(buf, 0755) < 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = '/';
-        }
-    }
-    if (mkdir(buf, 0755) < 0 && errno != EEXIST) {
-        return -1;
-    }
-    return 0;
-}
-
-/* Read a whole file into a malloc'd buffer; NULL if absent. */
-static char *
-cm_read_file(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-
-    if (f == NULL) {
-        return NULL;
-    }
-    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) <= 0
-        || fseek(f, 0, SEEK_SET) != 0) {
-        goto out_close;
-    }
-    buf = malloc((size_t)n);
-    if (buf != NULL && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    *size = (size_t)n;
-out_close:
-    fclose(f);
-    return buf;
-}
-
-/* Write a file atomically (temporary name, then rename); best effort. */
-static void
-cm_write_file(const char *path, const char *data, size_t size)
-{
-    char tmp[1300];
-    FILE *f;
-    int ok;
-
-    if (snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid())
-        >= (int)sizeof(tmp)) {
-        return;
-    }
-    f = fopen(tmp, "wb");
-    if (f == NULL) {
-        return;
-    }
-    ok = fwrite(data, 1, size, f) == size;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-    }
-}
-
-/*
- * Compile src for compute capability major.minor into a cubin (or PTX
- * when NVRTC does not know that architecture), through the disk cache.
- * Runs without the GIL.  Returns a malloc'd image, or NULL with a
- * malloc'd message in *err.
- */
-static char *
-cm_compile_nogil(const char *src, const char *name, int major, int minor,
-                 char **err)
-{
-    char cache[1024];
-    char path[1200];
-    char arch[64];
-    const char *opts[3];
-    nvrtcProgram prog = NULL;
-    nvrtcResult rc;
-    char *image = NULL;
-    size_t size = 0;
-    uint64_t key = 1469598103934665603ULL;
-    int have_cache;
-    int ptx;
-
-    key = cm_fnv1a(key, src, strlen(src));
-    snprintf(arch, sizeof(arch), "%d.%d/%d.%d", major, minor,
-             cm_nvrtc_major, cm_nvrtc_minor);
-    key = cm_fnv1a(key, arch, strlen(arch));
-    have_cache = cm_cache_dir(cache, sizeof(cache)) == 0;
-    if (have_cache) {
-        snprintf(path, sizeof(path), "%s/kernel-%016llx.bin", cache,
-                 (unsigned long long)key);
-        image = cm_read_file(path, &size);
-        if (image != NULL) {
-            return image;
-        }
-    }
-    for (ptx = 0; ptx < 2; ptx++) {
-        snprintf(arch, sizeof(arch), "--gpu-architecture=%s_%d%d",
-                 ptx ? "compute" : "sm", major, minor);
-        opts[0] = arch;
-        opts[1] = "--std=c++17";
-        opts[2] = "-default-device";
-        rc = cm_nvrtc.CreateProgram(&prog, src, name, 0, NULL, NULL);
-        if (rc != NVRTC_SUCCESS) {
-            break;
-        }
-        rc = cm_nvrtc.CompileProgram(prog, 3, opts);
-        if (rc == NVRTC_SUCCESS) {
-            break;
-        }
-        if (ptx || rc != NVRTC_ERROR_INVALID_OPTION) {
-            break;
-        }
-        cm_nvrtc.DestroyProgram(&prog);
-        prog = NULL;
-    }
-    if (rc != NVRTC_SUCCESS) {
-        size_t n = 0;
-        const char *what = cm_nvrtc.GetErrorString(rc);
-
-        if (prog != NULL && cm_nvrtc.GetProgramLogSize(prog, &n)
-                                == NVRTC_SUCCESS) {
-            *err = malloc(n + strlen(what) + 64);
-            if (*err != NULL) {
-                int k = sprintf(*err, "NVRTC failed (%s) compiling %s:\n",
-                                what, name);
-                if (cm_nvrtc.GetProgramLog(prog, *err + k)
-                    != NVRTC_SUCCESS) {
-                    (*err)[k] = '\0';
-                }
-            }
-        }
-        goto out_destroy;
-    }
-    if ((ptx ? cm_nvrtc.GetPTXSize(prog, &size)
-             : cm_nvrtc.GetCUBINSize(prog, &size)) != NVRTC_SUCCESS
-        || (image = malloc(size)) == NULL
-        || (ptx ? cm_nvrtc.GetPTX(prog, image)
-                : cm_nvrtc.GetCUBIN(prog, image)) != NVRTC_SUCCESS) {
-        free(image);
-        image = NULL;
-        goto out_destroy;
-    }
-    if (have_cache) {
-        cm_write_file(path, image, size);
-    }
-out_destroy:
-    if (prog != NULL) {
-        cm_nvrtc.DestroyProgram(&prog);
-    }
-    return image;
-}
 
 /* ------------------------------------------------------------------ */
 /* The strided copy-and-cast kernel                                    */
@@ -405,15 +88,15 @@ static int
 cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
               CUfunction *out)
 {
+    static const char *const opts[] = {"--std=c++17", "-default-device"};
     cm_kentry *e;
+    cm_nvrtc_req req;
+    cm_nvrtc_result res;
     char *src = NULL;
-    char *image = NULL;
-    char *err = NULL;
     char defs[160];
     size_t n;
     int i;
-    int major = ctx->device->cc_major;
-    int minor = ctx->device->cc_minor;
+    int status;
     CUmodule mod = NULL;
     CUfunction fn = NULL;
 
@@ -447,22 +130,35 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
     }
     snprintf(src, n, "%s%s\n%s%s", cm_kernel_prefix, cm_convert_src, defs,
              cm_kernel_body);
+    memset(&req, 0, sizeof(req));
+    req.src = src;
+    req.name = "cudamem_copy_cast.cu";
+    req.major = ctx->device->cc_major;
+    req.minor = ctx->device->cc_minor;
+    req.n_opts = 2;
+    req.opts = opts;
     Py_BEGIN_ALLOW_THREADS
-    image = cm_compile_nogil(src, "cudamem_copy_cast.cu", major, minor,
-                             &err);
+    status = cm_nvrtc_compile_nogil(&req, &res);
     Py_END_ALLOW_THREADS
     free(src);
-    if (image == NULL) {
-        PyErr_Format(PyExc_RuntimeError, "%s",
-                     err != NULL ? err : "NVRTC compilation failed");
-        free(err);
+    if (status != CM_NVRTC_OK) {
+        if (status == CM_NVRTC_ENOMEM) {
+            PyErr_NoMemory();
+        }
+        else {
+            PyErr_Format(PyExc_RuntimeError,
+                         "NVRTC failed (%s) compiling %s:\n%s",
+                         res.error != NULL ? res.error : "?", req.name,
+                         res.log != NULL ? res.log : "");
+        }
+        cm_nvrtc_result_clear(&res, 0);
         return -1;
     }
-    if (CM_CU(ModuleLoadData, (&mod, image)) < 0) {
-        free(image);
+    i = CM_CU(ModuleLoadData, (&mod, res.image));
+    cm_nvrtc_result_clear(&res, 0);
+    if (i < 0) {
         return -1;
     }
-    free(image);
     if (CM_CU(ModuleGetFunction, (&fn, mod, "cm_copy_cast")) < 0) {
         (void)CM_CU_RAW(ModuleUnload, (mod));
         return -1;

@@ -30,6 +30,10 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->config);
     Py_VISIT(st->Stream_type);
     Py_VISIT(st->Event_type);
+    Py_VISIT(st->Module_type);
+    Py_VISIT(st->Kernel_type);
+    Py_VISIT(st->Launcher_type);
+    Py_VISIT(st->CompileError);
     Py_VISIT(st->CudaSupportError);
     Py_VISIT(st->CudaDriverError);
     Py_VISIT(st->CudaAPIError);
@@ -56,6 +60,10 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->config);
     Py_CLEAR(st->Stream_type);
     Py_CLEAR(st->Event_type);
+    Py_CLEAR(st->Module_type);
+    Py_CLEAR(st->Kernel_type);
+    Py_CLEAR(st->Launcher_type);
+    Py_CLEAR(st->CompileError);
     Py_CLEAR(st->CudaSupportError);
     Py_CLEAR(st->CudaDriverError);
     Py_CLEAR(st->CudaAPIError);
@@ -69,6 +77,7 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->str_stream);
     Py_CLEAR(st->str_descr);
     Py_CLEAR(st->str_mask);
+    Py_CLEAR(st->str_cai);
     return 0;
 }
 
@@ -141,7 +150,8 @@ cm_module_exec(PyObject *mod)
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
         || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
         || cm_kernels_init(mod, st) < 0
-        || cm_devicearray_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0) {
+        || cm_devicearray_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
+        || cm_kernel_init(mod, st) < 0) {
         cm_st = NULL;
         return -1;
     }

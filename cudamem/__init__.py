@@ -29,8 +29,11 @@ from ._core import (
     DeviceNDArrayBase,
     DeviceRecord,
     Event,
+    Kernel,
+    Module,
     Stream,
     as_cuda_array,
+    compile,
     current_context,
     default_stream,
     device_array,
@@ -65,6 +68,7 @@ from ._emm import (
     set_memory_manager,
 )
 from ._errors import (
+    CompileError,
     CudaAPIError,
     CudaDriverError,
     CudaOutOfMemoryError,
@@ -72,12 +76,14 @@ from ._errors import (
     MemoryInfo,
 )
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
+from ._kernel import DeviceSymbol
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AutoFreePointer",
     "BaseCUDAMemoryManager",
+    "CompileError",
     "Context",
     "CudaAPIError",
     "CudaDriverError",
@@ -87,20 +93,24 @@ __all__ = [
     "DeviceNDArray",
     "DeviceNDArrayBase",
     "DeviceRecord",
+    "DeviceSymbol",
     "Event",
     "GetIpcHandleMixin",
     "HostOnlyCUDAMemoryManager",
     "IpcArrayHandle",
     "IpcHandle",
+    "Kernel",
     "ManagedMemory",
     "MappedMemory",
     "MemoryInfo",
     "MemoryPointer",
+    "Module",
     "OwnedPointer",
     "PinnedMemory",
     "Stream",
     "as_cuda_array",
     "close",
+    "compile",
     "config",
     "cuda_error",
     "current_context",

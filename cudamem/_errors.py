@@ -8,6 +8,7 @@ classes that pickle by value.
 from collections import namedtuple
 
 __all__ = [
+    "CompileError",
     "CudaAPIError",
     "CudaDriverError",
     "CudaOutOfMemoryError",
@@ -66,6 +67,26 @@ class CudaAPIError(CudaDriverError):
 
 class CudaOutOfMemoryError(CudaAPIError, MemoryError):
     """CUDA_ERROR_OUT_OF_MEMORY: a CudaAPIError that is also a MemoryError."""
+
+
+class CompileError(Exception):
+    """NVRTC rejected a CUDA C source (``cudamem.compile``).
+
+    ``msg`` is the message (NVRTC's error name and the program name
+    followed by the log); ``log`` is NVRTC's program log alone, with the
+    file, line and text of every error and warning.
+    """
+
+    def __init__(self, msg="", log=""):
+        super().__init__(msg)
+        self.msg = msg
+        self.log = log
+
+    def __str__(self):
+        return self.msg
+
+    def __reduce__(self):
+        return (type(self), (self.msg, self.log))
 
 
 MemoryInfo = namedtuple("MemoryInfo", "free,total")
