@@ -3901,7 +3901,12 @@ static PyMemberDef cm_da_members[] = {
 
 PyDoc_STRVAR(cm_base_doc,
 "What device arrays and device records share: layout attributes, the\n"
-"copies and the CUDA Array Interface.");
+"copies and the CUDA Array Interface.\n\n"
+"Notes\n-----\n"
+"Unlike numba's, these arrays do not set __cuda_ndarray__: numba takes\n"
+"that attribute to mean one of its own arrays and reads its internals,\n"
+"so a numba kernel would refuse a cudamem array.  Without it numba\n"
+"kernels accept cudamem arrays through __cuda_array_interface__.");
 
 static PyType_Slot cm_base_slots[] = {
     {Py_tp_doc, (void *)cm_base_doc},
@@ -4082,11 +4087,12 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
     if (st->DeviceNDArrayBase_type == NULL) {
         return -1;
     }
-    /* Class attributes, set before anything can see the type. */
+    /* Class attributes, set before anything can see the type.  No
+     * __cuda_ndarray__: numba reads it as "one of numba's own arrays" and
+     * then reaches into numba internals; without it numba kernels take
+     * cudamem arrays through the CUDA Array Interface. */
     if (PyDict_SetItemString(st->DeviceNDArrayBase_type->tp_dict,
-                             "__cuda_memory__", Py_True) < 0
-        || PyDict_SetItemString(st->DeviceNDArrayBase_type->tp_dict,
-                                "__cuda_ndarray__", Py_True) < 0) {
+                             "__cuda_memory__", Py_True) < 0) {
         return -1;
     }
     PyType_Modified(st->DeviceNDArrayBase_type);

@@ -618,6 +618,26 @@ def test_numba_kernel_on_cudamem_memory(ctx):
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:.*Grid size")
+def test_numba_kernel_takes_a_cudamem_array_directly(ctx):
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+    ncuda = pytest.importorskip("numba.cuda")
+
+    @ncuda.jit
+    def twice(x):
+        i = ncuda.grid(1)
+        if i < x.size:
+            x[i] *= 2
+
+    host = np.arange(64, dtype=np.float64)
+    d = cudamem.to_device(host)
+    twice[1, 64](d)  # no as_cuda_array: the CAI is enough
+    ncuda.synchronize()
+    assert np.array_equal(d.copy_to_host(), host * 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:.*Grid size")
 def test_cudamem_kernel_on_numba_array(nvrtc, cache_dir, fill):
     if not hasattr(np, "row_stack"):
         np.row_stack = np.vstack
