@@ -3,7 +3,8 @@
 
 ``import cudamem as cuda`` gives numba.cuda's memory API (devices and
 contexts, device arrays, transfers, pinned / mapped / managed memory,
-streams and events, deferred deallocation, the CUDA Array Interface)
+streams and events, deferred deallocation, the CUDA Array Interface,
+DLPack)
 without numba.  The driver is loaded at run time; set
 ``CUDAMEM_SIMULATOR=1`` to run everything on the CPU simulator.
 """
@@ -34,6 +35,7 @@ from ._core import (
     device_array_like,
     driver_version,
     from_cuda_array_interface,
+    from_dlpack,
     get_current_device,
     is_cuda_array,
     memory_stats,
@@ -96,6 +98,7 @@ __all__ = [
     "device_array_like",
     "driver_version",
     "from_cuda_array_interface",
+    "from_dlpack",
     "get_current_device",
     "gpus",
     "is_available",
