@@ -606,6 +606,18 @@ const char cm_dlpack_device_doc[] =
 /* Import                                                              */
 /* ------------------------------------------------------------------ */
 
+/* Drop a capsule with any pending exception saved: the destructor of a
+ * refused capsule runs the producer's deleter, which may run Python
+ * code. */
+static void
+cm_dl_drop(PyObject *cap)
+{
+    PyObject *exc = PyErr_GetRaisedException();
+
+    Py_DECREF(cap);
+    PyErr_SetRaisedException(exc);
+}
+
 /* The destructor of an owner capsule: the last view is gone, so the
  * producer's tensor is deleted (exactly once: only this capsule holds
  * it). */
@@ -777,7 +789,7 @@ cm_dl_consume(PyObject *cap)
     }
     res = cm_da_wrap(t->ndim, shape, strides, dtype,
                      nonempty ? (CUdeviceptr)ptr : 0, owner, NULL);
-    Py_DECREF(owner);
+    cm_dl_drop(owner);
     Py_DECREF(dtype);
     return res;
 err_dtype:
@@ -836,8 +848,10 @@ cm_from_dlpack(PyObject *mod, PyObject *obj)
     PyObject *cap;
     PyObject *res;
     PyObject *h;
+    PyObject *meth;
     long long type = CM_DLDEV_CUDA;
     long long id = 0;
+    int r;
 
     (void)mod;
     if (PyCapsule_CheckExact(obj)) {
@@ -845,6 +859,16 @@ cm_from_dlpack(PyObject *mod, PyObject *obj)
             return NULL;
         }
         return cm_dl_consume(obj);
+    }
+    r = PyObject_GetOptionalAttr(obj, cm_str_dlpack, &meth);
+    Py_XDECREF(meth);
+    if (r <= 0) {
+        if (r == 0) {
+            PyErr_Format(PyExc_TypeError,
+                         "from_dlpack: %.100s has no __dlpack__ method",
+                         Py_TYPE(obj)->tp_name);
+        }
+        return NULL;
     }
     if (cm_dl_query_device(obj, &type, &id) < 0) {
         return NULL;
@@ -888,11 +912,12 @@ cm_from_dlpack(PyObject *mod, PyObject *obj)
                      "from_dlpack: %.100s.__dlpack__() returned %.100s, not "
                      "a capsule", Py_TYPE(obj)->tp_name,
                      Py_TYPE(cap)->tp_name);
-        Py_DECREF(cap);
-        return NULL;
+        res = NULL;
     }
-    res = cm_dl_consume(cap);
-    Py_DECREF(cap);
+    else {
+        res = cm_dl_consume(cap);
+    }
+    cm_dl_drop(cap);
     return res;
 }
 
