@@ -16,6 +16,7 @@ import ctypes
 import gc
 import sys
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -658,10 +659,9 @@ def test_torch_round_trips(ctx):
     np.testing.assert_array_equal(host(v), np.arange(6).reshape(2, 3).T)
     v[0, 0] = 50  # cudamem writes into PyTorch's memory
     assert int(tt[0, 0]) == 50
-    # through the capsule, both kinds
-    for cap in (d.__dlpack__(), d.__dlpack__(max_version=(1, 0))):
-        t2 = torch.from_dlpack(cap)
-        assert t2.data_ptr() == ptr(d)
+    # a legacy capsule handed over directly
+    t2 = torch.from_dlpack(d.__dlpack__())
+    assert t2.data_ptr() == ptr(d)
 
 
 @pytest.mark.gpu
@@ -675,11 +675,14 @@ def test_torch_deleter_runs_once(ctx):
     gc.collect()
     assert sys.getrefcount(d) == base
     t = torch.ones(5, device="cuda")
-    w = weakref.ref(t)
     v = cuda.from_dlpack(t)
+    assert ptr(v) == t.data_ptr()
     del t
     gc.collect()
-    assert w() is not None or v.size == 5  # the storage stays alive
+    # The view keeps PyTorch's storage: a new tensor does not reuse it.
+    t2 = torch.zeros(5, device="cuda")
+    torch.cuda.synchronize()
+    assert t2.data_ptr() != ptr(v)
     np.testing.assert_array_equal(host(v), np.ones(5))
 
 
@@ -703,10 +706,10 @@ def test_cupy_round_trips(ctx):
     assert a.data.ptr == ptr(d)
     kernel = cp.ElementwiseKernel("int32 x", "int32 y", "y = x * 3",
                                   "cm_triple")
-    kernel(a, a)  # CuPy's kernel writes into cudamem's memory
+    kernel(cp.arange(10, dtype=cp.int32), a)  # CuPy writes into cudamem's
     cp.cuda.get_current_stream().synchronize()
     np.testing.assert_array_equal(host(d), np.arange(10) * 3)
-    b = cp.arange(12, dtype=cp.float64).reshape(3, 4)[:, ::-1]
+    b = cp.arange(12, dtype=cp.float64).reshape(3, 4).T
     v = cuda.from_dlpack(b)
     assert ptr(v) == b.data.ptr and v.strides == b.strides
     np.testing.assert_array_equal(host(v), cp.asnumpy(b))
@@ -718,7 +721,6 @@ def test_cupy_round_trips(ctx):
 def test_numba_interop(ctx):
     ncuda = _numba_cuda()
 
-    @ncuda.jit
     def add_one(x):
         i = ncuda.grid(1)
         if i < x.size:
@@ -727,7 +729,9 @@ def test_numba_interop(ctx):
     d = cuda.to_device(np.arange(64, dtype=np.float32))
     nd = ncuda.as_cuda_array(d)  # numba's view of cudamem's memory
     assert nd.device_ctypes_pointer.value == ptr(d)
-    add_one[1, 64](nd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numba's small-grid warning
+        ncuda.jit(add_one)[1, 64](nd)  # numba's kernel writes into it
     ncuda.synchronize()
     np.testing.assert_array_equal(host(d), np.arange(1, 65))
     theirs = ncuda.to_device(np.arange(8, dtype=np.int16))
