@@ -337,6 +337,7 @@ cm_dl_order(PyObject *arr, uintptr_t consumer)
 {
     CUstream ph = NULL;
     CUevent ev = NULL;
+    CUresult drc;
     uintptr_t producer;
     int r;
 
@@ -363,8 +364,9 @@ cm_dl_order(PyObject *arr, uintptr_t consumer)
     r = CM_CU(EventRecord, (ev, ph)) < 0
         || CM_CU(StreamWaitEvent, ((CUstream)consumer, ev, 0)) < 0 ? -1 : 0;
     /* The driver keeps the event until the wait is resolved. */
-    if (CM_CU_RAW(EventDestroy, (ev)) != CUDA_SUCCESS && r == 0) {
-        r = CM_CU(EventDestroy, (ev));
+    drc = CM_CU_RAW(EventDestroy, (ev));
+    if (r == 0) {
+        r = cm_cu_check(drc, "cuEventDestroy");
     }
     return r;
 }
@@ -403,6 +405,29 @@ cm_dl_copy(PyObject *self, const cm_da_desc *d)
     return res;
 }
 
+/* Whether DLPack can describe an array: its dtype and its strides (in
+ * whole elements).  0, or -1 with BufferError. */
+static int
+cm_dl_check_exportable(const cm_da_desc *d, cm_dl_dtype *dt)
+{
+    int i;
+
+    if (cm_dl_dtype_of(d->dtype, dt) < 0) {
+        return -1;
+    }
+    for (i = 0; i < d->view.ndim; i++) {
+        if (d->view.shape[i] > 1 && d->view.strides[i] % d->view.itemsize) {
+            PyErr_Format(PyExc_BufferError,
+                         "DLPack strides count elements: byte stride %zd "
+                         "of dimension %d is not a multiple of the "
+                         "itemsize %zd", d->view.strides[i], i,
+                         d->view.itemsize);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The capsule of an export of arr (already on the wanted device and
  * ready on the consumer's stream). */
 static PyObject *
@@ -418,20 +443,10 @@ cm_dl_capsule(PyObject *arr, int dl_type, int dev_id, int versioned,
     int i;
 
     (void)cm_da_describe(arr, &d);
-    if (cm_dl_dtype_of(d.dtype, &dt) < 0) {
+    if (cm_dl_check_exportable(&d, &dt) < 0) {
         return NULL;
     }
     n = d.view.ndim;
-    for (i = 0; i < n; i++) {
-        if (d.view.shape[i] > 1 && d.view.strides[i] % d.view.itemsize) {
-            PyErr_Format(PyExc_BufferError,
-                         "DLPack strides count elements: byte stride %zd "
-                         "of dimension %d is not a multiple of the "
-                         "itemsize %zd", d.view.strides[i], i,
-                         d.view.itemsize);
-            return NULL;
-        }
-    }
     x = PyMem_RawMalloc(sizeof(*x) + 2 * (size_t)(n > 0 ? n : 1)
                                      * sizeof(int64_t));
     if (x == NULL) {
@@ -484,6 +499,7 @@ cm_dlpack_export_as(PyObject *self, int dl_type, PyObject *const *args,
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     Py_ssize_t k;
     cm_da_desc d;
+    cm_dl_dtype dt;
     uintptr_t consumer;
     long long a;
     long long b;
@@ -546,13 +562,11 @@ cm_dlpack_export_as(PyObject *self, int dl_type, PyObject *const *args,
             return NULL;
         }
     }
-    /* Refuse an unexportable dtype before copying anything. */
-    {
-        cm_dl_dtype dt;
-
-        if (cm_dl_dtype_of(d.dtype, &dt) < 0) {
-            return NULL;
-        }
+    /* Refuse what DLPack cannot describe before copying or ordering;
+     * a copy is C-contiguous, so only its dtype matters. */
+    if (copy == 1 ? cm_dl_dtype_of(d.dtype, &dt)
+                  : cm_dl_check_exportable(&d, &dt)) {
+        return NULL;
     }
     arr = copy == 1 ? cm_dl_copy(self, &d) : Py_NewRef(self);
     if (arr == NULL) {

@@ -455,9 +455,13 @@ def test_event_failure_raises(ctx, simulator):
         pytest.skip("fault injection is simulator-only")
     d = cuda.to_device(np.arange(5.0))
     base = sys.getrefcount(d)
+    other = 1 if _core._per_thread_default_stream() else 2
     _core._sim_inject("EventRecord", 1, 999)
-    with pytest.raises(cuda.CudaAPIError, match="cuEventRecord"):
-        d.__dlpack__(stream=2)
+    try:
+        with pytest.raises(cuda.CudaAPIError, match="cuEventRecord"):
+            d.__dlpack__(stream=other)
+    finally:
+        _core._sim_inject("EventRecord", 0, 0)
     assert sys.getrefcount(d) == base
 
 
@@ -586,6 +590,7 @@ def test_strides_not_multiple_of_itemsize(ctx):
     d = cuda.from_cuda_array_interface(desc, owner=base)
     with pytest.raises(BufferError, match="multiple of the itemsize"):
         d.__dlpack__()
+    d.__dlpack__(copy=True)  # a copy is C-contiguous
     # a size-1 dimension's stride does not matter
     desc.update(shape=(1, 3), strides=(3, 4))
     cuda.from_dlpack(cuda.from_cuda_array_interface(desc, owner=base))
