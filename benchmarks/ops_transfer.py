@@ -176,6 +176,32 @@ def _cai(make):
     return factory
 
 
+# DLPack ----------------------------------------------------------------------
+
+def _dl_cm_of_torch(cm):
+    obj = _foreign("torch")
+    return lambda: cm.from_dlpack(obj)
+
+
+def _dl_torch_of_cupy(torch):
+    obj = _foreign("cupy")
+    return lambda: torch.from_dlpack(obj)
+
+
+def _dl_cupy_of_torch(cp):
+    obj = _foreign("torch")
+    return lambda: cp.from_dlpack(obj)
+
+
+def _dl_export(make):
+    """__dlpack__() of an array of this library; the unconsumed capsule is
+    dropped at once, so its deleter runs inside the timing too."""
+    def factory(mod):
+        obj = make(mod)
+        return lambda: obj.__dlpack__()
+    return factory
+
+
 OPS = [
     {"name": "device_array_like(256 f4)",
      "impls": {"cudamem": _like_cm, "numba": _like_numba,
@@ -195,6 +221,13 @@ OPS = [
     {"name": "as_cuda_array(torch tensor)",
      "impls": {"cudamem": _wrap_cm("torch"), "numba": _wrap_numba("torch"),
                "cupy": _wrap_cupy_of_torch}},
+    {"name": "from_dlpack(torch tensor)",
+     "impls": {"cudamem": _dl_cm_of_torch, "torch": _dl_torch_of_cupy,
+               "cupy": _dl_cupy_of_torch}},
+    {"name": "__dlpack__()",
+     "impls": {"cudamem": _dl_export(lambda cm: cm.to_device(HOST)),
+               "cupy": _dl_export(_cupy_array),
+               "torch": _dl_export(_torch_tensor)}},
     {"name": "__cuda_array_interface__",
      "impls": {"cudamem": _cai(lambda cm: cm.to_device(HOST)),
                "numba": _cai(lambda cuda: cuda.to_device(HOST)),

@@ -616,6 +616,58 @@ int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
  * path for kernel arguments; never raises. */
 int cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr);
 
+/* What the files that extend device arrays (dlpack.c) see of one: all
+ * borrowed, valid while the array lives. */
+typedef struct {
+    cm_view view;              /* layout; view.addr is the first element */
+    PyArray_Descr *dtype;
+    PyObject *stream;          /* the bound stream (0 or a stream) */
+    PyObject *gpu_data;        /* what keeps the memory alive, or None */
+    cm_context *ctx;           /* the context that allocated the memory
+                                * (default memory manager), else NULL */
+} cm_da_desc;
+
+/* 1 with *d filled when obj is a device array (DeviceNDArrayBase), else
+ * 0. */
+int cm_da_describe(PyObject *obj, cm_da_desc *d);
+/* The effective bound stream of a device array: 1 with the handle in *h
+ * when bound (asynchronous), 0 when unbound, -1 with an exception. */
+int cm_da_bound_stream(PyObject *obj, CUstream *h);
+/* Make the context of a device array's memory current (or the thread's
+ * default context). */
+int cm_da_activate_ctx(PyObject *obj);
+/* A new DeviceNDArray: over memory that owner keeps alive, ptr being the
+ * first logical element, or (owner NULL) over a fresh allocation of the
+ * layout's span in the current context.  stream NULL means 0.  Steals
+ * nothing; an empty array drops owner at once. */
+PyObject *cm_da_wrap(int ndim, const Py_ssize_t *shape,
+                    const Py_ssize_t *strides, PyArray_Descr *dtype,
+                    CUdeviceptr ptr, PyObject *owner, PyObject *stream);
+
+/* ------------------------------------------------------------------ */
+/* dlpack.c: DLPack export and import                                  */
+/* ------------------------------------------------------------------ */
+
+/* DLPack device types of the arrays cudamem exports (API.md, section 14):
+ * device memory, mapped / pinned host memory, managed memory. */
+#define CM_DLDEV_CUDA 2
+#define CM_DLDEV_CUDA_HOST 3
+#define CM_DLDEV_CUDA_MANAGED 13
+
+/* __dlpack__ / __dlpack_device__ of an array over memory of DLPack device
+ * type dl_type (CM_DLDEV_*): the host-backed array types call these from
+ * their own methods with their device type. */
+PyObject *cm_dlpack_export_as(PyObject *self, int dl_type,
+                              PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames);
+PyObject *cm_dlpack_device_as(PyObject *self, int dl_type);
+/* The methods of DeviceNDArrayBase (device memory, kDLCUDA). */
+PyObject *cm_dlpack_export(PyObject *self, PyObject *const *args,
+                           Py_ssize_t nargs, PyObject *kwnames);
+PyObject *cm_dlpack_device(PyObject *self, PyObject *unused);
+extern const char cm_dlpack_export_doc[];
+extern const char cm_dlpack_device_doc[];
+
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */
@@ -635,6 +687,9 @@ int cm_ipc_init(PyObject *mod, cm_state *st);
 /* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle made by
  * cudamem._ipc._export_array. */
 PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
+
+/* init functions of the later files */
 int cm_kernel_init(PyObject *mod, cm_state *st);
+int cm_dlpack_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

@@ -3890,6 +3890,10 @@ static PyMethodDef cm_base_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))cm_da_bind, CM_FAST,
      cm_da_bind_doc},
     {"as_cuda_arg", cm_da_as_cuda_arg, METH_NOARGS, cm_da_as_cuda_arg_doc},
+    {"__dlpack__", (PyCFunction)(void (*)(void))cm_dlpack_export, CM_FAST,
+     cm_dlpack_export_doc},
+    {"__dlpack_device__", cm_dlpack_device, METH_NOARGS,
+     cm_dlpack_device_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -4045,6 +4049,48 @@ static PyMethodDef cm_devicearray_functions[] = {
      cm_from_cai_doc},
     {NULL, NULL, 0, NULL},
 };
+
+/* ------------------------------------------------------------------ */
+/* Hooks for the files that extend device arrays                       */
+/* ------------------------------------------------------------------ */
+
+int
+cm_da_describe(PyObject *obj, cm_da_desc *d)
+{
+    cm_da *a = (cm_da *)obj;
+
+    if (!cm_da_check(obj)) {
+        return 0;
+    }
+    cm_da_view(a, &d->view);
+    d->dtype = a->dtype;
+    d->stream = a->stream;
+    d->gpu_data = a->gpu_data;
+    d->ctx = a->gpu_data != NULL && Py_IS_TYPE(a->gpu_data, ST->Mem_type)
+             ? ((cm_mem *)a->gpu_data)->ctx : NULL;
+    return 1;
+}
+
+int
+cm_da_bound_stream(PyObject *obj, CUstream *h)
+{
+    return cm_effective_stream(NULL, ((cm_da *)obj)->stream, h);
+}
+
+int
+cm_da_activate_ctx(PyObject *obj)
+{
+    return cm_da_activate((cm_da *)obj);
+}
+
+PyObject *
+cm_da_wrap(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+           PyArray_Descr *dtype, CUdeviceptr ptr, PyObject *owner,
+           PyObject *stream)
+{
+    return cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dtype,
+                      ptr, owner, stream);
+}
 
 static PyTypeObject *
 cm_make_type(PyObject *mod, PyType_Spec *spec, PyTypeObject *base)

@@ -3,7 +3,8 @@
 
 ``import cudamem as cuda`` gives numba.cuda's memory API (devices and
 contexts, device arrays, transfers, pinned / mapped / managed memory,
-streams and events, deferred deallocation, the CUDA Array Interface)
+streams and events, deferred deallocation, the CUDA Array Interface,
+DLPack)
 without numba.  The driver is loaded at run time; set
 ``CUDAMEM_SIMULATOR=1`` to run everything on the CPU simulator.
 """
@@ -43,6 +44,7 @@ from ._core import (
     event_elapsed_time,
     external_stream,
     from_cuda_array_interface,
+    from_dlpack,
     get_current_device,
     is_cuda_array,
     legacy_default_stream,
@@ -124,6 +126,7 @@ __all__ = [
     "event_elapsed_time",
     "external_stream",
     "from_cuda_array_interface",
+    "from_dlpack",
     "get_current_device",
     "gpus",
     "is_available",
