@@ -3907,10 +3907,13 @@ PyDoc_STRVAR(cm_base_doc,
 "What device arrays and device records share: layout attributes, the\n"
 "copies and the CUDA Array Interface.\n\n"
 "Notes\n-----\n"
-"Unlike numba's, these arrays do not set __cuda_ndarray__: numba takes\n"
-"that attribute to mean one of its own arrays and reads its internals,\n"
-"so a numba kernel would refuse a cudamem array.  Without it numba\n"
-"kernels accept cudamem arrays through __cuda_array_interface__.");
+"Unlike numba's, these arrays set neither __cuda_memory__ nor\n"
+"__cuda_ndarray__: numba takes those to mean one of its own arrays and\n"
+"reads its internals, so a numba kernel would refuse a cudamem array.\n"
+"Without them numba kernels accept cudamem arrays directly, through\n"
+"__cuda_array_interface__.  cudamem recognises its arrays by type\n"
+"(to_device(d) is d), and still honours a truthy __cuda_memory__ on\n"
+"other objects.");
 
 static PyType_Slot cm_base_slots[] = {
     {Py_tp_doc, (void *)cm_base_doc},
@@ -4133,15 +4136,11 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
     if (st->DeviceNDArrayBase_type == NULL) {
         return -1;
     }
-    /* Class attributes, set before anything can see the type.  No
-     * __cuda_ndarray__: numba reads it as "one of numba's own arrays" and
-     * then reaches into numba internals; without it numba kernels take
-     * cudamem arrays through the CUDA Array Interface. */
-    if (PyDict_SetItemString(st->DeviceNDArrayBase_type->tp_dict,
-                             "__cuda_memory__", Py_True) < 0) {
-        return -1;
-    }
-    PyType_Modified(st->DeviceNDArrayBase_type);
+    /* No __cuda_memory__ / __cuda_ndarray__ class attributes: numba reads
+     * them as "one of numba's own arrays" and reaches into its internals,
+     * so a numba kernel would refuse a cudamem array.  Without them numba
+     * kernels take cudamem arrays through the CUDA Array Interface;
+     * cudamem itself recognises its arrays by type. */
     st->DeviceNDArray_type = cm_make_type(mod, &cm_da_spec,
                                           st->DeviceNDArrayBase_type);
     if (st->DeviceNDArray_type == NULL) {

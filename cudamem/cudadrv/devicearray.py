@@ -20,7 +20,8 @@ def auto_device(obj, stream=0, copy=True, user_explicit=False):
     of it (CUDA Array Interface) with ``copied`` False, else a new device
     copy with ``copied`` True.  ``user_explicit`` is accepted for numba
     compatibility; cudamem never warns about implicit copies here."""
-    if getattr(obj, "__cuda_memory__", False):
+    if isinstance(obj, DeviceNDArrayBase) or getattr(obj, "__cuda_memory__",
+                                                     False):
         return obj, False
     if is_cuda_array(obj):
         return from_cuda_array_interface(obj.__cuda_array_interface__,
