@@ -26,6 +26,10 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->DeviceNDArrayBase_type);
     Py_VISIT(st->DeviceNDArray_type);
     Py_VISIT(st->DeviceRecord_type);
+    Py_VISIT(st->HostMem_type);
+    Py_VISIT(st->HostRegistration_type);
+    Py_VISIT(st->MappedNDArray);
+    Py_VISIT(st->ManagedNDArray);
     Py_VISIT(st->config);
     Py_VISIT(st->CudaSupportError);
     Py_VISIT(st->CudaDriverError);
@@ -49,6 +53,10 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->DeviceNDArrayBase_type);
     Py_CLEAR(st->DeviceNDArray_type);
     Py_CLEAR(st->DeviceRecord_type);
+    Py_CLEAR(st->HostMem_type);
+    Py_CLEAR(st->HostRegistration_type);
+    Py_CLEAR(st->MappedNDArray);
+    Py_CLEAR(st->ManagedNDArray);
     Py_CLEAR(st->config);
     Py_CLEAR(st->CudaSupportError);
     Py_CLEAR(st->CudaDriverError);
@@ -135,7 +143,8 @@ cm_module_exec(PyObject *mod)
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
         || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
         || cm_kernels_init(mod, st) < 0
-        || cm_devicearray_init(mod, st) < 0) {
+        || cm_devicearray_init(mod, st) < 0
+        || cm_hostmem_init(mod, st) < 0) {
         cm_st = NULL;
         return -1;
     }

@@ -9,9 +9,10 @@ from .._core import (
     is_cuda_array,
     to_device,
 )
+from .._hostmem import ManagedNDArray, MappedNDArray
 
 __all__ = ["DeviceNDArray", "DeviceNDArrayBase", "DeviceRecord",
-           "auto_device"]
+           "ManagedNDArray", "MappedNDArray", "auto_device"]
 
 
 def auto_device(obj, stream=0, copy=True, user_explicit=False):
