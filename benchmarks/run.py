@@ -17,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
 
-MODULES = ["ops_alloc"]
+MODULES = ["ops_alloc", "ops_hostmem"]
 
 
 def main(argv=None):
