@@ -15,10 +15,15 @@
  *   blocks go back to the pool.
  * - HostRegistration, what pinned() and mapped() hold: the host ranges of
  *   their arrays, registered with cuMemHostRegister through a
- *   process-wide registry of page ranges counted by their users, so that
+ *   process-wide registry of byte ranges counted by their users, so that
  *   nested and overlapping registrations work.  A registration either
  *   takes all its ranges or none; unregistration is immediate, never
- *   queued.
+ *   queued.  The driver registers exact byte ranges (arrays sharing a
+ *   page are independent) and refuses a copy whose host side starts in
+ *   one registration and runs past its end, so overlapping arrays of one
+ *   call are registered as one range; an array that only partly overlaps
+ *   a range registered by an enclosing block gets the rest registered
+ *   separately, and a single copy across that seam is refused.
  * - The pinned pool (opt-in: CUDAMEM_PINNED_POOL=1): per device, free
  *   lists of page-locked blocks in power-of-two size classes.  A returned
  *   block gets an event recorded on the legacy default stream, which
@@ -34,7 +39,6 @@
 
 #include <string.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 /* What a HostAllocation holds. */
 enum {
@@ -110,7 +114,6 @@ typedef struct {
 static cm_hpool cm_pools[CM_POOL_DEVICES];
 static int cm_pool_on;                /* CUDAMEM_PINNED_POOL */
 static size_t cm_pool_cap;            /* most free bytes kept */
-static size_t cm_page;                /* the host page size */
 
 /* The pool of ctx's device, emptied of blocks of an earlier context
  * (their memory went with that context); NULL if the device has none. */
@@ -1228,10 +1231,10 @@ cm_host_get_flags_fn(PyObject *mod, PyObject *arg)
 /* The registry of registered host ranges                              */
 /* ------------------------------------------------------------------ */
 
-/* A page range registered with the driver as one cuMemHostRegister. */
+/* A byte range registered with the driver by one cuMemHostRegister. */
 typedef struct cm_piece {
-    uintptr_t lo;             /* first byte, page-aligned */
-    uintptr_t hi;             /* end, page-aligned */
+    uintptr_t lo;             /* first byte */
+    uintptr_t hi;             /* end */
     long users;               /* registrations holding it */
     struct cm_piece *next;    /* the next piece up in address */
 } cm_piece;
@@ -1506,7 +1509,42 @@ cm_reg_plugin(cm_hostreg *r)
     return 0;
 }
 
-/* Register every array's pages (none that are already page-locked by
+/* Sort the [lo, hi) pairs of ranges (nr entries, two per range) and
+ * merge those that overlap or touch; the new entry count.  One driver
+ * registration then covers overlapping arrays: the driver refuses a copy
+ * whose host side starts in one registration and leaves it. */
+static Py_ssize_t
+cm_ranges_coalesce(uintptr_t *ranges, Py_ssize_t nr)
+{
+    Py_ssize_t i;
+    Py_ssize_t j;
+    Py_ssize_t out = 0;
+
+    for (i = 2; i < nr; i += 2) {
+        uintptr_t lo = ranges[i];
+        uintptr_t hi = ranges[i + 1];
+
+        for (j = i; j > 0 && ranges[j - 2] > lo; j -= 2) {
+            ranges[j] = ranges[j - 2];
+            ranges[j + 1] = ranges[j - 1];
+        }
+        ranges[j] = lo;
+        ranges[j + 1] = hi;
+    }
+    for (i = 0; i < nr; i += 2) {
+        if (out > 0 && ranges[i] <= ranges[out - 1]) {
+            if (ranges[i + 1] > ranges[out - 1]) {
+                ranges[out - 1] = ranges[i + 1];
+            }
+            continue;
+        }
+        ranges[out++] = ranges[i];
+        ranges[out++] = ranges[i + 1];
+    }
+    return out;
+}
+
+/* Register every array's bytes (none that are already page-locked by
  * cudamem), all or nothing. */
 static int
 cm_reg_default(cm_hostreg *r)
@@ -1534,9 +1572,10 @@ cm_reg_default(cm_hostreg *r)
             || !cm_array_range((PyArrayObject *)a, &lo, &hi)) {
             continue;
         }
-        ranges[nr++] = lo & ~(uintptr_t)(cm_page - 1);
-        ranges[nr++] = (hi + cm_page - 1) & ~(uintptr_t)(cm_page - 1);
+        ranges[nr++] = lo;
+        ranges[nr++] = hi;
     }
+    nr = cm_ranges_coalesce(ranges, nr);
     if (nr > 0) {
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(cm_reg_lock, WAIT_LOCK);
@@ -2146,10 +2185,8 @@ int
 cm_hostmem_init(PyObject *mod, cm_state *st)
 {
     const char *v = getenv("CUDAMEM_PINNED_POOL");
-    long ps = sysconf(_SC_PAGESIZE);
     int i;
 
-    cm_page = ps > 0 ? (size_t)ps : 4096;
     cm_pool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
     cm_pool_cap = cm_pool_default_cap();
     if (cm_reg_lock == NULL) {

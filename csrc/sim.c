@@ -56,8 +56,8 @@
 #define SIM_DEFAULT_MEMORY ((size_t)1 << 30)
 /* Device allocations are charged in multiples of this. */
 #define SIM_GRANULE 256
-/* Alignment (and rounding) of device, managed and pinned host
- * allocations: whole pages. */
+/* Alignment of device and pinned host allocations. */
+#define SIM_DEVICE_ALIGN 256
 #define SIM_HOST_ALIGN 4096
 /* CU_DEVICE_ATTRIBUTE_MAX_PITCH, also the largest pitch a copy accepts. */
 #define SIM_MAX_PITCH 2147483647
@@ -2080,12 +2080,7 @@ sim_device_alloc(CUdeviceptr *dptr, size_t size, int kind, unsigned int flags)
             || charged > sim.capacity - sim.dev[c->dev].used) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
-        /* Whole host pages, so that no host array shares a page with
-         * simulated device memory (page-granular registration of host
-         * arrays must not see it). */
-        else if (posix_memalign(&mem, SIM_HOST_ALIGN,
-                                (size + (SIM_HOST_ALIGN - 1))
-                                & ~(size_t)(SIM_HOST_ALIGN - 1)) != 0) {
+        else if (posix_memalign(&mem, SIM_DEVICE_ALIGN, size) != 0) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
         else {
@@ -2198,13 +2193,7 @@ sim_MemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     sim_lock();
     rc = sim_current(&c);
     if (rc == CUDA_SUCCESS) {
-        /* Whole pages, as the driver pins them: nothing else shares
-         * the last page. */
-        size_t pages = (bytesize + (SIM_HOST_ALIGN - 1))
-                       & ~(size_t)(SIM_HOST_ALIGN - 1);
-
-        if (pages < bytesize
-            || posix_memalign(&mem, SIM_HOST_ALIGN, pages) != 0) {
+        if (posix_memalign(&mem, SIM_HOST_ALIGN, bytesize) != 0) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
         else {
@@ -2246,7 +2235,7 @@ sim_MemHostGetFlags(unsigned int *pFlags, void *p)
     rc = sim_current(&c);
     if (rc == CUDA_SUCCESS) {
         a = sim_alloc_find((uintptr_t)p);
-        if (a == NULL || a->kind != SIM_MEM_HOST || a->dying) {
+        if (a == NULL || a->kind != SIM_MEM_HOST) {
             rc = CUDA_ERROR_INVALID_VALUE;
         }
         else {

@@ -248,6 +248,14 @@ def test_pinned_copies_work_inside(ctx):
     np.testing.assert_array_equal(a, out)
 
 
+def test_pinned_overlapping_arrays_copy_in_one_block(ctx):
+    big = np.zeros(100000, np.uint8)
+    d = cudamem.to_device(np.full(70000, 3, np.uint8))
+    with cudamem.pinned(big[:60000], big[30000:]):
+        d.copy_to_host(big[30000:])  # one registration covers both
+    assert (big[30000:] == 3).all()
+
+
 def test_pinned_odd_arrays(ctx):
     ro = np.arange(100.0)
     ro.flags.writeable = False
@@ -303,12 +311,16 @@ def test_pinned_conflict_with_foreign_registration(ctx):
 def test_pinned_failure_part_way_leaves_nothing(ctx, simulator):
     if not simulator:
         pytest.skip("fault injection needs the simulator")
-    a = np.zeros(20000)
-    b = np.zeros(20000)
+    big = np.zeros(200000)
+    a = big[:20000]
+    b = big[100000:]  # pages apart from a: a second registration
     _core._sim_inject("MemHostRegister", 2, 1)  # the second range fails
-    with pytest.raises(cudamem.CudaAPIError, match="cuMemHostRegister"):
-        with cudamem.pinned(a, b):
-            pass
+    try:
+        with pytest.raises(cudamem.CudaAPIError, match="cuMemHostRegister"):
+            with cudamem.pinned(a, b):
+                pass
+    finally:
+        _core._sim_inject("MemHostRegister", 0, 0)
     assert _core._registered_bytes() == 0
     with cudamem.pinned(a, b):  # and nothing is left behind
         pass
