@@ -389,6 +389,11 @@ cm_hm_clear(PyObject *self)
 {
     cm_hostmem *m = (cm_hostmem *)self;
 
+    if (m->plugin_mem != NULL) {
+        /* The memory goes with the plugin's object: never free it here. */
+        m->host = 0;
+        m->dptr = 0;
+    }
     Py_CLEAR(m->plugin_mem);
     Py_CLEAR(m->stream);
     return 0;

@@ -124,3 +124,16 @@ def test_managed_array_errors(ctx):
         cudamem.managed_array((2, -1))
     with pytest.raises(TypeError, match="shape must be an integer"):
         cudamem.managed_array(2.0)
+
+
+def test_managed_out_of_memory_retries(ctx, simulator):
+    if not simulator:
+        pytest.skip("fault injection needs the simulator")
+    _core._sim_inject("MemAllocManaged", 1, 2)  # CUDA_ERROR_OUT_OF_MEMORY
+    g = cudamem.managed_array(8)
+    assert g.gpu_data.kind == "managed"
+    _core._sim_inject("MemAllocManaged", 1, 1)
+    with pytest.raises(cudamem.CudaAPIError,
+                       match="cuMemAllocManaged results in "
+                             "CUDA_ERROR_INVALID_VALUE"):
+        cudamem.managed_array(8)
