@@ -2484,6 +2484,13 @@ sim_side_check(const sim_side *sd, size_t w, size_t h, size_t d,
             return CUDA_ERROR_INVALID_VALUE;
         }
     }
+    else if (device == 0 && sim_alloc_find(p) != NULL
+             && sim_range(p, span) == NULL) {
+        /* A host side that starts in page-locked memory must end there:
+         * the driver refuses one that runs past the allocation or
+         * registration (seen on an H200). */
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     *first = (char *)p;
     return CUDA_SUCCESS;
 }

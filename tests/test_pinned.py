@@ -308,6 +308,23 @@ def test_pinned_conflict_with_foreign_registration(ctx):
     assert _core._registered_bytes() == 0
 
 
+def test_copy_leaving_a_registration_is_refused(ctx):
+    # The driver's rule that pinned() coalesces the ranges of a call for.
+    raw = np.zeros(4 * 4096, np.uint8)
+    p = raw.ctypes.data
+    d = cudamem.to_device(np.arange(8192, dtype=np.uint8))
+    _core._host_register(p, 4096, 0)
+    _core._host_register(p + 4096, 4096, 0)
+    try:
+        with pytest.raises(cudamem.CudaAPIError, match="INVALID_VALUE"):
+            d.copy_to_host(raw[:8192])
+        d[:4096].copy_to_host(raw[:4096])
+    finally:
+        _core._host_unregister(p)
+        _core._host_unregister(p + 4096)
+    np.testing.assert_array_equal(raw[:4096], np.arange(4096) % 256)
+
+
 def test_pinned_failure_part_way_leaves_nothing(ctx, simulator):
     if not simulator:
         pytest.skip("fault injection needs the simulator")
