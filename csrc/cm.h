@@ -121,6 +121,7 @@ PyErr_SetRaisedException(PyObject *exc)
     X(MemHostRegister, 6050)            \
     X(MemHostUnregister, 4000)          \
     X(MemHostGetDevicePointer, 3020)    \
+    X(MemHostGetFlags, 2030)            \
     X(MemGetAddressRange, 3020)         \
     X(PointerGetAttribute, 4000)        \
     X(MemcpyHtoD, 3020)                 \
@@ -208,6 +209,13 @@ typedef struct cm_state {
     PyTypeObject *DeviceNDArray_type;
     PyTypeObject *DeviceRecord_type;
     PyTypeObject *IpcMemory_type;
+
+    PyTypeObject *HostMem_type;
+    PyTypeObject *HostRegistration_type;
+    /* cudamem._hostmem's MappedNDArray and ManagedNDArray, fetched on
+     * first use (NumPy subclasses are defined in Python) */
+    PyObject *MappedNDArray;
+    PyObject *ManagedNDArray;
     /* cudamem.config, imported on first use by the CAI-import path */
     PyObject *config;
     PyTypeObject *Stream_type;
@@ -668,6 +676,31 @@ PyObject *cm_dlpack_device(PyObject *self, PyObject *unused);
 extern const char cm_dlpack_export_doc[];
 extern const char cm_dlpack_device_doc[];
 
+/* Parse METH_FASTCALL | METH_KEYWORDS arguments against kwlist, n
+ * interned names of positional-or-keyword parameters, the first nreq
+ * required; out[i] is borrowed, or NULL when absent.  0 or -1. */
+int cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames, PyObject *const *kwlist, int n,
+                int nreq, PyObject **out);
+/* device_array's (shape, dtype, strides, order) rules: fills shape[] and
+ * strides[] (NPY_MAXDIMS entries each) and *dtype (a new reference);
+ * ndim, or -1 with an exception.  Any argument may be NULL (default). */
+int cm_layout_parse(PyObject *shape_o, PyObject *dtype_o,
+                    PyObject *strides_o, PyObject *order_o,
+                    Py_ssize_t *shape, Py_ssize_t *strides,
+                    PyArray_Descr **dtype);
+/* device_array_like's rules: the layout of a new array like ary (host or
+ * device); ndim, or -1. */
+int cm_layout_like(PyObject *ary, Py_ssize_t *shape, Py_ssize_t *strides,
+                   PyArray_Descr **dtype);
+/* A new DeviceNDArray over memory that gpu_data keeps alive; ptr is the
+ * address of the first logical element (ignored when empty); stream NULL
+ * means 0.  Steals nothing. */
+PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
+                             const Py_ssize_t *strides,
+                             PyArray_Descr *dtype, CUdeviceptr ptr,
+                             PyObject *gpu_data, PyObject *stream);
+
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */
@@ -691,5 +724,7 @@ PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
 /* init functions of the later files */
 int cm_kernel_init(PyObject *mod, cm_state *st);
 int cm_dlpack_init(PyObject *mod, cm_state *st);
+
+int cm_hostmem_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

@@ -725,13 +725,10 @@ static PyObject *cm_api_split;              /* cudamem._api._split */
 static PyObject *cm_zero;                   /* the int 0 */
 static PyObject *cm_str_C;                  /* "C" */
 
-/* Parse METH_FASTCALL | METH_KEYWORDS arguments.  names: indices into
- * cm_kw of the n parameters, all positional-or-keyword; the first nreq
- * are required.  out[i] is a borrowed reference or NULL when absent. */
-static int
-cm_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
-         PyObject *kwnames, const int *names, int n, int nreq,
-         PyObject **out)
+int
+cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+            PyObject *kwnames, PyObject *const *kwlist, int n, int nreq,
+            PyObject **out)
 {
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     Py_ssize_t k;
@@ -750,13 +747,13 @@ cm_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
         PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
 
         for (i = 0; i < n; i++) {
-            if (kw == cm_kw[names[i]]) {
+            if (kw == kwlist[i]) {
                 break;
             }
         }
         if (i == n) {
             for (i = 0; i < n; i++) {
-                if (PyUnicode_Compare(kw, cm_kw[names[i]]) == 0) {
+                if (PyUnicode_Compare(kw, kwlist[i]) == 0) {
                     break;
                 }
             }
@@ -779,11 +776,26 @@ cm_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
         if (out[i] == NULL) {
             PyErr_Format(PyExc_TypeError,
                          "%s() missing required argument '%U'", fname,
-                         cm_kw[names[i]]);
+                         kwlist[i]);
             return -1;
         }
     }
     return 0;
+}
+
+/* cm_argparse with names given as indices into cm_kw. */
+static int
+cm_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+         PyObject *kwnames, const int *names, int n, int nreq,
+         PyObject **out)
+{
+    PyObject *kwlist[K_N_NAMES];
+    int i;
+
+    for (i = 0; i < n; i++) {
+        kwlist[i] = cm_kw[names[i]];
+    }
+    return cm_argparse(fname, args, nargs, kwnames, kwlist, n, nreq, out);
 }
 
 /* Whether obj is a Python or NumPy float, or a floating ndarray. */
@@ -3497,6 +3509,59 @@ cm_device_array_like(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                    p[1]);
     Py_DECREF(dt);
     return r;
+}
+
+int
+cm_layout_parse(PyObject *shape_o, PyObject *dtype_o, PyObject *strides_o,
+                PyObject *order_o, Py_ssize_t *shape, Py_ssize_t *strides,
+                PyArray_Descr **dtype)
+{
+    int ndim;
+
+    if (shape_o == NULL) {
+        PyErr_SetString(PyExc_TypeError, "missing required argument "
+                                         "'shape'");
+        return -1;
+    }
+    *dtype = cm_parse_dtype(dtype_o);
+    if (*dtype == NULL) {
+        return -1;
+    }
+    ndim = cm_parse_layout(shape_o, strides_o,
+                           order_o != NULL ? order_o : cm_str_C,
+                           PyDataType_ELSIZE(*dtype), shape, strides);
+    if (ndim < 0 || cm_check_size(ndim, shape, PyDataType_ELSIZE(*dtype))
+                    < 0) {
+        Py_CLEAR(*dtype);
+        return -1;
+    }
+    return ndim;
+}
+
+int
+cm_layout_like(PyObject *ary, Py_ssize_t *shape, Py_ssize_t *strides,
+               PyArray_Descr **dtype)
+{
+    Py_ssize_t src[NPY_MAXDIMS];
+    int ndim;
+    int c;
+    int f;
+
+    if (cm_describe(ary, &ndim, shape, src, dtype, &c, &f) < 0) {
+        return -1;
+    }
+    cm_like_strides(ndim, shape, src, PyDataType_ELSIZE(*dtype), c, f,
+                    strides);
+    return ndim;
+}
+
+PyObject *
+cm_devicearray_new(int ndim, const Py_ssize_t *shape,
+                   const Py_ssize_t *strides, PyArray_Descr *dtype,
+                   CUdeviceptr ptr, PyObject *gpu_data, PyObject *stream)
+{
+    return cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dtype,
+                      ptr, gpu_data != NULL ? gpu_data : Py_None, stream);
 }
 
 /* Whether obj has a truthy __cuda_memory__; 1, 0 or -1. */

@@ -27,6 +27,10 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->DeviceNDArray_type);
     Py_VISIT(st->DeviceRecord_type);
     Py_VISIT(st->IpcMemory_type);
+    Py_VISIT(st->HostMem_type);
+    Py_VISIT(st->HostRegistration_type);
+    Py_VISIT(st->MappedNDArray);
+    Py_VISIT(st->ManagedNDArray);
     Py_VISIT(st->config);
     Py_VISIT(st->Stream_type);
     Py_VISIT(st->Event_type);
@@ -57,6 +61,10 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->DeviceNDArray_type);
     Py_CLEAR(st->DeviceRecord_type);
     Py_CLEAR(st->IpcMemory_type);
+    Py_CLEAR(st->HostMem_type);
+    Py_CLEAR(st->HostRegistration_type);
+    Py_CLEAR(st->MappedNDArray);
+    Py_CLEAR(st->ManagedNDArray);
     Py_CLEAR(st->config);
     Py_CLEAR(st->Stream_type);
     Py_CLEAR(st->Event_type);
@@ -151,7 +159,8 @@ cm_module_exec(PyObject *mod)
         || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
         || cm_kernels_init(mod, st) < 0
         || cm_devicearray_init(mod, st) < 0 || cm_dlpack_init(mod, st) < 0
-        || cm_ipc_init(mod, st) < 0 || cm_kernel_init(mod, st) < 0) {
+        || cm_hostmem_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
+        || cm_kernel_init(mod, st) < 0) {
         cm_st = NULL;
         return -1;
     }

@@ -2265,6 +2265,34 @@ sim_MemFreeHost(void *p)
                     CUDA_ERROR_INVALID_VALUE);
 }
 
+/* The flags of a cuMemHostAlloc allocation (the driver answers
+ * INVALID_VALUE for registered or unknown memory). */
+static CUresult
+sim_MemHostGetFlags(unsigned int *pFlags, void *p)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(MemHostGetFlags);
+    if (pFlags == NULL || p == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)p);
+        if (a == NULL || a->kind != SIM_MEM_HOST) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else {
+            *pFlags = a->flags;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
 static CUresult
 sim_MemHostRegister(void *p, size_t bytesize, unsigned int Flags)
 {
@@ -2503,6 +2531,13 @@ sim_side_check(const sim_side *sd, size_t w, size_t h, size_t d,
         if (sim_range(p, span) == NULL) {
             return CUDA_ERROR_INVALID_VALUE;
         }
+    }
+    else if (device == 0 && sim_alloc_find(p) != NULL
+             && sim_range(p, span) == NULL) {
+        /* A host side that starts in page-locked memory must end there:
+         * the driver refuses one that runs past the allocation or
+         * registration (seen on an H200). */
+        return CUDA_ERROR_INVALID_VALUE;
     }
     *first = (char *)p;
     return CUDA_SUCCESS;
@@ -3702,6 +3737,7 @@ cm_sim_fill(cm_cu_table *t, int per_thread)
     SIM_FILL(MemHostRegister)
     SIM_FILL(MemHostUnregister)
     SIM_FILL(MemHostGetDevicePointer)
+    SIM_FILL(MemHostGetFlags)
     SIM_FILL(MemGetAddressRange)
     SIM_FILL(PointerGetAttribute)
     SIM_FILL(MemcpyHtoD)

@@ -21,6 +21,8 @@ from ._api import (
     is_fp8_supported,
     is_supported_version,
     list_devices,
+    mapped,
+    pinned,
     require_context,
 )
 from ._core import (
@@ -30,6 +32,8 @@ from ._core import (
     DeviceNDArrayBase,
     DeviceRecord,
     Event,
+    HostAllocation,
+    HostRegistration,
     Kernel,
     Module,
     Stream,
@@ -48,8 +52,15 @@ from ._core import (
     get_current_device,
     is_cuda_array,
     legacy_default_stream,
+    managed_array,
+    mapped_array,
+    mapped_array_like,
     memory_stats,
     per_thread_default_stream,
+    pinned_array,
+    pinned_array_like,
+    pinned_pool_stats,
+    pinned_pool_trim,
     runtime_version,
     select_device,
     stream,
@@ -79,6 +90,7 @@ from ._errors import (
 )
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
 from ._kernel import DeviceSymbol
+from ._hostmem import ManagedNDArray, MappedNDArray
 
 __version__ = "0.1.0"
 
@@ -98,12 +110,16 @@ __all__ = [
     "DeviceSymbol",
     "Event",
     "GetIpcHandleMixin",
+    "HostAllocation",
     "HostOnlyCUDAMemoryManager",
+    "HostRegistration",
     "IpcArrayHandle",
     "IpcHandle",
     "Kernel",
     "ManagedMemory",
+    "ManagedNDArray",
     "MappedMemory",
+    "MappedNDArray",
     "MemoryInfo",
     "MemoryPointer",
     "Module",
@@ -137,9 +153,18 @@ __all__ = [
     "is_supported_version",
     "legacy_default_stream",
     "list_devices",
+    "managed_array",
+    "mapped",
+    "mapped_array",
+    "mapped_array_like",
     "memory_stats",
     "open_ipc_array",
     "per_thread_default_stream",
+    "pinned",
+    "pinned_array",
+    "pinned_array_like",
+    "pinned_pool_stats",
+    "pinned_pool_trim",
     "require_context",
     "runtime_version",
     "select_device",

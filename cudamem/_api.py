@@ -6,6 +6,7 @@ Hot calls live in the C extension and are re-exported by ``cudamem``
 directly; nothing here is on a per-operation path.
 """
 
+import contextlib
 import functools
 import threading
 
@@ -215,3 +216,43 @@ def _split(ary, section, stream=0):
         begin = i * section
         yield ary.getitem(slice(begin, min(begin + section, ary.size)),
                           stream=stream)
+
+
+@contextlib.contextmanager
+def pinned(*arylist):
+    """Page-lock the memory of NumPy arrays for the duration of the block
+    (cuMemHostRegister); yields None.
+
+    Unregistration happens on exit, at once (never deferred, even inside
+    ``defer_cleanup``), also when the block raises.  Arrays already in
+    cudamem's page-locked memory are left as they are; empty arrays need
+    nothing.
+
+    Notes
+    -----
+    numba fails with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED when the
+    same memory is pinned twice (nested blocks, overlapping arrays);
+    cudamem counts registrations per page range, so nesting and overlap
+    work and the pages are unregistered when the last block exits.
+    """
+    reg = _core._register_arrays(arylist, False)
+    try:
+        yield
+    finally:
+        reg.close()
+
+
+@contextlib.contextmanager
+def mapped(*arylist, **kws):
+    """Map the memory of NumPy arrays into the device's address space for
+    the duration of the block and yield their device views
+    (DeviceNDArray, bound to ``stream``): one array, or a list when
+    several were given.  Unmapped on exit, at once."""
+    assert not kws or "stream" in kws, "Only accept 'stream' as keyword."
+    stream = kws.get("stream", 0)
+    reg = _core._register_arrays(arylist, True)
+    try:
+        devarys = reg.device_arrays(stream)
+        yield devarys[0] if len(arylist) == 1 else devarys
+    finally:
+        reg.close()

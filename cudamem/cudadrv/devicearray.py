@@ -9,10 +9,12 @@ from .._core import (
     is_cuda_array,
     to_device,
 )
+from .._hostmem import ManagedNDArray, MappedNDArray
 from .._ipc import IpcArrayHandle
 
 __all__ = ["DeviceNDArray", "DeviceNDArrayBase", "DeviceRecord",
-           "IpcArrayHandle", "auto_device"]
+           "IpcArrayHandle", "ManagedNDArray", "MappedNDArray",
+           "auto_device"]
 
 
 def auto_device(obj, stream=0, copy=True, user_explicit=False):

@@ -1,0 +1,265 @@
+# SPDX-License-Identifier: MIT
+"""Host memory: pinned allocation (fresh and pooled), registration of an
+existing array, mapped and managed allocation, and host<->device
+bandwidth from pinned memory.
+
+Rows with a "bytes" key are reported as GB/s.  The bare driver is called
+through ctypes on the context cudamem made current.
+"""
+
+import ctypes
+import weakref
+
+import numpy as np
+
+from harness import Skip
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def _pool(cm, on):
+    """cudamem's pinned pool on or off for the factory's callable."""
+    cm._core._pinned_pool_enable(on)
+    if not on:
+        cm._core.pinned_pool_trim()
+
+
+def _libcuda():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise Skip("no libcuda") from e
+
+
+# -- pinned allocation ------------------------------------------------------
+
+
+def _pin_cudamem(cm):
+    _pool(cm, False)
+    return lambda: cm.pinned_array(MiB, np.uint8)
+
+
+def _pin_cudamem_pooled(cm):
+    _pool(cm, True)
+    return lambda: cm.pinned_array(MiB, np.uint8)
+
+
+def _pin_numba(cuda):
+    return lambda: cuda.pinned_array(MiB, np.uint8)
+
+
+def _pin_cupy(cp):
+    import cupyx
+
+    return lambda: cupyx.empty_pinned((MiB,), np.uint8)
+
+
+def _pin_torch(torch):
+    return lambda: torch.empty(MiB, dtype=torch.uint8, pin_memory=True)
+
+
+def _pin_driver(core):
+    def fn():
+        core._host_free(core._host_alloc(MiB, 0))
+    return fn
+
+
+# -- registration -------------------------------------------------------------
+
+
+def _reg_cudamem(cm):
+    _pool(cm, False)
+    a = np.zeros(MiB, np.uint8)
+
+    def fn():
+        with cm.pinned(a):
+            pass
+    return fn
+
+
+def _reg_numba(cuda):
+    a = np.zeros(MiB, np.uint8)
+
+    def fn():
+        with cuda.pinned(a):
+            pass
+    return fn
+
+
+def _reg_cupy(cp):
+    a = np.zeros(MiB, np.uint8)
+    rt = cp.cuda.runtime
+    ptr = a.ctypes.data
+
+    def fn():
+        rt.hostRegister(ptr, MiB, 0)
+        rt.hostUnregister(ptr)
+    return fn
+
+
+def _reg_driver(core):
+    a = np.zeros(MiB, np.uint8)
+    ptr = a.ctypes.data
+
+    def fn():
+        core._host_register(ptr, MiB, 0)
+        core._host_unregister(ptr)
+    return fn
+
+
+# -- mapped and managed allocation ------------------------------------------
+
+
+def _mapped_cudamem(cm):
+    _pool(cm, False)
+    return lambda: cm.mapped_array(MiB, np.uint8)
+
+
+def _mapped_numba(cuda):
+    return lambda: cuda.mapped_array(MiB, np.uint8)
+
+
+def _mapped_driver(core):
+    def fn():
+        core._host_free(core._host_alloc(MiB, 0x02))
+    return fn
+
+
+def _managed_cudamem(cm):
+    return lambda: cm.managed_array(MiB, np.uint8)
+
+
+def _managed_numba(cuda):
+    return lambda: cuda.managed_array(MiB, np.uint8)
+
+
+def _managed_cupy(cp):
+    return lambda: cp.cuda.malloc_managed(MiB)
+
+
+def _managed_driver(core):
+    def fn():
+        core._device_free(core._managed_alloc(MiB, 0x1))
+    return fn
+
+
+# -- bandwidth from pinned memory --------------------------------------------
+
+
+def _bw_cudamem(size, h2d):
+    def factory(cm):
+        _pool(cm, False)
+        host = cm.pinned_array(size, np.uint8)
+        host[:] = 1
+        dev = cm.device_array(size, np.uint8)
+        if h2d:
+            return lambda: dev.copy_to_device(host)
+        return lambda: dev.copy_to_host(host)
+    return factory
+
+
+def _bw_numba(size, h2d):
+    def factory(cuda):
+        host = cuda.pinned_array(size, np.uint8)
+        host[:] = 1
+        dev = cuda.device_array(size, np.uint8)
+        if h2d:
+            return lambda: dev.copy_to_device(host)
+        return lambda: dev.copy_to_host(host)
+    return factory
+
+
+def _bw_cupy(size, h2d):
+    def factory(cp):
+        import cupyx
+
+        host = cupyx.empty_pinned((size,), np.uint8)
+        host[:] = 1
+        dev = cp.empty(size, np.uint8)
+        rt = cp.cuda.runtime
+        hp = host.ctypes.data
+        dp = dev.data.ptr
+        if h2d:
+            return lambda: rt.memcpy(dp, hp, size, rt.memcpyHostToDevice)
+        return lambda: rt.memcpy(hp, dp, size, rt.memcpyDeviceToHost)
+    return factory
+
+
+def _bw_torch(size, h2d):
+    def factory(torch):
+        host = torch.ones(size, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+        if h2d:
+            return lambda: dev.copy_(host)
+        return lambda: host.copy_(dev)
+    return factory
+
+
+def _bw_driver(size, h2d):
+    def factory(core):
+        cu = _libcuda()
+        host = core._host_alloc(size, 0)
+        ctypes.memset(host, 1, size)
+        dev = core._device_alloc(size)
+        cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p,
+                                       ctypes.c_size_t]
+        cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
+                                       ctypes.c_size_t]
+        keep = (host, dev)
+
+        if h2d:
+            def fn():
+                if cu.cuMemcpyHtoD_v2(keep[1], keep[0], size):
+                    raise RuntimeError("cuMemcpyHtoD failed")
+        else:
+            def fn():
+                if cu.cuMemcpyDtoH_v2(keep[0], keep[1], size):
+                    raise RuntimeError("cuMemcpyDtoH failed")
+
+        def release():
+            core._host_free(host)
+            core._device_free(dev)
+
+        weakref.finalize(fn, release)
+        return fn
+    return factory
+
+
+def _size_name(n):
+    return "%d GiB" % (n // GiB) if n >= GiB else (
+        "%d MiB" % (n // MiB) if n >= MiB else "%d KiB" % (n // KiB))
+
+
+OPS = [
+    {"name": "pinned_array(1 MiB)",
+     "impls": {"cudamem": _pin_cudamem, "numba": _pin_numba,
+               "cupy": _pin_cupy, "torch": _pin_torch,
+               "driver": _pin_driver}},
+    {"name": "pinned_array(1 MiB) pooled",
+     "impls": {"cudamem": _pin_cudamem_pooled, "cupy": _pin_cupy,
+               "torch": _pin_torch}},
+    {"name": "pinned() register 1 MiB",
+     "impls": {"cudamem": _reg_cudamem, "numba": _reg_numba,
+               "cupy": _reg_cupy, "driver": _reg_driver}},
+    {"name": "mapped_array(1 MiB)",
+     "impls": {"cudamem": _mapped_cudamem, "numba": _mapped_numba,
+               "driver": _mapped_driver}},
+    {"name": "managed_array(1 MiB)",
+     "impls": {"cudamem": _managed_cudamem, "numba": _managed_numba,
+               "cupy": _managed_cupy, "driver": _managed_driver}},
+]
+
+for _size in (64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB):
+    for _h2d in (True, False):
+        OPS.append({
+            "name": "%s pinned %s" % ("HtoD" if _h2d else "DtoH",
+                                      _size_name(_size)),
+            "bytes": _size,
+            "impls": {"cudamem": _bw_cudamem(_size, _h2d),
+                      "numba": _bw_numba(_size, _h2d),
+                      "cupy": _bw_cupy(_size, _h2d),
+                      "torch": _bw_torch(_size, _h2d),
+                      "driver": _bw_driver(_size, _h2d)},
+        })
