@@ -34,6 +34,7 @@ from ._core import (
 )
 from . import config
 from ._emm import (
+    AsyncMemoryManager,
     AutoFreePointer,
     BaseCUDAMemoryManager,
     GetIpcHandleMixin,
@@ -43,6 +44,7 @@ from ._emm import (
     MemoryPointer,
     OwnedPointer,
     PinnedMemory,
+    PoolMemoryManager,
     defer_cleanup,
     set_memory_manager,
 )
@@ -57,6 +59,7 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncMemoryManager",
     "AutoFreePointer",
     "BaseCUDAMemoryManager",
     "Context",
@@ -73,6 +76,7 @@ __all__ = [
     "MemoryPointer",
     "OwnedPointer",
     "PinnedMemory",
+    "PoolMemoryManager",
     "close",
     "config",
     "cuda_error",
