@@ -301,11 +301,31 @@ cm_blk_usable(cm_pool *p, cm_blk *b, uintptr_t s)
     return 1;
 }
 
+/* Whether free blocks a and b may be merged: free for the same stream,
+ * or both for any; a block for any stream joins one bound to a stream
+ * only while the pool has served a single stream (else it would hide
+ * memory that other streams may use now). */
+static int
+cm_blk_mergeable(const cm_pool *p, const cm_blk *a, const cm_blk *b)
+{
+    if (a->stream == CM_POOL_STUCK || b->stream == CM_POOL_STUCK) {
+        return 0;
+    }
+    if (a->stream == b->stream) {
+        return 1;
+    }
+    return !p->multi_stream
+           && (a->stream == CM_POOL_ANY || b->stream == CM_POOL_ANY);
+}
+
 /* The free state of a block made of free blocks a and b, into a; 0 if
- * they may not be merged (free on different streams). */
+ * they may not be merged. */
 static int
 cm_blk_merge_state(cm_pool *p, cm_blk *a, cm_blk *b)
 {
+    if (!cm_blk_mergeable(p, a, b)) {
+        return 0;
+    }
     if (b->stream == CM_POOL_ANY) {
         cm_event_put(p, b->event);
         b->event = NULL;
@@ -318,9 +338,6 @@ cm_blk_merge_state(cm_pool *p, cm_blk *a, cm_blk *b)
         a->seq = b->seq;
         b->event = NULL;
         return 1;
-    }
-    if (a->stream != b->stream || a->stream == CM_POOL_STUCK) {
-        return 0;
     }
     if (a->event != NULL && b->event != NULL) {
         /* Events on one stream: the later one covers the earlier. */
@@ -492,24 +509,68 @@ cm_pool_put(cm_pool *p, cm_blk *b)
     cm_bin_add(p, b);
 }
 
-/* Unlink every wholly free segment into *out (a list through next). */
+/* Find which pending events have completed (their blocks become usable
+ * on any stream) and merge the free neighbours that now may be; the slow
+ * path, before the pool grows. */
+static void
+cm_pool_settle(cm_pool *p)
+{
+    cm_seg *g;
+    cm_blk *b;
+    cm_blk *n;
+
+    for (g = p->segs; g != NULL; g = g->next) {
+        for (b = g->first; b != NULL; b = b->next) {
+            if (b->free && b->event != NULL
+                && CM_CU_RAW(EventQuery, (b->event)) == CUDA_SUCCESS) {
+                cm_event_put(p, b->event);
+                b->event = NULL;
+                b->stream = CM_POOL_ANY;
+            }
+        }
+        b = g->first;
+        while (b != NULL) {
+            n = b->next;
+            if (b->free && n != NULL && n->free
+                && cm_blk_mergeable(p, b, n)) {
+                cm_bin_del(p, b);
+                cm_bin_del(p, n);
+                (void)cm_blk_merge_state(p, b, n);
+                cm_blk_absorb(b, n);
+                cm_bin_add(p, b);
+            }
+            else {
+                b = n;
+            }
+        }
+    }
+}
+
+/* Unlink every wholly free segment into *out (a list through next).  Its
+ * free blocks may wait for different streams: cuMemFree waits for the
+ * device anyway. */
 static void
 cm_pool_collect_free_segs(cm_pool *p, cm_seg **out)
 {
     cm_seg *g = p->segs;
     cm_seg *next;
     cm_blk *b;
+    cm_blk *bn;
 
     *out = NULL;
     for (; g != NULL; g = next) {
         next = g->next;
-        b = g->first;
-        if (!b->free || b->next != NULL) {
+        for (b = g->first; b != NULL && b->free; b = b->next) {
+        }
+        if (b != NULL) {
             continue;
         }
-        cm_bin_del(p, b);
-        cm_event_put(p, b->event);
-        free(b);
+        for (b = g->first; b != NULL; b = bn) {
+            bn = b->next;
+            cm_bin_del(p, b);
+            cm_event_put(p, b->event);
+            free(b);
+        }
         if (g->prev != NULL) {
             g->prev->next = g->next;
         }
@@ -520,6 +581,7 @@ cm_pool_collect_free_segs(cm_pool *p, cm_seg **out)
             g->next->prev = g->prev;
         }
         p->reserved -= g->size;
+        g->first = NULL;
         g->prev = NULL;
         g->next = *out;
         *out = g;
@@ -794,6 +856,10 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         p->multi_stream = 1;
     }
     b = cm_pool_take(p, size, s);
+    if (b == NULL) {
+        cm_pool_settle(p);
+        b = cm_pool_take(p, size, s);
+    }
     pthread_mutex_unlock(&p->mu);
     if (b == NULL) {
         rc = cm_pool_grow(ctx, p, size, s, &b);
