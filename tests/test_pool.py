@@ -506,6 +506,11 @@ def test_async_limit(async_ctx):
 # ---------------------------------------------------------------------------
 
 
+# Under AddressSanitizer freed memory sits in a quarantine (RSS grows by
+# design) and everything runs several times slower.
+ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+
+
 def _rss_kib():
     with open("/proc/self/status") as f:
         for line in f:
@@ -525,6 +530,8 @@ def test_threads_stress(kind):
     try:
         sizes = [512, 3000, 64 * KiB, 700 * KiB, 2 * MiB + 1, 5 * MiB]
         cycles = {"default": 30000, "pool": 100000, "async": 20000}[kind]
+        if ASAN:
+            cycles //= 10
         errors = []
 
         def work(seed):
@@ -555,7 +562,8 @@ def test_threads_stress(kind):
         st = cudamem.memory_stats()
         assert st["allocated_bytes"] == 0 and st["allocation_count"] == 0
         assert st["total_allocations"] == 3 * 8 * cycles
-        assert rss1 - rss0 < 16 * 1024, (rss0, rss1)
+        if not ASAN:
+            assert rss1 - rss0 < 16 * 1024, (rss0, rss1)
     finally:
         gc.collect()
         cudamem.close()
