@@ -1,7 +1,34 @@
 # SPDX-License-Identifier: MIT
-"""Allocation: one small device array, made and dropped."""
+"""Allocation: one small device array made and dropped; allocate+drop
+churn over sizes 1 KiB - 4 MiB; one small allocation; each under every
+cudamem memory manager (default, pool, async) beside the peers.
+
+A memory manager is chosen before a context exists, and closing
+cudamem's context would reset the primary context the peers share, so
+the pool and async rows time cudamem in a subprocess started with
+CUDAMEM_MEMORY_MANAGER=<kind> (the same timing code, see ``_measure``);
+the default rows time it in this process.  The peers run in this process
+in every row, so each row's ratios compare like with like.
+
+Nothing here synchronises: an allocation enqueues no device work (the
+async manager's cuMemFreeAsync is stream-ordered, and PyTorch's and
+CuPy's caching allocators do not synchronise either).
+"""
+
+import itertools
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
+
+import harness
+
+SIZES = [1 << k for k in range(10, 23)]   # 1 KiB .. 4 MiB
+SMALL = 256
+HERE = pathlib.Path(__file__).resolve().parent
 
 
 def _numba(cuda):
@@ -21,29 +48,102 @@ def _torch(torch):
     return lambda: torch.empty(256, dtype=torch.float32, device=dev)
 
 
+# -- allocate + drop: one allocation per call ------------------------------
+
+
+def _sizes(op):
+    return itertools.cycle(SIZES if op == "churn" else [SMALL]).__next__
+
+
+def _cm_alloc(op):
+    def factory(cm):
+        alloc = cm.current_context().memalloc
+        nxt = _sizes(op)
+        return lambda: alloc(nxt())
+
+    return factory
+
+
+def _numba_alloc(op):
+    def factory(cuda):
+        nxt = _sizes(op)
+        return lambda: cuda.device_array(nxt(), np.uint8)
+
+    return factory
+
+
+def _cupy_alloc(op):
+    def factory(cp):
+        nxt = _sizes(op)
+        return lambda: cp.cuda.alloc(nxt())
+
+    return factory
+
+
+def _torch_alloc(op):
+    def factory(torch):
+        dev = torch.device("cuda")
+        nxt = _sizes(op)
+        return lambda: torch.empty(nxt(), dtype=torch.uint8, device=dev)
+
+    return factory
+
+
+def _driver_alloc(op):
+    def factory(core):
+        nxt = _sizes(op)
+        alloc = core._device_alloc
+        free = core._device_free
+        return lambda: free(alloc(nxt()))
+
+    return factory
+
+
+def _measure(op, repeats=31):
+    """Time cudamem's allocation op here (the manager came from the
+    environment); (median, p10, p90)."""
+    import cudamem
+
+    return harness.time_callable(_cm_alloc(op)(cudamem), repeats=repeats)
+
+
+def _cm_alloc_in(kind, op):
+    """cudamem's timing of op under manager kind, from a subprocess."""
+
+    def factory(cm):
+        code = ("import sys, json; sys.path.insert(0, %r); import ops_alloc; "
+                "print(json.dumps(ops_alloc._measure(%r)))"
+                % (str(HERE), op))
+        env = dict(os.environ, CUDAMEM_MEMORY_MANAGER=kind)
+        p = subprocess.run([sys.executable, "-c", code], env=env,
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr.strip().splitlines()[-1])
+        return harness.Measured(json.loads(p.stdout.strip().splitlines()[-1]))
+
+    return factory
+
+
+def _alloc_ops():
+    ops = []
+    for op, label in (("churn", "alloc+drop churn 1K-4M"),
+                      ("small", "alloc+drop %d B" % SMALL)):
+        for kind in ("default", "pool", "async"):
+            cm = _cm_alloc(op) if kind == "default" else _cm_alloc_in(kind, op)
+            ops.append({"name": "%s [%s]" % (label, kind),
+                        "impls": {"cudamem": cm, "numba": _numba_alloc(op),
+                                  "cupy": _cupy_alloc(op),
+                                  "torch": _torch_alloc(op),
+                                  "driver": _driver_alloc(op)}})
+    return ops
+
+
 def _driver(core):
     return lambda: core._alloc_free(1024)
-
-
-def _memalloc_cm(cm):
-    ctx = cm.current_context()
-    return lambda: ctx.memalloc(1024)
-
-
-def _memalloc_numba(cuda):
-    ctx = cuda.current_context()
-    return lambda: ctx.memalloc(1024)
-
-
-def _memalloc_cupy(cp):
-    return lambda: cp.cuda.alloc(1024)
 
 
 OPS = [
     {"name": "device_array(256 f4)",
      "impls": {"cudamem": _cudamem, "numba": _numba, "cupy": _cupy,
                "torch": _torch, "driver": _driver}},
-    {"name": "memalloc(1 KiB)",
-     "impls": {"cudamem": _memalloc_cm, "numba": _memalloc_numba,
-               "cupy": _memalloc_cupy, "driver": _driver}},
-]
+] + _alloc_ops()

@@ -116,6 +116,10 @@ PyErr_SetRaisedException(PyObject *exc)
     X(MemAllocManaged, 6000)            \
     X(MemAllocAsync, 11020)             \
     X(MemFreeAsync, 11020)              \
+    X(DeviceGetDefaultMemPool, 11020)   \
+    X(MemPoolSetAttribute, 11020)       \
+    X(MemPoolGetAttribute, 11020)       \
+    X(MemPoolTrimTo, 11020)             \
     X(MemHostAlloc, 2020)               \
     X(MemFreeHost, 2000)                \
     X(MemHostRegister, 6050)            \
@@ -330,6 +334,15 @@ typedef struct {
 } cm_device;
 
 typedef struct cm_pending cm_pending;
+typedef struct cm_pool cm_pool;
+
+/* Which memory manager a context has (cm_context.mm_kind). */
+enum {
+    CM_MM_DEFAULT = 0,    /* cuMemAlloc, frees through the queue */
+    CM_MM_PLUGIN,         /* a Python EMM plugin (memory_manager) */
+    CM_MM_POOL,           /* cudamem's caching allocator (pool.c) */
+    CM_MM_ASYNC           /* the driver's stream-ordered allocator */
+};
 
 /* A Context object: one device's primary context as cudamem uses it.
  * Objects that own driver resources hold a strong reference to it. */
@@ -343,8 +356,10 @@ typedef struct {
     unsigned long gen;    /* unique per retained primary context, for
                            * caches of modules loaded in it */
     PyObject *memory_manager;  /* the memory manager object, made on first
-                                * use for the default manager */
-    int mm_plugin;        /* memory_manager is a Python plugin */
+                                * use for the built-in managers */
+    int mm_kind;          /* CM_MM_*, fixed when the context is made */
+    cm_pool *pool;        /* pool and async managers' state, else NULL;
+                           * NOTE: freed only with the Context object */
     cm_pending *memq;     /* strong: the memory manager's release queue */
     cm_pending *ctxq;     /* strong: streams, events, modules */
     size_t st_bytes;      /* device bytes allocated and not yet released */
@@ -376,6 +391,9 @@ typedef struct {
     CUdeviceptr ptr;      /* device address; 0 for a zero-size owner */
     size_t size;          /* bytes */
     int freed;            /* NOTE: set once, before the free is issued */
+    int kind;             /* CM_MM_* of the manager that allocated it */
+    CUstream stream;      /* the stream it was allocated for */
+    void *blk;            /* the pool's block (CM_MM_POOL), else NULL */
     PyObject *weakreflist;
 } cm_mem;
 
@@ -386,7 +404,9 @@ enum {
     CM_REL_STREAM,        /* cuStreamDestroy */
     CM_REL_EVENT,         /* cuEventDestroy */
     CM_REL_MODULE,        /* cuModuleUnload */
-    CM_REL_IPC            /* cuIpcCloseMemHandle (an imported mapping) */
+    CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
+    CM_REL_POOL,          /* a block back to the context's pool */
+    CM_REL_ASYNC          /* cuMemFreeAsync on the allocation's stream */
 };
 
 /* Queue the release of a driver resource of ctx: memory on its memory
@@ -396,6 +416,12 @@ enum {
  * a context that was closed or reset. */
 void cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle,
                     size_t size);
+/* The same for a release tied to a stream (CM_REL_POOL, CM_REL_ASYNC).
+ * Those run at once unless defer_cleanup() holds the queue or this is a
+ * driver callback thread: returning a block to a stream-ordered pool
+ * never waits, and the pool itself keeps reuse safe across streams. */
+void cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle,
+                       size_t size, CUstream stream);
 /* Flush both of ctx's queues now (unless defer_cleanup holds them). */
 int cm_ctx_flush(cm_context *ctx);
 /* Flush one queue; 0, or -1 with the first driver error raised. */
@@ -413,6 +439,44 @@ int cm_ctx_init_memory(cm_context *ctx);
  * address in *ptr, or NULL with an exception (CudaOutOfMemoryError, also
  * a MemoryError, when the device is full). */
 PyObject *cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *ptr);
+/* The same for work on stream (0: the default stream).  The pool and
+ * async managers allocate for that stream (the memory may be used on it
+ * at once, on others after synchronising with it) and release on it;
+ * the default manager and plugins ignore it. */
+PyObject *cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
+                          CUdeviceptr *ptr);
+
+/* ------------------------------------------------------------------ */
+/* pool.c: the built-in pool and async managers                        */
+/* ------------------------------------------------------------------ */
+
+/* The built-in kind (CM_MM_DEFAULT, _POOL or _ASYNC) that contexts made
+ * from now on get, unless a plugin is set. */
+int cm_mm_builtin_kind(void);
+/* Give ctx (alive; it need not be current) the state of manager kind;
+ * 0, or -1 with an exception. */
+int cm_pool_create(cm_context *ctx, int kind);
+/* Give everything ctx's pool holds back to the driver (the context is
+ * being closed or reset; it is still alive).  Never raises. */
+void cm_pool_destroy(cm_context *ctx);
+/* Free the C state (Context dealloc). */
+void cm_pool_free(cm_context *ctx);
+/* Allocate size bytes for stream from ctx's pool or async allocator,
+ * ctx current, GIL held (released around calls that can block).  No
+ * exception is set: the CUresult says what happened. */
+CUresult cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
+                       CUdeviceptr *ptr, void **blk);
+/* Run a CM_REL_POOL / CM_REL_ASYNC release; ctx current, with or without
+ * the GIL.  No exception is set. */
+CUresult cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
+                         CUstream stream);
+/* Give every wholly free pooled byte back to the driver (the async
+ * manager waits for the context first); 0, or -1 with an exception. */
+int cm_pool_trim(cm_context *ctx);
+/* Bytes the pool holds, how many of them are free, and the largest free
+ * block (-1 when the manager cannot know).  Zeros without a pool. */
+void cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
+                   long long *largest);
 
 /* ------------------------------------------------------------------ */
 /* stream.c: streams, events and stream arguments                      */
@@ -708,6 +772,7 @@ PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
 int cm_driver_init(PyObject *mod, cm_state *st);
 int cm_context_init(PyObject *mod, cm_state *st);
 int cm_memory_init(PyObject *mod, cm_state *st);
+int cm_pool_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 int cm_kernels_init(PyObject *mod, cm_state *st);
 int cm_devicearray_init(PyObject *mod, cm_state *st);

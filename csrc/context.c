@@ -372,9 +372,10 @@ static PyType_Spec cm_device_spec = {
 /* Context                                                             */
 /* ------------------------------------------------------------------ */
 
-/* Give a new context the plugin memory manager, if one is set (or named
- * by the environment): cudamem._emm._manager_for(ctx) returns it,
- * initialised, or None for the built-in default. */
+/* Give a new context its memory manager: the plugin if one is set (or
+ * named by the environment): cudamem._emm._manager_for(ctx) returns it,
+ * initialised, or None for a built-in one; else the built-in kind
+ * set_memory_manager chose (default, pool or async), made here. */
 static int
 cm_context_make_manager(cm_context *c)
 {
@@ -391,10 +392,14 @@ cm_context_make_manager(cm_context *c)
     }
     if (mm == Py_None) {
         Py_DECREF(mm);
-        return 0;
+        c->mm_kind = cm_mm_builtin_kind();
+        if (c->mm_kind == CM_MM_DEFAULT) {
+            return 0;
+        }
+        return cm_pool_create(c, c->mm_kind);
     }
     c->memory_manager = mm;
-    c->mm_plugin = 1;
+    c->mm_kind = CM_MM_PLUGIN;
     return 0;
 }
 
@@ -445,7 +450,8 @@ cm_context_get(int i)
     c->total_mem = total;
     c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
-    c->mm_plugin = 0;
+    c->mm_kind = CM_MM_DEFAULT;
+    c->pool = NULL;
     c->memq = NULL;
     c->ctxq = NULL;
     c->st_bytes = 0;
@@ -602,10 +608,12 @@ cm_context_release_device(int i)
         return 0;
     }
     c = cm_ctxs[i];
-    /* What is queued is given back before the context goes. */
+    /* What is queued, and what its pool holds, is given back before the
+     * context goes. */
     if (cm_ctx_flush(c) < 0) {
         PyErr_WriteUnraisable((PyObject *)c);
     }
+    cm_pool_destroy(c);
     cm_ctxs[i] = NULL;
     c->alive = 0;
     h = c->device->handle;
@@ -654,6 +662,7 @@ cm_context_dealloc(PyObject *self)
         PyObject_ClearWeakRefs(self);
     }
     cm_context_clear(self);
+    cm_pool_free(c);
     Py_CLEAR(c->device);
     tp->tp_free(self);
     Py_DECREF(tp);
@@ -770,7 +779,12 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
         if (cls == NULL) {
             return NULL;
         }
-        Py_SETREF(cls, PyObject_GetAttrString(cls, "DefaultMemoryManager"));
+        Py_SETREF(cls, PyObject_GetAttrString(
+                           cls, c->mm_kind == CM_MM_POOL
+                                    ? "PoolMemoryManager"
+                                    : c->mm_kind == CM_MM_ASYNC
+                                          ? "AsyncMemoryManager"
+                                          : "DefaultMemoryManager"));
         if (cls == NULL) {
             return NULL;
         }

@@ -112,13 +112,13 @@ typedef struct {
 
 /* NOTE: guarded by the GIL. */
 static cm_hpool cm_pools[CM_POOL_DEVICES];
-static int cm_pool_on;                /* CUDAMEM_PINNED_POOL */
-static size_t cm_pool_cap;            /* most free bytes kept */
+static int cm_hpool_on;                /* CUDAMEM_PINNED_POOL */
+static size_t cm_hpool_cap;            /* most free bytes kept */
 
 /* The pool of ctx's device, emptied of blocks of an earlier context
  * (their memory went with that context); NULL if the device has none. */
 static cm_hpool *
-cm_pool_of(cm_context *ctx)
+cm_hpool_of(cm_context *ctx)
 {
     cm_hpool *p;
     int c;
@@ -145,7 +145,7 @@ cm_pool_of(cm_context *ctx)
 
 /* The size class of a request; -1 when too large to pool. */
 static int
-cm_pool_class(size_t size)
+cm_hpool_class(size_t size)
 {
     int c = 0;
 
@@ -159,7 +159,7 @@ cm_pool_class(size_t size)
 /* A free block of class c whose last users have finished, unlinked;
  * NULL if none. */
 static cm_hblock *
-cm_pool_take(cm_hpool *p, int c)
+cm_hpool_take(cm_hpool *p, int c)
 {
     cm_hblock **link = &p->free[c];
 
@@ -180,7 +180,7 @@ cm_pool_take(cm_hpool *p, int c)
 
 /* Queue the release of a block's memory and event; the pool forgets it. */
 static void
-cm_pool_drop(cm_context *ctx, cm_hpool *p, cm_hblock *b)
+cm_hpool_drop(cm_context *ctx, cm_hpool *p, cm_hblock *b)
 {
     if (p != NULL) {
         p->reserved -= b->size;
@@ -195,7 +195,7 @@ cm_pool_drop(cm_context *ctx, cm_hpool *p, cm_hblock *b)
 
 /* Give a block back when its owner goes.  Never raises. */
 static void
-cm_pool_give(cm_context *ctx, cm_hblock *b)
+cm_hpool_give(cm_context *ctx, cm_hblock *b)
 {
     cm_hpool *p;
     CUresult rc;
@@ -206,11 +206,11 @@ cm_pool_give(cm_context *ctx, cm_hblock *b)
         PyMem_RawFree(b);
         return;
     }
-    p = cm_pool_of(ctx);
-    c = cm_pool_class(b->size);
+    p = cm_hpool_of(ctx);
+    c = cm_hpool_class(b->size);
     if (p == NULL || c < 0 || cm_on_driver_thread()
-        || p->free_bytes + b->size > cm_pool_cap) {
-        cm_pool_drop(ctx, p, b);
+        || p->free_bytes + b->size > cm_hpool_cap) {
+        cm_hpool_drop(ctx, p, b);
         return;
     }
     /* Work issued to blocking streams before now may still read or write
@@ -227,7 +227,7 @@ cm_pool_give(cm_context *ctx, cm_hblock *b)
     }
     cm_ctx_leave(pushed);
     if (rc != CUDA_SUCCESS) {
-        cm_pool_drop(ctx, p, b);
+        cm_hpool_drop(ctx, p, b);
         return;
     }
     b->next = p->free[c];
@@ -238,9 +238,9 @@ cm_pool_give(cm_context *ctx, cm_hblock *b)
 /* Free every free block of ctx's pool now (GIL released around the
  * frees).  0, or -1 with the first driver error raised. */
 static int
-cm_pool_trim(cm_context *ctx)
+cm_hpool_trim(cm_context *ctx)
 {
-    cm_hpool *p = cm_pool_of(ctx);
+    cm_hpool *p = cm_hpool_of(ctx);
     cm_hblock *list = NULL;
     CUresult rc = CUDA_SUCCESS;
     const char *fn = "cuMemFreeHost";
@@ -298,7 +298,7 @@ cm_pool_trim(cm_context *ctx)
 static int
 cm_make_room(cm_context *ctx)
 {
-    if (cm_pool_trim(ctx) < 0 || cm_pending_flush(ctx->memq) < 0) {
+    if (cm_hpool_trim(ctx) < 0 || cm_pending_flush(ctx->memq) < 0) {
         return -1;
     }
     (void)PyGC_Collect();
@@ -414,7 +414,7 @@ cm_hm_release(cm_hostmem *m)
         cm_hblock *b = m->block;
 
         m->block = NULL;
-        cm_pool_give(ctx, b);
+        cm_hpool_give(ctx, b);
         return;
     }
     if (!ctx->alive) {
@@ -556,12 +556,12 @@ cm_hm_alloc_default(cm_hostmem *m)
     CUdeviceptr d = 0;
     int err;
 
-    if (m->kind == CM_HM_PINNED && cm_pool_on) {
-        cm_hpool *p = cm_pool_of(ctx);
-        int c = cm_pool_class(m->size);
+    if (m->kind == CM_HM_PINNED && cm_hpool_on) {
+        cm_hpool *p = cm_hpool_of(ctx);
+        int c = cm_hpool_class(m->size);
 
         if (p != NULL && c >= 0) {
-            cm_hblock *b = cm_pool_take(p, c);
+            cm_hblock *b = cm_hpool_take(p, c);
 
             if (b != NULL) {
                 p->hits++;
@@ -637,7 +637,7 @@ cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream)
     if (size == 0) {
         return m;
     }
-    err = ctx->mm_plugin ? cm_hm_alloc_plugin(m) : cm_hm_alloc_default(m);
+    err = (ctx->mm_kind == CM_MM_PLUGIN) ? cm_hm_alloc_plugin(m) : cm_hm_alloc_default(m);
     if (err < 0) {
         Py_DECREF(m);
         return NULL;
@@ -1647,7 +1647,7 @@ cm_register_arrays_fn(PyObject *mod, PyObject *args)
     r->mapped = mapped;
     r->closed = 0;
     PyObject_GC_Track(r);
-    if ((ctx->mm_plugin ? cm_reg_plugin(r) : cm_reg_default(r)) < 0) {
+    if (((ctx->mm_kind == CM_MM_PLUGIN) ? cm_reg_plugin(r) : cm_reg_default(r)) < 0) {
         /* Unregisters whatever was registered, silently. */
         r->closed = 1;
         Py_CLEAR(r->plugin_pins);
@@ -2060,7 +2060,7 @@ cm_pinned_pool_trim_fn(PyObject *mod, PyObject *const *args,
     }
     ctx = (nargs == 1 && args[0] != Py_None)
               ? cm_context_of_device(args[0]) : cm_context_current();
-    if (ctx == NULL || cm_pool_trim(ctx) < 0) {
+    if (ctx == NULL || cm_hpool_trim(ctx) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -2091,14 +2091,14 @@ cm_pinned_pool_stats_fn(PyObject *mod, PyObject *const *args,
     if (ctx == NULL) {
         return NULL;
     }
-    p = cm_pool_of(ctx);
+    p = cm_hpool_of(ctx);
     if (p == NULL) {
         memset(&none, 0, sizeof(none));
         p = &none;
     }
     return Py_BuildValue("{sOsnsnsnsnsn}",
-                         "enabled", cm_pool_on ? Py_True : Py_False,
-                         "limit_bytes", (Py_ssize_t)cm_pool_cap,
+                         "enabled", cm_hpool_on ? Py_True : Py_False,
+                         "limit_bytes", (Py_ssize_t)cm_hpool_cap,
                          "reserved_bytes", (Py_ssize_t)p->reserved,
                          "free_bytes", (Py_ssize_t)p->free_bytes,
                          "hits", (Py_ssize_t)p->hits,
@@ -2116,7 +2116,7 @@ cm_pinned_pool_enable_fn(PyObject *mod, PyObject *args)
 {
     int on;
     PyObject *limit = Py_None;
-    int old = cm_pool_on;
+    int old = cm_hpool_on;
 
     (void)mod;
     if (!PyArg_ParseTuple(args, "p|O:_pinned_pool_enable", &on, &limit)) {
@@ -2132,9 +2132,9 @@ cm_pinned_pool_enable_fn(PyObject *mod, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "limit must not be negative");
             return NULL;
         }
-        cm_pool_cap = (size_t)v;
+        cm_hpool_cap = (size_t)v;
     }
-    cm_pool_on = on;
+    cm_hpool_on = on;
     return PyBool_FromLong(old);
 }
 
@@ -2192,8 +2192,8 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
     const char *v = getenv("CUDAMEM_PINNED_POOL");
     int i;
 
-    cm_pool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
-    cm_pool_cap = cm_pool_default_cap();
+    cm_hpool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+    cm_hpool_cap = cm_pool_default_cap();
     if (cm_reg_lock == NULL) {
         cm_reg_lock = PyThread_allocate_lock();
         if (cm_reg_lock == NULL) {

@@ -12,7 +12,11 @@
  *   config.CUDA_DEALLOCS_RATIO times the device's memory; never while
  *   defer_cleanup() holds it; and on out-of-memory, close() and reset().
  * - DefaultMemoryManager, the manager every context gets unless a plugin
- *   is set: cuMemAlloc, with the queue above as its free path.
+ *   or another built-in manager is set: cuMemAlloc, with the queue above
+ *   as its free path.  The allocation path dispatches on the context's
+ *   manager (default, plugin, pool, async: pool.c), and every manager
+ *   shares one out-of-memory policy: flush pending frees, trim pools,
+ *   gc.collect(), retry once, then CudaOutOfMemoryError with a snapshot.
  * - DeviceAllocation, the reference-counted owner of one allocation.
  *   Arrays and views hold a strong reference; when the last one goes the
  *   free is queued.  A context that was closed or reset frees nothing.
@@ -38,8 +42,9 @@ static double cm_cfg_ratio = 0.2;      /* CUDA_DEALLOCS_RATIO */
 /* One queued release. */
 typedef struct {
     int kind;             /* CM_REL_* */
-    uintptr_t handle;     /* the driver handle or address */
+    uintptr_t handle;     /* the driver handle, address or pool block */
     size_t size;          /* bytes it counts for (0 if none) */
+    CUstream stream;      /* CM_REL_POOL / CM_REL_ASYNC: the stream */
 } cm_pending_item;
 
 struct cm_pending {
@@ -63,15 +68,20 @@ cm_rel_fn(int kind)
     case CM_REL_EVENT: return "cuEventDestroy";
     case CM_REL_MODULE: return "cuModuleUnload";
     case CM_REL_IPC: return "cuIpcCloseMemHandle";
+    case CM_REL_POOL: return "cuEventRecord";
+    case CM_REL_ASYNC: return "cuMemFreeAsync";
     default: return "release";
     }
 }
 
-/* Run one release; no GIL, the right context current. */
+/* Run one release of ctx; no GIL, the right context current. */
 static CUresult
-cm_rel_run(const cm_pending_item *it)
+cm_rel_run(cm_context *ctx, const cm_pending_item *it)
 {
     switch (it->kind) {
+    case CM_REL_POOL:
+    case CM_REL_ASYNC:
+        return cm_pool_release(ctx, it->kind, it->handle, it->stream);
     case CM_REL_DEVICE:
         return CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
     case CM_REL_HOST:
@@ -113,6 +123,7 @@ cm_pending_flush(cm_pending *q)
     CUcontext cur = NULL;
     CUcontext popped;
     CUcontext h;
+    cm_context *ctx = q->ctx;
     int pushed = 0;
 
     if (q->disabled || q->n == 0 || cm_on_driver_thread()) {
@@ -135,7 +146,7 @@ cm_pending_flush(cm_pending *q)
         pushed = rc == CUDA_SUCCESS;
     }
     for (i = 0; rc == CUDA_SUCCESS && i < n; i++) {
-        rc = cm_rel_run(&items[i]);
+        rc = cm_rel_run(ctx, &items[i]);
         done = i + 1;
     }
     if (pushed) {
@@ -185,7 +196,8 @@ cm_pending_hold(cm_pending *q, int depth)
 /* Append an entry, flushing past the thresholds.  Never raises: a failed
  * flush is reported as unraisable. */
 static void
-cm_pending_add(cm_pending *q, int kind, uintptr_t handle, size_t size)
+cm_pending_add(cm_pending *q, int kind, uintptr_t handle, size_t size,
+               CUstream stream)
 {
     if (q->n == q->cap) {
         Py_ssize_t cap = q->cap ? q->cap * 2 : 16;
@@ -194,11 +206,11 @@ cm_pending_add(cm_pending *q, int kind, uintptr_t handle, size_t size)
 
         if (p == NULL) {
             /* Cannot queue: release now rather than leak. */
-            cm_pending_item it = {kind, handle, size};
+            cm_pending_item it = {kind, handle, size, stream};
             CUresult rc;
 
             Py_BEGIN_ALLOW_THREADS
-            rc = cm_rel_run(&it);
+            rc = cm_rel_run(q->ctx, &it);
             Py_END_ALLOW_THREADS
             (void)rc;
             return;
@@ -209,6 +221,7 @@ cm_pending_add(cm_pending *q, int kind, uintptr_t handle, size_t size)
     q->items[q->n].kind = kind;
     q->items[q->n].handle = handle;
     q->items[q->n].size = size;
+    q->items[q->n].stream = stream;
     q->n++;
     q->bytes += size;
     if (cm_pending_over(q) && cm_pending_flush(q) < 0) {
@@ -378,18 +391,58 @@ static PyType_Spec cm_pending_spec = {
 void
 cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle, size_t size)
 {
+    cm_ctx_release_on(ctx, kind, handle, size, NULL);
+}
+
+/* Run a pool or async release now, in ctx; 0, or -1 with an exception. */
+static int
+cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
+                    CUstream stream)
+{
+    CUcontext cur = NULL;
+    CUcontext popped;
+    CUresult rc;
+    int pushed = 0;
+
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
+        || cur != ctx->handle) {
+        if (CM_CU(CtxPushCurrent, (ctx->handle)) < 0) {
+            return -1;
+        }
+        pushed = 1;
+    }
+    rc = cm_pool_release(ctx, kind, handle, stream);
+    if (pushed) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+    }
+    return cm_cu_check(rc, cm_rel_fn(kind));
+}
+
+void
+cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle, size_t size,
+                  CUstream stream)
+{
     cm_pending *q;
+    int memory = kind == CM_REL_DEVICE || kind == CM_REL_POOL
+                 || kind == CM_REL_ASYNC;
 
     if (handle == 0 || !ctx->alive || cm_forked) {
         return;
     }
-    q = (kind == CM_REL_DEVICE || kind == CM_REL_HOST || kind == CM_REL_IPC)
-        ? ctx->memq : ctx->ctxq;
-    if (kind == CM_REL_DEVICE) {
+    q = (memory || kind == CM_REL_HOST || kind == CM_REL_IPC) ? ctx->memq
+                                                              : ctx->ctxq;
+    if (memory) {
         ctx->st_bytes -= size;
         ctx->st_count--;
     }
-    cm_pending_add(q, kind, handle, size);
+    if ((kind == CM_REL_POOL || kind == CM_REL_ASYNC) && !q->disabled
+        && !cm_on_driver_thread()) {
+        if (cm_pool_release_now(ctx, kind, handle, stream) < 0) {
+            PyErr_WriteUnraisable((PyObject *)q);
+        }
+        return;
+    }
+    cm_pending_add(q, kind, handle, size, stream);
 }
 
 int
@@ -435,7 +488,19 @@ cm_mem_release(cm_mem *m)
         return;
     }
     m->freed = 1;
-    cm_ctx_release(m->ctx, CM_REL_DEVICE, (uintptr_t)m->ptr, m->size);
+    switch (m->kind) {
+    case CM_MM_POOL:
+        cm_ctx_release_on(m->ctx, CM_REL_POOL, (uintptr_t)m->blk, m->size,
+                          m->stream);
+        break;
+    case CM_MM_ASYNC:
+        cm_ctx_release_on(m->ctx, CM_REL_ASYNC, (uintptr_t)m->ptr, m->size,
+                          m->stream);
+        break;
+    default:
+        cm_ctx_release(m->ctx, CM_REL_DEVICE, (uintptr_t)m->ptr, m->size);
+        break;
+    }
 }
 
 static void
@@ -458,39 +523,78 @@ cm_mem_dealloc(PyObject *self)
     PyErr_SetRaisedException(exc);
 }
 
+/* The allocating entry point of a manager, for messages. */
+static const char *
+cm_alloc_fn(int kind)
+{
+    switch (kind) {
+    case CM_MM_POOL: return "cuMemAlloc (pool)";
+    case CM_MM_ASYNC: return "cuMemAllocAsync";
+    default: return "cuMemAlloc";
+    }
+}
+
+/* Set exc.name to a new reference v (stolen); 0 or -1. */
+static int
+cm_set_attr_steal(PyObject *exc, const char *name, PyObject *v)
+{
+    int r;
+
+    if (v == NULL) {
+        return -1;
+    }
+    r = PyObject_SetAttrString(exc, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
 /* Raise out-of-memory with a snapshot of where the memory is. */
 static void
 cm_raise_oom(cm_context *ctx, CUresult rc, size_t size)
 {
     size_t free_b = 0;
     size_t total_b = 0;
+    size_t reserved = 0;
+    size_t pool_free = 0;
+    long long largest = -1;
+    const char *fn = cm_alloc_fn(ctx->mm_kind);
+    char lbuf[32];
     PyObject *exc;
     PyObject *msg;
 
     (void)CM_CU_RAW(MemGetInfo, (&free_b, &total_b));
-    cm_raise_cu(rc, "cuMemAlloc");
+    cm_pool_stats(ctx, &reserved, &pool_free, &largest);
+    cm_raise_cu(rc, fn);
     exc = PyErr_GetRaisedException();
     if (exc == NULL) {
         return;
     }
+    if (largest < 0) {
+        snprintf(lbuf, sizeof(lbuf), "unknown");
+    }
+    else {
+        snprintf(lbuf, sizeof(lbuf), "%lld bytes", largest);
+    }
     msg = PyUnicode_FromFormat(
-        "Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
+        "Call to %s results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
         "requested, %zu of %zu bytes free on device %d, %zu bytes in "
-        "pending frees, 0 bytes held in pools",
-        size, free_b, total_b, ctx->device->id, ctx->memq->bytes);
+        "pending frees, %zu bytes held in pools (%zu of them free), "
+        "largest free pooled block %s",
+        fn, size, free_b, total_b, ctx->device->id, ctx->memq->bytes,
+        reserved, pool_free, lbuf);
     if (msg == NULL
         || PyObject_SetAttrString(exc, "msg", msg) < 0
-        || PyObject_SetAttrString(exc, "requested",
-                                  PyLong_FromSize_t(size)) < 0
-        || PyObject_SetAttrString(exc, "free",
-                                  PyLong_FromSize_t(free_b)) < 0
-        || PyObject_SetAttrString(exc, "total",
-                                  PyLong_FromSize_t(total_b)) < 0
-        || PyObject_SetAttrString(exc, "pending_bytes",
-                                  PyLong_FromSize_t(ctx->memq->bytes)) < 0
-        || PyObject_SetAttrString(exc, "pool_reserved",
-                                  PyLong_FromLong(0)) < 0
-        || PyObject_SetAttrString(exc, "largest_free_block", Py_None) < 0) {
+        || cm_set_attr_steal(exc, "requested", PyLong_FromSize_t(size)) < 0
+        || cm_set_attr_steal(exc, "free", PyLong_FromSize_t(free_b)) < 0
+        || cm_set_attr_steal(exc, "total", PyLong_FromSize_t(total_b)) < 0
+        || cm_set_attr_steal(exc, "pending_bytes",
+                             PyLong_FromSize_t(ctx->memq->bytes)) < 0
+        || cm_set_attr_steal(exc, "pool_reserved",
+                             PyLong_FromSize_t(reserved)) < 0
+        || cm_set_attr_steal(exc, "largest_free_block",
+                             largest < 0 ? Py_NewRef(Py_None)
+                                         : PyLong_FromLongLong(largest))
+           < 0) {
         Py_XDECREF(msg);
         Py_DECREF(exc);
         return;
@@ -547,10 +651,63 @@ cm_plugin_pointer(PyObject *mp, CUdeviceptr *out)
     return 0;
 }
 
+/* One allocation attempt through ctx's built-in manager. */
+static CUresult
+cm_mm_try(cm_context *ctx, size_t size, CUstream stream, CUdeviceptr *p,
+          void **blk)
+{
+    CUresult rc;
+
+    if (ctx->mm_kind == CM_MM_POOL || ctx->mm_kind == CM_MM_ASYNC) {
+        return cm_pool_alloc(ctx, size, stream, p, blk);
+    }
+    *blk = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = CM_CU_RAW(MemAlloc, (p, size));
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+/* The out-of-memory policy before the one retry: run pending frees, trim
+ * the pools, collect cycles (their frees run or queue), and again. */
+static int
+cm_oom_recover(cm_context *ctx)
+{
+    if (cm_pending_flush(ctx->memq) < 0 || cm_pool_trim(ctx) < 0
+        || cm_gc_collect() < 0 || cm_pending_flush(ctx->memq) < 0
+        || cm_pool_trim(ctx) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Give back an allocation whose owner could not be made. */
+static void
+cm_mm_undo(cm_context *ctx, CUdeviceptr p, void *blk, CUstream stream)
+{
+    if (ctx->mm_kind == CM_MM_POOL) {
+        (void)cm_pool_release(ctx, CM_REL_POOL, (uintptr_t)blk, stream);
+    }
+    else if (ctx->mm_kind == CM_MM_ASYNC) {
+        (void)cm_pool_release(ctx, CM_REL_ASYNC, (uintptr_t)p, stream);
+    }
+    else {
+        (void)CM_CU_RAW(MemFree, (p));
+    }
+}
+
 PyObject *
 cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
 {
+    return cm_mem_alloc_on(ctx, size, NULL, out);
+}
+
+PyObject *
+cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
+                CUdeviceptr *out)
+{
     CUdeviceptr p = 0;
+    void *blk = NULL;
     CUresult rc;
     cm_mem *m;
     PyObject *mp;
@@ -559,7 +716,7 @@ cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
     if (cm_context_activate(ctx) < 0) {
         return NULL;
     }
-    if (ctx->mm_plugin) {
+    if (ctx->mm_kind == CM_MM_PLUGIN) {
         /* A Python plugin: its users pay for the call. */
         mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
                                  (Py_ssize_t)size);
@@ -570,15 +727,11 @@ cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
         return mp;
     }
     for (attempt = 0;; attempt++) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = CM_CU_RAW(MemAlloc, (&p, size));
-        Py_END_ALLOW_THREADS
+        rc = cm_mm_try(ctx, size, stream, &p, &blk);
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
-        /* One policy: run pending frees, collect cycles, retry once. */
-        if (cm_pending_flush(ctx->memq) < 0 || cm_gc_collect() < 0
-            || cm_pending_flush(ctx->memq) < 0) {
+        if (cm_oom_recover(ctx) < 0 || cm_context_activate(ctx) < 0) {
             return NULL;
         }
     }
@@ -586,18 +739,21 @@ cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
         cm_raise_oom(ctx, rc, size);
         return NULL;
     }
-    if (cm_cu_check(rc, "cuMemAlloc") < 0) {
+    if (cm_cu_check(rc, cm_alloc_fn(ctx->mm_kind)) < 0) {
         return NULL;
     }
     m = PyObject_GC_New(cm_mem, cm_st->Mem_type);
     if (m == NULL) {
-        (void)CM_CU_RAW(MemFree, (p));
+        cm_mm_undo(ctx, p, blk, stream);
         return NULL;
     }
     m->ctx = (cm_context *)Py_NewRef(ctx);
     m->ptr = p;
     m->size = size;
     m->freed = 0;
+    m->kind = ctx->mm_kind;
+    m->stream = stream;
+    m->blk = blk;
     m->weakreflist = NULL;
     PyObject_GC_Track(m);
     ctx->st_bytes += size;
@@ -752,6 +908,10 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                 PyObject *kwnames)
 {
     cm_context *ctx;
+    size_t reserved = 0;
+    size_t pool_free = 0;
+    long long largest = -1;
+    const char *name;
 
     (void)mod;
     if (nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 1) {
@@ -769,6 +929,13 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     if (ctx == NULL) {
         return NULL;
     }
+    cm_pool_stats(ctx, &reserved, &pool_free, &largest);
+    switch (ctx->mm_kind) {
+    case CM_MM_PLUGIN: name = "plugin"; break;
+    case CM_MM_POOL: name = "pool"; break;
+    case CM_MM_ASYNC: name = "async"; break;
+    default: name = "default"; break;
+    }
     return Py_BuildValue(
         "{snsnsnsnsnsnsnsnsnss}",
         "allocated_bytes", (Py_ssize_t)ctx->st_bytes,
@@ -777,10 +944,10 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         "total_allocations", (Py_ssize_t)ctx->st_total_count,
         "pending_free_count", ctx->memq->n + ctx->ctxq->n,
         "pending_free_bytes", (Py_ssize_t)ctx->memq->bytes,
-        "pool_reserved_bytes", (Py_ssize_t)0,
-        "pool_free_bytes", (Py_ssize_t)0,
+        "pool_reserved_bytes", (Py_ssize_t)reserved,
+        "pool_free_bytes", (Py_ssize_t)pool_free,
         "pinned_bytes", (Py_ssize_t)ctx->st_pinned,
-        "manager", ctx->mm_plugin ? "plugin" : "default");
+        "manager", name);
 }
 
 /* Make sure a context is current; the raw helpers below run in it. */

@@ -156,8 +156,8 @@ cm_module_exec(PyObject *mod)
     }
     cm_st = st;
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
-        || cm_memory_init(mod, st) < 0 || cm_stream_init(mod, st) < 0
-        || cm_kernels_init(mod, st) < 0
+        || cm_memory_init(mod, st) < 0 || cm_pool_init(mod, st) < 0
+        || cm_stream_init(mod, st) < 0 || cm_kernels_init(mod, st) < 0
         || cm_devicearray_init(mod, st) < 0 || cm_dlpack_init(mod, st) < 0
         || cm_hostmem_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
         || cm_kernel_init(mod, st) < 0) {

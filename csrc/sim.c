@@ -41,6 +41,17 @@
  * can move one into a memfd (shared memory) in place; another process
  * opens it through /proc/<pid>/fd/<n>.  That section explains the choice.
  *
+ * Stream-ordered allocation (cuMemAllocAsync / cuMemFreeAsync): each
+ * device has one default pool, whose reserved memory (live and cached) is
+ * charged to the device.  Both calls are operations on the stream.  A
+ * freed chunk is reusable on its own stream at once and on others once
+ * the free has run; a chunk is reused for requests of half its size up to
+ * its size.  The pool releases cached chunks whose free has run down to
+ * its release threshold (default 0) at every stream, event or context
+ * synchronisation, and to the argument of cuMemPoolTrimTo; to grow, it
+ * first releases its own idle chunks.  Destroying a context frees its
+ * pool allocations and cached chunks; the pool's attributes stay.
+ *
  * Everything here is plain C11 and pthreads: it runs on worker threads
  * that never hold the GIL, so it must not call the Python API.
  */
@@ -205,7 +216,8 @@ enum {
     SIM_MEM_MANAGED,        /* cuMemAllocManaged */
     SIM_MEM_HOST,           /* cuMemHostAlloc */
     SIM_MEM_REGISTERED,     /* cuMemHostRegister */
-    SIM_MEM_IPC             /* cuIpcOpenMemHandle (another process's) */
+    SIM_MEM_IPC,            /* cuIpcOpenMemHandle (another process's) */
+    SIM_MEM_ASYNC           /* cuMemAllocAsync, from the device's pool */
 };
 
 /* Who is freeing an allocation (it stays registered while they wait). */
@@ -228,13 +240,46 @@ typedef struct {
     sim_ipc *ipc;           /* exported or imported: see sim_ipc; or NULL */
 } sim_alloc;
 
+/* A chunk of a memory pool freed by cuMemFreeAsync and kept cached.
+ * Its allocation is out of the registry (unusable) while it is here. */
+typedef struct sim_chunk sim_chunk;
+struct sim_chunk {
+    sim_alloc *a;           /* the allocation, charged bytes included */
+    sim_stream *stream;     /* the stream of the free (a ref), or NULL */
+    uint64_t ticket;        /* the free's ticket on that stream */
+    sim_chunk *next;        /* next cached chunk, newest first */
+};
+
+/* A device's default memory pool (cuDeviceGetDefaultMemPool); the
+ * CUmemoryPool handle is its address.  Reserved memory is charged to the
+ * device whether it is in use or cached. */
+typedef struct {
+    uint64_t threshold;     /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+    uint64_t reserved;      /* bytes held: used plus cached */
+    uint64_t reserved_high; /* the most reserved has been */
+    uint64_t used;          /* bytes of live allocations */
+    uint64_t used_high;     /* the most used has been */
+    int reuse[3];           /* the three CU_MEMPOOL_ATTR_REUSE_* flags */
+    sim_chunk *cached;      /* freed chunks, newest first */
+} sim_mempool;
+
 /* One simulated device. */
 typedef struct {
     sim_ctx *primary;       /* the live primary context, or NULL */
     int retains;            /* primary context retain count */
     unsigned int flags;     /* primary context flags (always 0) */
     size_t used;            /* bytes charged against sim.capacity */
+    sim_mempool pool;       /* the default memory pool */
 } sim_device;
+
+/* Host memory given back by a pool while queued work may still touch it:
+ * freed once every operation numbered <= g has run. */
+typedef struct sim_grave sim_grave;
+struct sim_grave {
+    void *mem;              /* the host allocation */
+    uint64_t g;             /* sim.gseq when it was given back */
+    sim_grave *next;        /* next in sim.graves */
+};
 
 /* A sorted set of pointers (live stream and event handles). */
 typedef struct {
@@ -282,6 +327,7 @@ static struct {
     uint64_t gseq;          /* last process-wide operation number */
     sim_set streams;        /* live user stream handles */
     sim_set events;         /* live event handles */
+    sim_grave *graves;      /* pool memory waiting to be freed */
 } sim = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .cond = PTHREAD_COND_INITIALIZER,
@@ -305,6 +351,8 @@ static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static void sim_stream_destroy(sim_stream *s);
 static void sim_ipc_release(sim_alloc *a);
 static size_t sim_device_span(size_t size);
+static void sim_mempool_drop_ctx(int dev, const sim_ctx *c);
+static void sim_mempools_settle(void);
 
 /* ------------------------------------------------------------------ */
 /* Fault injection                                                     */
@@ -1209,8 +1257,16 @@ sim_alloc_remove(sim_alloc *a)
 static void
 sim_alloc_release(sim_alloc *a)
 {
-    if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED) {
+    sim_mempool *mp = &sim.dev[a->ctx->dev].pool;
+
+    if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED
+        || a->kind == SIM_MEM_ASYNC) {
         sim.dev[a->ctx->dev].used -= a->charged;
+    }
+    if (a->kind == SIM_MEM_ASYNC) {
+        /* A live pool allocation that goes with its context. */
+        mp->used -= a->charged;
+        mp->reserved -= a->charged;
     }
     if (a->ipc != NULL) {
         sim_ipc_release(a);
@@ -1831,6 +1887,7 @@ sim_ctx_destroy(int dev)
         }
     }
     sim.nallocs = j;
+    sim_mempool_drop_ctx(dev, c);
     return CUDA_SUCCESS;
 }
 
@@ -2031,6 +2088,9 @@ sim_CtxSynchronize(void)
     rc = sim_current(&c);
     if (rc == CUDA_SUCCESS) {
         rc = sim_drain(c);
+    }
+    if (rc == CUDA_SUCCESS) {
+        sim_mempools_settle();
     }
     sim_unlock();
     return rc;
@@ -2376,7 +2436,7 @@ sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
         a = sim_alloc_find((uintptr_t)dptr);
         if (a == NULL
             || (a->kind != SIM_MEM_DEVICE && a->kind != SIM_MEM_MANAGED
-                && a->kind != SIM_MEM_IPC)) {
+                && a->kind != SIM_MEM_IPC && a->kind != SIM_MEM_ASYNC)) {
             rc = CUDA_ERROR_NOT_FOUND;
         }
         else {
@@ -2458,6 +2518,472 @@ sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
     }
     sim_unlock();
     return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Stream-ordered allocation: the default memory pools                 */
+/* ------------------------------------------------------------------ */
+
+/* Whether any stream of any context still has work numbered <= g. */
+static int
+sim_busy_upto(uint64_t g)
+{
+    const sim_ctx *o;
+    int d;
+
+    for (d = 0; d < sim.ndev; d++) {
+        o = sim.dev[d].primary;
+        if (o != NULL && sim_ctx_busy(o, g)) {
+            return 1;
+        }
+    }
+    for (o = sim.dead; o != NULL; o = o->next_dead) {
+        if (sim_ctx_busy(o, g)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Free the host memory of given-back chunks that no queued work can
+ * touch any more. */
+static void
+sim_graves_sweep(void)
+{
+    sim_grave **pp = &sim.graves;
+    sim_grave *gr;
+
+    while ((gr = *pp) != NULL) {
+        if (!sim_busy_upto(gr->g)) {
+            *pp = gr->next;
+            free(gr->mem);
+            free(gr);
+        }
+        else {
+            pp = &gr->next;
+        }
+    }
+}
+
+/* Give a cached chunk's memory back to the device.  Queued work that
+ * still names it (a user bug, as on the driver) keeps the host memory
+ * alive until it has run, so the simulator itself never faults. */
+static void
+sim_chunk_release(sim_mempool *mp, sim_chunk *ck)
+{
+    sim_alloc *a = ck->a;
+    sim_grave *gr = malloc(sizeof(*gr));
+
+    sim.dev[a->ctx->dev].used -= a->charged;
+    mp->reserved -= a->charged;
+    if (gr == NULL || !sim_busy_upto(sim.gseq)) {
+        /* Nothing is queued (or no memory to wait): free at once.  With
+         * no grave the wait is skipped; only buggy work could notice. */
+        free(gr);
+        free((void *)a->base);
+    }
+    else {
+        gr->mem = (void *)a->base;
+        gr->g = sim.gseq;
+        gr->next = sim.graves;
+        sim.graves = gr;
+    }
+    if (ck->stream != NULL) {
+        sim_stream_unref(ck->stream);
+    }
+    free(a);
+    free(ck);
+}
+
+/* Whether a cached chunk's free has run on its stream. */
+static int
+sim_chunk_done(const sim_chunk *ck)
+{
+    return ck->stream == NULL || ck->stream->completed >= ck->ticket;
+}
+
+/* Release cached chunks whose free has run until at most keep bytes are
+ * reserved (cuMemPoolTrimTo, and the release threshold at a
+ * synchronisation). */
+static void
+sim_mempool_trim(sim_mempool *mp, uint64_t keep)
+{
+    sim_chunk **pp = &mp->cached;
+    sim_chunk *ck;
+
+    while (mp->reserved > keep && (ck = *pp) != NULL) {
+        if (sim_chunk_done(ck)) {
+            *pp = ck->next;
+            sim_chunk_release(mp, ck);
+        }
+        else {
+            pp = &ck->next;
+        }
+    }
+    sim_graves_sweep();
+}
+
+/* After a synchronising call: every pool keeps at most its release
+ * threshold, as the driver releases memory at synchronisation. */
+static void
+sim_mempools_settle(void)
+{
+    int d;
+
+    for (d = 0; d < sim.ndev; d++) {
+        if (sim.dev[d].pool.reserved > sim.dev[d].pool.threshold) {
+            sim_mempool_trim(&sim.dev[d].pool, sim.dev[d].pool.threshold);
+        }
+    }
+}
+
+/* Drop every cached chunk of dev's pool made in context c (being
+ * destroyed, after draining). */
+static void
+sim_mempool_drop_ctx(int dev, const sim_ctx *c)
+{
+    sim_mempool *mp = &sim.dev[dev].pool;
+    sim_chunk **pp = &mp->cached;
+    sim_chunk *ck;
+
+    while ((ck = *pp) != NULL) {
+        if (ck->a->ctx == c) {
+            *pp = ck->next;
+            sim_chunk_release(mp, ck);
+        }
+        else {
+            pp = &ck->next;
+        }
+    }
+    sim_graves_sweep();
+}
+
+/* The pool a handle names, or NULL. */
+static sim_mempool *
+sim_mempool_get(CUmemoryPool h)
+{
+    int d;
+
+    for (d = 0; d < sim.ndev; d++) {
+        if ((void *)h == (void *)&sim.dev[d].pool) {
+            return &sim.dev[d].pool;
+        }
+    }
+    return NULL;
+}
+
+static CUresult
+sim_DeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    SIM_ENTER(DeviceGetDefaultMemPool);
+    if (pool_out == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!sim_dev_ok(dev)) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    *pool_out = (CUmemoryPool)(void *)&sim.dev[dev].pool;
+    return CUDA_SUCCESS;
+}
+
+static CUresult
+sim_MemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                        void *value)
+{
+    sim_mempool *mp;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolSetAttribute);
+    if (value == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    mp = sim_mempool_get(pool);
+    if (mp == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            mp->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES]
+                = *(int *)value != 0;
+            break;
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            mp->threshold = *(cuuint64_t *)value;
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+            /* Only a reset to the current value is allowed. */
+            if (*(cuuint64_t *)value != 0) {
+                rc = CUDA_ERROR_INVALID_VALUE;
+            }
+            else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) {
+                mp->reserved_high = mp->reserved;
+            }
+            else {
+                mp->used_high = mp->used;
+            }
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                        void *value)
+{
+    sim_mempool *mp;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolGetAttribute);
+    if (value == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    mp = sim_mempool_get(pool);
+    if (mp == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            *(int *)value = mp->reuse[
+                attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+            break;
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            *(cuuint64_t *)value = mp->threshold;
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+            *(cuuint64_t *)value = mp->reserved;
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+            *(cuuint64_t *)value = mp->reserved_high;
+            break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+            *(cuuint64_t *)value = mp->used;
+            break;
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+            *(cuuint64_t *)value = mp->used_high;
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    sim_mempool *mp;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolTrimTo);
+    sim_lock();
+    mp = sim_mempool_get(pool);
+    if (mp == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else {
+        sim_mempool_trim(mp, minBytesToKeep);
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* The best cached chunk of mp for charged bytes on stream s: its free
+ * has run, or was queued on s itself (stream order makes that safe); at
+ * least charged bytes and at most twice that.  Unlinked, or NULL. */
+static sim_chunk *
+sim_mempool_take(sim_mempool *mp, const sim_ctx *c, size_t charged,
+                 const sim_stream *s)
+{
+    sim_chunk **pp;
+    sim_chunk **best = NULL;
+    sim_chunk *ck;
+
+    for (pp = &mp->cached; (ck = *pp) != NULL; pp = &ck->next) {
+        if (ck->a->ctx != c || ck->a->charged < charged
+            || ck->a->charged / 2 > charged
+            || (ck->stream != s && !sim_chunk_done(ck))) {
+            continue;
+        }
+        if (best == NULL || ck->a->charged < (*best)->a->charged) {
+            best = pp;
+        }
+    }
+    if (best == NULL) {
+        return NULL;
+    }
+    ck = *best;
+    *best = ck->next;
+    return ck;
+}
+
+static CUresult
+sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    sim_stream *s;
+    sim_mempool *mp;
+    sim_chunk *ck;
+    sim_alloc *a = NULL;
+    sim_op *op;
+    void *mem = NULL;
+    size_t charged;
+    size_t *used;
+    CUresult rc;
+
+    SIM_ENTER(MemAllocAsync);
+    if (dptr == NULL || bytesize == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    charged = (bytesize + (SIM_GRANULE - 1)) & ~(size_t)(SIM_GRANULE - 1);
+    if (charged < bytesize) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    op = sim_op_new(SIM_OP_NOP);
+    if (op == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    sim_lock();
+    rc = sim_stream_get(hStream, &s);
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        sim_unlock();
+        return rc;
+    }
+    mp = &sim.dev[s->ctx->dev].pool;
+    used = &sim.dev[s->ctx->dev].used;
+    sim_graves_sweep();
+    ck = sim_mempool_take(mp, s->ctx, charged, s);
+    if (ck != NULL) {
+        a = ck->a;
+        if (ck->stream != NULL) {
+            sim_stream_unref(ck->stream);
+        }
+        free(ck);
+        a->size = bytesize;
+        a->dying = SIM_DYING_NO;
+        if (sim_alloc_insert(a) != 0) {
+            /* Give it back to the device rather than lose it. */
+            *used -= a->charged;
+            mp->reserved -= a->charged;
+            free((void *)a->base);
+            free(a);
+            a = NULL;
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    else {
+        /* The pool grows; its own idle chunks make room first, as the
+         * memory they hold is the pool's to reuse. */
+        if (charged > sim.capacity - *used) {
+            sim_mempool_trim(mp, mp->reserved > charged
+                                 ? mp->reserved - charged : 0);
+        }
+        if (charged > sim.capacity - *used
+            || posix_memalign(&mem, SIM_DEVICE_ALIGN, charged) != 0) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            rc = sim_alloc_add(s->ctx, mem, bytesize, charged,
+                               SIM_MEM_ASYNC, 0);
+            if (rc != CUDA_SUCCESS) {
+                free(mem);
+            }
+            else {
+                a = sim_alloc_find((uintptr_t)mem);
+                mp->reserved += charged;
+                if (mp->reserved > mp->reserved_high) {
+                    mp->reserved_high = mp->reserved;
+                }
+            }
+        }
+    }
+    if (a == NULL) {
+        sim_op_free(op);
+        sim_unlock();
+        return rc;
+    }
+    mp->used += a->charged;
+    if (mp->used > mp->used_high) {
+        mp->used_high = mp->used;
+    }
+    /* The allocation is a point in the stream's order. */
+    rc = sim_enqueue(s, op);
+    if (rc != CUDA_SUCCESS) {
+        sim_alloc_remove(a);
+        sim_alloc_release(a);
+    }
+    else {
+        *dptr = (CUdeviceptr)a->base;
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    sim_stream *s;
+    sim_mempool *mp;
+    sim_chunk *ck;
+    sim_alloc *a;
+    sim_op *op;
+    CUresult rc;
+
+    SIM_ENTER(MemFreeAsync);
+    op = sim_op_new(SIM_OP_NOP);
+    ck = calloc(1, sizeof(*ck));
+    if (op == NULL || ck == NULL) {
+        free(op);
+        free(ck);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    sim_lock();
+    rc = sim_stream_get(hStream, &s);
+    a = sim_alloc_find((uintptr_t)dptr);
+    if (rc == CUDA_SUCCESS
+        && (a == NULL || a->base != (uintptr_t)dptr
+            || a->kind != SIM_MEM_ASYNC)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        free(ck);
+        sim_unlock();
+        return rc;
+    }
+    /* The free is a point in the stream's order: the chunk is reusable
+     * on s at once and elsewhere once that point has run. */
+    rc = sim_enqueue(s, op);
+    if (rc != CUDA_SUCCESS) {
+        free(ck);
+        sim_unlock();
+        return rc;
+    }
+    mp = &sim.dev[a->ctx->dev].pool;
+    sim_alloc_remove(a);
+    mp->used -= a->charged;
+    ck->a = a;
+    ck->stream = s;
+    s->refs++;
+    ck->ticket = s->submitted;
+    ck->next = mp->cached;
+    mp->cached = ck;
+    sim_unlock();
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ */
@@ -2986,6 +3512,9 @@ sim_StreamSynchronize(CUstream hStream)
     if (rc == CUDA_SUCCESS) {
         rc = sim_wait(s, s->submitted);
     }
+    if (rc == CUDA_SUCCESS) {
+        sim_mempools_settle();
+    }
     sim_unlock();
     return rc;
 }
@@ -3227,6 +3756,9 @@ sim_EventSynchronize(CUevent hEvent)
         e = (sim_event *)(void *)hEvent;
         if (e->rec_stream != NULL) {
             rc = sim_wait(e->rec_stream, e->rec_ticket);
+        }
+        if (rc == CUDA_SUCCESS) {
+            sim_mempools_settle();
         }
     }
     sim_unlock();
@@ -3732,6 +4264,12 @@ cm_sim_fill(cm_cu_table *t, int per_thread)
     SIM_FILL(MemFree)
     SIM_FILL(MemGetInfo)
     SIM_FILL(MemAllocManaged)
+    SIM_FILL(MemAllocAsync)
+    SIM_FILL(MemFreeAsync)
+    SIM_FILL(DeviceGetDefaultMemPool)
+    SIM_FILL(MemPoolSetAttribute)
+    SIM_FILL(MemPoolGetAttribute)
+    SIM_FILL(MemPoolTrimTo)
     SIM_FILL(MemHostAlloc)
     SIM_FILL(MemFreeHost)
     SIM_FILL(MemHostRegister)

@@ -68,6 +68,7 @@ from ._core import (
     to_device,
 )
 from ._emm import (
+    AsyncMemoryManager,
     AutoFreePointer,
     BaseCUDAMemoryManager,
     GetIpcHandleMixin,
@@ -77,6 +78,7 @@ from ._emm import (
     MemoryPointer,
     OwnedPointer,
     PinnedMemory,
+    PoolMemoryManager,
     defer_cleanup,
     set_memory_manager,
 )
@@ -95,6 +97,7 @@ from ._hostmem import ManagedNDArray, MappedNDArray
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncMemoryManager",
     "AutoFreePointer",
     "BaseCUDAMemoryManager",
     "CompileError",
@@ -125,6 +128,7 @@ __all__ = [
     "Module",
     "OwnedPointer",
     "PinnedMemory",
+    "PoolMemoryManager",
     "Stream",
     "as_cuda_array",
     "close",

@@ -2,9 +2,12 @@
 """Memory managers: the External Memory Management (EMM) plugin interface
 of numba.cuda (version 1), its pointer classes, and deferred cleanup.
 
-The default manager's work is done in C (cudamem._core): its allocations
-never pass through Python, and ``DefaultMemoryManager`` here is only the
-face every context shows as ``context.memory_manager``.  A plugin set with
+The built-in managers' work is done in C (cudamem._core): their
+allocations never pass through Python, and ``DefaultMemoryManager``,
+``PoolMemoryManager`` and ``AsyncMemoryManager`` here are only the faces
+contexts show as ``context.memory_manager``.  ``set_memory_manager("pool")``
+(or ``"async"``, or ``CUDAMEM_MEMORY_MANAGER=pool``) picks a built-in one
+for contexts made afterwards.  A plugin set with
 ``set_memory_manager`` (or named by ``CUDAMEM_MEMORY_MANAGER`` /
 ``NUMBA_CUDA_MEMORY_MANAGER``) is called from C for every allocation of
 the contexts made afterwards; only its users pay for those Python calls.
@@ -22,6 +25,7 @@ from . import _core
 from ._errors import MemoryInfo
 
 __all__ = [
+    "AsyncMemoryManager",
     "AutoFreePointer",
     "BaseCUDAMemoryManager",
     "DefaultMemoryManager",
@@ -32,6 +36,7 @@ __all__ = [
     "MemoryPointer",
     "OwnedPointer",
     "PinnedMemory",
+    "PoolMemoryManager",
     "defer_cleanup",
     "set_memory_manager",
 ]
@@ -463,33 +468,103 @@ class DefaultMemoryManager(GetIpcHandleMixin):
             q._disable(-1)
 
 
+class PoolMemoryManager(DefaultMemoryManager):
+    """cudamem's caching allocator (``set_memory_manager("pool")``).
+
+    Device memory is cut from cached segments and reused: on the stream
+    it was allocated for at once, on other streams once an event recorded
+    when it was freed has completed.  Frees return blocks to the pool at
+    once, except inside ``defer_cleanup()``, which queues them on
+    ``deallocations`` like the default manager's frees.
+    """
+
+    def trim(self):
+        """Give every wholly free cached segment back to the driver."""
+        _core._pool_trim(self.context)
+
+    @property
+    def limit(self):
+        """The most bytes the pool may hold (0: no limit); settable.
+        Starts at ``CUDAMEM_POOL_LIMIT``."""
+        return _core._pool_limit(self.context)
+
+    @limit.setter
+    def limit(self, value):
+        _core._pool_limit(self.context, int(value))
+
+    def stats(self):
+        """A dict: reserved_bytes, free_bytes, largest_free_block,
+        segments, limit."""
+        return _core._pool_stats(self.context)
+
+    def reset(self):
+        """Run the pending frees, then trim."""
+        super().reset()
+        self.trim()
+
+
+class AsyncMemoryManager(PoolMemoryManager):
+    """The driver's stream-ordered allocator (``set_memory_manager(
+    "async")``): cuMemAllocAsync / cuMemFreeAsync on the allocation's
+    stream from the device's default memory pool, whose release threshold
+    (``CUDAMEM_ASYNC_RELEASE_THRESHOLD``, default 2**64-1) keeps memory
+    cached across synchronisations.
+
+    ``trim()`` waits for the context, then trims the driver's pool to 0;
+    ``limit`` caps the bytes allocated through this manager;
+    ``stats()['largest_free_block']`` is None (the driver does not say).
+    """
+
+    @property
+    def release_threshold(self):
+        """The driver pool's CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; settable."""
+        return _core._async_release_threshold(self.context)
+
+    @release_threshold.setter
+    def release_threshold(self, value):
+        _core._async_release_threshold(self.context, int(value))
+
+
 # ---------------------------------------------------------------------------
 # Choosing the manager
 # ---------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_plugin = None          # the plugin class, or None for the default
+_plugin = None          # the plugin class, or None for a built-in manager
 _env_done = False       # the environment variable was consulted
+BUILTIN_MANAGERS = ("default", "pool", "async")
 
 
 def set_memory_manager(mm_plugin):
-    """Use ``mm_plugin`` (an EMM plugin class, numba's interface version
-    1) for contexts created from now on; existing contexts keep theirs.
+    """Use ``mm_plugin`` for contexts created from now on; existing
+    contexts (and their live allocations) keep theirs.
 
-    ``None`` or ``"default"`` selects cudamem's built-in manager.
+    ``mm_plugin`` is an EMM plugin class (numba's interface version 1), or
+    the name of a built-in manager: ``"default"`` (or None), ``"pool"``
+    (cudamem's caching allocator) or ``"async"`` (the driver's
+    stream-ordered allocator).  An explicit call wins over
+    ``CUDAMEM_MEMORY_MANAGER`` / ``NUMBA_CUDA_MEMORY_MANAGER``.
     """
-    global _plugin
-    if mm_plugin is None or mm_plugin == "default":
-        _plugin = None
-        return
+    global _plugin, _env_done
+    if mm_plugin is None:
+        mm_plugin = "default"
     if isinstance(mm_plugin, str):
-        raise ValueError("unknown built-in memory manager %r" % mm_plugin)
+        if mm_plugin not in BUILTIN_MANAGERS:
+            raise ValueError("unknown built-in memory manager %r (expected "
+                             "one of %s)" % (mm_plugin,
+                                             ", ".join(BUILTIN_MANAGERS)))
+        _core._set_builtin_manager(mm_plugin)
+        _plugin = None
+        _env_done = True
+        return
     dummy = mm_plugin(context=None)
     iv = dummy.interface_version
     if iv != 1:
         raise RuntimeError("EMM Plugin interface has version %d - version "
                            "1 required" % iv)
+    _core._set_builtin_manager("default")
     _plugin = mm_plugin
+    _env_done = True
 
 
 def _from_environment():
@@ -500,7 +575,8 @@ def _from_environment():
         _env_done = True
     name = (os.environ.get("CUDAMEM_MEMORY_MANAGER")
             or os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default")
-    if name == "default":
+    if name in BUILTIN_MANAGERS:
+        _core._set_builtin_manager(name)
         return
     try:
         mod = importlib.import_module(name)
@@ -512,7 +588,8 @@ def _from_environment():
 
 def _manager_for(context):
     """Called from C when a context is made: its plugin manager,
-    initialised, or None for the built-in default."""
+    initialised, or None for a built-in one (C then makes the kind
+    ``_core._builtin_manager()`` names)."""
     _from_environment()
     if _plugin is None:
         return None

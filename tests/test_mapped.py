@@ -209,7 +209,7 @@ def test_mapped_many_and_stream(ctx):
         assert ds[0].strides == a.strides and ds[1].stream is s
         # bound to s, so the copy is asynchronous on s (API.md 0.1)
         h = ds[0].copy_to_host(stream=0)
-        s.synchronize()
+        cudamem.synchronize()
         np.testing.assert_array_equal(h, a)
     assert _core._registered_bytes() == 0
 

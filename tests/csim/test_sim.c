@@ -258,7 +258,7 @@ group_init_and_devices(void)
     EXPECT(cu.ProfilerStop(), CUDA_SUCCESS);
     /* Not modelled: left NULL for the caller to report. */
     CHECK(cu.LaunchKernel == NULL);
-    CHECK(cu.MemAllocAsync == NULL && cu.ModuleLoadData == NULL);
+    CHECK(cu.ModuleLoadData == NULL);
 }
 
 static void
@@ -998,6 +998,128 @@ group_per_thread(void)
     OK(cu.DevicePrimaryCtxRelease(0));
 }
 
+/* ------------------------------------------------------------------ */
+/* Stream-ordered allocation and the default memory pool               */
+/* ------------------------------------------------------------------ */
+
+static void
+group_mempool(void)
+{
+    CUmemoryPool pool, pool2;
+    CUdeviceptr a, b, c, big;
+    CUstream s1, s2;
+    cuuint64_t v = 0, t;
+    size_t freeb, total;
+    int flag = 0;
+    gate g;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.DeviceGetDefaultMemPool(&pool, 0));
+    OK(cu.DeviceGetDefaultMemPool(&pool2, 0));
+    CHECK(pool == pool2);
+    EXPECT(cu.DeviceGetDefaultMemPool(&pool2, 3), CUDA_ERROR_INVALID_DEVICE);
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+    CHECK(v == 0);
+    OK(cu.MemPoolGetAttribute(pool,
+                              CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                              &flag));
+    EXPECT(cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                                  &v), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemPoolGetAttribute((CUmemoryPool)&v,
+                                  CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v),
+           CUDA_ERROR_INVALID_VALUE);
+    OK(cu.StreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    OK(cu.StreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+
+    /* Threshold 0: freed memory goes back at the next synchronisation. */
+    OK(cu.MemAllocAsync(&a, 1000, s1));
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total - 1024);
+    OK(cu.MemsetD8Async(a, 7, 1000, s1));
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v));
+    CHECK(v == 1024);
+    OK(cu.MemFreeAsync(a, s1));
+    EXPECT(cu.MemFreeAsync(a, s1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemsetD8Async(a, 7, 1000, s1), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v));
+    CHECK(v == 0);
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                              &v));
+    CHECK(v == 1024);
+    OK(cu.StreamSynchronize(s1));
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                              &v));
+    CHECK(v == 0);
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total);
+
+    /* A high threshold keeps it; same-stream reuse is immediate, another
+     * stream waits for the free to run. */
+    t = UINT64_MAX;
+    OK(cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+    gate_init(&g);
+    OK(cu.LaunchHostFunc(s1, gate_fn, &g));
+    OK(cu.MemAllocAsync(&a, 4096, s1));
+    OK(cu.MemFreeAsync(a, s1));
+    OK(cu.MemAllocAsync(&b, 4096, s2));
+    CHECK(b != a);                      /* the free has not run */
+    OK(cu.MemAllocAsync(&c, 4000, s1));
+    CHECK(c == a);                      /* stream order makes it safe */
+    OK(cu.MemFreeAsync(c, s1));
+    OK(cu.MemFreeAsync(b, s2));
+    gate_open(&g);
+    OK(cu.StreamSynchronize(s1));
+    gate_fini(&g);
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                              &v));
+    CHECK(v == 8192);
+    OK(cu.MemAllocAsync(&c, 4096, s2));
+    CHECK(c == a || c == b);
+    OK(cu.MemFreeAsync(c, s2));
+    OK(cu.CtxSynchronize());
+
+    /* Trim gives back what is idle; the cache makes room for growth. */
+    OK(cu.MemPoolTrimTo(pool, 4096));
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                              &v));
+    CHECK(v == 4096);
+    OK(cu.MemPoolTrimTo(pool, 0));
+    OK(cu.MemAllocAsync(&a, 512 * 1024, s1));
+    OK(cu.MemFreeAsync(a, s1));
+    OK(cu.StreamSynchronize(s1));
+    OK(cu.MemAllocAsync(&big, 768 * 1024, s1));  /* needs the cached */
+    EXPECT(cu.MemAlloc(&a, 512 * 1024), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT(cu.MemAllocAsync(&a, 512 * 1024, s1), CUDA_ERROR_OUT_OF_MEMORY);
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &v));
+    CHECK(v == 768 * 1024);
+    t = 0;
+    OK(cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &t));
+    OK(cu.MemFreeAsync(big, s1));
+    OK(cu.StreamSynchronize(s1));
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &v));
+    CHECK(v == 768 * 1024);
+    OK(cu.MemPoolTrimTo(pool, 0));
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total);
+
+    /* A reset takes live pool memory with the context. */
+    OK(cu.MemAllocAsync(&a, 1000, s1));
+    OK(cu.StreamDestroy(s1));
+    OK(cu.StreamDestroy(s2));
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxReset(0));
+    OK(cu.DevicePrimaryCtxRelease(0));
+    retain_and_push(0);
+    OK(cu.MemGetInfo(&freeb, &total));
+    CHECK(freeb == total);
+    OK(cu.MemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                              &v));
+    CHECK(v == 0);
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
+}
+
 static void
 group_fork(void)
 {
@@ -1176,6 +1298,7 @@ static const group groups[] = {
     {"streams", group_streams, NULL, 0},
     {"reentry_and_faults", group_reentry_and_faults, NULL, 0},
     {"per_thread", group_per_thread, NULL, 1},
+    {"mempool", group_mempool, "CUDAMEM_SIM_MEMORY=1048576", 0},
     {"fork", group_fork, NULL, 0},
     {"ipc", group_ipc, NULL, 0},
 };
