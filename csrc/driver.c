@@ -118,12 +118,22 @@ cm_load_driver(void)
     }
     flags = cm_per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
                           : CU_GET_PROC_ADDRESS_DEFAULT;
+    /* With the per-thread flag, entry points whose per-thread variant
+     * came with CUDA 7.0 are only found when asked for at 7.0 or later;
+     * their signatures are the same. */
 #define CM_CU_RESOLVE(name, ver)                                           \
     do {                                                                   \
         void *p_ = NULL;                                                   \
+        int v_ = (ver);                                                    \
         CUdriverProcAddressQueryResult q_;                                 \
-        CUresult r_ = gpa2 ? gpa2("cu" #name, &p_, (ver), flags, &q_)      \
-                           : gpa1("cu" #name, &p_, (ver), flags);          \
+        CUresult r_ = gpa2 ? gpa2("cu" #name, &p_, v_, flags, &q_)         \
+                           : gpa1("cu" #name, &p_, v_, flags);             \
+        if ((r_ != CUDA_SUCCESS || p_ == NULL) && cm_per_thread            \
+            && v_ < 7000) {                                                \
+            p_ = NULL;                                                     \
+            r_ = gpa2 ? gpa2("cu" #name, &p_, 7000, flags, &q_)            \
+                      : gpa1("cu" #name, &p_, 7000, flags);                \
+        }                                                                  \
         *(void **)&cm_cu.name = (r_ == CUDA_SUCCESS) ? p_ : NULL;          \
     } while (0);
     CM_CU_FUNCS(CM_CU_RESOLVE)

@@ -20,6 +20,31 @@ from cudamem import _core
 KiB = 1 << 10
 MiB = 1 << 20
 
+# These tests switch managers with close(), which resets the primary
+# context.  On a GPU other libraries of the test process (CuPy, PyTorch)
+# share that context, so there the module runs in a child process of its
+# own (test_pool_module_in_a_child_process) and is skipped here.
+SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
+ISOLATED = os.environ.get("CUDAMEM_TEST_ISOLATED") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_on_a_gpu(request):
+    if request.node.name.startswith("test_pool_module_in_a_child"):
+        return
+    if not (SIMULATOR or ISOLATED):
+        pytest.skip("runs in its own process on a GPU")
+
+
+def test_pool_module_in_a_child_process():
+    if SIMULATOR or ISOLATED:
+        pytest.skip("already in a process of its own")
+    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
+                        "-p", "no:cacheprovider", __file__],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+
 
 def _use(kind):
     """A fresh context whose manager is kind (contexts choose theirs when
@@ -411,12 +436,12 @@ def test_close_with_live_pool_allocations():
         cudamem.set_memory_manager("pool")
         ctx = cudamem.current_context()
         m = ctx.memalloc(1000)
-        free0 = ctx.get_memory_info().total
+        free0 = ctx.get_memory_info().free
         cudamem.close()
         del m                                  # its context is gone
         ctx2 = cudamem.current_context()
         print(cudamem.memory_stats()["pool_reserved_bytes"],
-              ctx2.get_memory_info().free == ctx2.get_memory_info().total)
+              ctx2.get_memory_info().free >= free0 - (64 << 20))
         """)
     assert rc == 0, out
     assert out.split() == ["0", "True"]
@@ -436,8 +461,9 @@ def test_async_release_threshold_keeps_memory(async_ctx):
     cudamem.synchronize()
     st = cudamem.memory_stats()
     assert st["manager"] == "async"
-    assert st["pool_reserved_bytes"] == 64 * KiB   # kept across the sync
-    assert st["pool_free_bytes"] == 64 * KiB
+    # kept across the sync (the driver reserves in its own granules)
+    assert st["pool_reserved_bytes"] >= 64 * KiB
+    assert st["pool_free_bytes"] >= 64 * KiB
     b = async_ctx.memalloc(64 * KiB)
     assert b.device_pointer == pa
     del b
@@ -450,7 +476,7 @@ def test_async_release_threshold_keeps_memory(async_ctx):
 def test_async_trim_and_stats(async_ctx):
     mm = async_ctx.memory_manager
     ms = [async_ctx.memalloc(1 * MiB) for _ in range(4)]
-    assert mm.stats()["reserved_bytes"] == 4 * MiB
+    assert mm.stats()["reserved_bytes"] >= 4 * MiB
     assert mm.stats()["largest_free_block"] is None
     del ms
     mm.trim()
