@@ -431,6 +431,11 @@ int cm_pending_hold(cm_pending *q, int depth);
 /* Make ctx's two queues; called once when the context is made. */
 int cm_ctx_init_memory(cm_context *ctx);
 
+/* An address attribute (device_pointer, host_pointer, ...) of a memory
+ * pointer object, as plugins and foreign owners spell it: an int, None
+ * (NULL), or an object with an int .value (ctypes).  0 or -1. */
+int cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out);
+
 /* Allocate size (> 0) bytes of device memory in ctx through its memory
  * manager (the C default, or a Python plugin's memalloc), the default
  * retrying once on out-of-memory after flushing and collecting.  A new

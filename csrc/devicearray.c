@@ -1037,26 +1037,13 @@ cm_ssize_tuple(int n, const Py_ssize_t *v)
 static int
 cm_owner_ptr(PyObject *owner, CUdeviceptr *p)
 {
-    PyObject *v;
-    unsigned long long u;
+    uintptr_t u = 0;
 
     if (Py_IS_TYPE(owner, ST->Mem_type)) {
         *p = ((cm_mem *)owner)->ptr;
         return 0;
     }
-    v = PyObject_GetAttrString(owner, "device_pointer");
-    if (v == NULL) {
-        return -1;
-    }
-    if (!PyLong_Check(v)) {
-        Py_SETREF(v, PyObject_GetAttrString(v, "value"));
-        if (v == NULL) {
-            return -1;
-        }
-    }
-    u = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (cm_pointer_attr(owner, "device_pointer", &u) < 0) {
         return -1;
     }
     *p = (CUdeviceptr)u;

@@ -476,31 +476,6 @@ cm_hm_empty(cm_context *ctx, int kind, size_t size, unsigned int flags,
     return m;
 }
 
-/* An int attribute of a plugin's pointer object (int or .value). */
-static int
-cm_plugin_addr(PyObject *mp, const char *name, uintptr_t *out)
-{
-    PyObject *v = PyObject_GetAttrString(mp, name);
-    unsigned long long u;
-
-    if (v == NULL) {
-        return -1;
-    }
-    if (!PyLong_Check(v) && v != Py_None) {
-        Py_SETREF(v, PyObject_GetAttrString(v, "value"));
-        if (v == NULL) {
-            return -1;
-        }
-    }
-    u = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *out = (uintptr_t)u;
-    return 0;
-}
-
 /* Fill m through the context's plugin manager. */
 static int
 cm_hm_alloc_plugin(cm_hostmem *m)
@@ -528,14 +503,14 @@ cm_hm_alloc_plugin(cm_hostmem *m)
         return -1;
     }
     if (m->kind == CM_HM_MANAGED) {
-        if (cm_plugin_addr(mp, "device_pointer", &d) < 0) {
+        if (cm_pointer_attr(mp, "device_pointer", &d) < 0) {
             goto err_drop_mp;
         }
         h = d;
     }
-    else if (cm_plugin_addr(mp, "host_pointer", &h) < 0
+    else if (cm_pointer_attr(mp, "host_pointer", &h) < 0
              || (m->kind == CM_HM_MAPPED
-                 && cm_plugin_addr(mp, "device_pointer", &d) < 0)) {
+                 && cm_pointer_attr(mp, "device_pointer", &d) < 0)) {
         goto err_drop_mp;
     }
     m->plugin_mem = mp;
@@ -1685,7 +1660,7 @@ cm_reg_device_array(cm_hostreg *r, Py_ssize_t i, PyObject *stream)
                             ? PyList_GET_ITEM(r->plugin_pins, i) : NULL;
 
         if (pin != NULL) {
-            if (cm_plugin_addr(pin, "device_pointer", &d) < 0) {
+            if (cm_pointer_attr(pin, "device_pointer", &d) < 0) {
                 return NULL;
             }
         }

@@ -622,32 +622,27 @@ cm_gc_collect(void)
     return 0;
 }
 
-/* The device address of a plugin's MemoryPointer: its device_pointer,
- * an int or anything with an int .value (ctypes). */
-static int
-cm_plugin_pointer(PyObject *mp, CUdeviceptr *out)
+int
+cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out)
 {
-    PyObject *v = PyObject_GetAttrString(mp, "device_pointer");
+    PyObject *v = PyObject_GetAttrString(obj, name);
     unsigned long long u;
 
     if (v == NULL) {
         return -1;
     }
-    if (!PyLong_Check(v)) {
+    if (!PyLong_Check(v) && v != Py_None) {
         Py_SETREF(v, PyObject_GetAttrString(v, "value"));
         if (v == NULL) {
             return -1;
         }
-        if (v == Py_None) {
-            Py_SETREF(v, PyLong_FromLong(0));
-        }
     }
-    u = PyLong_AsUnsignedLongLong(v);
+    u = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
     Py_DECREF(v);
     if (u == (unsigned long long)-1 && PyErr_Occurred()) {
         return -1;
     }
-    *out = (CUdeviceptr)u;
+    *out = (uintptr_t)u;
     return 0;
 }
 
@@ -711,6 +706,7 @@ cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
     CUresult rc;
     cm_mem *m;
     PyObject *mp;
+    uintptr_t addr = 0;
     int attempt;
 
     if (cm_context_activate(ctx) < 0) {
@@ -720,10 +716,12 @@ cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
         /* A Python plugin: its users pay for the call. */
         mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
                                  (Py_ssize_t)size);
-        if (mp == NULL || cm_plugin_pointer(mp, out) < 0) {
+        if (mp == NULL
+            || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
             Py_XDECREF(mp);
             return NULL;
         }
+        *out = (CUdeviceptr)addr;
         return mp;
     }
     for (attempt = 0;; attempt++) {
