@@ -2549,7 +2549,12 @@ PyDoc_STRVAR(cm_da_copy_to_host_doc,
 "numba refuses negative strides and destinations laid out differently;\n"
 "cudamem copies between any layouts (2-D / 3-D copies, or through a\n"
 "host buffer), writing only the elements of the destination view.  A\n"
-"copy staged through a host buffer completes before it returns.");
+"copy staged through a host buffer completes before it returns.\n\n"
+"Large copies of pageable host memory go through the staging pipeline\n"
+"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
+"copy returns at once: the host array must stay alive and unread\n"
+"until the stream has reached the copy (cudamem keeps a reference to\n"
+"it until then).");
 
 static PyObject *
 cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -2576,7 +2581,12 @@ PyDoc_STRVAR(cm_da_copy_to_device_doc,
 "CAI-only sources; cudamem copies between any layouts (zero strides on\n"
 "the source only) and wraps CAI sources without a copy.  Device-to-device\n"
 "copies that no 2-D / 3-D copy expresses are staged through the host for\n"
-"now, and complete before returning.");
+"now, and complete before returning.\n\n"
+"Large copies of pageable host memory go through the staging pipeline\n"
+"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
+"copy returns at once: the host array must stay alive and unmodified\n"
+"until the stream has reached the copy (cudamem keeps a reference to\n"
+"it until then).");
 
 static PyObject *
 cm_da_copy_to_device(PyObject *self, PyObject *const *args,
@@ -3749,7 +3759,12 @@ PyDoc_STRVAR(cm_to_device_doc,
 "strides (only the core is allocated).\n\n"
 "Notes\n-----\n"
 "numba rejects non-contiguous host arrays; cudamem copies them into a\n"
-"C-contiguous (F-contiguous for F-ordered sources) device array.");
+"C-contiguous (F-contiguous for F-ordered sources) device array.\n\n"
+"Large copies of pageable host memory go through the staging pipeline\n"
+"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
+"copy returns at once: the host array must stay alive and unmodified\n"
+"until the stream has reached the copy (cudamem keeps a reference to\n"
+"it until then).");
 
 static PyObject *
 cm_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
