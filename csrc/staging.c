@@ -50,6 +50,8 @@
 #define CM_STG_MAXBUF 16              /* most staging buffers a transfer */
 #define CM_STG_DEVICES 64             /* devices with a buffer cache */
 #define CM_STG_MINCHUNK ((size_t)256 << 10)  /* adaptive chunk floor */
+/* Free buffers a device's cache keeps: this many transfers' worth. */
+#define CM_STG_KEEP_SETS 4
 
 /* The tunables; NOTE: guarded by the GIL. */
 typedef struct {
@@ -975,6 +977,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
     size_t alloc_size;
     Py_ssize_t lo = 0;
     Py_ssize_t hi = 0;
+    size_t keep_free = (size_t)cfg.buffers * CM_STG_KEEP_SETS;
     const char *dfn;
     CUresult rc;
     int direct = 0;
@@ -1083,7 +1086,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
             rc = CUDA_SUCCESS;
         }
         if (rc != CUDA_SUCCESS || direct) {
-            cm_stg_release(j, 0, (size_t)cfg.buffers * 2);
+            cm_stg_release(j, 0, keep_free);
         }
     }
     if (rc == CUDA_SUCCESS && !direct) {
@@ -1094,12 +1097,12 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
         if (!async) {
             cm_stg_run(j);
             rc = j->rc;
-            cm_stg_release(j, 0, (size_t)cfg.buffers * 2);
+            cm_stg_release(j, 0, keep_free);
         }
         else {
             rc = cm_stg_start_async(j, stream);
             if (rc != CUDA_SUCCESS) {
-                cm_stg_release(j, 0, (size_t)cfg.buffers * 2);
+                cm_stg_release(j, 0, keep_free);
             }
             else {
                 j = NULL;                /* the issuer's now */
