@@ -687,6 +687,10 @@ Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
  * return.  0, or -1 with an exception set. */
 int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
             int async);
+/* The same, keeping keep (the host array, or NULL) alive until an
+ * asynchronous copy staged through the pipeline (staging.c) finished. */
+int cm_copy_keep(const cm_view *dst, const cm_view *src, CUstream stream,
+                 int async, PyObject *keep);
 
 /* Whether o is a cudamem device array (DeviceNDArrayBase or a subclass):
  * 1 with the address of its first element in *ptr, else 0.  The fast
@@ -771,6 +775,37 @@ PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
                              PyObject *gpu_data, PyObject *stream);
 
 /* ------------------------------------------------------------------ */
+/* staging.c: the staged pipeline for large pageable transfers        */
+/* ------------------------------------------------------------------ */
+
+/* A copy between host memory and one contiguous device range, walked in
+ * the device side's order: element i of the joint layout (row-major over
+ * shape) is at dev + i * itemsize on the device. */
+typedef struct {
+    int htod;                   /* host to device, else device to host */
+    int ndim;                   /* 0..NPY_MAXDIMS */
+    const Py_ssize_t *shape;    /* ndim extents */
+    const Py_ssize_t *hstrides; /* host strides, bytes, any sign */
+    const Py_ssize_t *dstrides; /* device strides, bytes */
+    uintptr_t host;             /* host address of element 0 */
+    CUdeviceptr dev;            /* device address of element 0 */
+    Py_ssize_t itemsize;
+} cm_xfer;
+
+/* Copy x through the staging pipeline when it applies (staging on, at
+ * least the threshold, the device side contiguous, the host memory not
+ * page-locked).  Synchronous, or (async) queued on stream with keep (may
+ * be NULL) held until the copy finished.  1 when done or queued, 0 when
+ * the caller should copy directly, -1 with an exception.  The context
+ * current, GIL held (released inside). */
+int cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
+                    PyObject *keep);
+
+/* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
+ * the driver (pinned() / mapped()).  Call without the GIL. */
+int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
+
+/* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
 /* ------------------------------------------------------------------ */
 
@@ -796,5 +831,6 @@ int cm_kernel_init(PyObject *mod, cm_state *st);
 int cm_dlpack_init(PyObject *mod, cm_state *st);
 
 int cm_hostmem_init(PyObject *mod, cm_state *st);
+int cm_staging_init(PyObject *mod, cm_state *st);
 
 #endif /* CM_H */

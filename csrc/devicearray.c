@@ -562,7 +562,8 @@ cm_stream_wait(CUstream stream)
 }
 
 static int cm_copy_impl(const cm_view *dst, const cm_view *src,
-                        CUstream stream, int async, int may_stage);
+                        CUstream stream, int async, int may_stage,
+                        PyObject *keep);
 
 /* Copy through a compact host buffer laid out like key (a view of the
  * same shape as dst and src): first src into the buffer, then the buffer
@@ -591,7 +592,7 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     tmp.strides = tstrides;
     tmp.itemsize = key->itemsize;
     tmp.device = 0;
-    if (cm_copy_impl(&tmp, src, stream, async, 0) < 0) {
+    if (cm_copy_impl(&tmp, src, stream, async, 0, NULL) < 0) {
         goto out_free_buf;
     }
     if (async && src->device && cm_stream_wait(stream) < 0) {
@@ -599,8 +600,8 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     }
     /* A device-to-device copy staged in src's order may need the host
      * buffer reordered for dst: one more (host-only) staging. */
-    if (cm_copy_impl(dst, &tmp, stream, async, src->device && dst->device)
-        < 0) {
+    if (cm_copy_impl(dst, &tmp, stream, async, src->device && dst->device,
+                     NULL) < 0) {
         goto out_free_buf;
     }
     if (async && dst->device && cm_stream_wait(stream) < 0) {
@@ -655,9 +656,28 @@ cm_copy_by_kernel(const cm_joint *j, int dst_type, int src_type,
     return async ? 0 : cm_stream_wait(stream);
 }
 
+/* Hand a copy between host and device memory to the staging pipeline
+ * (staging.c); 1 when it took it, 0 when not, -1 on error. */
+static int
+cm_copy_try_staging(const cm_joint *j, CUstream stream, int async,
+                    PyObject *keep)
+{
+    cm_xfer x;
+
+    x.htod = j->dst_dev;
+    x.ndim = j->ndim;
+    x.shape = j->shape;
+    x.hstrides = j->dst_dev ? j->ss : j->ds;
+    x.dstrides = j->dst_dev ? j->ds : j->ss;
+    x.host = j->dst_dev ? j->src : j->dst;
+    x.dev = (CUdeviceptr)(j->dst_dev ? j->dst : j->src);
+    x.itemsize = j->itemsize;
+    return cm_staging_copy(&x, stream, async, keep);
+}
+
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
-             int async, int may_stage)
+             int async, int may_stage, PyObject *keep)
 {
     cm_joint j;
     cm_plan p;
@@ -673,6 +693,14 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     if (!dst->device && !src->device) {
         cm_host_copy(&j);
         return 0;
+    }
+    if (dst->device != src->device) {
+        /* Large pageable transfers go through the staging pipeline. */
+        int r = cm_copy_try_staging(&j, stream, async, keep);
+
+        if (r != 0) {
+            return r < 0 ? -1 : 0;
+        }
     }
     cm_plan_make(&j, &p);
     if (p.pieces > 1 && dst->device && src->device
@@ -698,7 +726,14 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
 int
 cm_copy(const cm_view *dst, const cm_view *src, CUstream stream, int async)
 {
-    return cm_copy_impl(dst, src, stream, async, 1);
+    return cm_copy_impl(dst, src, stream, async, 1, NULL);
+}
+
+int
+cm_copy_keep(const cm_view *dst, const cm_view *src, CUstream stream,
+             int async, PyObject *keep)
+{
+    return cm_copy_impl(dst, src, stream, async, 1, keep);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1651,7 +1686,7 @@ cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream)
         goto out_src;
     }
     cm_da_view(self, &dv);
-    rc = cm_copy(&dv, &sv, h, async);
+    rc = cm_copy_keep(&dv, &sv, h, async, src);
 out_src:
     Py_DECREF(src);
     return rc;
@@ -1684,7 +1719,7 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
         if (self->size > 0) {
             cm_nd_view(res, &dv);
             cm_da_view(self, &sv);
-            if (cm_copy(&dv, &sv, h, async) < 0) {
+            if (cm_copy_keep(&dv, &sv, h, async, (PyObject *)res) < 0) {
                 Py_DECREF(res);
                 return NULL;
             }
@@ -1721,7 +1756,7 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
     sv = dv;
     sv.addr = (uintptr_t)self->ptr;
     sv.device = 1;
-    if (cm_copy(&dv, &sv, h, async) < 0) {
+    if (cm_copy_keep(&dv, &sv, h, async, (PyObject *)res) < 0) {
         Py_DECREF(res);
         return NULL;
     }
@@ -1785,7 +1820,7 @@ cm_da_copy_to_host_impl(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_nd_view(dst, &dv);
     cm_da_view(self, &sv);
-    if (cm_copy(&dv, &sv, h, async) < 0) {
+    if (cm_copy_keep(&dv, &sv, h, async, ary) < 0) {
         return NULL;
     }
     return Py_NewRef(ary);
@@ -2501,7 +2536,12 @@ PyDoc_STRVAR(cm_da_copy_to_host_doc,
 "numba refuses negative strides and destinations laid out differently;\n"
 "cudamem copies between any layouts (2-D / 3-D copies, or through a\n"
 "host buffer), writing only the elements of the destination view.  A\n"
-"copy staged through a host buffer completes before it returns.");
+"copy staged through a host buffer completes before it returns.\n\n"
+"Large copies of pageable host memory go through the staging pipeline\n"
+"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
+"copy returns at once: the host array must stay alive and unread\n"
+"until the stream has reached the copy (cudamem keeps a reference to\n"
+"it until then).");
 
 static PyObject *
 cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -2528,7 +2568,12 @@ PyDoc_STRVAR(cm_da_copy_to_device_doc,
 "CAI-only sources; cudamem copies between any layouts (zero strides on\n"
 "the source only) and wraps CAI sources without a copy.  Device-to-device\n"
 "copies that no 2-D / 3-D copy expresses are staged through the host for\n"
-"now, and complete before returning.");
+"now, and complete before returning.\n\n"
+"Large copies of pageable host memory go through the staging pipeline\n"
+"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
+"copy returns at once: the host array must stay alive and unmodified\n"
+"until the stream has reached the copy (cudamem keeps a reference to\n"
+"it until then).");
 
 static PyObject *
 cm_da_copy_to_device(PyObject *self, PyObject *const *args,
@@ -3701,7 +3746,12 @@ PyDoc_STRVAR(cm_to_device_doc,
 "strides (only the core is allocated).\n\n"
 "Notes\n-----\n"
 "numba rejects non-contiguous host arrays; cudamem copies them into a\n"
-"C-contiguous (F-contiguous for F-ordered sources) device array.");
+"C-contiguous (F-contiguous for F-ordered sources) device array.\n\n"
+"Large copies of pageable host memory go through the staging pipeline\n"
+"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
+"copy returns at once: the host array must stay alive and unmodified\n"
+"until the stream has reached the copy (cudamem keeps a reference to\n"
+"it until then).");
 
 static PyObject *
 cm_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,

@@ -1784,6 +1784,26 @@ cm_registered_bytes_fn(PyObject *mod, PyObject *unused)
     return PyLong_FromSize_t(b);
 }
 
+int
+cm_hostmem_registered(uintptr_t lo, uintptr_t hi)
+{
+    const cm_piece *p;
+    int hit = 0;
+
+    if (cm_reg_lock == NULL) {
+        return 0;
+    }
+    PyThread_acquire_lock(cm_reg_lock, WAIT_LOCK);
+    for (p = cm_pieces; p != NULL && p->lo < hi; p = p->next) {
+        if (p->hi > lo) {
+            hit = 1;
+            break;
+        }
+    }
+    PyThread_release_lock(cm_reg_lock);
+    return hit;
+}
+
 /* ------------------------------------------------------------------ */
 /* Managed memory: prefetch and advice                                 */
 /* ------------------------------------------------------------------ */

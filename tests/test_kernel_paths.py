@@ -114,7 +114,9 @@ def test_assignment_on_a_stream_is_ordered():
     s.synchronize()
     want = np.full(1000, 2.5, np.float32)
     want[10:20] = np.arange(10)
-    np.testing.assert_array_equal(d.copy_to_host(), want)
+    out = d.copy_to_host()  # asynchronous: d is bound to s
+    s.synchronize()
+    np.testing.assert_array_equal(out, want)
 
 
 def test_records_copy_between_layouts():

@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: MIT
+"""Sweep the staging pipeline's tunables on the GPU machine: cudamem's
+pageable HtoD / DtoH bandwidth per (threads, chunk, buffers), one fresh
+process per setting (the tunables are read from the environment), so the
+defaults in csrc/staging.c and the README can be chosen by measurement.
+
+    python benchmarks/staging_sweep.py [--sizes 16,64,256,1024] \
+        [--threads 1,2,4,8,16] [--chunks 2,4,8,16] [--buffers 2,3,4] \
+        [--repeats 7]
+
+Sizes and chunks are in MiB.  Prints one line per setting and size:
+GB/s host to device and device to host.  Never run from the test suite.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+sys.path.insert(0, %(root)r)
+import cudamem
+sizes, repeats = %(sizes)r, %(repeats)d
+out = {}
+for mib in sizes:
+    n = mib << 20
+    h = np.ones(n, np.uint8)
+    d = cudamem.device_array(n, np.uint8)
+    row = []
+    for fn in (lambda: d.copy_to_device(h), lambda: d.copy_to_host(h)):
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        ts.sort()
+        row.append(n / ts[len(ts) // 2] / 1e9)
+    out[mib] = row
+    del d
+print(json.dumps(out))
+"""
+
+
+def ints(s):
+    return [int(x) for x in s.split(",") if x]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=ints, default=[16, 64, 256, 1024])
+    ap.add_argument("--threads", type=ints, default=[1, 2, 4, 8, 16])
+    ap.add_argument("--chunks", type=ints, default=[2, 4, 8, 16])
+    ap.add_argument("--buffers", type=ints, default=[2, 3, 4])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    code = CHILD % {"root": str(HERE.parent), "sizes": args.sizes,
+                    "repeats": args.repeats}
+    results = []
+    print("%7s %6s %7s %8s %10s %10s" % ("threads", "chunk", "buffers",
+                                         "size", "HtoD GB/s", "DtoH GB/s"))
+    for t, c, b in itertools.product(args.threads, args.chunks,
+                                     args.buffers):
+        env = dict(os.environ, CUDAMEM_STAGING="1",
+                   CUDAMEM_STAGING_THREADS=str(t),
+                   CUDAMEM_STAGING_CHUNK="%dM" % c,
+                   CUDAMEM_STAGING_BUFFERS=str(b),
+                   CUDAMEM_STAGING_THRESHOLD="1M")
+        p = subprocess.run([sys.executable, "-c", code], env=env,
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            print("threads=%d chunk=%dM buffers=%d failed: %s"
+                  % (t, c, b, p.stderr.strip()[-200:]))
+            continue
+        for mib, (h2d, d2h) in json.loads(p.stdout).items():
+            print("%7d %5dM %7d %7sM %10.1f %10.1f" % (t, c, b, mib, h2d,
+                                                       d2h))
+            results.append({"threads": t, "chunk_mib": c, "buffers": b,
+                            "size_mib": int(mib), "htod": h2d,
+                            "dtoh": d2h})
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1396 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * staging.c: the staged transfer pipeline for large copies between
+ * pageable host memory and device memory.
+ *
+ * A copy between a device range and pageable host memory above a size
+ * threshold is cut into chunks.  Each chunk passes through one of a few
+ * page-locked staging buffers: host to device, worker threads pack the
+ * chunk's elements into the buffer (any host layout) and the calling
+ * thread issues the buffer's copy to the device on the stream and records
+ * the buffer's event; chunk i+1 is packed while chunk i is in flight.
+ * Device to host is the mirror: the copy into the buffer is issued first,
+ * and the workers unpack the chunk into the host array once the buffer's
+ * event says it has arrived.  A buffer is refilled only after its event
+ * completed.
+ *
+ * A synchronous copy runs the pipeline on the default stream in the
+ * calling thread and returns when every chunk is in place.  An
+ * asynchronous copy on stream S returns at once: S gets an event (the
+ * start) and a host function that waits for the pipeline to finish; an
+ * issuer thread runs the pipeline on a private non-blocking stream that
+ * waits for the start event.  So the pipeline begins when S reaches the
+ * copy and S continues only after the data is in place; the staging
+ * buffers go back to the cache once their copies completed.  Driver errors
+ * of that background part are raised by the next staged copy.
+ *
+ * Owns: the tunables (CUDAMEM_STAGING, _THRESHOLD, _CHUNK, _BUFFERS,
+ * _THREADS); the worker threads (made once, grown on demand, never
+ * stopped) and their queue of host-side batches; the issuer threads (one
+ * per asynchronous copy in flight, kept for reuse); per device, a cache
+ * of page-locked staging buffers, each with its own event; the first
+ * unreported error of an asynchronous copy.
+ *
+ * Locking: one mutex, cm_stg_mu, guards the queues, the caches, the
+ * counters and the deferred error.  No Python or driver call is made
+ * while it is held.  The tunables are guarded by the GIL and copied into
+ * each transfer before the GIL is released.  Workers make no driver
+ * calls; issuer threads make driver calls but never free page-locked
+ * memory (a free may wait for the host function that waits for them).
+ */
+#include "cm.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CM_STG_MAXBUF 16              /* most staging buffers a transfer */
+#define CM_STG_DEVICES 64             /* devices with a buffer cache */
+#define CM_STG_MINCHUNK ((size_t)256 << 10)  /* adaptive chunk floor */
+/* Free buffers a device's cache keeps: this many transfers' worth. */
+#define CM_STG_KEEP_SETS 4
+
+/* The tunables; NOTE: guarded by the GIL. */
+typedef struct {
+    int enabled;              /* CUDAMEM_STAGING (0 turns it off) */
+    size_t threshold;         /* bytes from which a copy is staged */
+    size_t chunk;             /* bytes of a chunk (a staging buffer) */
+    int buffers;              /* staging buffers per transfer */
+    int threads;              /* worker threads */
+    size_t part;              /* smallest share of a chunk per worker */
+} cm_stg_cfg;
+
+static cm_stg_cfg cm_cfg = {
+    1, (size_t)4 << 20, (size_t)8 << 20, 3, 8, (size_t)256 << 10,
+};
+
+/* One page-locked staging buffer with the event of its last copy. */
+typedef struct cm_sbuf {
+    void *host;               /* cuMemHostAlloc address */
+    size_t size;              /* bytes */
+    CUevent ev;               /* recorded after each copy */
+    unsigned long gen;        /* the context generation it belongs to */
+    int dev;                  /* its device's ordinal */
+    struct cm_sbuf *next;     /* free list link */
+} cm_sbuf;
+
+/* One device's cache of free buffers. */
+typedef struct {
+    unsigned long gen;        /* generation of the buffers; 0: unused */
+    cm_sbuf *free;            /* LIFO free list */
+    size_t nfree;             /* buffers on it */
+} cm_scache;
+
+/* A transfer: the host side as a joint layout in the device side's
+ * element order (the device side is one contiguous range). */
+typedef struct cm_sjob {
+    int htod;                 /* host to device, else device to host */
+    int ndim;                 /* >= 1 */
+    Py_ssize_t shape[NPY_MAXDIMS];
+    Py_ssize_t hs[NPY_MAXDIMS];  /* host strides, bytes */
+    uintptr_t host;           /* host address of element 0 */
+    CUdeviceptr dev;          /* device address of element 0 */
+    size_t itemsize;
+    size_t elems;             /* elements */
+    size_t chunk_el;          /* elements per chunk */
+    size_t nchunks;
+    size_t part_el;           /* smallest share of a chunk, elements */
+    int nbuf;                 /* staging buffers used */
+    cm_sbuf *buf[CM_STG_MAXBUF];
+    CUstream stream;          /* where the chunks' copies go */
+    CUcontext ctx;            /* the context current at the call */
+    int devid;                /* its device's ordinal */
+    unsigned long gen;        /* its generation */
+    int unsure;               /* a buffer may still be in use by a copy */
+    CUresult rc;              /* the first error */
+    const char *fn;           /* the entry point that gave it */
+    /* asynchronous transfers only */
+    CUevent start;            /* recorded on the caller's stream */
+    PyObject *keep;           /* strong: the host array, dropped at end */
+    int done;                 /* NOTE: under cm_stg_mu; set at the end */
+    atomic_int refs;          /* the issuer and the host function */
+    struct cm_sjob *qnext;    /* issuer queue link */
+} cm_sjob;
+
+/* A host-side stage of one chunk, shared out among the workers. */
+typedef struct cm_batch {
+    const cm_sjob *job;
+    char *buf;                /* the chunk's staging buffer */
+    size_t e0;                /* first element of the chunk */
+    size_t n;                 /* elements */
+    int pack;                 /* host to buffer, else buffer to host */
+    int nparts;               /* shares */
+    int next;                 /* NOTE: under cm_stg_mu: next share */
+    int left;                 /* NOTE: under cm_stg_mu: shares running
+                               * or not taken */
+    struct cm_batch *qnext;   /* worker queue link */
+} cm_batch;
+
+/* NOTE: everything below is guarded by cm_stg_mu. */
+static pthread_mutex_t cm_stg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cm_stg_work = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t cm_stg_part_done = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t cm_stg_jobs = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t cm_stg_job_done = PTHREAD_COND_INITIALIZER;
+static cm_batch *cm_bq_head;          /* batches with shares to take */
+static cm_batch *cm_bq_tail;
+static int cm_workers;                /* worker threads made */
+static cm_sjob *cm_jq_head;           /* asynchronous jobs to issue */
+static cm_sjob *cm_jq_tail;
+static int cm_issuers;                /* issuer threads made */
+static int cm_issuers_spare;          /* idle issuers not yet claimed */
+static cm_scache cm_caches[CM_STG_DEVICES];
+static cm_sbuf *cm_tofree;            /* buffers to free (unsure ones) */
+static size_t cm_nlive;               /* buffers made and not freed */
+static size_t cm_live_bytes;          /* their bytes */
+static size_t cm_nfree_all;           /* of them, free in a cache */
+static size_t cm_inflight;            /* transfers running */
+static size_t cm_staged;              /* transfers staged, ever */
+static CUresult cm_deferred_rc;       /* an asynchronous copy's error */
+static const char *cm_deferred_fn;
+
+/* ------------------------------------------------------------------ */
+/* The host side: packing and unpacking                                */
+/* ------------------------------------------------------------------ */
+
+/* Copy elements [e0, e0 + n) between the host layout of j and buf
+ * (compact), towards buf when pack. */
+static void
+cm_stg_walk(const cm_sjob *j, size_t e0, size_t n, char *buf, int pack)
+{
+    Py_ssize_t idx[NPY_MAXDIMS];
+    int nd = j->ndim;
+    size_t is = j->itemsize;
+    Py_ssize_t last = j->hs[nd - 1];
+    size_t rem = e0;
+    char *h;
+    int i;
+
+    if (nd == 1 && last == (Py_ssize_t)is) {
+        h = (char *)j->host + e0 * is;
+        if (pack) {
+            memcpy(buf, h, n * is);
+        }
+        else {
+            memcpy(h, buf, n * is);
+        }
+        return;
+    }
+    h = (char *)j->host;
+    for (i = nd - 1; i >= 0; i--) {
+        idx[i] = (Py_ssize_t)(rem % (size_t)j->shape[i]);
+        rem /= (size_t)j->shape[i];
+        h += idx[i] * j->hs[i];
+    }
+    while (n > 0) {
+        size_t run = (size_t)(j->shape[nd - 1] - idx[nd - 1]);
+        size_t k;
+
+        if (run > n) {
+            run = n;
+        }
+        if (last == (Py_ssize_t)is) {
+            if (pack) {
+                memcpy(buf, h, run * is);
+            }
+            else {
+                memcpy(h, buf, run * is);
+            }
+        }
+        else if (pack) {
+            for (k = 0; k < run; k++) {
+                memcpy(buf + k * is, h + (Py_ssize_t)k * last, is);
+            }
+        }
+        else {
+            for (k = 0; k < run; k++) {
+                memcpy(h + (Py_ssize_t)k * last, buf + k * is, is);
+            }
+        }
+        buf += run * is;
+        n -= run;
+        idx[nd - 1] += (Py_ssize_t)run;
+        h += (Py_ssize_t)run * last;
+        /* Carry into the outer dimensions. */
+        for (i = nd - 1; i > 0 && idx[i] == j->shape[i]; i--) {
+            h -= idx[i] * j->hs[i];
+            idx[i] = 0;
+            idx[i - 1]++;
+            h += j->hs[i - 1];
+        }
+    }
+}
+
+/* Run share p of batch b. */
+static void
+cm_batch_share(cm_batch *b, int p)
+{
+    size_t per = b->n / (size_t)b->nparts;
+    size_t extra = b->n % (size_t)b->nparts;
+    size_t lo = (size_t)p * per + ((size_t)p < extra ? (size_t)p : extra);
+    size_t cnt = per + ((size_t)p < extra ? 1 : 0);
+
+    cm_stg_walk(b->job, b->e0 + lo, cnt,
+                b->buf + lo * b->job->itemsize, b->pack);
+}
+
+/* Take the next share of the batch at the head of the queue and move
+ * that batch to the tail, so that concurrent transfers take turns.  Lock
+ * held; NULL when the queue is empty. */
+static cm_batch *
+cm_bq_take_locked(int *p)
+{
+    cm_batch *b = cm_bq_head;
+
+    if (b == NULL) {
+        return NULL;
+    }
+    *p = b->next++;
+    cm_bq_head = b->qnext;
+    if (cm_bq_head == NULL) {
+        cm_bq_tail = NULL;
+    }
+    b->qnext = NULL;
+    if (b->next < b->nparts) {
+        if (cm_bq_tail != NULL) {
+            cm_bq_tail->qnext = b;
+        }
+        else {
+            cm_bq_head = b;
+        }
+        cm_bq_tail = b;
+    }
+    return b;
+}
+
+/* Unlink b from the queue (it has no shares left to take).  Lock held. */
+static void
+cm_bq_unlink_locked(cm_batch *b)
+{
+    cm_batch **link = &cm_bq_head;
+    cm_batch *prev = NULL;
+
+    while (*link != NULL && *link != b) {
+        prev = *link;
+        link = &(*link)->qnext;
+    }
+    if (*link == NULL) {
+        return;
+    }
+    *link = b->qnext;
+    if (cm_bq_tail == b) {
+        cm_bq_tail = prev;
+    }
+    b->qnext = NULL;
+}
+
+static void *
+cm_worker_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&cm_stg_mu);
+    for (;;) {
+        cm_batch *b;
+        int p;
+
+        while ((b = cm_bq_take_locked(&p)) == NULL) {
+            pthread_cond_wait(&cm_stg_work, &cm_stg_mu);
+        }
+        pthread_mutex_unlock(&cm_stg_mu);
+        cm_batch_share(b, p);
+        pthread_mutex_lock(&cm_stg_mu);
+        if (--b->left == 0) {
+            pthread_cond_broadcast(&cm_stg_part_done);
+        }
+    }
+    return NULL;
+}
+
+/* Grow the workers to n (fewer if threads cannot be made: the callers
+ * help with their own batches, so any number works). */
+static void
+cm_workers_grow(int n)
+{
+    pthread_attr_t attr;
+
+    if (pthread_attr_init(&attr) != 0) {
+        return;
+    }
+    (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    for (;;) {
+        pthread_t t;
+        int have;
+
+        pthread_mutex_lock(&cm_stg_mu);
+        have = cm_workers;
+        if (have < n) {
+            cm_workers++;
+        }
+        pthread_mutex_unlock(&cm_stg_mu);
+        if (have >= n) {
+            break;
+        }
+        if (pthread_create(&t, &attr, cm_worker_main, NULL) != 0) {
+            pthread_mutex_lock(&cm_stg_mu);
+            cm_workers--;
+            pthread_mutex_unlock(&cm_stg_mu);
+            break;
+        }
+    }
+    pthread_attr_destroy(&attr);
+}
+
+/* Pack (or unpack) chunk k of j through buf with the workers' help, and
+ * return when it is done.  The caller takes shares of its own batch, so
+ * it progresses even when every worker is busy. */
+static void
+cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
+{
+    cm_batch b;
+    size_t n = j->elems - k * j->chunk_el;
+    size_t shares;
+    int workers;
+
+    if (n > j->chunk_el) {
+        n = j->chunk_el;
+    }
+    memset(&b, 0, sizeof(b));
+    b.job = j;
+    b.buf = buf;
+    b.e0 = k * j->chunk_el;
+    b.n = n;
+    b.pack = pack;
+    pthread_mutex_lock(&cm_stg_mu);
+    workers = cm_workers;
+    shares = (n + j->part_el - 1) / j->part_el;
+    if (shares > (size_t)workers + 1) {
+        shares = (size_t)workers + 1;
+    }
+    b.nparts = (int)(shares > 0 ? shares : 1);
+    b.left = b.nparts;
+    if (b.nparts == 1) {
+        b.next = 1;
+        pthread_mutex_unlock(&cm_stg_mu);
+        cm_batch_share(&b, 0);
+        return;
+    }
+    b.next = 1;                          /* share 0 is the caller's */
+    if (cm_bq_tail != NULL) {
+        cm_bq_tail->qnext = &b;
+    }
+    else {
+        cm_bq_head = &b;
+    }
+    cm_bq_tail = &b;
+    pthread_cond_broadcast(&cm_stg_work);
+    pthread_mutex_unlock(&cm_stg_mu);
+    cm_batch_share(&b, 0);
+    pthread_mutex_lock(&cm_stg_mu);
+    b.left--;
+    while (b.next < b.nparts) {
+        int p = b.next++;
+
+        if (b.next == b.nparts) {
+            cm_bq_unlink_locked(&b);
+        }
+        pthread_mutex_unlock(&cm_stg_mu);
+        cm_batch_share(&b, p);
+        pthread_mutex_lock(&cm_stg_mu);
+        b.left--;
+    }
+    cm_bq_unlink_locked(&b);
+    while (b.left > 0) {
+        pthread_cond_wait(&cm_stg_part_done, &cm_stg_mu);
+    }
+    pthread_mutex_unlock(&cm_stg_mu);
+}
+
+/* ------------------------------------------------------------------ */
+/* Staging buffers                                                     */
+/* ------------------------------------------------------------------ */
+
+/* Free buffers (the caller's thread, never an issuer); no lock held. */
+static void
+cm_sbuf_free_list(cm_sbuf *list)
+{
+    while (list != NULL) {
+        cm_sbuf *b = list;
+
+        list = b->next;
+        if (!cm_forked) {
+            (void)CM_CU_RAW(EventDestroy, (b->ev));
+            (void)CM_CU_RAW(MemFreeHost, (b->host));
+        }
+        free(b);
+    }
+}
+
+/* The cache of a device, emptied of buffers of an earlier context (their
+ * memory went with it).  Lock held; NULL if the device has none. */
+static cm_scache *
+cm_cache_of_locked(int dev, unsigned long gen)
+{
+    cm_scache *c;
+
+    if (dev < 0 || dev >= CM_STG_DEVICES) {
+        return NULL;
+    }
+    c = &cm_caches[dev];
+    if (c->gen != gen) {
+        while (c->free != NULL) {
+            cm_sbuf *b = c->free;
+
+            c->free = b->next;
+            cm_nlive--;
+            cm_live_bytes -= b->size;
+            cm_nfree_all--;
+            free(b);
+        }
+        c->nfree = 0;
+        c->gen = gen;
+    }
+    return c;
+}
+
+/* Give j its nbuf buffers of at least size bytes: cached ones first, then
+ * new ones.  The context current, no GIL. */
+static CUresult
+cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
+{
+    cm_sbuf *stale = NULL;
+    cm_scache *c;
+    int got = 0;
+    CUresult rc = CUDA_SUCCESS;
+
+    pthread_mutex_lock(&cm_stg_mu);
+    c = cm_cache_of_locked(j->devid, j->gen);
+    while (c != NULL && c->free != NULL && got < j->nbuf) {
+        cm_sbuf *b = c->free;
+
+        c->free = b->next;
+        c->nfree--;
+        cm_nfree_all--;
+        b->next = NULL;
+        if (b->size < size) {
+            cm_nlive--;
+            cm_live_bytes -= b->size;
+            b->next = stale;
+            stale = b;
+            continue;
+        }
+        j->buf[got++] = b;
+    }
+    /* Unsure buffers of asynchronous copies are freed here, not there. */
+    if (cm_tofree != NULL) {
+        cm_sbuf *t = cm_tofree;
+
+        while (t->next != NULL) {
+            t = t->next;
+        }
+        t->next = stale;
+        stale = cm_tofree;
+        cm_tofree = NULL;
+    }
+    pthread_mutex_unlock(&cm_stg_mu);
+    cm_sbuf_free_list(stale);
+    j->fn = "cuMemHostAlloc";
+    while (got < j->nbuf) {
+        cm_sbuf *b = calloc(1, sizeof(*b));
+
+        if (b == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        rc = CM_CU_RAW(MemHostAlloc, (&b->host, alloc_size,
+                                      CU_MEMHOSTALLOC_PORTABLE));
+        if (rc != CUDA_SUCCESS) {
+            free(b);
+            break;
+        }
+        rc = CM_CU_RAW(EventCreate, (&b->ev, CU_EVENT_DISABLE_TIMING));
+        if (rc != CUDA_SUCCESS) {
+            j->fn = "cuEventCreate";
+            (void)CM_CU_RAW(MemFreeHost, (b->host));
+            free(b);
+            break;
+        }
+        b->size = alloc_size;
+        b->gen = j->gen;
+        b->dev = j->devid;
+        pthread_mutex_lock(&cm_stg_mu);
+        cm_nlive++;
+        cm_live_bytes += alloc_size;
+        pthread_mutex_unlock(&cm_stg_mu);
+        j->buf[got++] = b;
+    }
+    if (rc != CUDA_SUCCESS) {
+        /* Nothing was issued: what was got goes back. */
+        j->nbuf = got;
+    }
+    return rc;
+}
+
+/* Give j's buffers back: to the cache, or (unsure) to be freed: at once
+ * by a caller's thread, later when on_issuer.  Trims the cache to keep
+ * at most keep free buffers (callers' threads only). */
+static void
+cm_stg_release(cm_sjob *j, int on_issuer, size_t keep)
+{
+    cm_sbuf *drop = NULL;
+    cm_scache *c;
+    int i;
+
+    pthread_mutex_lock(&cm_stg_mu);
+    c = cm_cache_of_locked(j->devid, j->gen);
+    for (i = 0; i < j->nbuf; i++) {
+        cm_sbuf *b = j->buf[i];
+
+        j->buf[i] = NULL;
+        if (b->gen != j->gen || c == NULL) {
+            /* Its context is gone, and its memory with it. */
+            cm_nlive--;
+            cm_live_bytes -= b->size;
+            free(b);
+            continue;
+        }
+        if (j->unsure) {
+            cm_nlive--;
+            cm_live_bytes -= b->size;
+            if (on_issuer) {
+                b->next = cm_tofree;
+                cm_tofree = b;
+            }
+            else {
+                b->next = drop;
+                drop = b;
+            }
+            continue;
+        }
+        b->next = c->free;
+        c->free = b;
+        c->nfree++;
+        cm_nfree_all++;
+    }
+    j->nbuf = 0;
+    while (!on_issuer && c != NULL && c->nfree > keep) {
+        cm_sbuf *b = c->free;
+
+        c->free = b->next;
+        c->nfree--;
+        cm_nfree_all--;
+        cm_nlive--;
+        cm_live_bytes -= b->size;
+        b->next = drop;
+        drop = b;
+    }
+    pthread_mutex_unlock(&cm_stg_mu);
+    cm_sbuf_free_list(drop);
+}
+
+/* ------------------------------------------------------------------ */
+/* The pipeline                                                        */
+/* ------------------------------------------------------------------ */
+
+/* Bytes and device address of chunk k. */
+static size_t
+cm_chunk_bytes(const cm_sjob *j, size_t k)
+{
+    size_t n = j->elems - k * j->chunk_el;
+
+    return (n > j->chunk_el ? j->chunk_el : n) * j->itemsize;
+}
+
+/* Issue the device-to-host copy of chunk k into its buffer and record
+ * the buffer's event; pending[b] says what is outstanding. */
+static CUresult
+cm_stg_issue_dtoh(cm_sjob *j, size_t k, int *pending)
+{
+    int b = (int)(k % (size_t)j->nbuf);
+    CUresult rc;
+
+    rc = CM_CU_RAW(MemcpyDtoHAsync,
+                   (j->buf[b]->host,
+                    j->dev + (CUdeviceptr)(k * j->chunk_el * j->itemsize),
+                    cm_chunk_bytes(j, k), j->stream));
+    if (rc != CUDA_SUCCESS) {
+        j->fn = "cuMemcpyDtoHAsync";
+        return rc;
+    }
+    pending[b] = -1;
+    rc = CM_CU_RAW(EventRecord, (j->buf[b]->ev, j->stream));
+    if (rc != CUDA_SUCCESS) {
+        j->fn = "cuEventRecord";
+        return rc;
+    }
+    pending[b] = 1;
+    return CUDA_SUCCESS;
+}
+
+/* Wait until buffer b's copy completed. */
+static CUresult
+cm_stg_wait_buf(cm_sjob *j, int b, int *pending)
+{
+    CUresult rc = CM_CU_RAW(EventSynchronize, (j->buf[b]->ev));
+
+    if (rc != CUDA_SUCCESS) {
+        j->fn = "cuEventSynchronize";
+        return rc;
+    }
+    pending[b] = 0;
+    return CUDA_SUCCESS;
+}
+
+/* Run j's pipeline on j->stream; the context current, no GIL.  When it
+ * returns, no copy of j's is outstanding unless j->unsure is set.  The
+ * first error is in j->rc / j->fn. */
+static void
+cm_stg_run(cm_sjob *j)
+{
+    int pending[CM_STG_MAXBUF];
+    size_t n = j->nchunks;
+    size_t k;
+    int b;
+    CUresult rc = CUDA_SUCCESS;
+
+    memset(pending, 0, sizeof(pending));
+    if (j->htod) {
+        for (k = 0; k < n; k++) {
+            b = (int)(k % (size_t)j->nbuf);
+            if (pending[b] && (rc = cm_stg_wait_buf(j, b, pending))
+                != CUDA_SUCCESS) {
+                goto out_drain;
+            }
+            cm_stg_host_stage(j, k, j->buf[b]->host, 1);
+            rc = CM_CU_RAW(MemcpyHtoDAsync,
+                           (j->dev + (CUdeviceptr)(k * j->chunk_el
+                                                   * j->itemsize),
+                            j->buf[b]->host, cm_chunk_bytes(j, k),
+                            j->stream));
+            if (rc != CUDA_SUCCESS) {
+                j->fn = "cuMemcpyHtoDAsync";
+                goto out_drain;
+            }
+            pending[b] = -1;
+            rc = CM_CU_RAW(EventRecord, (j->buf[b]->ev, j->stream));
+            if (rc != CUDA_SUCCESS) {
+                j->fn = "cuEventRecord";
+                goto out_drain;
+            }
+            pending[b] = 1;
+        }
+    }
+    else {
+        for (k = 0; k < n && k < (size_t)j->nbuf; k++) {
+            if ((rc = cm_stg_issue_dtoh(j, k, pending)) != CUDA_SUCCESS) {
+                goto out_drain;
+            }
+        }
+        for (k = 0; k < n; k++) {
+            b = (int)(k % (size_t)j->nbuf);
+            if ((rc = cm_stg_wait_buf(j, b, pending)) != CUDA_SUCCESS) {
+                goto out_drain;
+            }
+            cm_stg_host_stage(j, k, j->buf[b]->host, 0);
+            if (k + (size_t)j->nbuf < n
+                && (rc = cm_stg_issue_dtoh(j, k + (size_t)j->nbuf, pending))
+                   != CUDA_SUCCESS) {
+                goto out_drain;
+            }
+        }
+    }
+out_drain:
+    if (rc != CUDA_SUCCESS) {
+        j->rc = rc;
+    }
+    /* Every buffer's last copy must have completed before it is reused;
+     * what no event confirms, the stream does. */
+    for (b = 0; b < j->nbuf; b++) {
+        if (pending[b] == 1
+            && CM_CU_RAW(EventSynchronize, (j->buf[b]->ev))
+               != CUDA_SUCCESS) {
+            pending[b] = -1;
+        }
+        if (pending[b] == -1) {
+            j->unsure = 1;
+        }
+    }
+    if (j->unsure
+        && CM_CU_RAW(StreamSynchronize, (j->stream)) == CUDA_SUCCESS) {
+        j->unsure = 0;
+    }
+    if (j->rc == CUDA_SUCCESS && j->unsure) {
+        j->rc = CUDA_ERROR_UNKNOWN;
+        j->fn = "cuEventSynchronize";
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Asynchronous transfers                                              */
+/* ------------------------------------------------------------------ */
+
+static void
+cm_job_unref(cm_sjob *j)
+{
+    if (atomic_fetch_sub(&j->refs, 1) == 1) {
+        free(j);
+    }
+}
+
+/* The host function on the caller's stream: the stream continues once
+ * the pipeline finished. */
+static void CUDA_CB
+cm_stg_wait_fn(void *arg)
+{
+    cm_sjob *j = arg;
+
+    pthread_mutex_lock(&cm_stg_mu);
+    while (!j->done) {
+        pthread_cond_wait(&cm_stg_job_done, &cm_stg_mu);
+    }
+    pthread_mutex_unlock(&cm_stg_mu);
+    cm_job_unref(j);
+}
+
+static int
+cm_stg_decref(void *arg)
+{
+    Py_DECREF((PyObject *)arg);
+    return 0;
+}
+
+/* Drop the reference to the host array from a thread without the GIL. */
+static void
+cm_stg_drop_keep(PyObject *keep)
+{
+    PyGILState_STATE g;
+
+    if (keep == NULL || Py_IsFinalizing()) {
+        return;                          /* at exit: leaked on purpose */
+    }
+    if (Py_AddPendingCall(cm_stg_decref, keep) == 0) {
+        return;
+    }
+    g = PyGILState_Ensure();
+    Py_DECREF(keep);
+    PyGILState_Release(g);
+}
+
+/* Finish an asynchronous job on its issuer: the pipeline, the buffers,
+ * the private stream and start event, then release the host function. */
+static void
+cm_stg_issue(cm_sjob *j)
+{
+    CUstream priv = j->stream;
+    CUresult rc;
+
+    rc = CM_CU_RAW(CtxSetCurrent, (j->ctx));
+    if (rc != CUDA_SUCCESS) {
+        /* Nothing can be issued; the private stream has no work. */
+        j->rc = rc;
+        j->fn = "cuCtxSetCurrent";
+    }
+    else {
+        cm_stg_run(j);
+    }
+    cm_stg_release(j, 1, 0);
+    (void)CM_CU_RAW(StreamDestroy, (priv));
+    (void)CM_CU_RAW(EventDestroy, (j->start));
+    pthread_mutex_lock(&cm_stg_mu);
+    if (j->rc != CUDA_SUCCESS && cm_deferred_rc == CUDA_SUCCESS) {
+        cm_deferred_rc = j->rc;
+        cm_deferred_fn = j->fn;
+    }
+    cm_inflight--;
+    j->done = 1;
+    pthread_cond_broadcast(&cm_stg_job_done);
+    pthread_mutex_unlock(&cm_stg_mu);
+    cm_stg_drop_keep(j->keep);
+    j->keep = NULL;
+    cm_job_unref(j);
+}
+
+static void *
+cm_issuer_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&cm_stg_mu);
+    for (;;) {
+        cm_sjob *j;
+
+        while (cm_jq_head == NULL) {
+            pthread_cond_wait(&cm_stg_jobs, &cm_stg_mu);
+        }
+        j = cm_jq_head;
+        cm_jq_head = j->qnext;
+        if (cm_jq_head == NULL) {
+            cm_jq_tail = NULL;
+        }
+        pthread_mutex_unlock(&cm_stg_mu);
+        cm_stg_issue(j);
+        pthread_mutex_lock(&cm_stg_mu);
+        cm_issuers_spare++;
+    }
+    return NULL;
+}
+
+/* Hand j to an issuer: an idle one, else a new one, else this thread
+ * (every job in flight has a thread, so none waits on another). */
+static void
+cm_stg_submit(cm_sjob *j)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+    int need;
+    int ok = 0;
+
+    pthread_mutex_lock(&cm_stg_mu);
+    j->qnext = NULL;
+    if (cm_jq_tail != NULL) {
+        cm_jq_tail->qnext = j;
+    }
+    else {
+        cm_jq_head = j;
+    }
+    cm_jq_tail = j;
+    need = cm_issuers_spare == 0;
+    if (!need) {
+        cm_issuers_spare--;
+        pthread_cond_signal(&cm_stg_jobs);
+    }
+    else {
+        cm_issuers++;
+    }
+    pthread_mutex_unlock(&cm_stg_mu);
+    if (!need) {
+        return;
+    }
+    if (pthread_attr_init(&attr) == 0) {
+        (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        ok = pthread_create(&t, &attr, cm_issuer_main, NULL) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (ok) {
+        return;
+    }
+    /* No thread: run it here if nobody took it meanwhile. */
+    pthread_mutex_lock(&cm_stg_mu);
+    cm_issuers--;
+    {
+        cm_sjob **link = &cm_jq_head;
+        cm_sjob *prev = NULL;
+
+        while (*link != NULL && *link != j) {
+            prev = *link;
+            link = &(*link)->qnext;
+        }
+        if (*link == NULL) {
+            pthread_mutex_unlock(&cm_stg_mu);
+            return;
+        }
+        *link = j->qnext;
+        if (cm_jq_tail == j) {
+            cm_jq_tail = prev;
+        }
+    }
+    pthread_mutex_unlock(&cm_stg_mu);
+    {
+        CUcontext cur = NULL;
+
+        (void)CM_CU_RAW(CtxGetCurrent, (&cur));
+        cm_stg_issue(j);
+        (void)CM_CU_RAW(CtxSetCurrent, (cur));
+    }
+}
+
+/* Start j on stream s: the private stream waits for s to reach the copy,
+ * s waits for the pipeline.  The context current, no GIL.  On failure
+ * nothing was queued and what was made is undone. */
+static CUresult
+cm_stg_start_async(cm_sjob *j, CUstream s)
+{
+    CUresult rc;
+
+    j->fn = "cuStreamCreate";
+    rc = CM_CU_RAW(StreamCreate, (&j->stream, CU_STREAM_NON_BLOCKING));
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    j->fn = "cuEventCreate";
+    rc = CM_CU_RAW(EventCreate, (&j->start, CU_EVENT_DISABLE_TIMING));
+    if (rc != CUDA_SUCCESS) {
+        goto out_stream;
+    }
+    j->fn = "cuEventRecord";
+    rc = CM_CU_RAW(EventRecord, (j->start, s));
+    if (rc == CUDA_SUCCESS) {
+        j->fn = "cuStreamWaitEvent";
+        rc = CM_CU_RAW(StreamWaitEvent, (j->stream, j->start, 0));
+    }
+    if (rc == CUDA_SUCCESS) {
+        atomic_store(&j->refs, 2);
+        j->fn = "cuLaunchHostFunc";
+        rc = CM_CU_RAW(LaunchHostFunc, (s, cm_stg_wait_fn, j));
+    }
+    if (rc == CUDA_SUCCESS) {
+        j->fn = NULL;
+        cm_stg_submit(j);
+        return CUDA_SUCCESS;
+    }
+    (void)CM_CU_RAW(EventDestroy, (j->start));
+out_stream:
+    (void)CM_CU_RAW(StreamDestroy, (j->stream));
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* The entry point of the copy engine                                  */
+/* ------------------------------------------------------------------ */
+
+/* Whether [lo, hi) is page-locked memory the driver knows: cudamem's
+ * registrations first, then the driver's answer for its first byte. */
+static int
+cm_stg_pinned(uintptr_t lo, uintptr_t hi)
+{
+    unsigned int type = 0;
+
+    if (cm_hostmem_registered(lo, hi)) {
+        return 1;
+    }
+    return CM_CU_RAW(PointerGetAttribute,
+                     (&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                      (CUdeviceptr)lo)) == CUDA_SUCCESS;
+}
+
+int
+cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
+                PyObject *keep)
+{
+    cm_stg_cfg cfg = cm_cfg;
+    cm_context *ctx;
+    cm_sjob *j;
+    size_t elems = 1;
+    size_t bytes;
+    size_t chunk;
+    size_t alloc_size;
+    Py_ssize_t lo = 0;
+    Py_ssize_t hi = 0;
+    size_t keep_free = (size_t)cfg.buffers * CM_STG_KEEP_SETS;
+    const char *dfn;
+    CUresult rc;
+    int direct = 0;
+    int i;
+
+    if (!cfg.enabled || x->itemsize <= 0 || cm_forked) {
+        return 0;
+    }
+    for (i = 0; i < x->ndim; i++) {
+        elems *= (size_t)x->shape[i];
+    }
+    bytes = elems * (size_t)x->itemsize;
+    if (bytes == 0 || bytes < cfg.threshold
+        || (size_t)x->itemsize > cfg.chunk) {
+        return 0;
+    }
+    /* The device side must be one ascending contiguous range. */
+    if (x->ndim > 0) {
+        Py_ssize_t want = x->itemsize;
+
+        for (i = x->ndim - 1; i >= 0; i--) {
+            if (x->dstrides[i] != want) {
+                return 0;
+            }
+            want *= x->shape[i];
+        }
+    }
+    pthread_mutex_lock(&cm_stg_mu);
+    rc = cm_deferred_rc;
+    dfn = cm_deferred_fn;
+    cm_deferred_rc = CUDA_SUCCESS;
+    pthread_mutex_unlock(&cm_stg_mu);
+    if (rc != CUDA_SUCCESS) {
+        /* An earlier asynchronous copy failed in the background. */
+        return cm_raise_cu(rc, dfn != NULL ? dfn : "cuMemcpyAsync");
+    }
+    ctx = cm_context_current();
+    if (ctx == NULL) {
+        return -1;
+    }
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    j->htod = x->htod;
+    j->ndim = x->ndim > 0 ? x->ndim : 1;
+    j->shape[0] = 1;
+    j->hs[0] = x->itemsize;
+    for (i = 0; i < x->ndim; i++) {
+        j->shape[i] = x->shape[i];
+        j->hs[i] = x->hstrides[i];
+        if (x->hstrides[i] < 0) {
+            lo += (x->shape[i] - 1) * x->hstrides[i];
+        }
+        else {
+            hi += (x->shape[i] - 1) * x->hstrides[i];
+        }
+    }
+    j->host = x->host;
+    j->dev = x->dev;
+    j->itemsize = (size_t)x->itemsize;
+    j->elems = elems;
+    /* Chunks shrink for transfers of a few chunks, so that they still
+     * overlap; a chunk holds whole elements. */
+    chunk = (bytes + (size_t)cfg.buffers - 1) / (size_t)cfg.buffers;
+    if (chunk < CM_STG_MINCHUNK) {
+        chunk = CM_STG_MINCHUNK;
+    }
+    if (chunk > cfg.chunk) {
+        chunk = cfg.chunk;
+    }
+    j->chunk_el = chunk / j->itemsize;
+    if (j->chunk_el == 0) {
+        j->chunk_el = 1;
+    }
+    j->nchunks = (elems + j->chunk_el - 1) / j->chunk_el;
+    j->part_el = cfg.part / j->itemsize;
+    if (j->part_el == 0) {
+        j->part_el = 1;
+    }
+    j->nbuf = cfg.buffers;
+    if ((size_t)j->nbuf > j->nchunks) {
+        j->nbuf = (int)j->nchunks;
+    }
+    alloc_size = cfg.chunk;
+    j->stream = NULL;                    /* sync: the default stream */
+    j->devid = ctx->device->id;
+    j->gen = ctx->gen;
+    j->keep = async && keep != NULL ? Py_NewRef(keep) : NULL;
+    cm_workers_grow(cfg.threads);
+
+    Py_BEGIN_ALLOW_THREADS
+    rc = CM_CU_RAW(CtxGetCurrent, (&j->ctx));
+    j->fn = "cuCtxGetCurrent";
+    if (rc == CUDA_SUCCESS
+        && cm_stg_pinned(j->host + (uintptr_t)lo,
+                         j->host + (uintptr_t)hi + j->itemsize)) {
+        direct = 1;
+    }
+    if (rc == CUDA_SUCCESS && !direct) {
+        rc = cm_stg_acquire(j, j->chunk_el * j->itemsize, alloc_size);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            /* No page-locked memory to spare: the direct path. */
+            direct = 1;
+            rc = CUDA_SUCCESS;
+        }
+        if (rc != CUDA_SUCCESS || direct) {
+            cm_stg_release(j, 0, keep_free);
+        }
+    }
+    if (rc == CUDA_SUCCESS && !direct) {
+        pthread_mutex_lock(&cm_stg_mu);
+        cm_inflight++;
+        cm_staged++;
+        pthread_mutex_unlock(&cm_stg_mu);
+        if (!async) {
+            cm_stg_run(j);
+            rc = j->rc;
+            cm_stg_release(j, 0, keep_free);
+        }
+        else {
+            rc = cm_stg_start_async(j, stream);
+            if (rc != CUDA_SUCCESS) {
+                cm_stg_release(j, 0, keep_free);
+            }
+            else {
+                j = NULL;                /* the issuer's now */
+            }
+        }
+        if (j != NULL) {
+            pthread_mutex_lock(&cm_stg_mu);
+            cm_inflight--;
+            pthread_mutex_unlock(&cm_stg_mu);
+        }
+    }
+    Py_END_ALLOW_THREADS
+
+    if (j == NULL) {
+        return 1;
+    }
+    Py_XDECREF(j->keep);
+    {
+        const char *fn = j->fn;
+
+        free(j);
+        if (rc != CUDA_SUCCESS) {
+            return cm_raise_cu(rc, fn != NULL ? fn : "cuMemcpy");
+        }
+    }
+    return direct ? 0 : 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Configuration and statistics                                        */
+/* ------------------------------------------------------------------ */
+
+/* A size from the environment: digits with an optional K, M or G
+ * (powers of 1024); dflt when unset or malformed. */
+static size_t
+cm_env_size(const char *name, size_t dflt)
+{
+    const char *s = getenv(name);
+    char *end;
+    unsigned long long v;
+
+    if (s == NULL || *s == '\0') {
+        return dflt;
+    }
+    v = strtoull(s, &end, 10);
+    if (end == s) {
+        return dflt;
+    }
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'I') {
+        end++;
+    }
+    if (*end == 'b' || *end == 'B') {
+        end++;
+    }
+    return *end == '\0' ? (size_t)v : dflt;
+}
+
+/* Clamp the tunables to what the pipeline supports. */
+static void
+cm_cfg_clamp(cm_stg_cfg *c)
+{
+    if (c->chunk < 1) {
+        c->chunk = 1;
+    }
+    if (c->buffers < 2) {
+        c->buffers = 2;
+    }
+    if (c->buffers > CM_STG_MAXBUF) {
+        c->buffers = CM_STG_MAXBUF;
+    }
+    if (c->threads < 0) {
+        c->threads = 0;
+    }
+    if (c->threads > 256) {
+        c->threads = 256;
+    }
+    if (c->part < 1) {
+        c->part = 1;
+    }
+}
+
+static PyObject *
+cm_cfg_dict(void)
+{
+    return Py_BuildValue("{s:O,s:n,s:n,s:i,s:i,s:n}",
+                         "enabled", cm_cfg.enabled ? Py_True : Py_False,
+                         "threshold", (Py_ssize_t)cm_cfg.threshold,
+                         "chunk", (Py_ssize_t)cm_cfg.chunk,
+                         "buffers", cm_cfg.buffers,
+                         "threads", cm_cfg.threads,
+                         "part", (Py_ssize_t)cm_cfg.part);
+}
+
+PyDoc_STRVAR(cm_staging_config_doc,
+"_staging_config(*, enabled=None, threshold=None, chunk=None,\n"
+"                buffers=None, threads=None, part=None)\n--\n\n"
+"Set the staging pipeline's tunables given (the rest stay) and return\n"
+"them all as a dict.  Worker threads are only ever added.");
+
+static PyObject *
+cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"enabled", "threshold", "chunk", "buffers",
+                             "threads", "part", NULL};
+    PyObject *v[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    cm_stg_cfg c = cm_cfg;
+    Py_ssize_t n;
+    int i;
+
+    (void)mod;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOO:_staging_config",
+                                     kwlist, &v[0], &v[1], &v[2], &v[3],
+                                     &v[4], &v[5])) {
+        return NULL;
+    }
+    if (v[0] != NULL && v[0] != Py_None) {
+        if ((i = PyObject_IsTrue(v[0])) < 0) {
+            return NULL;
+        }
+        c.enabled = i;
+    }
+    for (i = 1; i < 6; i++) {
+        if (v[i] == NULL || v[i] == Py_None) {
+            continue;
+        }
+        n = PyLong_AsSsize_t(v[i]);
+        if (n == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (n < 0) {
+            PyErr_Format(PyExc_ValueError, "%s must be >= 0", kwlist[i]);
+            return NULL;
+        }
+        switch (i) {
+        case 1: c.threshold = (size_t)n; break;
+        case 2: c.chunk = (size_t)n; break;
+        case 3: c.buffers = n > INT_MAX ? INT_MAX : (int)n; break;
+        case 4: c.threads = n > INT_MAX ? INT_MAX : (int)n; break;
+        default: c.part = (size_t)n; break;
+        }
+    }
+    cm_cfg_clamp(&c);
+    cm_cfg = c;
+    return cm_cfg_dict();
+}
+
+PyDoc_STRVAR(cm_staging_stats_doc,
+"_staging_stats()\n--\n\n"
+"The staging pipeline's counters: buffers (page-locked staging buffers\n"
+"held), bytes (their size), free (cached, idle), in_use, inflight\n"
+"(transfers running), staged (transfers staged so far), workers and\n"
+"issuers (threads made).");
+
+static PyObject *
+cm_staging_stats_fn(PyObject *mod, PyObject *unused)
+{
+    size_t live;
+    size_t bytes;
+    size_t nfree;
+    size_t inflight;
+    size_t staged;
+    int workers;
+    int issuers;
+
+    (void)mod;
+    (void)unused;
+    pthread_mutex_lock(&cm_stg_mu);
+    live = cm_nlive;
+    bytes = cm_live_bytes;
+    nfree = cm_nfree_all;
+    inflight = cm_inflight;
+    staged = cm_staged;
+    workers = cm_workers;
+    issuers = cm_issuers;
+    pthread_mutex_unlock(&cm_stg_mu);
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i}",
+                         "buffers", (Py_ssize_t)live,
+                         "bytes", (Py_ssize_t)bytes,
+                         "free", (Py_ssize_t)nfree,
+                         "in_use", (Py_ssize_t)(live - nfree),
+                         "inflight", (Py_ssize_t)inflight,
+                         "staged", (Py_ssize_t)staged,
+                         "workers", workers,
+                         "issuers", issuers);
+}
+
+PyDoc_STRVAR(cm_staging_trim_doc,
+"_staging_trim()\n--\n\n"
+"Free every cached staging buffer now.");
+
+static PyObject *
+cm_staging_trim_fn(PyObject *mod, PyObject *unused)
+{
+    cm_sbuf *drop;
+    int d;
+
+    (void)mod;
+    (void)unused;
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&cm_stg_mu);
+    drop = cm_tofree;
+    cm_tofree = NULL;
+    for (d = 0; d < CM_STG_DEVICES; d++) {
+        cm_scache *c = &cm_caches[d];
+
+        while (c->free != NULL) {
+            cm_sbuf *b = c->free;
+
+            c->free = b->next;
+            c->nfree--;
+            cm_nfree_all--;
+            cm_nlive--;
+            cm_live_bytes -= b->size;
+            b->next = drop;
+            drop = b;
+        }
+    }
+    pthread_mutex_unlock(&cm_stg_mu);
+    cm_sbuf_free_list(drop);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cm_staging_methods[] = {
+    {"_staging_config", (PyCFunction)(void (*)(void))cm_staging_config_fn,
+     METH_VARARGS | METH_KEYWORDS, cm_staging_config_doc},
+    {"_staging_stats", cm_staging_stats_fn, METH_NOARGS,
+     cm_staging_stats_doc},
+    {"_staging_trim", cm_staging_trim_fn, METH_NOARGS, cm_staging_trim_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+/* In a forked child no worker or issuer exists and the parent's buffers
+ * belong to its driver: start from nothing. */
+static void
+cm_staging_atfork_child(void)
+{
+    pthread_mutex_init(&cm_stg_mu, NULL);
+    pthread_cond_init(&cm_stg_work, NULL);
+    pthread_cond_init(&cm_stg_part_done, NULL);
+    pthread_cond_init(&cm_stg_jobs, NULL);
+    pthread_cond_init(&cm_stg_job_done, NULL);
+    cm_bq_head = cm_bq_tail = NULL;
+    cm_jq_head = cm_jq_tail = NULL;
+    cm_workers = 0;
+    cm_issuers = 0;
+    cm_issuers_spare = 0;
+    memset(cm_caches, 0, sizeof(cm_caches));
+    cm_tofree = NULL;
+    cm_nlive = cm_live_bytes = cm_nfree_all = cm_inflight = 0;
+    cm_deferred_rc = CUDA_SUCCESS;
+}
+
+int
+cm_staging_init(PyObject *mod, cm_state *st)
+{
+    static int atfork_done;
+    const char *e = getenv("CUDAMEM_STAGING");
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    cm_stg_cfg c = cm_cfg;
+
+    (void)st;
+    if (!atfork_done) {
+        if (pthread_atfork(NULL, NULL, cm_staging_atfork_child) != 0) {
+            PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+            return -1;
+        }
+        atfork_done = 1;
+    }
+    c.enabled = !(e != NULL && (strcmp(e, "0") == 0
+                                || strcmp(e, "false") == 0));
+    c.threshold = cm_env_size("CUDAMEM_STAGING_THRESHOLD", c.threshold);
+    c.chunk = cm_env_size("CUDAMEM_STAGING_CHUNK", c.chunk);
+    c.buffers = (int)cm_env_size("CUDAMEM_STAGING_BUFFERS",
+                                 (size_t)c.buffers);
+    c.threads = ncpu > 0 && ncpu < 8 ? (int)ncpu : 8;
+    c.threads = (int)cm_env_size("CUDAMEM_STAGING_THREADS",
+                                 (size_t)c.threads);
+    cm_cfg_clamp(&c);
+    cm_cfg = c;
+    return PyModule_AddFunctions(mod, cm_staging_methods);
+}

@@ -1,0 +1,476 @@
+# SPDX-License-Identifier: MIT
+"""The staged transfer pipeline (csrc/staging.c): large pageable copies
+between host and device go through page-locked chunk buffers filled and
+drained by worker threads.  Tiny thresholds and chunks make it run on
+small arrays here; every boundary, layout, dtype, the asynchronous forms,
+concurrent callers, injected failures and the switch-off are checked."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cudamem as cuda
+from cudamem import _core
+
+from test_device_array import DTYPES, sample
+
+HERE = Path(__file__).resolve().parent
+CHUNK = 4096
+CUDA_ERROR_LAUNCH_FAILED = 719
+
+
+def run_py(code, **env):
+    """Run code in a fresh interpreter with env added; (rc, output)."""
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    e.update(env)
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                       env=e, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.fixture
+def staging(ctx):
+    """A pipeline that stages from 1 byte on, in 4 KiB chunks split into
+    64-byte shares; the old tunables come back afterwards, and no
+    staging buffer is left in use."""
+    old = _core._staging_config()
+    _core._staging_config(enabled=True, threshold=1, chunk=CHUNK,
+                          buffers=3, part=64)
+    yield _core
+    cuda.synchronize()
+    _core._staging_config(**old)
+    st = _core._staging_stats()
+    assert st["in_use"] == 0 and st["inflight"] == 0, st
+    _core._staging_trim()
+
+
+def staged():
+    return _core._staging_stats()["staged"]
+
+
+def check_roundtrip(h):
+    """h to the device and back, through the pipeline both ways."""
+    n = staged()
+    d = cuda.to_device(h)
+    out = d.copy_to_host()
+    np.testing.assert_array_equal(out, h)
+    assert out.tobytes() == np.ascontiguousarray(h).tobytes() or \
+        h.dtype.kind == "f"
+    return staged() - n
+
+
+# -- boundaries -----------------------------------------------------------
+
+
+SIZES = sorted({0, 1, 2, 63, 64, 65, CHUNK - 1, CHUNK, CHUNK + 1,
+                2 * CHUNK - 1, 2 * CHUNK, 2 * CHUNK + 1, 3 * CHUNK - 1,
+                3 * CHUNK, 3 * CHUNK + 1, 4 * CHUNK + 1, 7 * CHUNK + 5,
+                20 * CHUNK + 3})
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_sizes_around_chunks(staging, n):
+    h = (np.arange(n, dtype=np.uint64) * 2654435761 % 251).astype(np.uint8)
+    used = check_roundtrip(h)
+    assert used == (2 if n > 0 else 0)
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_threshold_boundary(staging, delta):
+    t = 3 * CHUNK + 17
+    _core._staging_config(threshold=t)
+    h = np.arange(t + delta, dtype=np.uint64).astype(np.uint8)
+    used = check_roundtrip(h)
+    assert used == (0 if delta < 0 else 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_dtypes(staging, dtype):
+    h = sample((37, 129), dtype)
+    assert check_roundtrip(h) == 2
+
+
+def test_odd_itemsize_records(staging):
+    # 3-byte and 24-byte items: chunks hold whole elements
+    for dt in (np.dtype("S3"), np.dtype([("a", "f8"), ("b", "i4", 4)])):
+        h = sample((5000,), dt)
+        assert check_roundtrip(h) == 2
+
+
+def test_item_larger_than_chunk_goes_direct(staging):
+    h = sample((10,), np.dtype("S5000"))
+    n = staged()
+    d = cuda.to_device(h)
+    assert staged() == n
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+
+
+# -- layouts --------------------------------------------------------------
+
+
+BASE = sample((40, 30, 20), np.float64)
+LAYOUTS = {
+    "C": BASE,
+    "F": np.asfortranarray(BASE),
+    "step": BASE[::2, :, ::3],
+    "neg": BASE[::-1, :, ::-2],
+    "perm": BASE.transpose(2, 0, 1),
+    "F-step": np.asfortranarray(BASE)[:, 1::2, :],
+    "row": BASE[3, :, 5],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_strided_sources(staging, name):
+    h = LAYOUTS[name]
+    n = staged()
+    d = cuda.to_device(h)
+    assert staged() == n + 1
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+
+
+DEST = {
+    "C": lambda b: b[:40, :30, :20],
+    "F": lambda b: b.T[:20, :30, :40].T,
+    "step": lambda b: b[:40:2, :30, :20:3],
+    "neg": lambda b: b[79::-2, :30, :20][:, :, ::-2],
+    "perm": lambda b: b[:20, :40, :30],
+    "F-step": lambda b: b.T[:20, 1:31:2, :40].T,
+    "row": lambda b: b[3, :30, 5],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_strided_destinations(staging, name):
+    src = LAYOUTS[name]
+    d = cuda.to_device(np.ascontiguousarray(src))
+    big = np.full((80, 60, 40), -1.0)
+    dst = DEST[name](big)
+    assert dst.shape == src.shape
+    expected = big.copy()
+    DEST[name](expected)[...] = src
+    n = staged()
+    d.copy_to_host(dst)
+    assert staged() == n + 1
+    # the view holds the data and nothing outside it was written
+    np.testing.assert_array_equal(big, expected)
+
+
+def test_copy_to_device_strided_into_contiguous(staging):
+    h = np.asfortranarray(BASE)[::3, ::-1, 1::2]
+    d = cuda.device_array(h.shape, h.dtype)
+    n = staged()
+    d.copy_to_device(h)
+    assert staged() == n + 1
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+
+
+def test_broadcast_source(staging):
+    h = np.broadcast_to(np.arange(50.0), (400, 50))
+    d = cuda.device_array(h.shape, h.dtype)
+    d.copy_to_device(h)
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+
+
+def test_strided_device_side_goes_direct(staging):
+    d = cuda.to_device(BASE)
+    n = staged()
+    out = np.empty_like(BASE[:, ::2])
+    d[:, ::2].copy_to_host(out)
+    assert staged() == n
+    np.testing.assert_array_equal(out, BASE[:, ::2])
+
+
+# -- the direct path ------------------------------------------------------
+
+
+def test_disabled_falls_back(staging):
+    _core._staging_config(enabled=False)
+    assert check_roundtrip(BASE) == 0
+
+
+def test_disabled_from_the_environment():
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        print(_core._staging_config()["enabled"])
+        _core._staging_config(threshold=1)
+        d = cudamem.to_device(np.arange(100000.0))
+        assert (d.copy_to_host() == np.arange(100000.0)).all()
+        print("staged", _core._staging_stats()["staged"])
+        """, CUDAMEM_STAGING="0")
+    assert rc == 0, out
+    assert "False" in out and "staged 0" in out
+
+
+def test_tunables_from_the_environment():
+    rc, out = run_py("""
+        from cudamem import _core
+        print(sorted(_core._staging_config().items()))
+        """, CUDAMEM_STAGING_THREADS="3", CUDAMEM_STAGING_CHUNK="2M",
+        CUDAMEM_STAGING_THRESHOLD="65536", CUDAMEM_STAGING_BUFFERS="4")
+    assert rc == 0, out
+    assert ("('buffers', 4), ('chunk', 2097152), ('enabled', True), "
+            "('part', 262144), ('threads', 3), ('threshold', 65536)") in out
+
+
+def test_default_tunables():
+    rc, out = run_py("""
+        import os
+        from cudamem import _core
+        c = _core._staging_config()
+        print(c["chunk"], c["buffers"], c["threshold"],
+              c["threads"] == min(8, os.cpu_count()))
+        """, CUDAMEM_STAGING_THREADS="", CUDAMEM_STAGING_CHUNK="",
+        CUDAMEM_STAGING_THRESHOLD="", CUDAMEM_STAGING_BUFFERS="")
+    assert rc == 0, out
+    assert "8388608 3 4194304 True" in out
+
+
+@pytest.mark.parametrize("kind", ["pinned", "mapped", "registered"])
+def test_page_locked_memory_goes_direct(staging, kind):
+    if kind == "pinned":
+        h = cuda.pinned_array(BASE.shape, BASE.dtype)
+        h[...] = BASE
+    elif kind == "mapped":
+        h = cuda.mapped_array(BASE.shape, BASE.dtype)
+        h[...] = BASE
+    else:
+        h = BASE.copy()
+    n = staged()
+    if kind == "registered":
+        with cuda.pinned(h):
+            d = cuda.to_device(h)
+            out = np.zeros_like(h)
+            with cuda.pinned(out):
+                d.copy_to_host(out)
+    else:
+        d = cuda.to_device(h)
+        out = cuda.pinned_array(BASE.shape, BASE.dtype)
+        d.copy_to_host(out)
+    assert staged() == n
+    np.testing.assert_array_equal(out, BASE)
+
+
+# -- asynchronous copies --------------------------------------------------
+
+
+def test_async_roundtrip(staging):
+    s = cuda.stream()
+    h = sample((300, 41), np.float32)
+    d = cuda.to_device(h, stream=s)
+    out = d.copy_to_host(stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(out, h)
+    into = np.zeros_like(h.T).T
+    d.copy_to_host(into, stream=s)
+    d2 = cuda.device_array_like(h)
+    d2.copy_to_device(h[::-1], stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(into, h)
+    np.testing.assert_array_equal(d2.copy_to_host(), h[::-1])
+
+
+def test_async_ordering_on_one_stream(staging):
+    s = cuda.stream()
+    d = cuda.device_array(50000, np.int64)
+    outs = []
+    for i in range(6):
+        d.copy_to_device(np.full(50000, i, np.int64), stream=s)
+        outs.append(d.copy_to_host(stream=s))
+    s.synchronize()
+    for i, o in enumerate(outs):
+        assert (o == i).all(), i
+
+
+def test_async_returns_at_once_and_holds_buffers(simulator):
+    if not simulator:
+        pytest.skip("slowed-down copies need the simulator")
+    rc, out = run_py("""
+        import time
+        import numpy as np, cudamem
+        from cudamem import _core
+        _core._staging_config(threshold=1, chunk=1 << 14)
+        s = cudamem.stream()
+        h = np.arange(1 << 15, dtype=np.float64)   # 16 chunks
+        d = cudamem.device_array_like(h)
+        t = time.perf_counter()
+        d.copy_to_device(h, stream=s)
+        out = d.copy_to_host(stream=s)
+        dt = time.perf_counter() - t
+        st = _core._staging_stats()
+        print("returned early:", dt < 0.5)
+        print("held:", st["in_use"] > 0 and st["inflight"] > 0)
+        s.synchronize()
+        time.sleep(0.05)
+        st = _core._staging_stats()
+        print("data:", bool((out == h).all()))
+        print("released:", st["in_use"] == 0 and st["inflight"] == 0)
+        """, CUDAMEM_SIM_DELAY_US="50000")
+    assert rc == 0, out
+    assert "returned early: True" in out
+    assert "held: True" in out
+    assert "data: True" in out
+    assert "released: True" in out
+
+
+def test_async_keeps_temporary_source_alive(staging):
+    s = cuda.stream()
+    d = cuda.device_array(20000, np.float64)
+    d.copy_to_device([float(i) for i in range(20000)], stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(d.copy_to_host(), np.arange(20000.0))
+
+
+# -- concurrency ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_stream", [False, True])
+def test_eight_threads(staging, use_stream):
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def work(i):
+        try:
+            s = cuda.stream() if use_stream else 0
+            rng = np.random.default_rng(i)
+            barrier.wait()
+            for k in range(4):
+                h = rng.integers(0, 1 << 30, size=(97 + i, 50 + k))
+                h = h if k % 2 == 0 else np.asfortranarray(h)[:, ::-1]
+                d = cuda.to_device(h, stream=s)
+                out = d.copy_to_host(stream=s)
+                if use_stream:
+                    s.synchronize()
+                if not np.array_equal(out, h):
+                    errors.append((i, k))
+        except Exception as e:  # reported below
+            errors.append((i, repr(e)))
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+
+
+# -- failures -------------------------------------------------------------
+
+
+FAULTS = [("MemcpyHtoDAsync", 1), ("MemcpyHtoDAsync", 3),
+          ("MemcpyDtoHAsync", 2), ("MemcpyDtoHAsync", 5),
+          ("EventRecord", 1), ("EventRecord", 4),
+          ("EventSynchronize", 2), ("MemHostAlloc", 2),
+          ("EventCreate", 1)]
+
+
+@pytest.mark.parametrize("name,nth", FAULTS)
+def test_sync_fault_raises_once_and_leaks_nothing(staging, name, nth):
+    h = sample((20 * CHUNK // 8,), np.float64)
+    d = cuda.to_device(h)
+    _core._staging_trim()
+    before = cuda.memory_stats()
+    _core._sim_inject(name, nth, CUDA_ERROR_LAUNCH_FAILED)
+    try:
+        with pytest.raises(cuda.CudaAPIError,
+                           match="CUDA_ERROR_LAUNCH_FAILED"):
+            if "DtoH" in name:
+                d.copy_to_host()
+            elif name == "MemcpyHtoDAsync":
+                d.copy_to_device(h)
+            else:
+                d.copy_to_device(h)
+                d.copy_to_host()
+    finally:
+        _core._sim_inject(name, 0, 0)
+    st = _core._staging_stats()
+    assert st["in_use"] == 0 and st["inflight"] == 0, st
+    # it raised once: the pipeline works again at once
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+    _core._staging_trim()
+    assert _core._staging_stats()["buffers"] == 0
+    after = cuda.memory_stats()
+    assert after["pinned_bytes"] == before["pinned_bytes"]
+
+
+@pytest.mark.parametrize("name,nth", [("MemcpyHtoDAsync", 2),
+                                      ("EventRecord", 2),
+                                      ("MemcpyDtoHAsync", 3)])
+def test_async_fault_in_background_raised_once(staging, name, nth):
+    s = cuda.stream()
+    h = sample((20 * CHUNK // 8,), np.float64)
+    d = cuda.to_device(h)
+    _core._sim_inject(name, nth, CUDA_ERROR_LAUNCH_FAILED)
+    try:
+        if "DtoH" in name:
+            d.copy_to_host(stream=s)
+        else:
+            d.copy_to_device(h, stream=s)
+        s.synchronize()
+    finally:
+        _core._sim_inject(name, 0, 0)
+    st = _core._staging_stats()
+    assert st["in_use"] == 0 and st["inflight"] == 0, st
+    with pytest.raises(cuda.CudaAPIError, match="CUDA_ERROR_LAUNCH_FAILED"):
+        d.copy_to_host()
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+
+
+@pytest.mark.parametrize("name", ["StreamCreate", "EventRecord",
+                                  "StreamWaitEvent", "LaunchHostFunc"])
+def test_async_setup_fault_raises_at_call(staging, name):
+    s = cuda.stream()
+    h = sample((20 * CHUNK // 8,), np.float64)
+    d = cuda.to_device(h)
+    _core._sim_inject(name, 1, CUDA_ERROR_LAUNCH_FAILED)
+    try:
+        with pytest.raises(cuda.CudaAPIError,
+                           match="CUDA_ERROR_LAUNCH_FAILED"):
+            d.copy_to_device(h, stream=s)
+    finally:
+        _core._sim_inject(name, 0, 0)
+    s.synchronize()
+    st = _core._staging_stats()
+    assert st["in_use"] == 0 and st["inflight"] == 0, st
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+
+
+def test_pinned_oom_falls_back_to_direct(staging):
+    _core._staging_trim()
+    _core._sim_inject("MemHostAlloc", 1, 2)  # CUDA_ERROR_OUT_OF_MEMORY
+    try:
+        assert check_roundtrip(BASE) == 1   # the second one staged
+    finally:
+        _core._sim_inject("MemHostAlloc", 0, 0)
+
+
+def test_buffers_are_cached_and_trimmed(staging):
+    check_roundtrip(BASE)
+    st = _core._staging_stats()
+    assert st["buffers"] == st["free"] == 3
+    assert st["bytes"] == 3 * CHUNK
+    check_roundtrip(BASE)
+    assert _core._staging_stats()["buffers"] == 3
+    _core._staging_trim()
+    assert _core._staging_stats()["buffers"] == 0
+
+
+def test_chunk_change_drops_small_buffers(staging):
+    check_roundtrip(BASE)
+    _core._staging_config(chunk=2 * CHUNK)
+    check_roundtrip(BASE)
+    st = _core._staging_stats()
+    assert st["buffers"] == 3 and st["bytes"] == 6 * CHUNK
+
+
+def test_config_rejects_negative(staging):
+    with pytest.raises(ValueError):
+        _core._staging_config(chunk=-1)
