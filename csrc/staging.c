@@ -55,7 +55,7 @@
 
 /* The tunables; NOTE: guarded by the GIL. */
 typedef struct {
-    int enabled;              /* CUDAMEM_STAGING (0 turns it off) */
+    int enabled;              /* CUDAMEM_STAGING=1 turns it on */
     size_t threshold;         /* bytes from which a copy is staged */
     size_t chunk;             /* bytes of a chunk (a staging buffer) */
     int buffers;              /* staging buffers per transfer */
@@ -1381,8 +1381,9 @@ cm_staging_init(PyObject *mod, cm_state *st)
         }
         atfork_done = 1;
     }
-    c.enabled = !(e != NULL && (strcmp(e, "0") == 0
-                                || strcmp(e, "false") == 0));
+    /* Off unless asked for, until the H200 has confirmed it is correct
+     * there and faster than the direct path (issue 10). */
+    c.enabled = e != NULL && (strcmp(e, "1") == 0 || strcmp(e, "true") == 0);
     c.threshold = cm_env_size("CUDAMEM_STAGING_THRESHOLD", c.threshold);
     c.chunk = cm_env_size("CUDAMEM_STAGING_CHUNK", c.chunk);
     c.buffers = (int)cm_env_size("CUDAMEM_STAGING_BUFFERS",
