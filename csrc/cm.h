@@ -138,6 +138,7 @@ PyErr_SetRaisedException(PyObject *exc)
     X(Memcpy2DAsync, 3020)              \
     X(Memcpy3D, 3020)                   \
     X(Memcpy3DAsync, 3020)              \
+    X(MemcpyPeer, 4000)                 \
     X(MemcpyPeerAsync, 4000)            \
     X(MemsetD8, 3020)                   \
     X(MemsetD8Async, 3020)              \
@@ -322,6 +323,9 @@ int cm_sim_inject(int idx, long nth, CUresult code);
 /* context.c: devices and primary contexts                             */
 /* ------------------------------------------------------------------ */
 
+/* The most devices cudamem keeps track of. */
+#define CM_MAX_DEVICES 64
+
 /* A Device object (one per device ordinal, made once). */
 typedef struct {
     PyObject_HEAD
@@ -367,6 +371,9 @@ typedef struct {
     size_t st_count;      /* live device allocations */
     size_t st_total_count;  /* device allocations ever made */
     size_t st_pinned;     /* pinned host bytes allocated */
+    unsigned long peer_gen[CM_MAX_DEVICES];  /* [d]: gen of device d's context this
+                                  * one enabled peer access to (0: none);
+                                  * stale once that context is reset */
     PyObject *weakreflist;
 } cm_context;
 
@@ -375,6 +382,26 @@ typedef struct {
 cm_context *cm_context_current(void);
 /* Make ctx current on this thread if it is not (cheap when it is). */
 int cm_context_activate(cm_context *ctx);
+/* Make ctx current for one operation; *prev gets what cm_context_leave
+ * needs to give the thread its own context back.  0, or -1 with an
+ * exception (then nothing to leave). */
+int cm_context_enter(cm_context *ctx, CUcontext *prev);
+/* Undo cm_context_enter.  Never raises. */
+void cm_context_leave(cm_context *ctx, CUcontext prev);
+/* The registered Context of a CUcontext handle, or NULL (no exception). */
+cm_context *cm_context_of_handle(CUcontext h);
+/* The registered Context that owns device memory at p, as the driver's
+ * pointer attributes name it, or NULL (no exception). */
+cm_context *cm_context_of_pointer(CUdeviceptr p);
+/* Whether ctx's device can map device peer's memory: 1, 0, or -1 with an
+ * exception. */
+int cm_context_can_access_peer(cm_context *ctx, int peer);
+/* Whether ctx has peer access to peer's memory (or is peer). */
+int cm_context_peer_enabled(cm_context *ctx, cm_context *peer);
+/* Give ctx access to peer's memory, once per pair of live contexts;
+ * ValueError naming both devices when the driver reports no peer
+ * access.  0, or -1 with an exception. */
+int cm_context_enable_peer(cm_context *ctx, cm_context *peer);
 /* The Context of a device given as an ordinal or Device object (its
  * primary context retained, not pushed).  Borrowed, or NULL. */
 cm_context *cm_context_of_device(PyObject *dev);
