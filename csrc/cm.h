@@ -402,6 +402,12 @@ int cm_context_peer_enabled(cm_context *ctx, cm_context *peer);
  * ValueError naming both devices when the driver reports no peer
  * access.  0, or -1 with an exception. */
 int cm_context_enable_peer(cm_context *ctx, cm_context *peer);
+/* Check that memory of owner can be used by work in user (NULL owner:
+ * unknown, allowed): the same context, or peer access (enabled here on
+ * first need).  Else ValueError naming what ("kernel argument 1") and
+ * both devices.  0 or -1. */
+int cm_context_require_access(cm_context *user, cm_context *owner,
+                              const char *what);
 /* The Context of a device given as an ordinal or Device object (its
  * primary context retained, not pushed).  Borrowed, or NULL. */
 cm_context *cm_context_of_device(PyObject *dev);
@@ -714,6 +720,9 @@ int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
  * 1 with the address of its first element in *ptr, else 0.  The fast
  * path for kernel arguments; never raises. */
 int cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr);
+/* The Context of a device array's memory (borrowed; NULL when empty or
+ * unknown).  o must be a device array. */
+cm_context *cm_devicearray_context(PyObject *o);
 
 /* What the files that extend device arrays (dlpack.c) see of one: all
  * borrowed, valid while the array lives. */
@@ -722,8 +731,8 @@ typedef struct {
     PyArray_Descr *dtype;
     PyObject *stream;          /* the bound stream (0 or a stream) */
     PyObject *gpu_data;        /* what keeps the memory alive, or None */
-    cm_context *ctx;           /* the context that allocated the memory
-                                * (default memory manager), else NULL */
+    cm_context *ctx;           /* the context of the memory's device, or
+                                * NULL (empty, or not known) */
 } cm_da_desc;
 
 /* 1 with *d filled when obj is a device array (DeviceNDArrayBase), else

@@ -718,6 +718,33 @@ cm_context_enable_peer(cm_context *ctx, cm_context *peer)
     return 0;
 }
 
+int
+cm_context_require_access(cm_context *user, cm_context *owner,
+                          const char *what)
+{
+    int can;
+
+    if (owner == NULL || owner == user
+        || cm_context_peer_enabled(user, owner)) {
+        return 0;
+    }
+    can = owner->alive
+          ? cm_peer_possible(user->device->id, owner->device->id) : 0;
+    if (can < 0) {
+        return -1;
+    }
+    if (!can) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s is memory of device %d, which device %d cannot "
+                     "use: %s", what, owner->device->id, user->device->id,
+                     owner->alive ? "the driver reports no peer access "
+                                    "between the two devices"
+                                  : "that device's context was closed");
+        return -1;
+    }
+    return cm_context_enable_peer(user, owner);
+}
+
 /* Pop every context of the calling thread. */
 static int
 cm_context_pop_all(void)

@@ -994,6 +994,12 @@ cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr)
     return 1;
 }
 
+cm_context *
+cm_devicearray_context(PyObject *o)
+{
+    return ((cm_da *)o)->ctx;
+}
+
 static void
 cm_da_view(cm_da *a, cm_view *v)
 {

@@ -1138,6 +1138,17 @@ out:
     return r;
 }
 
+/* Whether argument i, memory of owner, can be used by a launch in the
+ * kernel's context (peer access enabled on first need); 0 or -1. */
+static int
+cm_arg_access(cm_kernel *k, int i, cm_context *owner)
+{
+    char what[48];
+
+    snprintf(what, sizeof(what), "kernel argument %d", i);
+    return cm_context_require_access(k->module->ctx, owner, what);
+}
+
 /* Pack argument i (o) into the block buf. */
 static int
 cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
@@ -1154,9 +1165,17 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
         return cm_pack_float(k, i, o, dst);
     }
     if (cm_devicearray_pointer(o, &dptr)) {
+        if (cm_devicearray_context(o) != k->module->ctx
+            && cm_arg_access(k, i, cm_devicearray_context(o)) < 0) {
+            return -1;
+        }
         return cm_pack_ptr(k, i, o, (unsigned long long)dptr, dst);
     }
     if (Py_IS_TYPE(o, cm_st->Mem_type)) {
+        if (((cm_mem *)o)->ctx != k->module->ctx
+            && cm_arg_access(k, i, ((cm_mem *)o)->ctx) < 0) {
+            return -1;
+        }
         return cm_pack_ptr(k, i, o, ((cm_mem *)o)->ptr, dst);
     }
     if (PyArray_IsScalar(o, Generic)) {
