@@ -1549,7 +1549,58 @@ cm_enable_peer_access_fn(PyObject *mod, PyObject *const *args,
     Py_RETURN_NONE;
 }
 
+/* O& converter: a context handle given as an int address. */
+static int
+cm_context_handle_arg(PyObject *o, void *out)
+{
+    void *p = PyLong_AsVoidPtr(o);
+
+    if (p == NULL && PyErr_Occurred()) {
+        return 0;
+    }
+    *(void **)out = p;
+    return 1;
+}
+
+PyDoc_STRVAR(cm_memcpy_peer_doc,
+"_memcpy_peer(dst, dst_context, src, src_context, nbytes, /)\n--\n\n"
+"The bare cuMemcpyPeer (GIL released), for the benchmarks' driver "
+"column: addresses and context handles as ints.");
+
+static PyObject *
+cm_memcpy_peer_fn(PyObject *mod, PyObject *args)
+{
+    unsigned long long dst;
+    unsigned long long src;
+    void *dctx;
+    void *sctx;
+    Py_ssize_t n;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "KO&KO&n:_memcpy_peer", &dst,
+                          cm_context_handle_arg, &dctx, &src,
+                          cm_context_handle_arg, &sctx, &n)) {
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "nbytes must not be negative");
+        return NULL;
+    }
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemcpyPeer,
+                ((CUdeviceptr)dst, (CUcontext)dctx, (CUdeviceptr)src,
+                 (CUcontext)sctx, (size_t)n));
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cm_context_functions[] = {
+    {"_memcpy_peer", cm_memcpy_peer_fn, METH_VARARGS, cm_memcpy_peer_doc},
     {"can_access_peer", (PyCFunction)(void (*)(void))cm_can_access_peer_fn,
      METH_FASTCALL, cm_can_access_peer_doc},
     {"enable_peer_access",
