@@ -371,9 +371,9 @@ typedef struct {
     size_t st_count;      /* live device allocations */
     size_t st_total_count;  /* device allocations ever made */
     size_t st_pinned;     /* pinned host bytes allocated */
-    unsigned long peer_gen[CM_MAX_DEVICES];  /* [d]: gen of device d's context this
-                                  * one enabled peer access to (0: none);
-                                  * stale once that context is reset */
+    /* [d]: gen of device d's context that this one enabled peer access
+     * to (0: none); stale once that context is reset */
+    unsigned long peer_gen[CM_MAX_DEVICES];
     PyObject *weakreflist;
 } cm_context;
 

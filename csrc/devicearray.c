@@ -2567,8 +2567,46 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
         cm_da *d = (cm_da *)rhs;
         int eq = PyObject_RichCompareBool((PyObject *)d->dtype,
                                           (PyObject *)dtype, Py_EQ);
+        /* another device's array that this one cannot map: via the host */
+        int far = 0;
+        cm_context *cur;
+        CUcontext prev;
 
         if (eq < 0) {
+            goto out_rhs;
+        }
+        if (d->ctx != NULL) {
+            cur = cm_context_current();
+            if (cur == NULL) {
+                goto out_rhs;
+            }
+            if (cur != d->ctx) {
+                far = cm_context_can_access_peer(cur, d->ctx->device->id);
+                if (far < 0 || (far && cm_context_enable_peer(cur, d->ctx)
+                                       < 0)) {
+                    goto out_rhs;
+                }
+                far = !far;
+            }
+        }
+        if (far) {
+            cm_da_view(d, &rv);
+            if (cm_context_enter(d->ctx, &prev) < 0) {
+                goto out_rhs;
+            }
+            host = cm_view_to_host(&rv, d->dtype, NULL, 0);
+            cm_context_leave(d->ctx, prev);
+            if (host == NULL) {
+                goto out_rhs;
+            }
+            Py_SETREF(rhs, (PyObject *)host);
+            host = NULL;
+            /* The host copy is gone when this returns: no async copy from
+             * it, but after the work already queued on h. */
+            if (async && cm_stream_wait(h) < 0) {
+                goto out_rhs;
+            }
+            rc = cm_assign(lhs, dtype, rhs, h, 0);
             goto out_rhs;
         }
         if (eq) {
@@ -2669,7 +2707,7 @@ out_rhs:
 
 static int
 cm_da_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
-                   PyObject *stream)
+                       PyObject *stream)
 {
     Py_ssize_t shape[NPY_MAXDIMS];
     Py_ssize_t strides[NPY_MAXDIMS];
@@ -3449,7 +3487,7 @@ cm_rec_getitem_impl(cm_da *self, PyObject *key, PyObject *stream)
 
 static int
 cm_rec_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
-                    PyObject *stream)
+                        PyObject *stream)
 {
     PyArray_Descr *ft;
     PyArrayObject *tmp;

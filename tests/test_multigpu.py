@@ -418,3 +418,35 @@ def test_ipc_open_on_another_device_with_peer_access(ndev, monkeypatch):
 @pytest.mark.skipif(sys.platform != "linux", reason="IPC needs Linux")
 def test_ipc_open_on_another_device_without_peer_access(ndev, monkeypatch):
     assert _ipc_roundtrip(monkeypatch, no_peer=True) == "_StagedOpen"
+
+
+@pytest.mark.parametrize("cast", [False, True])
+def test_setitem_with_an_array_of_another_device(ndev, cast):
+    src = on(0, cuda.to_device, np.arange(8, dtype=np.int32))
+    dst = on(1, cuda.to_device, np.zeros((2, 8), np.float64 if cast
+                                         else np.int32))
+    dst[1] = src
+    dst[0, ::2] = src[::2]
+    out = dst.copy_to_host()
+    assert np.array_equal(out[1], np.arange(8))
+    assert np.array_equal(out[0, ::2], np.arange(0, 8, 2))
+    assert np.all(out[0, 1::2] == 0)
+
+
+@pytest.mark.sim
+def test_setitem_without_peer_access_goes_through_the_host():
+    out = run_child("""
+        import numpy as np, cudamem as cuda
+        src = cuda.to_device(np.arange(8, dtype=np.int32))
+        with cuda.gpus[1]:
+            dst = cuda.to_device(np.zeros((2, 8), np.float32))
+        dst[1] = src
+        dst[0] = 7
+        dst[0, ::2] = src[::2]
+        out = dst.copy_to_host()
+        assert np.array_equal(out[1], np.arange(8)), out
+        assert np.array_equal(out[0], [0, 7, 2, 7, 4, 7, 6, 7]), out
+        assert cuda.get_current_device().id == 0
+        print("ok")
+    """, CUDAMEM_SIM_NO_PEER="0-1")
+    assert out.strip() == "ok"
