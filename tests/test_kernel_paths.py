@@ -111,10 +111,12 @@ def test_assignment_on_a_stream_is_ordered():
     d = cuda.device_array(1000, dtype=np.float32, stream=s)
     d[:] = 2.5
     d[10:20] = cuda.to_device(np.arange(10, dtype=np.int32))
+    # copy_to_host is asynchronous on the bound stream too.
+    out = d.copy_to_host()
     s.synchronize()
     want = np.full(1000, 2.5, np.float32)
     want[10:20] = np.arange(10)
-    np.testing.assert_array_equal(d.copy_to_host(), want)
+    np.testing.assert_array_equal(out, want)
 
 
 def test_records_copy_between_layouts():
