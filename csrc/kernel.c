@@ -1245,6 +1245,7 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
     unsigned char *buf = stackbuf.b;
     void **ptrs = stackptrs;
     PyObject *r = NULL;
+    CUcontext prev;
     int i;
 
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
@@ -1279,14 +1280,14 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
         PyErr_SetString(cm_st->CudaSupportError, cm_no_gpu_msg);
         goto out_free;
     }
-    if (cm_context_activate(k->module->ctx) < 0) {
+    if (cm_context_enter(k->module->ctx, &prev) < 0) {
         goto out_free;
     }
     if ((int)l->shared > k->dyn_limit) {
         if (CM_CU(FuncSetAttribute,
                   (k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                    (int)l->shared)) < 0) {
-            goto out_free;
+            goto out_leave;
         }
         k->dyn_limit = (int)l->shared;
     }
@@ -1294,9 +1295,11 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
               (k->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
                l->block[1], l->block[2], l->shared, l->stream, ptrs,
                NULL)) < 0) {
-        goto out_free;
+        goto out_leave;
     }
     r = Py_NewRef(Py_None);
+out_leave:
+    cm_context_leave(k->module->ctx, prev);
 out_free:
     if (ptrs != stackptrs) {
         PyMem_Free(ptrs);
