@@ -10,7 +10,8 @@
  * own worker thread), so a missing synchronisation is a visible bug.
  *
  * What it owns: CUDAMEM_SIM_DEVICES devices of CUDAMEM_SIM_MEMORY bytes
- * each; one primary context per device; every allocation (device, managed,
+ * each (every pair peer-capable unless CUDAMEM_SIM_NO_PEER names it, as
+ * "0-1,2-3" or "all"); one primary context per device; every allocation (device, managed,
  * pinned host, registered host), each a separate host allocation whose
  * address is the device pointer; streams with their worker threads and
  * queues of operations; events.  Destroyed contexts are kept (never freed)
