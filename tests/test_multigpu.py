@@ -450,3 +450,16 @@ def test_setitem_without_peer_access_goes_through_the_host():
         print("ok")
     """, CUDAMEM_SIM_NO_PEER="0-1")
     assert out.strip() == "ok"
+
+
+def test_arrays_hold_their_context(ndev):
+    c1 = on(1, cuda.current_context)
+    base = sys.getrefcount(c1)
+    a = on(1, cuda.device_array, 16)
+    views = [a[2:], a.view(np.int64), cuda.as_cuda_array(a)]
+    assert sys.getrefcount(c1) > base
+    del a, views
+    import gc
+
+    gc.collect()
+    assert sys.getrefcount(c1) == base
