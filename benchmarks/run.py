@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parent))  # the in-tree build comes first
 import harness  # noqa: E402
 
 MODULES = ["ops_alloc", "ops_transfer", "ops_hostmem", "ops_staging",
-           "ops_streams", "ops_kernels", "ops_ipc"]
+           "ops_streams", "ops_kernels", "ops_ipc", "ops_multigpu"]
 
 
 def main(argv=None):

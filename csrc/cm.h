@@ -138,6 +138,7 @@ PyErr_SetRaisedException(PyObject *exc)
     X(Memcpy2DAsync, 3020)              \
     X(Memcpy3D, 3020)                   \
     X(Memcpy3DAsync, 3020)              \
+    X(MemcpyPeer, 4000)                 \
     X(MemcpyPeerAsync, 4000)            \
     X(MemsetD8, 3020)                   \
     X(MemsetD8Async, 3020)              \
@@ -322,6 +323,9 @@ int cm_sim_inject(int idx, long nth, CUresult code);
 /* context.c: devices and primary contexts                             */
 /* ------------------------------------------------------------------ */
 
+/* The most devices cudamem keeps track of. */
+#define CM_MAX_DEVICES 64
+
 /* A Device object (one per device ordinal, made once). */
 typedef struct {
     PyObject_HEAD
@@ -367,6 +371,9 @@ typedef struct {
     size_t st_count;      /* live device allocations */
     size_t st_total_count;  /* device allocations ever made */
     size_t st_pinned;     /* pinned host bytes allocated */
+    /* [d]: gen of device d's context that this one enabled peer access
+     * to (0: none); stale once that context is reset */
+    unsigned long peer_gen[CM_MAX_DEVICES];
     PyObject *weakreflist;
 } cm_context;
 
@@ -375,6 +382,32 @@ typedef struct {
 cm_context *cm_context_current(void);
 /* Make ctx current on this thread if it is not (cheap when it is). */
 int cm_context_activate(cm_context *ctx);
+/* Make ctx current for one operation; *prev gets what cm_context_leave
+ * needs to give the thread its own context back.  0, or -1 with an
+ * exception (then nothing to leave). */
+int cm_context_enter(cm_context *ctx, CUcontext *prev);
+/* Undo cm_context_enter.  Never raises. */
+void cm_context_leave(cm_context *ctx, CUcontext prev);
+/* The registered Context of a CUcontext handle, or NULL (no exception). */
+cm_context *cm_context_of_handle(CUcontext h);
+/* The registered Context that owns device memory at p, as the driver's
+ * pointer attributes name it, or NULL (no exception). */
+cm_context *cm_context_of_pointer(CUdeviceptr p);
+/* Whether ctx's device can map device peer's memory: 1, 0, or -1 with an
+ * exception. */
+int cm_context_can_access_peer(cm_context *ctx, int peer);
+/* Whether ctx has peer access to peer's memory (or is peer). */
+int cm_context_peer_enabled(cm_context *ctx, cm_context *peer);
+/* Give ctx access to peer's memory, once per pair of live contexts;
+ * ValueError naming both devices when the driver reports no peer
+ * access.  0, or -1 with an exception. */
+int cm_context_enable_peer(cm_context *ctx, cm_context *peer);
+/* Check that memory of owner can be used by work in user (NULL owner:
+ * unknown, allowed): the same context, or peer access (enabled here on
+ * first need).  Else ValueError naming what ("kernel argument 1") and
+ * both devices.  0 or -1. */
+int cm_context_require_access(cm_context *user, cm_context *owner,
+                              const char *what);
 /* The Context of a device given as an ordinal or Device object (its
  * primary context retained, not pushed).  Borrowed, or NULL. */
 cm_context *cm_context_of_device(PyObject *dev);
@@ -696,6 +729,9 @@ int cm_copy_keep(const cm_view *dst, const cm_view *src, CUstream stream,
  * 1 with the address of its first element in *ptr, else 0.  The fast
  * path for kernel arguments; never raises. */
 int cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr);
+/* The Context of a device array's memory (borrowed; NULL when empty or
+ * unknown).  o must be a device array. */
+cm_context *cm_devicearray_context(PyObject *o);
 
 /* What the files that extend device arrays (dlpack.c) see of one: all
  * borrowed, valid while the array lives. */
@@ -704,8 +740,8 @@ typedef struct {
     PyArray_Descr *dtype;
     PyObject *stream;          /* the bound stream (0 or a stream) */
     PyObject *gpu_data;        /* what keeps the memory alive, or None */
-    cm_context *ctx;           /* the context that allocated the memory
-                                * (default memory manager), else NULL */
+    cm_context *ctx;           /* the context of the memory's device, or
+                                * NULL (empty, or not known) */
 } cm_da_desc;
 
 /* 1 with *d filled when obj is a device array (DeviceNDArrayBase), else

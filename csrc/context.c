@@ -18,8 +18,6 @@
 
 #include <string.h>
 
-#define CM_MAX_DEVICES 64
-
 static int cm_ndev = -1;                      /* device count, once known */
 static cm_device *cm_devs[CM_MAX_DEVICES];    /* strong, made on demand */
 static cm_context *cm_ctxs[CM_MAX_DEVICES];   /* strong, while retained */
@@ -459,6 +457,7 @@ cm_context_get(int i)
     c->st_count = 0;
     c->st_total_count = 0;
     c->st_pinned = 0;
+    memset(c->peer_gen, 0, sizeof(c->peer_gen));
     c->weakreflist = NULL;
     PyObject_GC_Track(c);
     if (cm_ctx_init_memory(c) < 0) {
@@ -574,6 +573,176 @@ cm_context_activate(cm_context *ctx)
         return 0;
     }
     return CM_CU(CtxSetCurrent, (ctx->handle));
+}
+
+int
+cm_context_enter(cm_context *ctx, CUcontext *prev)
+{
+    CUcontext cur = NULL;
+
+    *prev = NULL;
+    if (!ctx->alive) {
+        return cm_context_activate(ctx);  /* raises */
+    }
+    if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
+        return -1;
+    }
+    if (cur == ctx->handle) {
+        *prev = cur;
+        return 0;
+    }
+    if (CM_CU(CtxSetCurrent, (ctx->handle)) < 0) {
+        return -1;
+    }
+    /* A thread that had no context keeps this one, as a first use does. */
+    *prev = cur == NULL ? ctx->handle : cur;
+    return 0;
+}
+
+void
+cm_context_leave(cm_context *ctx, CUcontext prev)
+{
+    if (prev != NULL && prev != ctx->handle) {
+        (void)CM_CU_RAW(CtxSetCurrent, (prev));
+    }
+}
+
+cm_context *
+cm_context_of_handle(CUcontext h)
+{
+    return h == NULL ? NULL : cm_context_find(h);
+}
+
+cm_context *
+cm_context_of_pointer(CUdeviceptr p)
+{
+    CUcontext h = NULL;
+    int dev = -1;
+
+    if (p == 0 || cm_driver_ensure() < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (CM_CU_RAW(PointerGetAttribute,
+                  (&h, CU_POINTER_ATTRIBUTE_CONTEXT, p)) == CUDA_SUCCESS
+        && h != NULL) {
+        return cm_context_find(h);
+    }
+    /* Memory of no one context (a stream-ordered pool's, or VMM memory)
+     * still names its device. */
+    if (CM_CU_RAW(PointerGetAttribute,
+                  (&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p))
+            == CUDA_SUCCESS
+        && dev >= 0 && dev < CM_MAX_DEVICES && dev < cm_ndev) {
+        return cm_ctxs[dev];
+    }
+    return NULL;
+}
+
+/* Whether device a's contexts can map device b's memory (cached). */
+static int
+cm_peer_possible(int a, int b)
+{
+    /* -1 unknown, else the driver's answer */
+    static signed char known[CM_MAX_DEVICES][CM_MAX_DEVICES];
+    static int init;
+    int can = 0;
+
+    if (!init) {
+        memset(known, -1, sizeof(known));
+        init = 1;
+    }
+    if (a == b) {
+        return 1;
+    }
+    if (known[a][b] < 0) {
+        if (cm_device_get(a) == NULL || cm_device_get(b) == NULL
+            || CM_CU(DeviceCanAccessPeer,
+                     (&can, cm_devs[a]->handle, cm_devs[b]->handle)) < 0) {
+            return -1;
+        }
+        known[a][b] = (signed char)(can != 0);
+    }
+    return known[a][b];
+}
+
+int
+cm_context_can_access_peer(cm_context *ctx, int peer)
+{
+    return cm_peer_possible(ctx->device->id, peer);
+}
+
+int
+cm_context_peer_enabled(cm_context *ctx, cm_context *peer)
+{
+    int d = peer->device->id;
+
+    return ctx == peer
+           || (peer->alive && ctx->peer_gen[d] == peer->gen);
+}
+
+int
+cm_context_enable_peer(cm_context *ctx, cm_context *peer)
+{
+    CUcontext prev;
+    CUresult rc;
+    int d = peer->device->id;
+    int can;
+
+    if (cm_context_peer_enabled(ctx, peer)) {
+        return 0;
+    }
+    if (!peer->alive) {
+        return cm_context_activate(peer);  /* raises */
+    }
+    can = cm_peer_possible(ctx->device->id, d);
+    if (can < 0) {
+        return -1;
+    }
+    if (!can) {
+        PyErr_Format(PyExc_ValueError,
+                     "device %d cannot access the memory of device %d: "
+                     "the driver reports no peer access between them",
+                     ctx->device->id, d);
+        return -1;
+    }
+    if (cm_context_enter(ctx, &prev) < 0) {
+        return -1;
+    }
+    rc = CM_CU_RAW(CtxEnablePeerAccess, (peer->handle, 0));
+    cm_context_leave(ctx, prev);
+    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+        return cm_raise_cu(rc, "cuCtxEnablePeerAccess");
+    }
+    ctx->peer_gen[d] = peer->gen;
+    return 0;
+}
+
+int
+cm_context_require_access(cm_context *user, cm_context *owner,
+                          const char *what)
+{
+    int can;
+
+    if (owner == NULL || owner == user
+        || cm_context_peer_enabled(user, owner)) {
+        return 0;
+    }
+    can = owner->alive
+          ? cm_peer_possible(user->device->id, owner->device->id) : 0;
+    if (can < 0) {
+        return -1;
+    }
+    if (!can) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s is memory of device %d, which device %d cannot "
+                     "use: %s", what, owner->device->id, user->device->id,
+                     owner->alive ? "the driver reports no peer access "
+                                    "between the two devices"
+                                  : "that device's context was closed");
+        return -1;
+    }
+    return cm_context_enable_peer(user, owner);
 }
 
 /* Pop every context of the calling thread. */
@@ -864,6 +1033,91 @@ cm_context_memalloc(PyObject *self, PyObject *arg)
     return cm_mem_alloc((cm_context *)self, (size_t)n, &p);
 }
 
+static int cm_device_arg(PyObject *arg);
+
+/* A peer argument: a Context, a Device or an ordinal; its Context
+ * (borrowed, retained) or NULL with an exception. */
+static cm_context *
+cm_peer_arg(PyObject *arg)
+{
+    if (PyObject_TypeCheck(arg, cm_st->Context_type)) {
+        return (cm_context *)arg;
+    }
+    return cm_context_of_device(arg);
+}
+
+PyDoc_STRVAR(cm_context_can_access_peer_doc,
+"can_access_peer($self, peer_device, /)\n--\n\n"
+"Whether this context's device can map the memory of device "
+"peer_device (an ordinal or a Device): cuDeviceCanAccessPeer.");
+
+static PyObject *
+cm_context_can_access_peer_meth(PyObject *self, PyObject *arg)
+{
+    int i;
+    int r;
+
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    i = PyObject_TypeCheck(arg, cm_st->Device_type) ? ((cm_device *)arg)->id
+                                                     : cm_device_arg(arg);
+    if (i < 0) {
+        return NULL;
+    }
+    r = cm_context_can_access_peer((cm_context *)self, i);
+    return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+PyDoc_STRVAR(cm_context_enable_peer_access_doc,
+"enable_peer_access($self, peer_context, flags=0, /)\n--\n\n"
+"Let this context map the memory of peer_context (a Context, a Device or "
+"an ordinal).  Enabling twice is not an error.  ValueError when the "
+"devices have no peer access.\n\n"
+"Notes\n-----\n"
+"numba takes only a context handle and raises "
+"CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED the second time.");
+
+static PyObject *
+cm_context_enable_peer_access_meth(PyObject *self, PyObject *const *args,
+                                   Py_ssize_t nargs)
+{
+    cm_context *peer;
+    long flags = 0;
+
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "enable_peer_access() takes 1 or 2 arguments "
+                     "(%zd given)", nargs);
+        return NULL;
+    }
+    if (nargs == 2) {
+        flags = PyLong_AsLong(args[1]);
+        if (flags == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (flags != 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "flags is reserved and must be 0");
+            return NULL;
+        }
+    }
+    peer = cm_peer_arg(args[0]);
+    if (peer == NULL) {
+        return NULL;
+    }
+    if (peer == (cm_context *)self) {
+        PyErr_Format(PyExc_ValueError,
+                     "enable_peer_access: device %d is this context's own "
+                     "device", peer->device->id);
+        return NULL;
+    }
+    if (cm_context_enable_peer((cm_context *)self, peer) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 cm_context_repr(PyObject *self)
 {
@@ -914,6 +1168,11 @@ static PyMethodDef cm_context_methods[] = {
     {"reset", cm_context_reset, METH_NOARGS, cm_context_reset_doc},
     {"push", cm_context_push, METH_NOARGS, cm_context_push_doc},
     {"memalloc", cm_context_memalloc, METH_O, cm_context_memalloc_doc},
+    {"can_access_peer", cm_context_can_access_peer_meth, METH_O,
+     cm_context_can_access_peer_doc},
+    {"enable_peer_access",
+     (PyCFunction)(void (*)(void))cm_context_enable_peer_access_meth,
+     METH_FASTCALL, cm_context_enable_peer_access_doc},
     {"pop", cm_context_pop, METH_NOARGS, cm_context_pop_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -1227,7 +1486,126 @@ cm_current_device_id_fn(PyObject *mod, PyObject *unused)
     return PyLong_FromLong(c->device->id);
 }
 
+PyDoc_STRVAR(cm_can_access_peer_doc,
+"can_access_peer(device, peer, /)\n--\n\n"
+"Whether device (an ordinal or a Device) can map the memory of device "
+"peer: cuDeviceCanAccessPeer.  True for a device and itself.");
+
+static PyObject *
+cm_can_access_peer_fn(PyObject *mod, PyObject *const *args,
+                      Py_ssize_t nargs)
+{
+    int ids[2];
+    int k;
+    int r;
+
+    (void)mod;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "can_access_peer() takes 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    for (k = 0; k < 2; k++) {
+        ids[k] = PyObject_TypeCheck(args[k], cm_st->Device_type)
+                     ? ((cm_device *)args[k])->id
+                     : cm_device_arg(args[k]);
+        if (ids[k] < 0) {
+            return NULL;
+        }
+    }
+    r = cm_peer_possible(ids[0], ids[1]);
+    return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+PyDoc_STRVAR(cm_enable_peer_access_doc,
+"enable_peer_access(device, peer, /)\n--\n\n"
+"Let device's primary context map the memory of device peer (ordinals "
+"or Devices), once per pair; nothing for a device and itself.  "
+"ValueError naming both devices when they have no peer access.");
+
+static PyObject *
+cm_enable_peer_access_fn(PyObject *mod, PyObject *const *args,
+                         Py_ssize_t nargs)
+{
+    cm_context *a;
+    cm_context *b;
+
+    (void)mod;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "enable_peer_access() takes 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    if ((a = cm_context_of_device(args[0])) == NULL
+        || (b = cm_context_of_device(args[1])) == NULL
+        || cm_context_enable_peer(a, b) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* O& converter: a context handle given as an int address. */
+static int
+cm_context_handle_arg(PyObject *o, void *out)
+{
+    void *p = PyLong_AsVoidPtr(o);
+
+    if (p == NULL && PyErr_Occurred()) {
+        return 0;
+    }
+    *(void **)out = p;
+    return 1;
+}
+
+PyDoc_STRVAR(cm_memcpy_peer_doc,
+"_memcpy_peer(dst, dst_context, src, src_context, nbytes, /)\n--\n\n"
+"The bare cuMemcpyPeer (GIL released), for the benchmarks' driver "
+"column: addresses and context handles as ints.");
+
+static PyObject *
+cm_memcpy_peer_fn(PyObject *mod, PyObject *args)
+{
+    unsigned long long dst;
+    unsigned long long src;
+    void *dctx;
+    void *sctx;
+    Py_ssize_t n;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "KO&KO&n:_memcpy_peer", &dst,
+                          cm_context_handle_arg, &dctx, &src,
+                          cm_context_handle_arg, &sctx, &n)) {
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "nbytes must not be negative");
+        return NULL;
+    }
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, MemcpyPeer,
+                ((CUdeviceptr)dst, (CUcontext)dctx, (CUdeviceptr)src,
+                 (CUcontext)sctx, (size_t)n));
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cm_context_functions[] = {
+    {"_memcpy_peer", cm_memcpy_peer_fn, METH_VARARGS, cm_memcpy_peer_doc},
+    {"can_access_peer", (PyCFunction)(void (*)(void))cm_can_access_peer_fn,
+     METH_FASTCALL, cm_can_access_peer_doc},
+    {"enable_peer_access",
+     (PyCFunction)(void (*)(void))cm_enable_peer_access_fn, METH_FASTCALL,
+     cm_enable_peer_access_doc},
     {"_current_device_id", cm_current_device_id_fn, METH_NOARGS,
      cm_current_device_id_doc},
     {"_device_count", cm_device_count_fn, METH_NOARGS, cm_device_count_doc},

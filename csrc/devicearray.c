@@ -1003,6 +1003,10 @@ typedef struct {
     int f_contig;
     PyObject *gpu_data;        /* strong: keeps the memory alive, or None */
     PyObject *stream;          /* strong: bound stream (0 or a stream) */
+    cm_context *ctx;           /* strong or NULL: the context of the
+                                * memory's device (NULL: empty, or not
+                                * known), made current around every
+                                * operation */
     PyObject *weakreflist;
 } cm_da;
 
@@ -1023,6 +1027,12 @@ cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr)
     }
     *ptr = ((cm_da *)o)->ptr;
     return 1;
+}
+
+cm_context *
+cm_devicearray_context(PyObject *o)
+{
+    return ((cm_da *)o)->ctx;
 }
 
 static void
@@ -1089,10 +1099,55 @@ cm_owner_ptr(PyObject *owner, CUdeviceptr *p)
 static int
 cm_da_activate(cm_da *a)
 {
-    if (a->gpu_data != NULL && Py_IS_TYPE(a->gpu_data, ST->Mem_type)) {
-        return cm_context_activate(((cm_mem *)a->gpu_data)->ctx);
+    if (a->ctx != NULL) {
+        return cm_context_activate(a->ctx);
     }
     return cm_context_current() == NULL ? -1 : 0;
+}
+
+/* Make a's context current for one operation; *prev as for
+ * cm_context_enter (NULL when a has no context of its own). */
+static int
+cm_da_enter(cm_da *a, CUcontext *prev)
+{
+    *prev = NULL;
+    if (a->ctx != NULL) {
+        return cm_context_enter(a->ctx, prev);
+    }
+    return cm_context_current() == NULL ? -1 : 0;
+}
+
+static void
+cm_da_leave(cm_da *a, CUcontext prev)
+{
+    if (a->ctx != NULL) {
+        cm_context_leave(a->ctx, prev);
+    }
+}
+
+/* The context that memory at ptr kept alive by gpu_data lives in: a
+ * cudamem allocation's, else what the driver says of the address, else
+ * the current one (if any).  Borrowed or NULL; never raises. */
+static cm_context *
+cm_owner_context(PyObject *gpu_data, CUdeviceptr ptr)
+{
+    CUcontext cur = NULL;
+    cm_context *c;
+
+    if (Py_IS_TYPE(gpu_data, ST->Mem_type)) {
+        return ((cm_mem *)gpu_data)->ctx;
+    }
+    if (cm_da_check(gpu_data)) {
+        return ((cm_da *)gpu_data)->ctx;
+    }
+    c = cm_context_of_pointer(ptr);
+    if (c != NULL) {
+        return c;
+    }
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS) {
+        return NULL;
+    }
+    return cm_context_of_handle(cur);
 }
 
 /* A new array of type tp over a layout.  gpu_data NULL: allocate the
@@ -1100,9 +1155,10 @@ cm_da_activate(cm_da *a)
  * first element's address in memory that gpu_data keeps alive.  stream
  * NULL means 0.  Steals nothing. */
 static PyObject *
-cm_da_make(PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
-           const Py_ssize_t *strides, PyArray_Descr *dtype, CUdeviceptr ptr,
-           PyObject *gpu_data, PyObject *stream)
+cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
+              const Py_ssize_t *shape, const Py_ssize_t *strides,
+              PyArray_Descr *dtype, CUdeviceptr ptr, PyObject *gpu_data,
+              PyObject *stream)
 {
     cm_da *a;
     cm_context *ctx;
@@ -1124,6 +1180,7 @@ cm_da_make(PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
     a->dtype = (PyArray_Descr *)Py_NewRef(dtype);
     a->gpu_data = NULL;
     a->stream = Py_NewRef(stream != NULL ? stream : cm_zero);
+    a->ctx = NULL;
     a->weakreflist = NULL;
     a->ptr = 0;
     if (ndim > CM_DA_INLINE) {
@@ -1167,12 +1224,27 @@ cm_da_make(PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
             Py_DECREF(a);
             return NULL;
         }
+        a->ctx = (cm_context *)Py_NewRef(ctx);
         a->ptr = base - (CUdeviceptr)a->lo;
         return (PyObject *)a;
     }
     a->gpu_data = Py_NewRef(gpu_data);
     a->ptr = ptr;
+    if (hint == NULL) {
+        hint = cm_owner_context(gpu_data, ptr);
+    }
+    a->ctx = (cm_context *)Py_XNewRef(hint);
     return (PyObject *)a;
+}
+
+/* cm_da_make_in, the context found from the owner. */
+static PyObject *
+cm_da_make(PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
+           const Py_ssize_t *strides, PyArray_Descr *dtype, CUdeviceptr ptr,
+           PyObject *gpu_data, PyObject *stream)
+{
+    return cm_da_make_in(tp, NULL, ndim, shape, strides, dtype, ptr,
+                         gpu_data, stream);
 }
 
 /* A view of a: same memory and owner, new layout, bound to stream (NULL:
@@ -1188,9 +1260,9 @@ cm_da_subview(cm_da *a, PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
     for (i = 0; i < ndim; i++) {
         n *= shape[i];
     }
-    return cm_da_make(tp, ndim, shape, strides, dtype,
-                      n == 0 ? 0 : a->ptr + (CUdeviceptr)offset,
-                      a->gpu_data, stream != NULL ? stream : a->stream);
+    return cm_da_make_in(tp, a->ctx, ndim, shape, strides, dtype,
+                         n == 0 ? 0 : a->ptr + (CUdeviceptr)offset,
+                         a->gpu_data, stream != NULL ? stream : a->stream);
 }
 
 static int
@@ -1201,6 +1273,7 @@ cm_da_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(a->gpu_data);
     Py_VISIT(a->stream);
+    Py_VISIT(a->ctx);
     return 0;
 }
 
@@ -1211,6 +1284,7 @@ cm_da_clear(PyObject *self)
 
     Py_CLEAR(a->gpu_data);
     Py_CLEAR(a->stream);
+    Py_CLEAR(a->ctx);
     return 0;
 }
 
@@ -1229,6 +1303,7 @@ cm_da_dealloc(PyObject *self)
     Py_CLEAR(a->dtype);
     Py_CLEAR(a->stream);
     Py_CLEAR(a->gpu_data);
+    Py_CLEAR(a->ctx);
     if (a->shape != a->dims_inline) {
         PyMem_Free(a->shape);
     }
@@ -1634,9 +1709,112 @@ cm_as_device_source(PyObject *obj)
 /* Copies                                                              */
 /* ------------------------------------------------------------------ */
 
+/* dst <- src through a pinned host buffer laid out like src: src's
+ * device fills it with its context current, then dst's empties it with
+ * dst's current (the caller's).  Complete when it returns. */
+static int
+cm_copy_via_host(cm_da *dst, cm_da *src, CUstream h, int async)
+{
+    Py_ssize_t tstrides[NPY_MAXDIMS];
+    Py_ssize_t first;
+    Py_ssize_t bytes;
+    CUcontext prev;
+    cm_view dv;
+    cm_view sv;
+    cm_view tmp;
+    void *buf = NULL;
+    int err;
+    int rc = -1;
+
+    cm_da_view(dst, &dv);
+    cm_da_view(src, &sv);
+    bytes = cm_layout_compact_like(sv.ndim, sv.shape, sv.strides,
+                                   sv.itemsize, tstrides, &first);
+    /* Work queued on h before the copy comes first. */
+    if (async && cm_stream_wait(h) < 0) {
+        return -1;
+    }
+    if (cm_context_enter(src->ctx, &prev) < 0) {
+        return -1;
+    }
+    CM_CU_NOGIL(err, MemHostAlloc,
+                (&buf, (size_t)bytes, CU_MEMHOSTALLOC_PORTABLE));
+    if (err < 0) {
+        cm_context_leave(src->ctx, prev);
+        return -1;
+    }
+    tmp.addr = (uintptr_t)buf + (uintptr_t)first;
+    tmp.ndim = sv.ndim;
+    tmp.shape = sv.shape;
+    tmp.strides = tstrides;
+    tmp.itemsize = sv.itemsize;
+    tmp.device = 0;
+    err = cm_copy(&tmp, &sv, NULL, 0);
+    cm_context_leave(src->ctx, prev);
+    if (err < 0) {
+        goto out_free_buf;
+    }
+    if (cm_copy(&dv, &tmp, h, async) < 0
+        || (async && cm_stream_wait(h) < 0)) {
+        goto out_free_buf;
+    }
+    rc = 0;
+out_free_buf:
+    Py_BEGIN_ALLOW_THREADS
+    (void)CM_CU_RAW(MemFreeHost, (buf));
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+/* dst <- src, arrays of two devices, dst's context current: a peer copy
+ * (peer access enabled on first need) when the devices have peer access,
+ * else staged through pinned host memory. */
+static int
+cm_copy_across(cm_da *dst, cm_da *src, CUstream h, int async)
+{
+    size_t n;
+    int can;
+    int err;
+    cm_view dv;
+    cm_view sv;
+
+    if (!src->ctx->alive) {
+        return cm_context_activate(src->ctx);  /* raises */
+    }
+    can = cm_context_can_access_peer(dst->ctx, src->ctx->device->id);
+    if (can < 0) {
+        return -1;
+    }
+    if (!can) {
+        return cm_copy_via_host(dst, src, h, async);
+    }
+    if (cm_context_enable_peer(dst->ctx, src->ctx) < 0) {
+        return -1;
+    }
+    if ((dst->c_contig && src->c_contig)
+        || (dst->f_contig && src->f_contig)) {
+        /* One block of bytes on each side, in the same order. */
+        n = (size_t)dst->size * (size_t)PyDataType_ELSIZE(dst->dtype);
+        if (async) {
+            return CM_CU(MemcpyPeerAsync,
+                         (dst->ptr, dst->ctx->handle, src->ptr,
+                          src->ctx->handle, n, h));
+        }
+        CM_CU_NOGIL(err, MemcpyPeer,
+                    (dst->ptr, dst->ctx->handle, src->ptr,
+                     src->ctx->handle, n));
+        return err;
+    }
+    /* Other layouts: dst's device reads src's memory through the peer
+     * mapping (2-D / 3-D copies or the internal kernel). */
+    cm_da_view(dst, &dv);
+    cm_da_view(src, &sv);
+    return cm_copy(&dv, &sv, h, async);
+}
+
 /* self <- ary (host array, cudamem array or CAI object). */
 static int
-cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream)
+cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
 {
     cm_view dv;
     cm_view sv;
@@ -1680,6 +1858,10 @@ cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream)
                                 s->dtype, s->ndim, s->shape) < 0) {
             goto out_src;
         }
+        if (s->ctx != NULL && self->ctx != NULL && s->ctx != self->ctx) {
+            rc = cm_copy_across(self, s, h, async);
+            goto out_src;
+        }
         cm_da_view(s, &sv);
     }
     if (cm_da_activate(self) < 0) {
@@ -1690,6 +1872,21 @@ cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream)
 out_src:
     Py_DECREF(src);
     return rc;
+}
+
+/* cm_da_copy_from_run with the array's context current. */
+static int
+cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream)
+{
+    CUcontext prev;
+    int r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return -1;
+    }
+    r = cm_da_copy_from_run(self, ary, stream);
+    cm_da_leave(self, prev);
+    return r;
 }
 
 /* A new host array holding a copy of self (copy_to_host() without a
@@ -1764,7 +1961,7 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
 }
 
 static PyObject *
-cm_da_copy_to_host_impl(cm_da *self, PyObject *ary, PyObject *stream)
+cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
 {
     PyArrayObject *dst;
     cm_view dv;
@@ -1824,6 +2021,21 @@ cm_da_copy_to_host_impl(cm_da *self, PyObject *ary, PyObject *stream)
         return NULL;
     }
     return Py_NewRef(ary);
+}
+
+/* cm_da_copy_to_host_impl_run with the array's context current. */
+static PyObject *
+cm_da_copy_to_host_impl(cm_da *self, PyObject *ary, PyObject *stream)
+{
+    CUcontext prev;
+    PyObject *r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_da_copy_to_host_impl_run(self, ary, stream);
+    cm_da_leave(self, prev);
+    return r;
 }
 
 /* A new C-contiguous host copy of a device view with dtype; waits for an
@@ -2179,7 +2391,7 @@ out_buf:
 }
 
 static PyObject *
-cm_da_getitem_impl(cm_da *self, PyObject *item, PyObject *stream)
+cm_da_getitem_impl_run(cm_da *self, PyObject *item, PyObject *stream)
 {
     Py_ssize_t shape[NPY_MAXDIMS];
     Py_ssize_t strides[NPY_MAXDIMS];
@@ -2209,6 +2421,21 @@ cm_da_getitem_impl(cm_da *self, PyObject *item, PyObject *stream)
     }
     return cm_da_subview(self, ST->DeviceNDArray_type, ndim, shape, strides,
                          self->dtype, offset, bound);
+}
+
+/* cm_da_getitem_impl_run with the array's context current. */
+static PyObject *
+cm_da_getitem_impl(cm_da *self, PyObject *item, PyObject *stream)
+{
+    CUcontext prev;
+    PyObject *r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_da_getitem_impl_run(self, item, stream);
+    cm_da_leave(self, prev);
+    return r;
 }
 
 static PyObject *
@@ -2362,8 +2589,46 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
         cm_da *d = (cm_da *)rhs;
         int eq = PyObject_RichCompareBool((PyObject *)d->dtype,
                                           (PyObject *)dtype, Py_EQ);
+        /* another device's array that this one cannot map: via the host */
+        int far = 0;
+        cm_context *cur;
+        CUcontext prev;
 
         if (eq < 0) {
+            goto out_rhs;
+        }
+        if (d->ctx != NULL) {
+            cur = cm_context_current();
+            if (cur == NULL) {
+                goto out_rhs;
+            }
+            if (cur != d->ctx) {
+                far = cm_context_can_access_peer(cur, d->ctx->device->id);
+                if (far < 0 || (far && cm_context_enable_peer(cur, d->ctx)
+                                       < 0)) {
+                    goto out_rhs;
+                }
+                far = !far;
+            }
+        }
+        if (far) {
+            cm_da_view(d, &rv);
+            if (cm_context_enter(d->ctx, &prev) < 0) {
+                goto out_rhs;
+            }
+            host = cm_view_to_host(&rv, d->dtype, NULL, 0);
+            cm_context_leave(d->ctx, prev);
+            if (host == NULL) {
+                goto out_rhs;
+            }
+            Py_SETREF(rhs, (PyObject *)host);
+            host = NULL;
+            /* The host copy is gone when this returns: no async copy from
+             * it, but after the work already queued on h. */
+            if (async && cm_stream_wait(h) < 0) {
+                goto out_rhs;
+            }
+            rc = cm_assign(lhs, dtype, rhs, h, 0);
             goto out_rhs;
         }
         if (eq) {
@@ -2463,8 +2728,8 @@ out_rhs:
 }
 
 static int
-cm_da_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
-                   PyObject *stream)
+cm_da_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
+                       PyObject *stream)
 {
     Py_ssize_t shape[NPY_MAXDIMS];
     Py_ssize_t strides[NPY_MAXDIMS];
@@ -2495,6 +2760,22 @@ cm_da_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
     }
     /* No stream at all: synchronous, as one default-stream sync. */
     return async ? 0 : cm_stream_wait(NULL);
+}
+
+/* cm_da_setitem_impl_run with the array's context current. */
+static int
+cm_da_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
+                   PyObject *stream)
+{
+    CUcontext prev;
+    int r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return -1;
+    }
+    r = cm_da_setitem_impl_run(self, key, value, stream);
+    cm_da_leave(self, prev);
+    return r;
 }
 
 static int
@@ -2651,9 +2932,9 @@ cm_da_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (s[0] != NULL && cm_stream_resolve(s[0], &h) < 0) {
         return NULL;
     }
-    return cm_da_make(Py_TYPE(self), a->ndim, a->shape, a->strides,
-                      a->dtype, a->ptr, a->gpu_data,
-                      s[0] != NULL ? s[0] : cm_zero);
+    return cm_da_make_in(Py_TYPE(self), a->ctx, a->ndim, a->shape,
+                         a->strides, a->dtype, a->ptr, a->gpu_data,
+                         s[0] != NULL ? s[0] : cm_zero);
 }
 
 static PyObject *
@@ -3006,7 +3287,7 @@ PyDoc_STRVAR(cm_da_transpose_doc,
 "staged through the host (it completes before returning).");
 
 static PyObject *
-cm_da_transpose_impl(cm_da *a, PyObject *axes)
+cm_da_transpose_impl_run(cm_da *a, PyObject *axes)
 {
     Py_ssize_t shape[2];
     Py_ssize_t strides[2];
@@ -3090,6 +3371,21 @@ cm_da_transpose_impl(cm_da *a, PyObject *axes)
     return (PyObject *)res;
 }
 
+/* cm_da_transpose_impl_run with the array's context current. */
+static PyObject *
+cm_da_transpose_impl(cm_da *a, PyObject *axes)
+{
+    CUcontext prev;
+    PyObject *r;
+
+    if (cm_da_enter(a, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_da_transpose_impl_run(a, axes);
+    cm_da_leave(a, prev);
+    return r;
+}
+
 static PyObject *
 cm_da_transpose(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                 PyObject *kwnames)
@@ -3168,7 +3464,7 @@ cm_record_field(PyArray_Descr *dt, PyObject *key, Py_ssize_t *offset)
 }
 
 static PyObject *
-cm_rec_getitem_impl(cm_da *self, PyObject *key, PyObject *stream)
+cm_rec_getitem_impl_run(cm_da *self, PyObject *key, PyObject *stream)
 {
     PyArray_Descr *ft;
     PyObject *bound;
@@ -3206,9 +3502,24 @@ cm_rec_getitem_impl(cm_da *self, PyObject *key, PyObject *stream)
                           self->stream);
 }
 
+/* cm_rec_getitem_impl_run with the array's context current. */
+static PyObject *
+cm_rec_getitem_impl(cm_da *self, PyObject *key, PyObject *stream)
+{
+    CUcontext prev;
+    PyObject *r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_rec_getitem_impl_run(self, key, stream);
+    cm_da_leave(self, prev);
+    return r;
+}
+
 static int
-cm_rec_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
-                    PyObject *stream)
+cm_rec_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
+                        PyObject *stream)
 {
     PyArray_Descr *ft;
     PyArrayObject *tmp;
@@ -3253,6 +3564,22 @@ cm_rec_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
 out_tmp:
     Py_DECREF(tmp);
     return rc;
+}
+
+/* cm_rec_setitem_impl_run with the array's context current. */
+static int
+cm_rec_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
+                    PyObject *stream)
+{
+    CUcontext prev;
+    int r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return -1;
+    }
+    r = cm_rec_setitem_impl_run(self, key, value, stream);
+    cm_da_leave(self, prev);
+    return r;
 }
 
 static PyObject *
@@ -4171,8 +4498,7 @@ cm_da_describe(PyObject *obj, cm_da_desc *d)
     d->dtype = a->dtype;
     d->stream = a->stream;
     d->gpu_data = a->gpu_data;
-    d->ctx = a->gpu_data != NULL && Py_IS_TYPE(a->gpu_data, ST->Mem_type)
-             ? ((cm_mem *)a->gpu_data)->ctx : NULL;
+    d->ctx = a->ctx;
     return 1;
 }
 

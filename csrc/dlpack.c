@@ -582,11 +582,26 @@ out_arr:
     return cap;
 }
 
+/* __dlpack__ of a device array: with the array's context current for the
+ * export (the thread's own comes back after). */
 PyObject *
 cm_dlpack_export(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                  PyObject *kwnames)
 {
-    return cm_dlpack_export_as(self, CM_DLDEV_CUDA, args, nargs, kwnames);
+    cm_da_desc d;
+    CUcontext prev;
+    PyObject *r;
+
+    if (!cm_da_describe(self, &d) || d.ctx == NULL) {
+        return cm_dlpack_export_as(self, CM_DLDEV_CUDA, args, nargs,
+                                   kwnames);
+    }
+    if (cm_context_enter(d.ctx, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_dlpack_export_as(self, CM_DLDEV_CUDA, args, nargs, kwnames);
+    cm_context_leave(d.ctx, prev);
+    return r;
 }
 
 const char cm_dlpack_export_doc[] =

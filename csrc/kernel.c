@@ -1138,6 +1138,17 @@ out:
     return r;
 }
 
+/* Whether argument i, memory of owner, can be used by a launch in the
+ * kernel's context (peer access enabled on first need); 0 or -1. */
+static int
+cm_arg_access(cm_kernel *k, int i, cm_context *owner)
+{
+    char what[48];
+
+    snprintf(what, sizeof(what), "kernel argument %d", i);
+    return cm_context_require_access(k->module->ctx, owner, what);
+}
+
 /* Pack argument i (o) into the block buf. */
 static int
 cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
@@ -1154,9 +1165,17 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
         return cm_pack_float(k, i, o, dst);
     }
     if (cm_devicearray_pointer(o, &dptr)) {
+        if (cm_devicearray_context(o) != k->module->ctx
+            && cm_arg_access(k, i, cm_devicearray_context(o)) < 0) {
+            return -1;
+        }
         return cm_pack_ptr(k, i, o, (unsigned long long)dptr, dst);
     }
     if (Py_IS_TYPE(o, cm_st->Mem_type)) {
+        if (((cm_mem *)o)->ctx != k->module->ctx
+            && cm_arg_access(k, i, ((cm_mem *)o)->ctx) < 0) {
+            return -1;
+        }
         return cm_pack_ptr(k, i, o, ((cm_mem *)o)->ptr, dst);
     }
     if (PyArray_IsScalar(o, Generic)) {
@@ -1226,6 +1245,7 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
     unsigned char *buf = stackbuf.b;
     void **ptrs = stackptrs;
     PyObject *r = NULL;
+    CUcontext prev;
     int i;
 
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
@@ -1260,14 +1280,14 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
         PyErr_SetString(cm_st->CudaSupportError, cm_no_gpu_msg);
         goto out_free;
     }
-    if (cm_context_activate(k->module->ctx) < 0) {
+    if (cm_context_enter(k->module->ctx, &prev) < 0) {
         goto out_free;
     }
     if ((int)l->shared > k->dyn_limit) {
         if (CM_CU(FuncSetAttribute,
                   (k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                    (int)l->shared)) < 0) {
-            goto out_free;
+            goto out_leave;
         }
         k->dyn_limit = (int)l->shared;
     }
@@ -1275,9 +1295,11 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
               (k->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
                l->block[1], l->block[2], l->shared, l->stream, ptrs,
                NULL)) < 0) {
-        goto out_free;
+        goto out_leave;
     }
     r = Py_NewRef(Py_None);
+out_leave:
+    cm_context_leave(k->module->ctx, prev);
 out_free:
     if (ptrs != stackptrs) {
         PyMem_Free(ptrs);

@@ -691,15 +691,18 @@ cm_mm_undo(cm_context *ctx, CUdeviceptr p, void *blk, CUstream stream)
     }
 }
 
+static PyObject *cm_mem_alloc_on_run(cm_context *ctx, size_t size,
+                                     CUstream stream, CUdeviceptr *out);
+
 PyObject *
 cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
 {
     return cm_mem_alloc_on(ctx, size, NULL, out);
 }
 
-PyObject *
-cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
-                CUdeviceptr *out)
+static PyObject *
+cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
+                    CUdeviceptr *out)
 {
     CUdeviceptr p = 0;
     void *blk = NULL;
@@ -762,6 +765,26 @@ cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
     }
     *out = p;
     return (PyObject *)m;
+}
+
+/* cm_mem_alloc_on_run with ctx current. */
+PyObject *
+cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
+                CUdeviceptr *out)
+{
+    cm_context *c = ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_mem_alloc_on_run(ctx, size, stream, out);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_mem_alloc_on_run(ctx, size, stream, out);
+    cm_context_leave(c, prev);
+    return r;
 }
 
 static PyObject *

@@ -10,7 +10,8 @@
  * own worker thread), so a missing synchronisation is a visible bug.
  *
  * What it owns: CUDAMEM_SIM_DEVICES devices of CUDAMEM_SIM_MEMORY bytes
- * each; one primary context per device; every allocation (device, managed,
+ * each (every pair peer-capable unless CUDAMEM_SIM_NO_PEER names it, as
+ * "0-1,2-3" or "all"); one primary context per device; every allocation (device, managed,
  * pinned host, registered host), each a separate host allocation whose
  * address is the device pointer; streams with their worker threads and
  * queues of operations; events.  Destroyed contexts are kept (never freed)
@@ -317,6 +318,9 @@ static struct {
     pthread_cond_t cond;    /* broadcast when any operation completes */
     int ndev;               /* device count (set by cuInit) */
     size_t capacity;        /* bytes per device (set by cuInit) */
+    uint16_t no_peer[SIM_MAX_DEVICES];  /* bit d of [e]: devices e and d
+                                         * lack peer access (cuInit, from
+                                         * CUDAMEM_SIM_NO_PEER) */
     long delay_us;          /* sleep before each operation (cuInit) */
     sim_device dev[SIM_MAX_DEVICES];  /* the devices */
     sim_ctx *dead;          /* destroyed contexts, kept forever */
@@ -920,6 +924,50 @@ sim_register_atfork(void)
     pthread_atfork(NULL, NULL, sim_atfork_child);
 }
 
+/* CUDAMEM_SIM_NO_PEER: pairs of devices that lack peer access, as
+ * "0-1,2-3" (either order), or "all".  Lock held, from cuInit; bad
+ * entries are ignored. */
+static void
+sim_parse_no_peer(void)
+{
+    const char *s = getenv("CUDAMEM_SIM_NO_PEER");
+    char *end;
+    long a;
+    long b;
+    int i;
+
+    memset(sim.no_peer, 0, sizeof(sim.no_peer));
+    if (s == NULL) {
+        return;
+    }
+    if (strcmp(s, "all") == 0) {
+        for (i = 0; i < SIM_MAX_DEVICES; i++) {
+            sim.no_peer[i] = (uint16_t)~(1u << i);
+        }
+        return;
+    }
+    while (*s != '\0') {
+        a = strtol(s, &end, 10);
+        if (end == s || *end != '-') {
+            return;
+        }
+        s = end + 1;
+        b = strtol(s, &end, 10);
+        if (end == s) {
+            return;
+        }
+        s = *end == ',' ? end + 1 : end;
+        if (a >= 0 && a < SIM_MAX_DEVICES && b >= 0 && b < SIM_MAX_DEVICES
+            && a != b) {
+            sim.no_peer[a] |= (uint16_t)(1u << b);
+            sim.no_peer[b] |= (uint16_t)(1u << a);
+        }
+        if (*end != ',' && *end != '\0') {
+            return;
+        }
+    }
+}
+
 static CUresult
 sim_Init(unsigned int Flags)
 {
@@ -938,6 +986,7 @@ sim_Init(unsigned int Flags)
                                            SIM_DEFAULT_MEMORY);
         sim.delay_us = (long)sim_env_ull("CUDAMEM_SIM_DELAY_US", 0,
                                          60000000, 0);
+        sim_parse_no_peer();
         atomic_store_explicit(&sim_state, SIM_READY, memory_order_release);
     }
     sim_unlock();
@@ -1156,7 +1205,8 @@ sim_DeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
     if (!sim_dev_ok(dev) || !sim_dev_ok(peerDev)) {
         return CUDA_ERROR_INVALID_DEVICE;
     }
-    *canAccessPeer = dev != peerDev;
+    *canAccessPeer = dev != peerDev
+                     && !(sim.no_peer[dev] & (1u << peerDev));
     return CUDA_SUCCESS;
 }
 
@@ -2115,6 +2165,9 @@ sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
         peer = (sim_ctx *)(void *)peerContext;
         if (peer->dev == c->dev) {
             rc = CUDA_ERROR_INVALID_DEVICE;
+        }
+        else if (sim.no_peer[c->dev] & (1u << peer->dev)) {
+            rc = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
         }
         else if (c->peers & (1u << peer->dev)) {
             rc = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
@@ -3291,6 +3344,27 @@ sim_Memcpy3DAsync(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
 }
 
 static CUresult
+sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
+               CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+    CUresult rc;
+
+    SIM_ENTER(MemcpyPeer);
+    sim_lock();
+    rc = sim_ctx_check(dstContext);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_ctx_check(srcContext);
+    }
+    sim_unlock();
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
+                      NULL, 1);
+}
+
+static CUresult
 sim_MemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
                     CUdeviceptr srcDevice, CUcontext srcContext,
                     size_t ByteCount, CUstream hStream)
@@ -4288,6 +4362,7 @@ cm_sim_fill(cm_cu_table *t, int per_thread)
     SIM_FILL(Memcpy2DAsync)
     SIM_FILL(Memcpy3D)
     SIM_FILL(Memcpy3DAsync)
+    SIM_FILL(MemcpyPeer)
     SIM_FILL(MemcpyPeerAsync)
     SIM_FILL(MemsetD8)
     SIM_FILL(MemsetD8Async)

@@ -805,7 +805,7 @@ PyDoc_STRVAR(cm_stream_synchronize_doc,
 "while waiting, so host callbacks can run.");
 
 static PyObject *
-cm_stream_synchronize(PyObject *self, PyObject *unused)
+cm_stream_synchronize_run(PyObject *self, PyObject *unused)
 {
     cm_stream *s = (cm_stream *)self;
     CUstream h = s->handle;
@@ -823,12 +823,31 @@ cm_stream_synchronize(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* cm_stream_synchronize_run with the object's context current. */
+static PyObject *
+cm_stream_synchronize(PyObject *self, PyObject *unused)
+{
+    cm_context *c = ((cm_stream *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_stream_synchronize_run(self, unused);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_stream_synchronize_run(self, unused);
+    cm_context_leave(c, prev);
+    return r;
+}
+
 PyDoc_STRVAR(cm_stream_query_doc,
 "query($self, /)\n--\n\n"
 "True if all work queued on the stream is done, else False.");
 
 static PyObject *
-cm_stream_query(PyObject *self, PyObject *unused)
+cm_stream_query_run(PyObject *self, PyObject *unused)
 {
     cm_stream *s = (cm_stream *)self;
     CUresult rc;
@@ -848,6 +867,25 @@ cm_stream_query(PyObject *self, PyObject *unused)
     return NULL;
 }
 
+/* cm_stream_query_run with the object's context current. */
+static PyObject *
+cm_stream_query(PyObject *self, PyObject *unused)
+{
+    cm_context *c = ((cm_stream *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_stream_query_run(self, unused);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_stream_query_run(self, unused);
+    cm_context_leave(c, prev);
+    return r;
+}
+
 PyDoc_STRVAR(cm_stream_add_callback_doc,
 "add_callback($self, callback, arg=None)\n--\n\n"
 "Call callback(stream, status, arg) on a driver thread once the work "
@@ -857,8 +895,8 @@ PyDoc_STRVAR(cm_stream_add_callback_doc,
 "are kept alive until it has run.");
 
 static PyObject *
-cm_stream_add_callback(PyObject *self, PyObject *const *args,
-                       Py_ssize_t nargs, PyObject *kwnames)
+cm_stream_add_callback_run(PyObject *self, PyObject *const *args,
+                           Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *const names[2] = {cm_str_callback, cm_str_arg};
     PyObject *vals[2] = {NULL, Py_None};
@@ -902,6 +940,26 @@ cm_stream_add_callback(PyObject *self, PyObject *const *args,
     Py_RETURN_NONE;
 }
 
+/* cm_stream_add_callback_run with the object's context current. */
+static PyObject *
+cm_stream_add_callback(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames)
+{
+    cm_context *c = ((cm_stream *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_stream_add_callback_run(self, args, nargs, kwnames);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_stream_add_callback_run(self, args, nargs, kwnames);
+    cm_context_leave(c, prev);
+    return r;
+}
+
 PyDoc_STRVAR(cm_stream_async_done_doc,
 "async_done($self, /)\n--\n\n"
 "An asyncio Future of the running loop that resolves to the stream once "
@@ -935,7 +993,7 @@ PyDoc_STRVAR(cm_stream_wait_event_doc,
 "device; the host does not block).");
 
 static PyObject *
-cm_stream_wait_event(PyObject *self, PyObject *event)
+cm_stream_wait_event_run(PyObject *self, PyObject *event)
 {
     cm_stream *s = (cm_stream *)self;
 
@@ -951,6 +1009,25 @@ cm_stream_wait_event(PyObject *self, PyObject *event)
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* cm_stream_wait_event_run with the object's context current. */
+static PyObject *
+cm_stream_wait_event(PyObject *self, PyObject *event)
+{
+    cm_context *c = ((cm_stream *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_stream_wait_event_run(self, event);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_stream_wait_event_run(self, event);
+    cm_context_leave(c, prev);
+    return r;
 }
 
 PyDoc_STRVAR(cm_stream_cuda_stream_doc,
@@ -1217,8 +1294,8 @@ PyDoc_STRVAR(cm_event_record_doc,
 "None is accepted as 0; numba raises TypeError for it.");
 
 static PyObject *
-cm_event_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames)
+cm_event_record_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames)
 {
     cm_event *e = (cm_event *)self;
     PyObject *sobj = Py_None;
@@ -1234,14 +1311,34 @@ cm_event_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     Py_RETURN_NONE;
 }
 
+/* cm_event_record_run with the object's context current. */
+static PyObject *
+cm_event_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
+{
+    cm_context *c = ((cm_event *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_event_record_run(self, args, nargs, kwnames);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_event_record_run(self, args, nargs, kwnames);
+    cm_context_leave(c, prev);
+    return r;
+}
+
 PyDoc_STRVAR(cm_event_wait_doc,
 "wait($self, /, stream=0)\n--\n\n"
 "Make later work on stream wait for this event (on the device; the host "
 "does not block).  None is accepted as 0.");
 
 static PyObject *
-cm_event_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-              PyObject *kwnames)
+cm_event_wait_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
 {
     cm_event *e = (cm_event *)self;
     PyObject *sobj = Py_None;
@@ -1257,12 +1354,32 @@ cm_event_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     Py_RETURN_NONE;
 }
 
+/* cm_event_wait_run with the object's context current. */
+static PyObject *
+cm_event_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+              PyObject *kwnames)
+{
+    cm_context *c = ((cm_event *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_event_wait_run(self, args, nargs, kwnames);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_event_wait_run(self, args, nargs, kwnames);
+    cm_context_leave(c, prev);
+    return r;
+}
+
 PyDoc_STRVAR(cm_event_synchronize_doc,
 "synchronize($self, /)\n--\n\n"
 "Wait until the event has completed, with the GIL released.");
 
 static PyObject *
-cm_event_synchronize(PyObject *self, PyObject *unused)
+cm_event_synchronize_run(PyObject *self, PyObject *unused)
 {
     cm_event *e = (cm_event *)self;
     CUevent h = e->handle;
@@ -1280,12 +1397,31 @@ cm_event_synchronize(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* cm_event_synchronize_run with the object's context current. */
+static PyObject *
+cm_event_synchronize(PyObject *self, PyObject *unused)
+{
+    cm_context *c = ((cm_event *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_event_synchronize_run(self, unused);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_event_synchronize_run(self, unused);
+    cm_context_leave(c, prev);
+    return r;
+}
+
 PyDoc_STRVAR(cm_event_query_doc,
 "query($self, /)\n--\n\n"
 "True if the event has completed, False if not yet.");
 
 static PyObject *
-cm_event_query(PyObject *self, PyObject *unused)
+cm_event_query_run(PyObject *self, PyObject *unused)
 {
     cm_event *e = (cm_event *)self;
     CUresult rc;
@@ -1303,6 +1439,25 @@ cm_event_query(PyObject *self, PyObject *unused)
     }
     cm_raise_cu(rc, "cuEventQuery");
     return NULL;
+}
+
+/* cm_event_query_run with the object's context current. */
+static PyObject *
+cm_event_query(PyObject *self, PyObject *unused)
+{
+    cm_context *c = ((cm_event *)self)->ctx;
+    CUcontext prev;
+    PyObject *r;
+
+    if (c == NULL) {
+        return cm_event_query_run(self, unused);
+    }
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_event_query_run(self, unused);
+    cm_context_leave(c, prev);
+    return r;
 }
 
 /* Milliseconds between two events; NULL with CudaAPIError (named by the

@@ -44,15 +44,44 @@ def pytest_report_header(config):
         cudamem.driver_version() + (dev.name,))
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--sim-devices", type=int, default=None, metavar="N",
+        help="run on N simulated devices (sets CUDAMEM_SIM_DEVICES; the "
+             "same as exporting it)")
+
+
+def device_count():
+    """How many devices the backend presents (0 when none works)."""
+    try:
+        return cudamem._core._device_count()
+    except Exception:  # noqa: BLE001 - no driver: no device
+        return 0
+
+
 def pytest_collection_modifyitems(config, items):
+    ndev = None
     for item in items:
         if SIMULATOR and item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.skip(reason="needs a real GPU"))
         if not SIMULATOR and item.get_closest_marker("sim"):
             item.add_marker(pytest.mark.skip(reason="simulator only"))
+        if item.get_closest_marker("multi_gpu"):
+            if ndev is None:
+                ndev = device_count()
+            if ndev < 2:
+                item.add_marker(pytest.mark.skip(
+                    reason="needs 2 or more devices (%d here; on the "
+                           "simulator set CUDAMEM_SIM_DEVICES=2 or pass "
+                           "--sim-devices=2)" % ndev))
 
 
 def pytest_configure(config):
+    n = config.getoption("--sim-devices")
+    if n is not None:
+        # Read by the simulator at its cuInit, which has not run yet; child
+        # processes inherit it.
+        os.environ["CUDAMEM_SIM_DEVICES"] = str(n)
     try:
         multiprocessing.set_start_method("spawn")
     except RuntimeError:

@@ -90,8 +90,27 @@ def _ops():
         mm.reset()
         return first, pending, len(mm.deallocations)
 
+    def open_on_device(ipch, dtype, count, dev):
+        # Import into device dev's context, whatever the exporter's was:
+        # mapped directly with peer access, else copied (open_staged).
+        # Device 0 is the thread's device throughout.
+        _core.current_context(0)
+        with cuda.gpus[dev]:
+            ctx = _core.current_context()
+            ptr = ipch.open(ctx)
+            dt = np.dtype(dtype)
+            arr = cuda.DeviceNDArray((count,), (dt.itemsize,), dt,
+                                     gpu_data=ptr)
+            how = type(ipch._impl).__name__
+        try:
+            return (how, arr.__dlpack_device__(), arr.copy_to_host(),
+                    _core._current_device_id())
+        finally:
+            ipch.close()
+
     return {
         "drop_unclosed": drop_unclosed,
+        "open_on_device": open_on_device,
         "read": read, "add": add, "open": open_, "open_twice": open_twice,
         "close_twice": close_twice, "two_copies": two_copies,
         "dead_after_close": dead_after_close, "raw": raw,

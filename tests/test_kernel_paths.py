@@ -111,11 +111,11 @@ def test_assignment_on_a_stream_is_ordered():
     d = cuda.device_array(1000, dtype=np.float32, stream=s)
     d[:] = 2.5
     d[10:20] = cuda.to_device(np.arange(10, dtype=np.int32))
+    # copy_to_host is asynchronous on the bound stream too.
+    out = d.copy_to_host()
     s.synchronize()
     want = np.full(1000, 2.5, np.float32)
     want[10:20] = np.arange(10)
-    out = d.copy_to_host()  # asynchronous: d is bound to s
-    s.synchronize()
     np.testing.assert_array_equal(out, want)
 
 
