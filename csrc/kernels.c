@@ -154,7 +154,7 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
         cm_nvrtc_result_clear(&res, 0);
         return -1;
     }
-    i = CM_CU(ModuleLoadData, (&mod, res.image));
+    CM_CU_NOGIL(i, ModuleLoadData, (&mod, res.image));
     cm_nvrtc_result_clear(&res, 0);
     if (i < 0) {
         return -1;

@@ -23,6 +23,7 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->Device_type);
     Py_VISIT(st->Context_type);
     Py_VISIT(st->Mem_type);
+    Py_VISIT(st->Pending_type);
     Py_VISIT(st->DeviceNDArrayBase_type);
     Py_VISIT(st->DeviceNDArray_type);
     Py_VISIT(st->DeviceRecord_type);
@@ -57,6 +58,7 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->Device_type);
     Py_CLEAR(st->Context_type);
     Py_CLEAR(st->Mem_type);
+    Py_CLEAR(st->Pending_type);
     Py_CLEAR(st->DeviceNDArrayBase_type);
     Py_CLEAR(st->DeviceNDArray_type);
     Py_CLEAR(st->DeviceRecord_type);
