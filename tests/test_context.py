@@ -61,6 +61,7 @@ def test_memory_info(ctx, simulator):
 
 
 def test_memory_info_tracks_allocations(ctx):
+    ctx.memory_manager.deallocations.clear()
     free0, _ = ctx.get_memory_info()
     m = ctx.memalloc(64 << 20)
     free1, _ = ctx.get_memory_info()
