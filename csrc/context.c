@@ -858,12 +858,19 @@ PyDoc_STRVAR(cm_context_get_memory_info_doc,
 static PyObject *
 cm_context_get_memory_info(PyObject *self, PyObject *unused)
 {
+    cm_context *c = (cm_context *)self;
     size_t free_b = 0;
     size_t total_b = 0;
+    CUcontext prev;
+    int err;
 
     (void)unused;
-    if (cm_context_activate((cm_context *)self) < 0
-        || CM_CU(MemGetInfo, (&free_b, &total_b)) < 0) {
+    if (cm_context_enter(c, &prev) < 0) {
+        return NULL;
+    }
+    err = CM_CU(MemGetInfo, (&free_b, &total_b));
+    cm_context_leave(c, prev);
+    if (err < 0) {
         return NULL;
     }
     return PyObject_CallFunction(cm_st->MemoryInfo, "nn", (Py_ssize_t)free_b,
@@ -877,13 +884,16 @@ PyDoc_STRVAR(cm_context_synchronize_doc,
 static PyObject *
 cm_context_synchronize(PyObject *self, PyObject *unused)
 {
+    cm_context *c = (cm_context *)self;
+    CUcontext prev;
     int err;
 
     (void)unused;
-    if (cm_context_activate((cm_context *)self) < 0) {
+    if (cm_context_enter(c, &prev) < 0) {
         return NULL;
     }
     CM_CU_NOGIL(err, CtxSynchronize, ());
+    cm_context_leave(c, prev);
     if (err < 0) {
         return NULL;
     }

@@ -231,6 +231,8 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
     CUdeviceptr src = d->src;
     void *params[3];
     long long blocks;
+    CUcontext prev;
+    int rc = -1;
     int i;
 
     if (d->ndim < 0 || d->ndim > CM_KMAXDIM) {
@@ -258,7 +260,7 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
     if (k.n == 0) {
         return 0;
     }
-    if (cm_context_activate(ctx) < 0) {
+    if (cm_context_enter(ctx, &prev) < 0) {
         return -1;
     }
     if (cm_driver_backend() == CM_BACKEND_SIM) {
@@ -266,7 +268,7 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
 
         if (c == NULL) {
             PyErr_NoMemory();
-            return -1;
+            goto out_leave;
         }
         c->k = k;
         c->dst = (unsigned char *)(uintptr_t)dst;
@@ -276,14 +278,15 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
         c->itemsize = d->itemsize;
         if (CM_CU(LaunchHostFunc, (stream, cm_host_copy_run, c)) < 0) {
             free(c);
-            return -1;
+            goto out_leave;
         }
-        return 0;
+        rc = 0;
+        goto out_leave;
     }
     if (cm_kernel_get(ctx, d->dst_type, d->src_type,
                       d->dst_type == CM_T_BYTES ? d->itemsize : 0,
                       &fn) < 0) {
-        return -1;
+        goto out_leave;
     }
     params[0] = &dst;
     params[1] = &src;
@@ -292,8 +295,11 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
     if (blocks > 65535) {
         blocks = 65535;
     }
-    return CM_CU(LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256, 1, 1,
-                                0, stream, params, NULL));
+    rc = CM_CU(LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256, 1, 1,
+                              0, stream, params, NULL));
+out_leave:
+    cm_context_leave(ctx, prev);
+    return rc;
 }
 
 int

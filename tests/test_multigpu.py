@@ -463,3 +463,25 @@ def test_arrays_hold_their_context(ndev):
 
     gc.collect()
     assert sys.getrefcount(c1) == base
+
+
+def test_context_methods_leave_the_current_device_alone(ndev):
+    """A Context's own calls make it current only for their duration."""
+    c1 = on(1, cuda.current_context)
+    assert _core._current_device_id() == 0
+    free, total = c1.get_memory_info()
+    assert 0 < free <= total
+    assert _core._current_device_id() == 0
+    c1.synchronize()
+    assert _core._current_device_id() == 0
+
+
+def test_internal_kernel_on_another_device_leaves_the_current_one(ndev):
+    """An assignment that runs the internal kernel on device 1's array
+    (a broadcast) keeps device 0 current."""
+    d1 = on(1, cuda.device_array, (8, 8), np.float32)
+    assert _core._current_device_id() == 0
+    d1[:] = np.arange(8, dtype=np.float32)  # broadcast: the kernel path
+    assert _core._current_device_id() == 0
+    out = on(1, d1.copy_to_host)
+    np.testing.assert_array_equal(out, np.broadcast_to(np.arange(8.0), (8, 8)))
