@@ -132,6 +132,11 @@ def close():
     numba then fails the next allocation with
     CUDA_ERROR_CONTEXT_IS_DESTROYED; cudamem gives the next call a fresh
     primary context, as numba's documentation intends.
+
+    The primary context is the driver's, shared by every library of the
+    process: on the main thread, ``close()`` invalidates CuPy's, PyTorch's
+    and numba's memory, streams and modules too, as numba's ``close()``
+    does.  Call it only when no other library still uses the GPU.
     """
     _core._close(threading.current_thread() is threading.main_thread())
 
