@@ -292,6 +292,16 @@ def _rebuild_ipc_handle(handle, size, source_info, offset):
                      offset=offset)
 
 
+_identities = {}  # device id -> its PCI identity (it never changes)
+
+
+def _identity(device):
+    ident = _identities.get(device.id)
+    if ident is None:
+        ident = _identities[device.id] = device.get_device_identity()
+    return dict(ident)
+
+
 def ipc_handle_of(context, memory):
     """The IpcHandle of ``memory`` (a MemoryPointer of ``context``, or any
     object with ``device_pointer`` and ``size``): the base allocation's
@@ -300,7 +310,7 @@ def ipc_handle_of(context, memory):
     ptr = _address(memory.device_pointer)
     handle, base, _ = _core._ipc_export(context, ptr)
     return IpcHandle(memory, handle, memory.size,
-                     source_info=context.device.get_device_identity(),
+                     source_info=_identity(context.device),
                      offset=ptr - base)
 
 
@@ -387,9 +397,11 @@ def _export_array(arr):
     ctx = getattr(gpu_data, "context", None)
     if not isinstance(ctx, _core.Context):
         ctx = _core.current_context()
-    _, _, _, span = _layout(arr.shape, arr.dtype, arr.strides)
-    lo = sum((n - 1) * s
-             for n, s in zip(arr.shape, arr.strides, strict=True) if s < 0)
+    span = arr.alloc_size  # the bytes from the lowest to the highest
+    lo = 0
+    for n, s in zip(arr.shape, arr.strides, strict=True):
+        if s < 0:
+            lo += (n - 1) * s
     low = arr.device_ctypes_pointer.value + lo
     memory = MemoryPointer(ctx, low, span, owner=gpu_data)
     ipch = ctx.memory_manager.get_ipc_handle(memory)
