@@ -336,100 +336,10 @@ cm_elem_type_of(PyArray_Descr *dt)
     return CM_T_BYTES;
 }
 
-/* ------------------------------------------------------------------ */
-/* Python-level test entry                                             */
-/* ------------------------------------------------------------------ */
-
-/* A tuple of ints into out[0..n); -1 with an exception. */
-static int
-cm_ssize_tuple(PyObject *t, Py_ssize_t *out, int n, const char *what)
-{
-    int i;
-
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != n) {
-        PyErr_Format(PyExc_ValueError, "%s must be a tuple of %d ints",
-                     what, n);
-        return -1;
-    }
-    for (i = 0; i < n; i++) {
-        out[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, i));
-        if (out[i] == -1 && PyErr_Occurred()) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-PyDoc_STRVAR(cm_copy_kernel_doc,
-"_copy_kernel(dst, dst_strides, dst_dtype, src, src_strides, src_dtype, "
-"shape, stream=0)\n--\n\n"
-"Run the internal strided copy-and-cast kernel between two device "
-"addresses (for tests): dst[i] = dst_dtype(src[i]) over shape.");
-
-static PyObject *
-cm_copy_kernel_fn(PyObject *mod, PyObject *args)
-{
-    unsigned long long dst;
-    unsigned long long src;
-    PyObject *dstr;
-    PyObject *sstr;
-    PyObject *shape;
-    PyObject *stream_obj = Py_False;
-    PyArray_Descr *ddt = NULL;
-    PyArray_Descr *sdt = NULL;
-    cm_copy_desc d;
-    CUstream stream;
-    cm_context *ctx;
-    PyObject *r = NULL;
-
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "KOO&KOO&O|O:_copy_kernel", &dst, &dstr,
-                          PyArray_DescrConverter, &ddt, &src, &sstr,
-                          PyArray_DescrConverter, &sdt, &shape,
-                          &stream_obj)) {
-        goto out;
-    }
-    memset(&d, 0, sizeof(d));
-    d.ndim = PyTuple_Check(shape) ? (int)PyTuple_GET_SIZE(shape) : -1;
-    if (d.ndim < 0 || d.ndim > CM_KMAXDIM) {
-        PyErr_SetString(PyExc_ValueError, "bad shape");
-        goto out;
-    }
-    if (cm_ssize_tuple(shape, d.shape, d.ndim, "shape") < 0
-        || cm_ssize_tuple(dstr, d.dst_strides, d.ndim, "dst_strides") < 0
-        || cm_ssize_tuple(sstr, d.src_strides, d.ndim, "src_strides") < 0
-        || cm_stream_resolve(stream_obj, &stream) < 0
-        || (ctx = cm_context_current()) == NULL) {
-        goto out;
-    }
-    d.dst = (CUdeviceptr)dst;
-    d.src = (CUdeviceptr)src;
-    d.dst_type = cm_elem_type_of(ddt);
-    d.src_type = cm_elem_type_of(sdt);
-    d.itemsize = (int)PyDataType_ELSIZE(ddt);
-    if (d.dst_type == CM_T_BYTES
-        && !PyArray_EquivTypes(ddt, sdt)) {
-        PyErr_SetString(PyExc_TypeError, "opaque dtypes must be equal");
-        goto out;
-    }
-    if (cm_copy_kernel(ctx, &d, stream) < 0) {
-        goto out;
-    }
-    r = Py_NewRef(Py_None);
-out:
-    Py_XDECREF(ddt);
-    Py_XDECREF(sdt);
-    return r;
-}
-
-static PyMethodDef cm_kernels_functions[] = {
-    {"_copy_kernel", cm_copy_kernel_fn, METH_VARARGS, cm_copy_kernel_doc},
-    {NULL, NULL, 0, NULL},
-};
-
 int
 cm_kernels_init(PyObject *mod, cm_state *st)
 {
+    (void)mod;
     (void)st;
-    return PyModule_AddFunctions(mod, cm_kernels_functions);
+    return 0;
 }
