@@ -1,0 +1,29 @@
+# SPDX-License-Identifier: MIT
+"""Leak and shutdown scripts (tests/leaks/), each in a subprocess."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+LEAKS = pathlib.Path(__file__).resolve().parent / "leaks"
+
+
+def run(script, *args):
+    return subprocess.run([sys.executable, str(LEAKS / script), *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.leaks
+def test_exit_with_live_objects_is_clean():
+    p = run("exit_with_live_objects.py")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout == "" and p.stderr == ""
+
+
+@pytest.mark.leaks
+def test_hot_paths_do_not_leak():
+    p = run("hot_path_cycles.py", "20000")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip() == "OK", p.stdout + p.stderr
