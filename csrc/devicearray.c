@@ -758,6 +758,7 @@ static PyObject *cm_str_cai;                /* "__cuda_array_interface__" */
 static PyObject *cm_str_sync_cfg;           /* "CUDA_ARRAY_INTERFACE_SYNC" */
 static PyObject *cm_api_split;              /* cudamem._api._split */
 static PyObject *cm_zero;                   /* the int 0 */
+static PyObject *cm_three;                  /* the int 3 (CAI version) */
 static PyObject *cm_str_C;                  /* "C" */
 
 int
@@ -1007,6 +1008,9 @@ typedef struct {
                                 * memory's device (NULL: empty, or not
                                 * known), made current around every
                                 * operation */
+    PyObject *cai_typestr;     /* strong or NULL: dtype.str, made on the
+                                * first CAI export */
+    PyObject *cai_data;        /* strong or NULL: (ptr, False), likewise */
     PyObject *weakreflist;
 } cm_da;
 
@@ -1182,6 +1186,8 @@ cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
     a->stream = Py_NewRef(stream != NULL ? stream : cm_zero);
     a->ctx = NULL;
     a->weakreflist = NULL;
+    a->cai_typestr = NULL;
+    a->cai_data = NULL;
     a->ptr = 0;
     if (ndim > CM_DA_INLINE) {
         a->shape = PyMem_Malloc(2 * ndim * sizeof(Py_ssize_t));
@@ -1300,6 +1306,8 @@ cm_da_dealloc(PyObject *self)
     }
     Py_CLEAR(a->shape_t);
     Py_CLEAR(a->strides_t);
+    Py_CLEAR(a->cai_typestr);
+    Py_CLEAR(a->cai_data);
     Py_CLEAR(a->dtype);
     Py_CLEAR(a->stream);
     Py_CLEAR(a->gpu_data);
@@ -2209,18 +2217,24 @@ cm_da_get_cai(PyObject *self, void *unused)
                           a->c_contig ? Py_None : a->strides_t) < 0) {
         goto err_dict;
     }
-    v = Py_BuildValue("(KO)", (unsigned long long)a->ptr, Py_False);
-    if (v == NULL || PyDict_SetItem(d, ST->str_data, v) < 0) {
-        Py_XDECREF(v);
+    /* The data pair and the typestr never change: made once. */
+    if (a->cai_data == NULL) {
+        a->cai_data = Py_BuildValue("(KO)", (unsigned long long)a->ptr,
+                                    Py_False);
+        if (a->cai_data == NULL) {
+            goto err_dict;
+        }
+    }
+    if (a->cai_typestr == NULL) {
+        a->cai_typestr = PyObject_GetAttrString((PyObject *)a->dtype, "str");
+        if (a->cai_typestr == NULL) {
+            goto err_dict;
+        }
+    }
+    if (PyDict_SetItem(d, ST->str_data, a->cai_data) < 0
+        || PyDict_SetItem(d, ST->str_typestr, a->cai_typestr) < 0) {
         goto err_dict;
     }
-    Py_DECREF(v);
-    v = PyObject_GetAttrString((PyObject *)a->dtype, "str");
-    if (v == NULL || PyDict_SetItem(d, ST->str_typestr, v) < 0) {
-        Py_XDECREF(v);
-        goto err_dict;
-    }
-    Py_DECREF(v);
     if (PyDataType_HASFIELDS(a->dtype)) {
         v = PyObject_GetAttrString((PyObject *)a->dtype, "descr");
         if (v == NULL || PyDict_SetItem(d, ST->str_descr, v) < 0) {
@@ -2229,12 +2243,9 @@ cm_da_get_cai(PyObject *self, void *unused)
         }
         Py_DECREF(v);
     }
-    v = PyLong_FromLong(3);
-    if (v == NULL || PyDict_SetItem(d, ST->str_version, v) < 0) {
-        Py_XDECREF(v);
+    if (PyDict_SetItem(d, ST->str_version, cm_three) < 0) {
         goto err_dict;
     }
-    Py_DECREF(v);
     r = cm_effective_stream(NULL, a->stream, &h);
     if (r < 0) {
         goto err_dict;
@@ -4555,9 +4566,11 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
     cm_str_cai = PyUnicode_InternFromString("__cuda_array_interface__");
     cm_str_sync_cfg = PyUnicode_InternFromString("CUDA_ARRAY_INTERFACE_SYNC");
     cm_zero = PyLong_FromLong(0);
+    cm_three = PyLong_FromLong(3);
     cm_str_C = PyUnicode_InternFromString("C");
     if (cm_str_cuda_memory == NULL || cm_str_cai == NULL
-        || cm_str_sync_cfg == NULL || cm_zero == NULL || cm_str_C == NULL) {
+        || cm_str_sync_cfg == NULL || cm_zero == NULL || cm_three == NULL
+        || cm_str_C == NULL) {
         return -1;
     }
     st->DeviceNDArrayBase_type = cm_make_type(mod, &cm_base_spec, NULL);
