@@ -16,7 +16,10 @@
 #include "cm.h"
 #include "devattrs.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 static int cm_ndev = -1;                      /* device count, once known */
 static cm_device *cm_devs[CM_MAX_DEVICES];    /* strong, made on demand */
@@ -1609,7 +1612,127 @@ cm_memcpy_peer_fn(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The work of _synchronize_all, on a thread of its own so that the caller
+ * can stop waiting. */
+typedef struct {
+    CUcontext handles[CM_MAX_DEVICES];  /* contexts to wait for */
+    int n;                              /* how many */
+    int done;                           /* NOTE: guarded by lock */
+    int refs;                           /* NOTE: guarded by lock; the
+                                         * last one frees the struct */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+} cm_syncall;
+
+static void
+cm_syncall_unref(cm_syncall *w)
+{
+    int last;
+
+    pthread_mutex_lock(&w->lock);
+    last = --w->refs == 0;
+    pthread_mutex_unlock(&w->lock);
+    if (last) {
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->cond);
+        free(w);
+    }
+}
+
+static void *
+cm_syncall_run(void *arg)
+{
+    cm_syncall *w = arg;
+    CUcontext popped;
+    int i;
+
+    for (i = 0; i < w->n; i++) {
+        if (CM_CU_RAW(CtxPushCurrent, (w->handles[i])) == CUDA_SUCCESS) {
+            (void)CM_CU_RAW(CtxSynchronize, ());
+            (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+        }
+    }
+    pthread_mutex_lock(&w->lock);
+    w->done = 1;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    cm_syncall_unref(w);
+    return NULL;
+}
+
+PyDoc_STRVAR(cm_synchronize_all_doc,
+"_synchronize_all(timeout)\n--\n\n"
+"Wait, with the GIL released, up to timeout seconds for the work of every "
+"live context to finish.  Run at interpreter exit, so that no copy or "
+"host function is still in flight while Python frees the objects it "
+"uses.  True if everything finished in time.");
+
+static PyObject *
+cm_synchronize_all_fn(PyObject *mod, PyObject *arg)
+{
+    double timeout = PyFloat_AsDouble(arg);
+    cm_syncall *w;
+    pthread_t th;
+    struct timespec until;
+    int i;
+    int ok;
+
+    (void)mod;
+    if (timeout == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)
+        || cm_forked) {
+        Py_RETURN_TRUE;
+    }
+    w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        return PyErr_NoMemory();
+    }
+    for (i = 0; i < CM_MAX_DEVICES && i < cm_ndev; i++) {
+        if (cm_ctxs[i] != NULL && cm_ctxs[i]->alive) {
+            w->handles[w->n++] = cm_ctxs[i]->handle;
+        }
+    }
+    if (w->n == 0) {
+        free(w);
+        Py_RETURN_TRUE;
+    }
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cond, NULL);
+    w->refs = 2;
+    if (pthread_create(&th, NULL, cm_syncall_run, w) != 0) {
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->cond);
+        free(w);
+        Py_RETURN_FALSE;
+    }
+    pthread_detach(th);
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)timeout;
+    until.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    while (!w->done) {
+        if (pthread_cond_timedwait(&w->cond, &w->lock, &until)
+            == ETIMEDOUT) {
+            break;
+        }
+    }
+    ok = w->done;
+    pthread_mutex_unlock(&w->lock);
+    Py_END_ALLOW_THREADS
+    cm_syncall_unref(w);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef cm_context_functions[] = {
+    {"_synchronize_all", cm_synchronize_all_fn, METH_O,
+     cm_synchronize_all_doc},
     {"_memcpy_peer", cm_memcpy_peer_fn, METH_VARARGS, cm_memcpy_peer_doc},
     {"can_access_peer", (PyCFunction)(void (*)(void))cm_can_access_peer_fn,
      METH_FASTCALL, cm_can_access_peer_doc},

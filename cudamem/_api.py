@@ -7,6 +7,7 @@ directly; nothing here is on a per-operation path.
 """
 
 import contextlib
+import atexit
 import functools
 import threading
 
@@ -261,3 +262,15 @@ def mapped(*arylist, **kws):
         yield devarys[0] if len(arylist) == 1 else devarys
     finally:
         reg.close()
+
+
+def _wait_at_exit():
+    """At interpreter exit, let in-flight copies and host functions finish
+    (for at most 5 s) before Python frees the objects they use."""
+    try:
+        _core._synchronize_all(5.0)
+    except Exception:  # noqa: BLE001 - exit must go on
+        pass
+
+
+atexit.register(_wait_at_exit)
