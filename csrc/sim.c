@@ -7,7 +7,11 @@
  * tested, without a GPU.  The simulator aims to be honest: what the real
  * driver rejects it rejects with the same CUresult, and what the real
  * driver does asynchronously it does asynchronously (every stream has its
- * own worker thread), so a missing synchronisation is a visible bug.
+ * own worker thread), so a missing synchronisation is a visible bug.  As
+ * in the driver, an asynchronous copy from pageable host memory consumes
+ * its source before returning (the simulator keeps a snapshot), and one
+ * into pageable host memory returns only once it has completed; copies
+ * between page-locked host memory and the device stay asynchronous.
  *
  * What it owns: CUDAMEM_SIM_DEVICES devices of CUDAMEM_SIM_MEMORY bytes
  * each (every pair peer-capable unless CUDAMEM_SIM_NO_PEER names it, as
@@ -188,6 +192,8 @@ struct sim_op {
             size_t dslice;      /* bytes between destination slices */
             size_t spitch;      /* bytes between source rows */
             size_t sslice;      /* bytes between source slices */
+            void *owned;        /* a snapshot of pageable source bytes,
+                                 * freed with the op, or NULL */
         } copy;
         struct {
             char *dst;          /* first byte set */
@@ -1581,6 +1587,9 @@ sim_op_free(sim_op *op)
     free(op->deps);
     if (op->kind == SIM_OP_RECORD && op->u.record.event != NULL) {
         sim_event_unref(op->u.record.event);
+    }
+    if (op->kind == SIM_OP_COPY) {
+        free(op->u.copy.owned);
     }
     free(op);
 }
@@ -3142,6 +3151,62 @@ sim_submit(sim_op *op, CUstream h, int sync)
     return rc;
 }
 
+/* Whether a copy side is pageable host memory: host memory (or unified
+ * addressing of an address the simulator does not know) that is not
+ * page-locked (cuMemHostAlloc, cuMemHostRegister) nor managed.  Lock
+ * held. */
+static int
+sim_side_pageable(const sim_side *sd, const char *first)
+{
+    if (sd->type != CU_MEMORYTYPE_HOST && sd->type != CU_MEMORYTYPE_UNIFIED) {
+        return 0;
+    }
+    return sim_alloc_find_any((uintptr_t)first) == NULL;
+}
+
+/* Queue an asynchronous copy as the driver does with pageable host
+ * memory: a pageable source is consumed before the call returns (here:
+ * copied into a snapshot the op owns), and a copy into pageable memory
+ * returns only once it has completed.  Page-locked and device sides stay
+ * asynchronous.  Lock held; always consumes op. */
+static CUresult
+sim_submit_async_copy(sim_op *op, const sim_side *dst, const sim_side *src,
+                      const char *dp, const char *sp, CUstream hs)
+{
+    sim_stream *s;
+    CUresult rc;
+    size_t span;
+    int wait_after = sim_side_pageable(dst, dp);
+
+    if (wait_after && tls_worker != NULL) {
+        sim_op_free(op);
+        return CUDA_ERROR_NOT_PERMITTED;
+    }
+    if (sim_side_pageable(src, sp)) {
+        /* Validated not to overflow by sim_side_check. */
+        span = (op->u.copy.depth - 1) * op->u.copy.sslice
+               + (op->u.copy.height - 1) * op->u.copy.spitch
+               + op->u.copy.width;
+        op->u.copy.owned = malloc(span);
+        if (op->u.copy.owned == NULL) {
+            sim_op_free(op);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        memcpy(op->u.copy.owned, sp, span);
+        op->u.copy.src = op->u.copy.owned;
+    }
+    rc = sim_stream_get(hs, &s);
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        return rc;
+    }
+    rc = sim_enqueue(s, op);
+    if (rc == CUDA_SUCCESS && wait_after) {
+        rc = sim_wait(s, s->submitted);
+    }
+    return rc;
+}
+
 /* Every copy: dst <- src, w bytes by h rows by d slices. */
 static CUresult
 sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
@@ -3181,7 +3246,9 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
             /* Validated not to overflow when d > 1. */
             op->u.copy.dslice = d > 1 ? dst->pitch * dst->height : 0;
             op->u.copy.sslice = d > 1 ? src->pitch * src->height : 0;
-            rc = sim_submit(op, hs, sync);
+            op->u.copy.owned = NULL;
+            rc = sync ? sim_submit(op, hs, 1)
+                      : sim_submit_async_copy(op, dst, src, dp, sp, hs);
         }
     }
     sim_unlock();
