@@ -2849,7 +2849,7 @@ cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 PyDoc_STRVAR(cm_da_copy_to_device_doc,
-"copy_to_device($self, ary, /, stream=0)\n--\n\n"
+"copy_to_device($self, ary, stream=0)\n--\n\n"
 "Copy ``ary`` (a host array, a device array or any object with\n"
 "``__cuda_array_interface__``) into this array.\n\n"
 "The dtypes must be equal (TypeError) and the shapes equal once size-1\n"
@@ -2900,7 +2900,7 @@ cm_da_getitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 PyDoc_STRVAR(cm_da_setitem_doc,
-"setitem($self, key, value, /, stream=0)\n--\n\n"
+"setitem($self, key, value, stream=0)\n--\n\n"
 "``self[key] = value`` on ``stream``.  Without any stream (argument or\n"
 "bound) the call is synchronous.\n\n"
 "Notes\n-----\n"
@@ -3628,7 +3628,7 @@ cm_rec_getitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 PyDoc_STRVAR(cm_rec_setitem_doc,
-"setitem($self, key, value, /, stream=0)\n--\n\n"
+"setitem($self, key, value, stream=0)\n--\n\n"
 "Write field ``key`` (value converted on the host, then uploaded).");
 
 static PyObject *
