@@ -720,10 +720,6 @@ Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
  * return.  0, or -1 with an exception set. */
 int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
             int async);
-/* The same, keeping keep (the host array, or NULL) alive until an
- * asynchronous copy staged through the pipeline (staging.c) finished. */
-int cm_copy_keep(const cm_view *dst, const cm_view *src, CUstream stream,
-                 int async, PyObject *keep);
 
 /* Whether o is a cudamem device array (DeviceNDArrayBase or a subclass):
  * 1 with the address of its first element in *ptr, else 0.  The fast
@@ -830,12 +826,12 @@ typedef struct {
 
 /* Copy x through the staging pipeline when it applies (staging on, at
  * least the threshold, the device side contiguous, the host memory not
- * page-locked).  Synchronous, or (async) queued on stream with keep (may
- * be NULL) held until the copy finished.  1 when done or queued, 0 when
- * the caller should copy directly, -1 with an exception.  The context
- * current, GIL held (released inside). */
-int cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
-                    PyObject *keep);
+ * page-locked).  Synchronous (on the default stream), or (async) issued
+ * on stream after the work queued there; either way the copy completed
+ * when it returns, as the driver's copies of pageable memory do.  1 when
+ * done, 0 when the caller should copy directly, -1 with an exception.
+ * The context current, GIL held (released inside). */
+int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
 
 /* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
  * the driver (pinned() / mapped()).  Call without the GIL. */

@@ -562,8 +562,7 @@ cm_stream_wait(CUstream stream)
 }
 
 static int cm_copy_impl(const cm_view *dst, const cm_view *src,
-                        CUstream stream, int async, int may_stage,
-                        PyObject *keep);
+                        CUstream stream, int async, int may_stage);
 
 /* Copy through a compact host buffer laid out like key (a view of the
  * same shape as dst and src): first src into the buffer, then the buffer
@@ -592,7 +591,7 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     tmp.strides = tstrides;
     tmp.itemsize = key->itemsize;
     tmp.device = 0;
-    if (cm_copy_impl(&tmp, src, stream, async, 0, NULL) < 0) {
+    if (cm_copy_impl(&tmp, src, stream, async, 0) < 0) {
         goto out_free_buf;
     }
     if (async && src->device && cm_stream_wait(stream) < 0) {
@@ -600,8 +599,8 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     }
     /* A device-to-device copy staged in src's order may need the host
      * buffer reordered for dst: one more (host-only) staging. */
-    if (cm_copy_impl(dst, &tmp, stream, async, src->device && dst->device,
-                     NULL) < 0) {
+    if (cm_copy_impl(dst, &tmp, stream, async,
+                     src->device && dst->device) < 0) {
         goto out_free_buf;
     }
     if (async && dst->device && cm_stream_wait(stream) < 0) {
@@ -659,8 +658,7 @@ cm_copy_by_kernel(const cm_joint *j, int dst_type, int src_type,
 /* Hand a copy between host and device memory to the staging pipeline
  * (staging.c); 1 when it took it, 0 when not, -1 on error. */
 static int
-cm_copy_try_staging(const cm_joint *j, CUstream stream, int async,
-                    PyObject *keep)
+cm_copy_try_staging(const cm_joint *j, CUstream stream, int async)
 {
     cm_xfer x;
 
@@ -672,12 +670,12 @@ cm_copy_try_staging(const cm_joint *j, CUstream stream, int async,
     x.host = j->dst_dev ? j->src : j->dst;
     x.dev = (CUdeviceptr)(j->dst_dev ? j->dst : j->src);
     x.itemsize = j->itemsize;
-    return cm_staging_copy(&x, stream, async, keep);
+    return cm_staging_copy(&x, stream, async);
 }
 
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
-             int async, int may_stage, PyObject *keep)
+             int async, int may_stage)
 {
     cm_joint j;
     cm_plan p;
@@ -696,7 +694,7 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     }
     if (dst->device != src->device) {
         /* Large pageable transfers go through the staging pipeline. */
-        int r = cm_copy_try_staging(&j, stream, async, keep);
+        int r = cm_copy_try_staging(&j, stream, async);
 
         if (r != 0) {
             return r < 0 ? -1 : 0;
@@ -726,14 +724,7 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
 int
 cm_copy(const cm_view *dst, const cm_view *src, CUstream stream, int async)
 {
-    return cm_copy_impl(dst, src, stream, async, 1, NULL);
-}
-
-int
-cm_copy_keep(const cm_view *dst, const cm_view *src, CUstream stream,
-             int async, PyObject *keep)
-{
-    return cm_copy_impl(dst, src, stream, async, 1, keep);
+    return cm_copy_impl(dst, src, stream, async, 1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1876,7 +1867,7 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         goto out_src;
     }
     cm_da_view(self, &dv);
-    rc = cm_copy_keep(&dv, &sv, h, async, src);
+    rc = cm_copy(&dv, &sv, h, async);
 out_src:
     Py_DECREF(src);
     return rc;
@@ -1924,7 +1915,7 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
         if (self->size > 0) {
             cm_nd_view(res, &dv);
             cm_da_view(self, &sv);
-            if (cm_copy_keep(&dv, &sv, h, async, (PyObject *)res) < 0) {
+            if (cm_copy(&dv, &sv, h, async) < 0) {
                 Py_DECREF(res);
                 return NULL;
             }
@@ -1961,7 +1952,7 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
     sv = dv;
     sv.addr = (uintptr_t)self->ptr;
     sv.device = 1;
-    if (cm_copy_keep(&dv, &sv, h, async, (PyObject *)res) < 0) {
+    if (cm_copy(&dv, &sv, h, async) < 0) {
         Py_DECREF(res);
         return NULL;
     }
@@ -2025,7 +2016,7 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_nd_view(dst, &dv);
     cm_da_view(self, &sv);
-    if (cm_copy_keep(&dv, &sv, h, async, ary) < 0) {
+    if (cm_copy(&dv, &sv, h, async) < 0) {
         return NULL;
     }
     return Py_NewRef(ary);
@@ -2829,11 +2820,11 @@ PyDoc_STRVAR(cm_da_copy_to_host_doc,
 "cudamem copies between any layouts (2-D / 3-D copies, or through a\n"
 "host buffer), writing only the elements of the destination view.  A\n"
 "copy staged through a host buffer completes before it returns.\n\n"
-"Large copies of pageable host memory go through the staging pipeline\n"
-"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
-"copy returns at once: the host array must stay alive and unread\n"
-"until the stream has reached the copy (cudamem keeps a reference to\n"
-"it until then).");
+"Large copies of pageable host memory may go through the staging\n"
+"pipeline (see the README: CUDAMEM_STAGING).  Like the driver's copies\n"
+"of pageable memory, such a copy has completed when it returns, also\n"
+"an asynchronous one (issued on its stream after the work queued\n"
+"there).");
 
 static PyObject *
 cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -2861,11 +2852,11 @@ PyDoc_STRVAR(cm_da_copy_to_device_doc,
 "the source only) and wraps CAI sources without a copy.  Device-to-device\n"
 "copies that no 2-D / 3-D copy expresses are staged through the host for\n"
 "now, and complete before returning.\n\n"
-"Large copies of pageable host memory go through the staging pipeline\n"
-"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
-"copy returns at once: the host array must stay alive and unmodified\n"
-"until the stream has reached the copy (cudamem keeps a reference to\n"
-"it until then).");
+"Large copies of pageable host memory may go through the staging\n"
+"pipeline (see the README: CUDAMEM_STAGING).  Like the driver's copies\n"
+"of pageable memory, such a copy has completed when it returns, also\n"
+"an asynchronous one (issued on its stream after the work queued\n"
+"there).");
 
 static PyObject *
 cm_da_copy_to_device(PyObject *self, PyObject *const *args,
@@ -4085,11 +4076,11 @@ PyDoc_STRVAR(cm_to_device_doc,
 "Notes\n-----\n"
 "numba rejects non-contiguous host arrays; cudamem copies them into a\n"
 "C-contiguous (F-contiguous for F-ordered sources) device array.\n\n"
-"Large copies of pageable host memory go through the staging pipeline\n"
-"(see the README; CUDAMEM_STAGING=0 turns it off).  An asynchronous\n"
-"copy returns at once: the host array must stay alive and unmodified\n"
-"until the stream has reached the copy (cudamem keeps a reference to\n"
-"it until then).");
+"Large copies of pageable host memory may go through the staging\n"
+"pipeline (see the README: CUDAMEM_STAGING).  Like the driver's copies\n"
+"of pageable memory, such a copy has completed when it returns, also\n"
+"an asynchronous one (issued on its stream after the work queued\n"
+"there).");
 
 static PyObject *
 cm_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,

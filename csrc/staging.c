@@ -14,35 +14,30 @@
  * event says it has arrived.  A buffer is refilled only after its event
  * completed.
  *
- * A synchronous copy runs the pipeline on the default stream in the
- * calling thread and returns when every chunk is in place.  An
- * asynchronous copy on stream S returns at once: S gets an event (the
- * start) and a host function that waits for the pipeline to finish; an
- * issuer thread runs the pipeline on a private non-blocking stream that
- * waits for the start event.  So the pipeline begins when S reaches the
- * copy and S continues only after the data is in place; the staging
- * buffers go back to the cache once their copies completed.  Driver errors
- * of that background part are raised by the next staged copy.
+ * The pipeline runs in the calling thread, with the GIL released, and
+ * returns when every chunk is in place: a synchronous copy issues its
+ * chunks on the default stream, an asynchronous one on its stream S (so
+ * they follow the work queued on S).  That is what the driver does with
+ * pageable memory too: its "asynchronous" copies of pageable memory
+ * complete before they return.  An earlier design returned at once and
+ * held S with a host function waiting for the pipeline; the driver
+ * forbids a host function to wait on work not ordered before it, and on
+ * the H200 it deadlocked (a stream can share a hardware queue with S).
  *
  * Owns: the tunables (CUDAMEM_STAGING, _THRESHOLD, _CHUNK, _BUFFERS,
  * _THREADS); the worker threads (made once, grown on demand, never
- * stopped) and their queue of host-side batches; the issuer threads (one
- * per asynchronous copy in flight, kept for reuse); per device, a cache
- * of page-locked staging buffers, each with its own event; the first
- * unreported error of an asynchronous copy.
+ * stopped) and their queue of host-side batches; per device, a cache of
+ * page-locked staging buffers, each with its own event.
  *
- * Locking: one mutex, cm_stg_mu, guards the queues, the caches, the
- * counters and the deferred error.  No Python or driver call is made
- * while it is held.  The tunables are guarded by the GIL and copied into
- * each transfer before the GIL is released.  Workers make no driver
- * calls; issuer threads make driver calls but never free page-locked
- * memory (a free may wait for the host function that waits for them).
+ * Locking: one mutex, cm_stg_mu, guards the queue, the caches and the
+ * counters.  No Python or driver call is made while it is held.  The
+ * tunables are guarded by the GIL and copied into each transfer before
+ * the GIL is released.  Workers make no driver calls.
  */
 #include "cm.h"
 
 #include <limits.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -107,12 +102,6 @@ typedef struct cm_sjob {
     int unsure;               /* a buffer may still be in use by a copy */
     CUresult rc;              /* the first error */
     const char *fn;           /* the entry point that gave it */
-    /* asynchronous transfers only */
-    CUevent start;            /* recorded on the caller's stream */
-    PyObject *keep;           /* strong: the host array, dropped at end */
-    int done;                 /* NOTE: under cm_stg_mu; set at the end */
-    atomic_int refs;          /* the issuer and the host function */
-    struct cm_sjob *qnext;    /* issuer queue link */
 } cm_sjob;
 
 /* A host-side stage of one chunk, shared out among the workers. */
@@ -133,24 +122,15 @@ typedef struct cm_batch {
 static pthread_mutex_t cm_stg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cm_stg_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t cm_stg_part_done = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t cm_stg_jobs = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t cm_stg_job_done = PTHREAD_COND_INITIALIZER;
 static cm_batch *cm_bq_head;          /* batches with shares to take */
 static cm_batch *cm_bq_tail;
 static int cm_workers;                /* worker threads made */
-static cm_sjob *cm_jq_head;           /* asynchronous jobs to issue */
-static cm_sjob *cm_jq_tail;
-static int cm_issuers;                /* issuer threads made */
-static int cm_issuers_spare;          /* idle issuers not yet claimed */
 static cm_scache cm_caches[CM_STG_DEVICES];
-static cm_sbuf *cm_tofree;            /* buffers to free (unsure ones) */
 static size_t cm_nlive;               /* buffers made and not freed */
 static size_t cm_live_bytes;          /* their bytes */
 static size_t cm_nfree_all;           /* of them, free in a cache */
 static size_t cm_inflight;            /* transfers running */
 static size_t cm_staged;              /* transfers staged, ever */
-static CUresult cm_deferred_rc;       /* an asynchronous copy's error */
-static const char *cm_deferred_fn;
 
 /* ------------------------------------------------------------------ */
 /* The host side: packing and unpacking                                */
@@ -412,7 +392,7 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
 /* Staging buffers                                                     */
 /* ------------------------------------------------------------------ */
 
-/* Free buffers (the caller's thread, never an issuer); no lock held. */
+/* Free buffers; no lock held. */
 static void
 cm_sbuf_free_list(cm_sbuf *list)
 {
@@ -483,17 +463,6 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
         }
         j->buf[got++] = b;
     }
-    /* Unsure buffers of asynchronous copies are freed here, not there. */
-    if (cm_tofree != NULL) {
-        cm_sbuf *t = cm_tofree;
-
-        while (t->next != NULL) {
-            t = t->next;
-        }
-        t->next = stale;
-        stale = cm_tofree;
-        cm_tofree = NULL;
-    }
     pthread_mutex_unlock(&cm_stg_mu);
     cm_sbuf_free_list(stale);
     j->fn = "cuMemHostAlloc";
@@ -533,11 +502,10 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
     return rc;
 }
 
-/* Give j's buffers back: to the cache, or (unsure) to be freed: at once
- * by a caller's thread, later when on_issuer.  Trims the cache to keep
- * at most keep free buffers (callers' threads only). */
+/* Give j's buffers back: to the cache, or (unsure: a copy may still use
+ * them) freed.  Trims the cache to keep at most keep free buffers. */
 static void
-cm_stg_release(cm_sjob *j, int on_issuer, size_t keep)
+cm_stg_release(cm_sjob *j, size_t keep)
 {
     cm_sbuf *drop = NULL;
     cm_scache *c;
@@ -559,14 +527,8 @@ cm_stg_release(cm_sjob *j, int on_issuer, size_t keep)
         if (j->unsure) {
             cm_nlive--;
             cm_live_bytes -= b->size;
-            if (on_issuer) {
-                b->next = cm_tofree;
-                cm_tofree = b;
-            }
-            else {
-                b->next = drop;
-                drop = b;
-            }
+            b->next = drop;
+            drop = b;
             continue;
         }
         b->next = c->free;
@@ -575,7 +537,7 @@ cm_stg_release(cm_sjob *j, int on_issuer, size_t keep)
         cm_nfree_all++;
     }
     j->nbuf = 0;
-    while (!on_issuer && c != NULL && c->nfree > keep) {
+    while (c != NULL && c->nfree > keep) {
         cm_sbuf *b = c->free;
 
         c->free = b->next;
@@ -728,224 +690,6 @@ out_drain:
 }
 
 /* ------------------------------------------------------------------ */
-/* Asynchronous transfers                                              */
-/* ------------------------------------------------------------------ */
-
-static void
-cm_job_unref(cm_sjob *j)
-{
-    if (atomic_fetch_sub(&j->refs, 1) == 1) {
-        free(j);
-    }
-}
-
-/* The host function on the caller's stream: the stream continues once
- * the pipeline finished. */
-static void CUDA_CB
-cm_stg_wait_fn(void *arg)
-{
-    cm_sjob *j = arg;
-
-    pthread_mutex_lock(&cm_stg_mu);
-    while (!j->done) {
-        pthread_cond_wait(&cm_stg_job_done, &cm_stg_mu);
-    }
-    pthread_mutex_unlock(&cm_stg_mu);
-    cm_job_unref(j);
-}
-
-static int
-cm_stg_decref(void *arg)
-{
-    Py_DECREF((PyObject *)arg);
-    return 0;
-}
-
-/* Drop the reference to the host array from a thread without the GIL. */
-static void
-cm_stg_drop_keep(PyObject *keep)
-{
-    PyGILState_STATE g;
-
-    if (keep == NULL || Py_IsFinalizing()) {
-        return;                          /* at exit: leaked on purpose */
-    }
-    if (Py_AddPendingCall(cm_stg_decref, keep) == 0) {
-        return;
-    }
-    g = PyGILState_Ensure();
-    Py_DECREF(keep);
-    PyGILState_Release(g);
-}
-
-/* Finish an asynchronous job on its issuer: the pipeline, the buffers,
- * the private stream and start event, then release the host function. */
-static void
-cm_stg_issue(cm_sjob *j)
-{
-    CUstream priv = j->stream;
-    CUresult rc;
-
-    rc = CM_CU_RAW(CtxSetCurrent, (j->ctx));
-    if (rc != CUDA_SUCCESS) {
-        /* Nothing can be issued; the private stream has no work. */
-        j->rc = rc;
-        j->fn = "cuCtxSetCurrent";
-    }
-    else {
-        cm_stg_run(j);
-    }
-    cm_stg_release(j, 1, 0);
-    (void)CM_CU_RAW(StreamDestroy, (priv));
-    (void)CM_CU_RAW(EventDestroy, (j->start));
-    pthread_mutex_lock(&cm_stg_mu);
-    if (j->rc != CUDA_SUCCESS && cm_deferred_rc == CUDA_SUCCESS) {
-        cm_deferred_rc = j->rc;
-        cm_deferred_fn = j->fn;
-    }
-    cm_inflight--;
-    j->done = 1;
-    pthread_cond_broadcast(&cm_stg_job_done);
-    pthread_mutex_unlock(&cm_stg_mu);
-    cm_stg_drop_keep(j->keep);
-    j->keep = NULL;
-    cm_job_unref(j);
-}
-
-static void *
-cm_issuer_main(void *arg)
-{
-    (void)arg;
-    pthread_mutex_lock(&cm_stg_mu);
-    for (;;) {
-        cm_sjob *j;
-
-        while (cm_jq_head == NULL) {
-            pthread_cond_wait(&cm_stg_jobs, &cm_stg_mu);
-        }
-        j = cm_jq_head;
-        cm_jq_head = j->qnext;
-        if (cm_jq_head == NULL) {
-            cm_jq_tail = NULL;
-        }
-        pthread_mutex_unlock(&cm_stg_mu);
-        cm_stg_issue(j);
-        pthread_mutex_lock(&cm_stg_mu);
-        cm_issuers_spare++;
-    }
-    return NULL;
-}
-
-/* Hand j to an issuer: an idle one, else a new one, else this thread
- * (every job in flight has a thread, so none waits on another). */
-static void
-cm_stg_submit(cm_sjob *j)
-{
-    pthread_attr_t attr;
-    pthread_t t;
-    int need;
-    int ok = 0;
-
-    pthread_mutex_lock(&cm_stg_mu);
-    j->qnext = NULL;
-    if (cm_jq_tail != NULL) {
-        cm_jq_tail->qnext = j;
-    }
-    else {
-        cm_jq_head = j;
-    }
-    cm_jq_tail = j;
-    need = cm_issuers_spare == 0;
-    if (!need) {
-        cm_issuers_spare--;
-        pthread_cond_signal(&cm_stg_jobs);
-    }
-    else {
-        cm_issuers++;
-    }
-    pthread_mutex_unlock(&cm_stg_mu);
-    if (!need) {
-        return;
-    }
-    if (pthread_attr_init(&attr) == 0) {
-        (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        ok = pthread_create(&t, &attr, cm_issuer_main, NULL) == 0;
-        pthread_attr_destroy(&attr);
-    }
-    if (ok) {
-        return;
-    }
-    /* No thread: run it here if nobody took it meanwhile. */
-    pthread_mutex_lock(&cm_stg_mu);
-    cm_issuers--;
-    {
-        cm_sjob **link = &cm_jq_head;
-        cm_sjob *prev = NULL;
-
-        while (*link != NULL && *link != j) {
-            prev = *link;
-            link = &(*link)->qnext;
-        }
-        if (*link == NULL) {
-            pthread_mutex_unlock(&cm_stg_mu);
-            return;
-        }
-        *link = j->qnext;
-        if (cm_jq_tail == j) {
-            cm_jq_tail = prev;
-        }
-    }
-    pthread_mutex_unlock(&cm_stg_mu);
-    {
-        CUcontext cur = NULL;
-
-        (void)CM_CU_RAW(CtxGetCurrent, (&cur));
-        cm_stg_issue(j);
-        (void)CM_CU_RAW(CtxSetCurrent, (cur));
-    }
-}
-
-/* Start j on stream s: the private stream waits for s to reach the copy,
- * s waits for the pipeline.  The context current, no GIL.  On failure
- * nothing was queued and what was made is undone. */
-static CUresult
-cm_stg_start_async(cm_sjob *j, CUstream s)
-{
-    CUresult rc;
-
-    j->fn = "cuStreamCreate";
-    rc = CM_CU_RAW(StreamCreate, (&j->stream, CU_STREAM_NON_BLOCKING));
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    j->fn = "cuEventCreate";
-    rc = CM_CU_RAW(EventCreate, (&j->start, CU_EVENT_DISABLE_TIMING));
-    if (rc != CUDA_SUCCESS) {
-        goto out_stream;
-    }
-    j->fn = "cuEventRecord";
-    rc = CM_CU_RAW(EventRecord, (j->start, s));
-    if (rc == CUDA_SUCCESS) {
-        j->fn = "cuStreamWaitEvent";
-        rc = CM_CU_RAW(StreamWaitEvent, (j->stream, j->start, 0));
-    }
-    if (rc == CUDA_SUCCESS) {
-        atomic_store(&j->refs, 2);
-        j->fn = "cuLaunchHostFunc";
-        rc = CM_CU_RAW(LaunchHostFunc, (s, cm_stg_wait_fn, j));
-    }
-    if (rc == CUDA_SUCCESS) {
-        j->fn = NULL;
-        cm_stg_submit(j);
-        return CUDA_SUCCESS;
-    }
-    (void)CM_CU_RAW(EventDestroy, (j->start));
-out_stream:
-    (void)CM_CU_RAW(StreamDestroy, (j->stream));
-    return rc;
-}
-
-/* ------------------------------------------------------------------ */
 /* The entry point of the copy engine                                  */
 /* ------------------------------------------------------------------ */
 
@@ -965,8 +709,7 @@ cm_stg_pinned(uintptr_t lo, uintptr_t hi)
 }
 
 int
-cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
-                PyObject *keep)
+cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
 {
     cm_stg_cfg cfg = cm_cfg;
     cm_context *ctx;
@@ -978,7 +721,6 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
     Py_ssize_t lo = 0;
     Py_ssize_t hi = 0;
     size_t keep_free = (size_t)cfg.buffers * CM_STG_KEEP_SETS;
-    const char *dfn;
     CUresult rc;
     int direct = 0;
     int i;
@@ -1004,15 +746,6 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
             }
             want *= x->shape[i];
         }
-    }
-    pthread_mutex_lock(&cm_stg_mu);
-    rc = cm_deferred_rc;
-    dfn = cm_deferred_fn;
-    cm_deferred_rc = CUDA_SUCCESS;
-    pthread_mutex_unlock(&cm_stg_mu);
-    if (rc != CUDA_SUCCESS) {
-        /* An earlier asynchronous copy failed in the background. */
-        return cm_raise_cu(rc, dfn != NULL ? dfn : "cuMemcpyAsync");
     }
     ctx = cm_context_current();
     if (ctx == NULL) {
@@ -1064,10 +797,9 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
         j->nbuf = (int)j->nchunks;
     }
     alloc_size = cfg.chunk;
-    j->stream = NULL;                    /* sync: the default stream */
+    j->stream = async ? stream : NULL;   /* sync: the default stream */
     j->devid = ctx->device->id;
     j->gen = ctx->gen;
-    j->keep = async && keep != NULL ? Py_NewRef(keep) : NULL;
     cm_workers_grow(cfg.threads);
 
     Py_BEGIN_ALLOW_THREADS
@@ -1086,7 +818,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
             rc = CUDA_SUCCESS;
         }
         if (rc != CUDA_SUCCESS || direct) {
-            cm_stg_release(j, 0, keep_free);
+            cm_stg_release(j, keep_free);
         }
     }
     if (rc == CUDA_SUCCESS && !direct) {
@@ -1094,32 +826,15 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async,
         cm_inflight++;
         cm_staged++;
         pthread_mutex_unlock(&cm_stg_mu);
-        if (!async) {
-            cm_stg_run(j);
-            rc = j->rc;
-            cm_stg_release(j, 0, keep_free);
-        }
-        else {
-            rc = cm_stg_start_async(j, stream);
-            if (rc != CUDA_SUCCESS) {
-                cm_stg_release(j, 0, keep_free);
-            }
-            else {
-                j = NULL;                /* the issuer's now */
-            }
-        }
-        if (j != NULL) {
-            pthread_mutex_lock(&cm_stg_mu);
-            cm_inflight--;
-            pthread_mutex_unlock(&cm_stg_mu);
-        }
+        cm_stg_run(j);
+        rc = j->rc;
+        cm_stg_release(j, keep_free);
+        pthread_mutex_lock(&cm_stg_mu);
+        cm_inflight--;
+        pthread_mutex_unlock(&cm_stg_mu);
     }
     Py_END_ALLOW_THREADS
 
-    if (j == NULL) {
-        return 1;
-    }
-    Py_XDECREF(j->keep);
     {
         const char *fn = j->fn;
 
@@ -1259,8 +974,8 @@ PyDoc_STRVAR(cm_staging_stats_doc,
 "_staging_stats()\n--\n\n"
 "The staging pipeline's counters: buffers (page-locked staging buffers\n"
 "held), bytes (their size), free (cached, idle), in_use, inflight\n"
-"(transfers running), staged (transfers staged so far), workers and\n"
-"issuers (threads made).");
+"(transfers running), staged (transfers staged so far) and workers\n"
+"(threads made).");
 
 static PyObject *
 cm_staging_stats_fn(PyObject *mod, PyObject *unused)
@@ -1271,7 +986,6 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
     size_t inflight;
     size_t staged;
     int workers;
-    int issuers;
 
     (void)mod;
     (void)unused;
@@ -1282,17 +996,15 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
     inflight = cm_inflight;
     staged = cm_staged;
     workers = cm_workers;
-    issuers = cm_issuers;
     pthread_mutex_unlock(&cm_stg_mu);
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i}",
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i}",
                          "buffers", (Py_ssize_t)live,
                          "bytes", (Py_ssize_t)bytes,
                          "free", (Py_ssize_t)nfree,
                          "in_use", (Py_ssize_t)(live - nfree),
                          "inflight", (Py_ssize_t)inflight,
                          "staged", (Py_ssize_t)staged,
-                         "workers", workers,
-                         "issuers", issuers);
+                         "workers", workers);
 }
 
 PyDoc_STRVAR(cm_staging_trim_doc,
@@ -1312,8 +1024,7 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
     }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&cm_stg_mu);
-    drop = cm_tofree;
-    cm_tofree = NULL;
+    drop = NULL;
     for (d = 0; d < CM_STG_DEVICES; d++) {
         cm_scache *c = &cm_caches[d];
 
@@ -1344,7 +1055,7 @@ static PyMethodDef cm_staging_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* In a forked child no worker or issuer exists and the parent's buffers
+/* In a forked child no worker exists and the parent's buffers
  * belong to its driver: start from nothing. */
 static void
 cm_staging_atfork_child(void)
@@ -1352,17 +1063,10 @@ cm_staging_atfork_child(void)
     pthread_mutex_init(&cm_stg_mu, NULL);
     pthread_cond_init(&cm_stg_work, NULL);
     pthread_cond_init(&cm_stg_part_done, NULL);
-    pthread_cond_init(&cm_stg_jobs, NULL);
-    pthread_cond_init(&cm_stg_job_done, NULL);
     cm_bq_head = cm_bq_tail = NULL;
-    cm_jq_head = cm_jq_tail = NULL;
     cm_workers = 0;
-    cm_issuers = 0;
-    cm_issuers_spare = 0;
     memset(cm_caches, 0, sizeof(cm_caches));
-    cm_tofree = NULL;
     cm_nlive = cm_live_bytes = cm_nfree_all = cm_inflight = 0;
-    cm_deferred_rc = CUDA_SUCCESS;
 }
 
 int
