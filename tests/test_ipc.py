@@ -483,6 +483,29 @@ def test_pickle_and_copy_of_a_fresh_export(ctx, read_first):
         assert _fields(h) == expect
 
 
+def test_array_handle_state(ctx):
+    a = cuda.to_device(np.arange(6.0))
+    h = a.get_ipc_handle()
+    h.note = [1]
+    h2 = pickle.loads(pickle.dumps(h))
+    assert h2.note == [1] and h2.array_desc == h.array_desc
+    # The form that copyreg gives a plain object (older cudamem).
+    old = cuda.IpcArrayHandle.__new__(cuda.IpcArrayHandle)
+    old.__setstate__({"_array_desc": h.array_desc,
+                      "_ipc_handle": h.ipc_handle})
+    assert old.ipc_handle is h.ipc_handle and old.shape == (6,)
+    bare = cuda.IpcArrayHandle.__new__(cuda.IpcArrayHandle)
+    with pytest.raises(AttributeError, match="_ipc_handle"):
+        _ = bare.ipc_handle
+    with pytest.raises(AttributeError, match="_array_desc"):
+        _ = bare.shape
+    ih = cuda.IpcHandle.__new__(cuda.IpcHandle)
+    for name in ("base", "handle", "size", "source_info", "offset"):
+        with pytest.raises(AttributeError, match=name):
+            getattr(ih, name)
+    assert ih._impl is None
+
+
 def test_handle_keeps_the_memory_alive(ctx):
     a = cuda.device_array(1000, dtype=np.float32)
     owner = a.gpu_data
