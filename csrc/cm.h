@@ -35,6 +35,7 @@
 #if PY_VERSION_HEX < 0x030C0000
 #include <structmember.h>
 #define Py_T_PYSSIZET T_PYSSIZET
+#define Py_T_OBJECT_EX T_OBJECT_EX
 #define Py_READONLY READONLY
 #endif
 
@@ -214,6 +215,16 @@ typedef struct cm_state {
     PyTypeObject *DeviceNDArray_type;
     PyTypeObject *DeviceRecord_type;
     PyTypeObject *IpcMemory_type;
+    PyTypeObject *IpcHandleBase_type;
+    PyTypeObject *IpcArrayHandleBase_type;
+    /* cudamem._ipc's IpcHandle, IpcArrayHandle (subclasses of the two
+     * types above), _RawHandle and _export_array, and cudamem._emm's
+     * MemoryPointer, fetched on the first export */
+    PyObject *IpcHandle;
+    PyObject *IpcArrayHandle;
+    PyObject *IpcRawHandle;
+    PyObject *ipc_export_array;
+    PyObject *MemoryPointer;
 
     PyTypeObject *HostMem_type;
     PyTypeObject *HostRegistration_type;
@@ -334,6 +345,8 @@ typedef struct {
     PyObject *name;       /* str */
     int cc_major;         /* compute capability */
     int cc_minor;
+    int pci[3];           /* PCI domain, bus and device ids, once has_pci */
+    int has_pci;          /* pci was read (it never changes) */
     PyObject *weakreflist;
 } cm_device;
 
@@ -411,6 +424,9 @@ int cm_context_require_access(cm_context *user, cm_context *owner,
 /* The Context of a device given as an ordinal or Device object (its
  * primary context retained, not pushed).  Borrowed, or NULL. */
 cm_context *cm_context_of_device(PyObject *dev);
+/* d's PCI domain, bus and device ids in pci[0..2], read from the driver
+ * on the first call and cached on d.  0, or -1 with an exception. */
+int cm_device_pci(cm_device *d, int pci[3]);
 
 /* ------------------------------------------------------------------ */
 /* memory.c: allocations                                               */
@@ -738,6 +754,8 @@ typedef struct {
     PyObject *gpu_data;        /* what keeps the memory alive, or None */
     cm_context *ctx;           /* the context of the memory's device, or
                                 * NULL (empty, or not known) */
+    PyObject *shape;           /* the shape tuple the array returns */
+    PyObject *strides;         /* the strides tuple the array returns */
 } cm_da_desc;
 
 /* 1 with *d filled when obj is a device array (DeviceNDArrayBase), else
@@ -854,8 +872,9 @@ int cm_ipc_init(PyObject *mod, cm_state *st);
 /* ipc.c                                                               */
 /* ------------------------------------------------------------------ */
 
-/* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle made by
- * cudamem._ipc._export_array. */
+/* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle, made in
+ * C for the built-in managers' memory, else by the memory manager's
+ * get_ipc_handle through cudamem._ipc._export_array. */
 PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
 
 /* init functions of the later files */

@@ -91,6 +91,7 @@ cm_device_get(int i)
     d->weakreflist = NULL;
     d->cc_major = 0;
     d->cc_minor = 0;
+    d->has_pci = 0;
     PyObject_GC_Track(d);
     d->name = PyUnicode_DecodeUTF8(name, strlen(name), "replace");
     if (d->name == NULL
@@ -244,25 +245,48 @@ PyDoc_STRVAR(cm_device_identity_doc,
 "The device's PCI location: a dict of pci_domain_id, pci_bus_id and "
 "pci_device_id.");
 
+/* The PCI domain, bus and device ids of device h from the driver; 0 or
+ * -1. */
+static int
+cm_device_read_pci(CUdevice h, int pci[3])
+{
+    if (CM_CU(DeviceGetAttribute,
+              (&pci[0], CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, h)) < 0
+        || CM_CU(DeviceGetAttribute,
+                 (&pci[1], CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, h)) < 0
+        || CM_CU(DeviceGetAttribute,
+                 (&pci[2], CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, h)) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+int
+cm_device_pci(cm_device *d, int pci[3])
+{
+    if (!d->has_pci) {
+        if (cm_device_read_pci(d->handle, d->pci) < 0) {
+            return -1;
+        }
+        d->has_pci = 1;
+    }
+    pci[0] = d->pci[0];
+    pci[1] = d->pci[1];
+    pci[2] = d->pci[2];
+    return 0;
+}
+
 static PyObject *
 cm_device_get_device_identity(PyObject *self, PyObject *unused)
 {
-    CUdevice h = ((cm_device *)self)->handle;
-    int dom = 0;
-    int bus = 0;
-    int dev = 0;
+    int pci[3] = {0, 0, 0};
 
     (void)unused;
-    if (CM_CU(DeviceGetAttribute,
-              (&dom, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, h)) < 0
-        || CM_CU(DeviceGetAttribute,
-                 (&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, h)) < 0
-        || CM_CU(DeviceGetAttribute,
-                 (&dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, h)) < 0) {
+    if (cm_device_read_pci(((cm_device *)self)->handle, pci) < 0) {
         return NULL;
     }
-    return Py_BuildValue("{sisisi}", "pci_domain_id", dom, "pci_bus_id", bus,
-                         "pci_device_id", dev);
+    return Py_BuildValue("{sisisi}", "pci_domain_id", pci[0], "pci_bus_id",
+                         pci[1], "pci_device_id", pci[2]);
 }
 
 static int cm_context_release_device(int i);

@@ -4501,6 +4501,8 @@ cm_da_describe(PyObject *obj, cm_da_desc *d)
     d->stream = a->stream;
     d->gpu_data = a->gpu_data;
     d->ctx = a->ctx;
+    d->shape = a->shape_t;
+    d->strides = a->strides_t;
     return 1;
 }
 

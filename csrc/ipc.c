@@ -2,21 +2,31 @@
 /*
  * ipc.c: sharing device memory between processes (CUDA IPC).
  *
- * Owns the driver side of IPC; the picklable handle classes are Python
- * (cudamem/_ipc.py) and call in here:
- * - _ipc_export(context, address): the allocation containing address
- *   (cuMemGetAddressRange) and its cuIpcGetMemHandle, for any manager's
- *   memory: the handle always names the base allocation, and the caller
- *   keeps the offset of its view inside it;
+ * Owns the driver side of IPC and the state of the handle objects; the
+ * picklable handle classes are Python (cudamem/_ipc.py) over two types of
+ * this file:
+ * - _IpcHandleBase and _IpcArrayHandleBase hold the attributes of
+ *   IpcHandle (base, handle, size, source_info, offset) and IpcArrayHandle
+ *   (_ipc_handle, _array_desc); the Python subclasses add the methods.  An
+ *   export fills them from C values, and the Python objects that cost
+ *   most to make (the base MemoryPointer, the _RawHandle, the source_info
+ *   and array description dicts) are made on first read, once;
+ * - DeviceNDArray.get_ipc_handle: for memory of the built-in managers (a
+ *   DeviceAllocation), cuMemGetAddressRange and cuIpcGetMemHandle, then
+ *   the two objects, with no Python call; for a plugin's memory (or memory
+ *   cudamem did not allocate) cudamem._ipc._export_array, which asks the
+ *   context's memory manager;
+ * - _ipc_export(context, address): the allocation containing address and
+ *   its handle, for any manager's memory (GetIpcHandleMixin): the handle
+ *   always names the base allocation, and the caller keeps the offset of
+ *   its view inside it;
  * - IpcMemory, the owner of one mapping opened with cuIpcOpenMemHandle
  *   (made by _ipc_open).  Arrays over the mapping hold it through their
  *   gpu_data.  close() unmaps at once (cuIpcCloseMemHandle) and is
  *   idempotent; otherwise dealloc queues the close on its context's memory
- *   queue, like a free;
- * - DeviceNDArray.get_ipc_handle, which hands the array to
- *   cudamem._ipc._export_array.
+ *   queue, like a free.
  *
- * Locking: none of its own; the GIL guards IpcMemory's fields.  The
+ * Locking: none of its own; the GIL guards the objects' fields.  The
  * export, open and close calls can wait (the simulator's export and close
  * wait for queued work), so they run with the GIL released, touching only
  * C locals; an IpcMemory is marked closed before its close is issued.
@@ -34,6 +44,48 @@ typedef struct {
     int closed;           /* NOTE: set once, before the close is issued */
     PyObject *weakreflist;
 } cm_ipcmem;
+
+/* The state of an IpcHandle.  NULL fields are unset (reading one raises
+ * AttributeError, as for a plain object) unless made on first read. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *base;       /* strong or NULL: the exported memory pointer;
+                           * NULL while owner holds what makes it */
+    PyObject *owner;      /* strong or NULL: for the base made on first
+                           * read, what keeps the exported memory alive */
+    cm_context *ctx;      /* strong or NULL: that base's context */
+    CUdeviceptr ptr;      /* that base's address (the view's lowest byte) */
+    Py_ssize_t span;      /* that base's size (the view's byte span) */
+    PyObject *handle;     /* strong or NULL: the _RawHandle; NULL while
+                           * has_raw */
+    PyObject *size;       /* strong or NULL: bytes exported (an int) */
+    PyObject *source_info;  /* strong or NULL: the exporting device's
+                             * identity; NULL while has_pci */
+    PyObject *offset;     /* strong or NULL: the view's offset in the
+                           * allocation (an int) */
+    int has_raw;          /* raw holds the handle not yet made */
+    int has_pci;          /* pci holds the source_info not yet made */
+    int pci[3];           /* PCI domain, bus and device ids */
+    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the CUipcMemHandle bytes */
+} cm_ipch;
+
+/* The state of an IpcArrayHandle, likewise. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ipc_handle;  /* strong or NULL: the IpcHandle */
+    PyObject *desc;       /* strong or NULL: the array description, a
+                           * dict; NULL while shape is set */
+    PyObject *shape;      /* strong or NULL: the exported array's shape, */
+    PyObject *strides;    /* strides */
+    PyObject *dtype;      /* and dtype, for the description */
+} cm_ipcah;
+
+/* Interned names: the description's "dtype" and the identity's keys. */
+static PyObject *cm_str_dtype;
+static PyObject *cm_str_pci[3];
+static const char *const cm_pci_keys[3] = {
+    "pci_domain_id", "pci_bus_id", "pci_device_id",
+};
 
 /* The Context argument of the module functions: borrowed, or NULL with
  * TypeError. */
@@ -59,6 +111,38 @@ PyDoc_STRVAR(cm_ipc_export_doc,
 "address (cuMemGetAddressRange) and its size.  The handle names the base\n"
 "allocation; address - base is the offset of the caller's view.");
 
+/* The handle of the allocation of ctx that contains addr, its base and
+ * size.  0, or -1 with an exception. */
+static int
+cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, CUipcMemHandle *h,
+                  CUdeviceptr *base, size_t *size)
+{
+    CUipcMemHandle out;
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    int err;
+
+    if (addr == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "cannot export a NULL pointer (an empty array has "
+                        "no memory to share)");
+        return -1;
+    }
+    if (cm_context_activate(ctx) < 0
+        || CM_CU(MemGetAddressRange, (&b, &n, addr)) < 0) {
+        return -1;
+    }
+    memset(&out, 0, sizeof(out));
+    CM_CU_NOGIL(err, IpcGetMemHandle, (&out, b));
+    if (err < 0) {
+        return -1;
+    }
+    *h = out;
+    *base = b;
+    *size = n;
+    return 0;
+}
+
 static PyObject *
 cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -67,7 +151,6 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     CUdeviceptr base = 0;
     size_t size = 0;
     CUipcMemHandle h;
-    int err;
 
     (void)mod;
     if (nargs != 2) {
@@ -80,22 +163,8 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     addr = PyLong_AsUnsignedLongLong(args[1]);
-    if (addr == (unsigned long long)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (addr == 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "cannot export a NULL pointer (an empty array has "
-                        "no memory to share)");
-        return NULL;
-    }
-    if (cm_context_activate(ctx) < 0
-        || CM_CU(MemGetAddressRange, (&base, &size, (CUdeviceptr)addr)) < 0) {
-        return NULL;
-    }
-    memset(&h, 0, sizeof(h));
-    CM_CU_NOGIL(err, IpcGetMemHandle, (&h, base));
-    if (err < 0) {
+    if ((addr == (unsigned long long)-1 && PyErr_Occurred())
+        || cm_ipc_export_raw(ctx, (CUdeviceptr)addr, &h, &base, &size) < 0) {
         return NULL;
     }
     return Py_BuildValue("(y#KK)", h.reserved, (Py_ssize_t)sizeof(h.reserved),
@@ -332,7 +401,7 @@ static PyType_Spec cm_ipcmem_spec = {
 };
 
 /* ------------------------------------------------------------------ */
-/* Peers and the array method                                          */
+/* Peers                                                               */
 /* ------------------------------------------------------------------ */
 
 PyDoc_STRVAR(cm_ipc_can_access_peer_doc,
@@ -369,20 +438,548 @@ cm_ipc_can_access_peer(PyObject *mod, PyObject *const *args,
     return PyBool_FromLong(can);
 }
 
-PyObject *
-cm_ipc_get_handle(PyObject *self, PyObject *unused)
+/* ------------------------------------------------------------------ */
+/* The handle objects                                                  */
+/* ------------------------------------------------------------------ */
+
+/* AttributeError for the unset attribute name of self, worded as for a
+ * plain object.  NULL. */
+static PyObject *
+cm_ipc_no_attr(PyObject *self, const char *name)
 {
+    PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute "
+                 "'%s'", Py_TYPE(self)->tp_name, name);
+    return NULL;
+}
+
+/* Fetch what the export makes or calls in Python (cm_state's IpcHandle
+ * ... MemoryPointer), once.  0, or -1 with an exception. */
+static int
+cm_ipc_classes(void)
+{
+    static const char *const names[5] = {
+        "MemoryPointer", "_RawHandle", "_export_array", "IpcArrayHandle",
+        "IpcHandle",
+    };
+    PyObject **slots[5];
+    PyObject *got[5] = {NULL, NULL, NULL, NULL, NULL};
     PyObject *mod;
+    int i;
+
+    if (cm_st->IpcHandle != NULL) {
+        return 0;
+    }
+    slots[0] = &cm_st->MemoryPointer;
+    slots[1] = &cm_st->IpcRawHandle;
+    slots[2] = &cm_st->ipc_export_array;
+    slots[3] = &cm_st->IpcArrayHandle;
+    slots[4] = &cm_st->IpcHandle;
+    mod = PyImport_ImportModule("cudamem._ipc");
+    if (mod == NULL) {
+        return -1;
+    }
+    for (i = 0; i < 5; i++) {
+        got[i] = PyObject_GetAttrString(mod, names[i]);
+        if (got[i] == NULL) {
+            goto err_drop_fetched;
+        }
+    }
+    if (!PyType_Check(got[3]) || !PyType_Check(got[4])
+        || !PyType_IsSubtype((PyTypeObject *)got[3],
+                             cm_st->IpcArrayHandleBase_type)
+        || !PyType_IsSubtype((PyTypeObject *)got[4],
+                             cm_st->IpcHandleBase_type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cudamem._ipc's IpcHandle and IpcArrayHandle must "
+                        "subclass cudamem._core's handle bases");
+        goto err_drop_fetched;
+    }
+    Py_DECREF(mod);
+    /* IpcHandle last: it says the others are there. */
+    for (i = 0; i < 5; i++) {
+        Py_XSETREF(*slots[i], got[i]);
+    }
+    return 0;
+
+err_drop_fetched:
+    for (i = 0; i < 5; i++) {
+        Py_XDECREF(got[i]);
+    }
+    Py_DECREF(mod);
+    return -1;
+}
+
+/* ---- IpcHandle's state ---- */
+
+static PyObject *
+cm_ipch_get_base(PyObject *self, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+    PyObject *args[4];
+    PyObject *mp;
+    int i;
+
+    (void)unused;
+    if (h->base == NULL && h->owner != NULL) {
+        if (cm_ipc_classes() < 0) {
+            return NULL;
+        }
+        args[0] = (PyObject *)h->ctx;
+        args[1] = PyLong_FromUnsignedLongLong((unsigned long long)h->ptr);
+        if (args[1] == NULL) {
+            return NULL;
+        }
+        args[2] = PyLong_FromSsize_t(h->span);
+        if (args[2] == NULL) {
+            Py_DECREF(args[1]);
+            return NULL;
+        }
+        /* Held for the call: MemoryPointer runs Python, which may set
+         * base (and so drop them) meanwhile. */
+        args[0] = Py_NewRef(args[0]);
+        args[3] = Py_NewRef(h->owner);
+        /* MemoryPointer(context, pointer, size, owner) */
+        mp = PyObject_Vectorcall(cm_st->MemoryPointer, args, 4, NULL);
+        for (i = 0; i < 4; i++) {
+            Py_DECREF(args[i]);
+        }
+        if (mp == NULL) {
+            return NULL;
+        }
+        if (h->base == NULL && h->owner != NULL) {
+            h->base = mp;
+            Py_CLEAR(h->owner);
+            Py_CLEAR(h->ctx);
+        }
+        else {
+            /* The call set or dropped base meanwhile: that wins. */
+            Py_DECREF(mp);
+        }
+    }
+    if (h->base == NULL) {
+        return cm_ipc_no_attr(self, "base");
+    }
+    return Py_NewRef(h->base);
+}
+
+static int
+cm_ipch_set_base(PyObject *self, PyObject *value, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    (void)unused;
+    if (value == NULL && h->base == NULL && h->owner == NULL) {
+        (void)cm_ipc_no_attr(self, "base");
+        return -1;
+    }
+    Py_XSETREF(h->base, Py_XNewRef(value));
+    Py_CLEAR(h->owner);
+    Py_CLEAR(h->ctx);
+    return 0;
+}
+
+static PyObject *
+cm_ipch_get_handle(PyObject *self, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+    PyObject *raw;
     PyObject *r;
 
     (void)unused;
-    mod = PyImport_ImportModule("cudamem._ipc");
-    if (mod == NULL) {
+    if (h->handle == NULL && h->has_raw) {
+        if (cm_ipc_classes() < 0) {
+            return NULL;
+        }
+        raw = PyBytes_FromStringAndSize((const char *)h->raw,
+                                        (Py_ssize_t)sizeof(h->raw));
+        if (raw == NULL) {
+            return NULL;
+        }
+        r = PyObject_CallOneArg(cm_st->IpcRawHandle, raw);
+        Py_DECREF(raw);
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_XSETREF(h->handle, r);
+        h->has_raw = 0;
+    }
+    if (h->handle == NULL) {
+        return cm_ipc_no_attr(self, "handle");
+    }
+    return Py_NewRef(h->handle);
+}
+
+static int
+cm_ipch_set_handle(PyObject *self, PyObject *value, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    (void)unused;
+    if (value == NULL && h->handle == NULL && !h->has_raw) {
+        (void)cm_ipc_no_attr(self, "handle");
+        return -1;
+    }
+    Py_XSETREF(h->handle, Py_XNewRef(value));
+    h->has_raw = 0;
+    return 0;
+}
+
+/* A new dict of a PCI identity, as Device.get_device_identity gives. */
+static PyObject *
+cm_ipc_identity_dict(const int pci[3])
+{
+    PyObject *d = PyDict_New();
+    PyObject *v;
+    int i;
+
+    if (d == NULL) {
         return NULL;
     }
-    r = PyObject_CallMethod(mod, "_export_array", "O", self);
-    Py_DECREF(mod);
-    return r;
+    for (i = 0; i < 3; i++) {
+        v = PyLong_FromLong(pci[i]);
+        if (v == NULL || PyDict_SetItem(d, cm_str_pci[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *
+cm_ipch_get_source_info(PyObject *self, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+    PyObject *d;
+
+    (void)unused;
+    if (h->source_info == NULL && h->has_pci) {
+        d = cm_ipc_identity_dict(h->pci);
+        if (d == NULL) {
+            return NULL;
+        }
+        h->source_info = d;
+        h->has_pci = 0;
+    }
+    if (h->source_info == NULL) {
+        return cm_ipc_no_attr(self, "source_info");
+    }
+    return Py_NewRef(h->source_info);
+}
+
+static int
+cm_ipch_set_source_info(PyObject *self, PyObject *value, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    (void)unused;
+    if (value == NULL && h->source_info == NULL && !h->has_pci) {
+        (void)cm_ipc_no_attr(self, "source_info");
+        return -1;
+    }
+    Py_XSETREF(h->source_info, Py_XNewRef(value));
+    h->has_pci = 0;
+    return 0;
+}
+
+static int
+cm_ipch_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(h->base);
+    Py_VISIT(h->owner);
+    Py_VISIT(h->ctx);
+    Py_VISIT(h->handle);
+    Py_VISIT(h->size);
+    Py_VISIT(h->source_info);
+    Py_VISIT(h->offset);
+    return 0;
+}
+
+static int
+cm_ipch_clear(PyObject *self)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    Py_CLEAR(h->base);
+    Py_CLEAR(h->owner);
+    Py_CLEAR(h->ctx);
+    Py_CLEAR(h->handle);
+    Py_CLEAR(h->size);
+    Py_CLEAR(h->source_info);
+    Py_CLEAR(h->offset);
+    return 0;
+}
+
+static void
+cm_ipch_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    (void)cm_ipch_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyGetSetDef cm_ipch_getset[] = {
+    {"base", cm_ipch_get_base, cm_ipch_set_base,
+     "The exported memory pointer (kept alive by the handle), or None.",
+     NULL},
+    {"handle", cm_ipch_get_handle, cm_ipch_set_handle,
+     "The 64 bytes of the CUipcMemHandle (bytes with .reserved).", NULL},
+    {"source_info", cm_ipch_get_source_info, cm_ipch_set_source_info,
+     "The exporting device's identity (a dict), or None.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef cm_ipch_members[] = {
+    {"size", Py_T_OBJECT_EX, offsetof(cm_ipch, size), 0,
+     "Bytes exported."},
+    {"offset", Py_T_OBJECT_EX, offsetof(cm_ipch, offset), 0,
+     "The exported bytes' offset inside the allocation."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(cm_ipch_doc,
+"The attributes of cudamem.IpcHandle, which subclasses this type.");
+
+static PyType_Slot cm_ipch_slots[] = {
+    {Py_tp_doc, (void *)cm_ipch_doc},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, cm_ipch_dealloc},
+    {Py_tp_traverse, cm_ipch_traverse},
+    {Py_tp_clear, cm_ipch_clear},
+    {Py_tp_getset, cm_ipch_getset},
+    {Py_tp_members, cm_ipch_members},
+    {0, NULL},
+};
+
+static PyType_Spec cm_ipch_spec = {
+    .name = "cudamem._IpcHandleBase",
+    .basicsize = sizeof(cm_ipch),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE
+             | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = cm_ipch_slots,
+};
+
+/* ---- IpcArrayHandle's state ---- */
+
+static PyObject *
+cm_ipcah_get_desc(PyObject *self, void *unused)
+{
+    cm_ipcah *a = (cm_ipcah *)self;
+    PyObject *d;
+
+    (void)unused;
+    if (a->desc == NULL && a->shape != NULL) {
+        d = PyDict_New();
+        if (d == NULL || PyDict_SetItem(d, cm_st->str_shape, a->shape) < 0
+            || PyDict_SetItem(d, cm_st->str_strides, a->strides) < 0
+            || PyDict_SetItem(d, cm_str_dtype, a->dtype) < 0) {
+            Py_XDECREF(d);
+            return NULL;
+        }
+        a->desc = d;
+        Py_CLEAR(a->shape);
+        Py_CLEAR(a->strides);
+        Py_CLEAR(a->dtype);
+    }
+    if (a->desc == NULL) {
+        return cm_ipc_no_attr(self, "_array_desc");
+    }
+    return Py_NewRef(a->desc);
+}
+
+static int
+cm_ipcah_set_desc(PyObject *self, PyObject *value, void *unused)
+{
+    cm_ipcah *a = (cm_ipcah *)self;
+
+    (void)unused;
+    if (value == NULL && a->desc == NULL && a->shape == NULL) {
+        (void)cm_ipc_no_attr(self, "_array_desc");
+        return -1;
+    }
+    Py_XSETREF(a->desc, Py_XNewRef(value));
+    Py_CLEAR(a->shape);
+    Py_CLEAR(a->strides);
+    Py_CLEAR(a->dtype);
+    return 0;
+}
+
+static int
+cm_ipcah_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    cm_ipcah *a = (cm_ipcah *)self;
+
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(a->ipc_handle);
+    Py_VISIT(a->desc);
+    Py_VISIT(a->shape);
+    Py_VISIT(a->strides);
+    Py_VISIT(a->dtype);
+    return 0;
+}
+
+static int
+cm_ipcah_clear(PyObject *self)
+{
+    cm_ipcah *a = (cm_ipcah *)self;
+
+    Py_CLEAR(a->ipc_handle);
+    Py_CLEAR(a->desc);
+    Py_CLEAR(a->shape);
+    Py_CLEAR(a->strides);
+    Py_CLEAR(a->dtype);
+    return 0;
+}
+
+static void
+cm_ipcah_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    (void)cm_ipcah_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyGetSetDef cm_ipcah_getset[] = {
+    {"_array_desc", cm_ipcah_get_desc, cm_ipcah_set_desc,
+     "The array's description: a dict of shape, strides and dtype.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef cm_ipcah_members[] = {
+    {"_ipc_handle", Py_T_OBJECT_EX, offsetof(cm_ipcah, ipc_handle), 0,
+     "The IpcHandle."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(cm_ipcah_doc,
+"The attributes of cudamem.IpcArrayHandle, which subclasses this type.");
+
+static PyType_Slot cm_ipcah_slots[] = {
+    {Py_tp_doc, (void *)cm_ipcah_doc},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, cm_ipcah_dealloc},
+    {Py_tp_traverse, cm_ipcah_traverse},
+    {Py_tp_clear, cm_ipcah_clear},
+    {Py_tp_getset, cm_ipcah_getset},
+    {Py_tp_members, cm_ipcah_members},
+    {0, NULL},
+};
+
+static PyType_Spec cm_ipcah_spec = {
+    .name = "cudamem._IpcArrayHandleBase",
+    .basicsize = sizeof(cm_ipcah),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE
+             | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = cm_ipcah_slots,
+};
+
+/* ------------------------------------------------------------------ */
+/* DeviceNDArray.get_ipc_handle                                        */
+/* ------------------------------------------------------------------ */
+
+#ifdef __linux__
+/* The export of a device array: see get_ipc_handle. */
+static PyObject *
+cm_ipc_export_array(PyObject *self)
+{
+    cm_da_desc d;
+    cm_context *ctx;
+    Py_ssize_t lo = 0;
+    Py_ssize_t span;
+    CUdeviceptr low;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUipcMemHandle h;
+    int pci[3];
+    PyTypeObject *tp;
+    cm_ipch *ih;
+    cm_ipcah *ah;
+    int i;
+
+    if (cm_ipc_classes() < 0) {
+        return NULL;
+    }
+    (void)cm_da_describe(self, &d);
+    for (i = 0; i < d.view.ndim; i++) {
+        if (d.view.shape[i] == 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "cannot export an empty array through IPC: it "
+                            "has no device memory");
+            return NULL;
+        }
+    }
+    /* Only memory of the built-in managers takes the C path; a plugin's
+     * get_ipc_handle (or the current context's, for memory cudamem did
+     * not allocate) is asked from Python. */
+    if (!Py_IS_TYPE(d.gpu_data, cm_st->Mem_type)
+        || ((cm_mem *)d.gpu_data)->ctx->mm_kind == CM_MM_PLUGIN) {
+        return PyObject_CallOneArg(cm_st->ipc_export_array, self);
+    }
+    ctx = ((cm_mem *)d.gpu_data)->ctx;
+    span = cm_layout_span(d.view.ndim, d.view.shape, d.view.strides,
+                          d.view.itemsize, &lo);
+    /* The view's lowest byte: lo <= 0 is its offset from the first
+     * element. */
+    low = (CUdeviceptr)d.view.addr - (CUdeviceptr)(-lo);
+    if (cm_ipc_export_raw(ctx, low, &h, &base, &size) < 0
+        || cm_device_pci(ctx->device, pci) < 0) {
+        return NULL;
+    }
+    tp = (PyTypeObject *)cm_st->IpcHandle;
+    ih = (cm_ipch *)tp->tp_alloc(tp, 0);
+    if (ih == NULL) {
+        return NULL;
+    }
+    ih->owner = Py_NewRef(d.gpu_data);
+    ih->ctx = (cm_context *)Py_NewRef(ctx);
+    ih->ptr = low;
+    ih->span = span;
+    memcpy(ih->raw, h.reserved, sizeof(ih->raw));
+    ih->has_raw = 1;
+    memcpy(ih->pci, pci, sizeof(ih->pci));
+    ih->has_pci = 1;
+    ih->size = PyLong_FromSsize_t(span);
+    ih->offset = PyLong_FromUnsignedLongLong(
+        (unsigned long long)(low - base));
+    if (ih->size == NULL || ih->offset == NULL) {
+        Py_DECREF(ih);
+        return NULL;
+    }
+    tp = (PyTypeObject *)cm_st->IpcArrayHandle;
+    ah = (cm_ipcah *)tp->tp_alloc(tp, 0);
+    if (ah == NULL) {
+        Py_DECREF(ih);
+        return NULL;
+    }
+    ah->ipc_handle = (PyObject *)ih;  /* takes the reference ih came with */
+    ah->shape = Py_NewRef(d.shape);
+    ah->strides = Py_NewRef(d.strides);
+    ah->dtype = Py_NewRef((PyObject *)d.dtype);
+    return (PyObject *)ah;
+}
+#endif
+
+PyObject *
+cm_ipc_get_handle(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+#ifdef __linux__
+    return cm_ipc_export_array(self);
+#else
+    (void)self;
+    PyErr_SetString(PyExc_OSError, "OS does not support CUDA IPC");
+    return NULL;
+#endif
 }
 
 static PyMethodDef cm_ipc_functions[] = {
@@ -395,14 +992,47 @@ static PyMethodDef cm_ipc_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* A type of this file, added to mod; NULL on failure. */
+static PyTypeObject *
+cm_ipc_type(PyObject *mod, PyType_Spec *spec)
+{
+    PyTypeObject *tp = (PyTypeObject *)PyType_FromModuleAndSpec(mod, spec,
+                                                                NULL);
+
+    if (tp == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(mod, strchr(spec->name, '.') + 1,
+                              (PyObject *)tp) < 0) {
+        Py_DECREF(tp);
+        return NULL;
+    }
+    return tp;
+}
+
 int
 cm_ipc_init(PyObject *mod, cm_state *st)
 {
-    st->IpcMemory_type = (PyTypeObject *)PyType_FromModuleAndSpec(
-        mod, &cm_ipcmem_spec, NULL);
-    if (st->IpcMemory_type == NULL
-        || PyModule_AddObjectRef(mod, "IpcMemory",
-                                 (PyObject *)st->IpcMemory_type) < 0) {
+    int i;
+
+    cm_str_dtype = PyUnicode_InternFromString("dtype");
+    if (cm_str_dtype == NULL) {
+        return -1;
+    }
+    for (i = 0; i < 3; i++) {
+        cm_str_pci[i] = PyUnicode_InternFromString(cm_pci_keys[i]);
+        if (cm_str_pci[i] == NULL) {
+            return -1;
+        }
+    }
+    st->IpcMemory_type = cm_ipc_type(mod, &cm_ipcmem_spec);
+    st->IpcHandleBase_type = st->IpcMemory_type == NULL
+                                 ? NULL
+                                 : cm_ipc_type(mod, &cm_ipch_spec);
+    st->IpcArrayHandleBase_type = st->IpcHandleBase_type == NULL
+                                      ? NULL
+                                      : cm_ipc_type(mod, &cm_ipcah_spec);
+    if (st->IpcArrayHandleBase_type == NULL) {
         return -1;
     }
     return PyModule_AddFunctions(mod, cm_ipc_functions);

@@ -28,6 +28,13 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->DeviceNDArray_type);
     Py_VISIT(st->DeviceRecord_type);
     Py_VISIT(st->IpcMemory_type);
+    Py_VISIT(st->IpcHandleBase_type);
+    Py_VISIT(st->IpcArrayHandleBase_type);
+    Py_VISIT(st->IpcHandle);
+    Py_VISIT(st->IpcArrayHandle);
+    Py_VISIT(st->IpcRawHandle);
+    Py_VISIT(st->ipc_export_array);
+    Py_VISIT(st->MemoryPointer);
     Py_VISIT(st->HostMem_type);
     Py_VISIT(st->HostRegistration_type);
     Py_VISIT(st->MappedNDArray);
@@ -63,6 +70,13 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->DeviceNDArray_type);
     Py_CLEAR(st->DeviceRecord_type);
     Py_CLEAR(st->IpcMemory_type);
+    Py_CLEAR(st->IpcHandleBase_type);
+    Py_CLEAR(st->IpcArrayHandleBase_type);
+    Py_CLEAR(st->IpcHandle);
+    Py_CLEAR(st->IpcArrayHandle);
+    Py_CLEAR(st->IpcRawHandle);
+    Py_CLEAR(st->ipc_export_array);
+    Py_CLEAR(st->MemoryPointer);
     Py_CLEAR(st->HostMem_type);
     Py_CLEAR(st->HostRegistration_type);
     Py_CLEAR(st->MappedNDArray);

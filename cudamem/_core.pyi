@@ -244,5 +244,16 @@ class _AutoSynchronize:
     def __enter__(self, *args: Any, **kwargs: Any) -> Any: ...
     def __exit__(self, *args: Any, **kwargs: Any) -> Any: ...
 
+class _IpcArrayHandleBase:
+    _array_desc: Any
+    _ipc_handle: Any
+
+class _IpcHandleBase:
+    base: Any
+    handle: Any
+    offset: Any
+    size: Any
+    source_info: Any
+
 class _LoopNotifier:
     def _drain(self, /) -> Any: ...

@@ -7,7 +7,12 @@ opens it with ``handle.open()`` or ``with handle as arr:``.  Underneath is
 ``IpcHandle``, numba's class of the same name: the driver handle of the
 *base* allocation (found with ``cuMemGetAddressRange``), the size of the
 exported bytes and their offset inside the allocation, and the exporting
-device's PCI identity.  The driver calls are in C (``cudamem._core``).
+device's PCI identity.  The driver calls are in C (``cudamem._core``), and
+so is the export of memory from the built-in managers: it makes the two
+handle objects without calling Python (their attributes live in the C
+bases ``_core._IpcHandleBase`` and ``_core._IpcArrayHandleBase``; the
+base MemoryPointer, the handle bytes and the dicts are made on first
+read).  Memory of a plugin goes through the plugin's ``get_ipc_handle``.
 
 Memory managers: ``GetIpcHandleMixin.get_ipc_handle`` calls
 ``ipc_handle_of(context, memory)``, which works for any memory that
@@ -181,7 +186,7 @@ class _StagedOpen:
         pass
 
 
-class IpcHandle:
+class IpcHandle(_core._IpcHandleBase):
     """A CUDA IPC handle of device memory: numba.cuda's ``IpcHandle``.
 
     Parameters
@@ -205,6 +210,8 @@ class IpcHandle:
     Unlike numba, a mapping that is never closed is unmapped (through the
     deferred-release queue) once nothing uses it.
     """
+
+    _impl = None  # the open: a _DirectOpen or _StagedOpen, or None
 
     def __init__(self, base, handle, size, source_info=None, offset=0):
         self.base = base
@@ -319,7 +326,7 @@ def ipc_handle_of(context, memory):
 # ---------------------------------------------------------------------------
 
 
-class IpcArrayHandle:
+class IpcArrayHandle(_core._IpcArrayHandleBase):
     """A picklable handle of a device array in another process:
     numba.cuda's ``IpcArrayHandle``.
 
@@ -385,10 +392,22 @@ class IpcArrayHandle:
     def __exit__(self, exc_type, exc, tb):
         self.close()
 
+    def __reduce__(self):
+        return (IpcArrayHandle, (self._ipc_handle, self._array_desc),
+                self.__dict__ or None)
+
+    def __setstate__(self, state):
+        # Extra attributes, or the whole state of a handle pickled by an
+        # older cudamem (copyreg's __newobj__ and the instance dict).
+        for name, value in state.items():
+            setattr(self, name, value)
+
 
 def _export_array(arr):
-    """DeviceNDArray.get_ipc_handle: export the bytes the array spans
-    through its context's memory manager."""
+    """DeviceNDArray.get_ipc_handle of memory the built-in managers did not
+    allocate: export the bytes the array spans through its context's
+    memory manager (for the built-in managers' memory, C gives the same
+    result without asking them)."""
     _require_ipc()
     if arr.size == 0:
         raise ValueError("cannot export an empty array through IPC: it has "

@@ -4,19 +4,39 @@ open_ipc_array.  The importing side runs in spawned child processes
 (tests/ipc_child.py); on the simulator exported memory lives in a memfd,
 so the same tests run without a GPU."""
 
+import copy
+import gc
 import multiprocessing
+import os
+import pathlib
 import pickle
+import subprocess
+import sys
+import textwrap
+import weakref
 
 import numpy as np
 import pytest
 
 import cudamem as cuda
-from cudamem import _core
+from cudamem import _core, _ipc
 
 import emm_plugin
 import ipc_child
 
 SPAWN = multiprocessing.get_context("spawn")
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def run_py(code, **env):
+    """Run code in a fresh interpreter (a memory manager applies to the
+    contexts made after it is set); (returncode, output)."""
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    e.update(env)
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                       env=e, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
 
 
 class Child:
@@ -322,3 +342,306 @@ def test_emm_plugin_allocation_exports(ctx, child):
     dm = ctx.memory_manager
     ih2 = dm.get_ipc_handle(view)
     assert bytes(ih2.handle) == bytes(ih.handle) and ih2.offset == 320
+
+
+# ---------------------------------------------------------------------------
+# What get_ipc_handle builds: the built-in managers' export is done in C and
+# must give what the Python path (the plugin path, _ipc._export_array)
+# gives.
+# ---------------------------------------------------------------------------
+
+DEVICE_LAYOUTS = {
+    "1d": lambda d: d,
+    "2d_c": lambda d: d.reshape(6, 20),
+    "3d_f": lambda d: cuda.to_device(
+        np.asfortranarray(d.copy_to_host().reshape(4, 5, 6))),
+    "view": lambda d: d.reshape(12, 10)[3:9, 2:7],
+    "strided": lambda d: d[5:100:3],
+    "negative": lambda d: d.reshape(10, 12)[::-2, ::-1],
+    "reversed": lambda d: d[100:10:-3],
+    "0d": lambda d: d.reshape(120)[7:8].reshape(()),
+    "broadcast": lambda d: cuda.DeviceNDArray(
+        (4, 30), (0, 8), np.float64, gpu_data=d.gpu_data),
+}
+
+
+def _span(d):
+    """(offset of the lowest byte from the first element, byte span)."""
+    lo = sum((n - 1) * s for n, s in zip(d.shape, d.strides, strict=True)
+             if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(d.shape, d.strides, strict=True)
+             if s > 0)
+    return lo, hi - lo + d.dtype.itemsize
+
+
+def _fields(h):
+    ih = h.ipc_handle
+    return (type(h), type(ih), type(ih.handle), bytes(ih.handle),
+            ih.handle.reserved, ih.size, ih.offset, ih.source_info,
+            h.array_desc, h.shape, h.strides, h.dtype, h.offset,
+            h.source_info, type(ih.base), ih.base.device_pointer,
+            ih.base.size, ih.base.owner, ih.base.context, ih._impl)
+
+
+@pytest.mark.parametrize("layout", sorted(DEVICE_LAYOUTS))
+def test_export_matches_the_python_path(ctx, layout):
+    whole = cuda.to_device(np.arange(120, dtype=np.float64))
+    d = DEVICE_LAYOUTS[layout](whole)
+    h = d.get_ipc_handle()
+    ref = _ipc._export_array(d)
+    assert _fields(h) == _fields(ref)
+    lo, span = _span(d)
+    low = d.device_ctypes_pointer.value + lo
+    alloc = _core._ipc_export(ctx, low)[1]
+    ih = h.ipc_handle
+    assert (ih.offset, ih.size) == (low - alloc, span)
+    assert (ih.base.device_pointer, ih.base.size) == (low, span)
+    assert ih.base.owner is d.gpu_data and ih.base.context is ctx
+    assert h.array_desc == {"shape": d.shape, "strides": d.strides,
+                            "dtype": d.dtype}
+    assert list(h.array_desc) == ["shape", "strides", "dtype"]
+
+
+def test_handle_types_and_fields(ctx):
+    a = cuda.to_device(np.arange(100, dtype=np.float64))
+    h = a[90:10:-2].get_ipc_handle()
+    ih = h.ipc_handle
+    assert type(h) is cuda.IpcArrayHandle
+    assert type(ih) is cuda.IpcHandle
+    assert isinstance(ih.handle, bytes) and len(ih.handle) == 64
+    assert type(ih.handle) is _ipc._RawHandle
+    assert ih.handle.reserved == bytes(ih.handle)
+    assert type(ih.size) is int and type(ih.offset) is int
+    # The lowest byte is element 12; the span is 39 steps of 16 bytes.
+    assert (ih.offset, ih.size) == (96, 632)
+    assert h.offset == 96 and h.shape == (40,) and h.strides == (-16,)
+    assert isinstance(ih.base, cuda.MemoryPointer)
+    assert ih.base is ih.base and ih.handle is ih.handle
+    # source_info: the device's identity, one dict per handle.
+    assert ih.source_info == ctx.device.get_device_identity()
+    assert type(ih.source_info) is dict
+    assert ih.source_info is ih.source_info
+    assert h.source_info is ih.source_info
+    other = a.get_ipc_handle().ipc_handle
+    assert other.source_info is not ih.source_info
+    ih.source_info["pci_bus_id"] = -1
+    assert ih.source_info["pci_bus_id"] == -1
+    assert other.source_info == ctx.device.get_device_identity()
+    # The array description: a fresh dict per read.
+    assert h.array_desc is not h.array_desc
+    h.array_desc["shape"] = None
+    assert h.shape == (40,)
+    assert ih._impl is None
+    assert "size=632 offset=96" in repr(ih)
+    assert repr(h).startswith("<IpcArrayHandle shape=(40,) dtype=float64")
+    # Attributes stay settable, as on numba's plain objects.
+    ih.note = "x"
+    h.note = "y"
+    assert (ih.note, h.note) == ("x", "y")
+
+
+def test_python_made_handles(ctx):
+    ih = cuda.IpcHandle(None, tuple(range(64)), 8.0)
+    assert ih.base is None and ih.source_info is None
+    assert (ih.size, ih.offset) == (8, 0) and type(ih.size) is int
+    assert ih.handle == bytes(range(64)) and ih._impl is None
+    ih.base = "anything"
+    ih.offset = 16
+    assert (ih.base, ih.offset) == ("anything", 16)
+    h = cuda.IpcArrayHandle(ih, {"shape": (2,), "dtype": np.int32})
+    assert h.ipc_handle is ih and h.offset == 16
+    assert h.array_desc == {"shape": (2,), "dtype": np.int32}
+    with pytest.raises(KeyError):
+        _ = h.strides
+    h2 = pickle.loads(pickle.dumps(h))
+    assert h2.array_desc == h.array_desc and h2.ipc_handle.base is None
+    assert bytes(h2.handle) == bytes(range(64))
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+def test_pickle_and_copy_of_a_fresh_export(ctx, read_first):
+    a = cuda.to_device(np.arange(30, dtype=np.int16).reshape(5, 6))
+    h = a[1:, ::2].get_ipc_handle()
+    expect = None
+    if read_first:
+        expect = _fields(h)
+    for proto in range(0, pickle.HIGHEST_PROTOCOL + 1):
+        h2 = pickle.loads(pickle.dumps(h, protocol=proto))
+        assert type(h2) is cuda.IpcArrayHandle
+        assert type(h2.ipc_handle) is cuda.IpcHandle
+        ih, ih2 = h.ipc_handle, h2.ipc_handle
+        assert ih2.base is None and ih2._impl is None
+        assert type(ih2.handle) is _ipc._RawHandle
+        assert (bytes(ih2.handle), ih2.size, ih2.offset, ih2.source_info) \
+            == (bytes(ih.handle), ih.size, ih.offset, ih.source_info)
+        assert h2.array_desc == h.array_desc
+    c = copy.copy(h)
+    assert c.ipc_handle is h.ipc_handle
+    d = copy.deepcopy(h)
+    assert d.ipc_handle.base is None and d.array_desc == h.array_desc
+    if expect is not None:
+        assert _fields(h) == expect
+
+
+def test_array_handle_state(ctx):
+    a = cuda.to_device(np.arange(6.0))
+    h = a.get_ipc_handle()
+    h.note = [1]
+    h2 = pickle.loads(pickle.dumps(h))
+    assert h2.note == [1] and h2.array_desc == h.array_desc
+    # The form that copyreg gives a plain object (older cudamem).
+    old = cuda.IpcArrayHandle.__new__(cuda.IpcArrayHandle)
+    old.__setstate__({"_array_desc": h.array_desc,
+                      "_ipc_handle": h.ipc_handle})
+    assert old.ipc_handle is h.ipc_handle and old.shape == (6,)
+    bare = cuda.IpcArrayHandle.__new__(cuda.IpcArrayHandle)
+    with pytest.raises(AttributeError, match="_ipc_handle"):
+        _ = bare.ipc_handle
+    with pytest.raises(AttributeError, match="_array_desc"):
+        _ = bare.shape
+    ih = cuda.IpcHandle.__new__(cuda.IpcHandle)
+    for name in ("base", "handle", "size", "source_info", "offset"):
+        with pytest.raises(AttributeError, match=name):
+            getattr(ih, name)
+    assert ih._impl is None
+
+
+def test_handle_keeps_the_memory_alive(ctx):
+    a = cuda.device_array(1000, dtype=np.float32)
+    owner = a.gpu_data
+    before = sys.getrefcount(owner)
+    h = a[10:20].get_ipc_handle()
+    one = sys.getrefcount(owner)
+    h2 = a.get_ipc_handle()
+    del h2
+    again = sys.getrefcount(owner)
+    assert (one, again) == (before + 1, before + 1)
+    del owner
+    raw = bytes(h.handle)
+    ptr = a.device_ctypes_pointer.value
+    r = weakref.ref(a.gpu_data)
+    assert h.ipc_handle.base.owner is r()
+    del a
+    gc.collect()
+    # The exporter's memory is still there: the handle holds its owner.
+    assert r() is not None
+    assert _core._ipc_export(ctx, ptr)[0] == raw
+    h2 = pickle.loads(pickle.dumps(h))
+    del h
+    gc.collect()
+    assert r() is None
+    assert bytes(h2.handle) == raw
+
+
+def test_dropping_the_base_lets_the_memory_go(ctx):
+    a = cuda.device_array(1000, dtype=np.float32)
+    r = weakref.ref(a.gpu_data)
+    h = a.get_ipc_handle()
+    h.ipc_handle.base = None
+    del a
+    gc.collect()
+    assert r() is None
+    assert h.ipc_handle.base is None
+
+
+def test_cycles_through_handles_are_collected(ctx):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    ih = h.ipc_handle
+    ih.base = ih
+    ih.source_info = {"h": h}
+    refs = [weakref.ref(h), weakref.ref(ih), weakref.ref(a.gpu_data)]
+    del h, ih, a
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+
+
+def test_export_after_the_context_is_closed(ctx):
+    a = cuda.to_device(np.arange(10.0))
+    cuda.close()
+    with pytest.raises(ValueError, match="closed or reset"):
+        a.get_ipc_handle()
+
+
+def test_builtin_managers_export_like_the_python_path():
+    rc, out = run_py("""
+        import numpy as np, cudamem as cuda
+        from cudamem import _core, _ipc
+
+        def fields(h):
+            ih = h.ipc_handle
+            return (bytes(ih.handle), ih.size, ih.offset, ih.source_info,
+                    h.array_desc, ih.base.device_pointer, ih.base.size,
+                    ih.base.owner)
+
+        for mm in ("default", "pool", "async"):
+            cuda.set_memory_manager(mm)
+            cuda.close()
+            ctx = cuda.current_context()
+            x = cuda.device_array(1000)
+            y = cuda.device_array(1000)[10:500:7]
+            try:
+                h = y.get_ipc_handle()
+            except cuda.CudaAPIError as e:
+                with_python = None
+                try:
+                    _ipc._export_array(y)
+                except cuda.CudaAPIError as e2:
+                    with_python = str(e2)
+                assert str(e) == with_python, (e, with_python)
+                print(mm, "refused", "cuIpcGetMemHandle" in str(e))
+                continue
+            assert fields(h) == fields(_ipc._export_array(y))
+            low = y.device_ctypes_pointer.value
+            assert h.ipc_handle.offset == low - _core._ipc_export(ctx, low)[1]
+            print(mm, "ok")
+        """)
+    assert rc == 0, out
+    lines = out.split("\n")
+    assert "default ok" in lines and "pool ok" in lines, out
+    # The driver cannot export stream-ordered memory this way.
+    assert "async ok" in lines or "async refused True" in lines, out
+
+
+def test_plugin_get_ipc_handle_is_called():
+    rc, out = run_py("""
+        import numpy as np, cudamem as cuda, emm_plugin
+
+        seen = []
+
+        class Recording(emm_plugin.CountingManager):
+            def get_ipc_handle(self, memory):
+                seen.append(memory)
+                return super().get_ipc_handle(memory)
+
+        class Custom(emm_plugin.CountingManager):
+            def get_ipc_handle(self, memory):
+                seen.append(memory)
+                return "custom"
+
+        cuda.set_memory_manager(Recording)
+        cuda.close()
+        ctx = cuda.current_context()
+        a = cuda.to_device(np.arange(100, dtype=np.float64))
+        h = a[80:20:-4].get_ipc_handle()
+        (mem,) = seen
+        assert type(mem) is cuda.MemoryPointer, mem
+        assert mem.device_pointer == a.device_ctypes_pointer.value + 24 * 8
+        assert mem.size == 14 * 32 + 8 and mem.owner is a.gpu_data
+        assert mem.context is ctx
+        ih = h.ipc_handle
+        assert type(h) is cuda.IpcArrayHandle and type(ih) is cuda.IpcHandle
+        assert ih.base is mem and (ih.offset, ih.size) == (24 * 8, 456)
+        assert h.array_desc == {"shape": (15,), "strides": (-32,),
+                                "dtype": np.dtype(np.float64)}
+
+        cuda.set_memory_manager(Custom)
+        cuda.close()
+        b = cuda.to_device(np.arange(10, dtype=np.float64))
+        h = b.get_ipc_handle()
+        assert h.ipc_handle == "custom" and len(seen) == 2
+        assert h.shape == (10,)
+        print("ok")
+        """)
+    assert rc == 0, out
+    assert "ok" in out

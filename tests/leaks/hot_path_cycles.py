@@ -4,6 +4,7 @@ device's flat: a reference or allocation leaked per call shows up here.
 Prints OK or what grew."""
 
 import gc
+import pickle
 import sys
 import tracemalloc
 
@@ -14,6 +15,7 @@ import cudamem as cuda
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 h = np.arange(256, dtype=np.float32)
 ctx = cuda.current_context()
+IPC = sys.platform.startswith("linux")
 
 
 def cycle():
@@ -27,7 +29,13 @@ def cycle():
     w = cuda.as_cuda_array(d)
     cap = d.__dlpack__()
     x = cuda.from_dlpack(cap)
-    del d, e, v, w, x, cap
+    if IPC:
+        ipc = v.get_ipc_handle()
+        ih = ipc.ipc_handle
+        _ = (ih.base, ih.handle.reserved, ih.source_info, ipc.array_desc)
+        _ = pickle.loads(pickle.dumps(d.get_ipc_handle()))
+        del ipc, ih
+    del d, e, v, w, x, cap, _
 
 
 for _ in range(200):
