@@ -50,7 +50,7 @@
 
 /* The tunables; NOTE: guarded by the GIL. */
 typedef struct {
-    int enabled;              /* CUDAMEM_STAGING=1 turns it on */
+    int enabled;              /* CUDAMEM_STAGING=0 turns it off */
     size_t threshold;         /* bytes from which a copy is staged */
     size_t chunk;             /* bytes of a chunk (a staging buffer) */
     int buffers;              /* staging buffers per transfer */
@@ -1085,9 +1085,10 @@ cm_staging_init(PyObject *mod, cm_state *st)
         }
         atfork_done = 1;
     }
-    /* Off unless asked for, until the H200 has confirmed it is correct
-     * there and faster than the direct path (issue 10). */
-    c.enabled = e != NULL && (strcmp(e, "1") == 0 || strcmp(e, "true") == 0);
+    /* On unless switched off: on the H200 it moves pageable memory at
+     * 32-48 GB/s where the driver's own path gives 7-15 (issue 10). */
+    c.enabled = e == NULL || !(strcmp(e, "0") == 0 || strcmp(e, "false") == 0
+                               || strcmp(e, "off") == 0);
     c.threshold = cm_env_size("CUDAMEM_STAGING_THRESHOLD", c.threshold);
     c.chunk = cm_env_size("CUDAMEM_STAGING_CHUNK", c.chunk);
     c.buffers = (int)cm_env_size("CUDAMEM_STAGING_BUFFERS",

@@ -223,7 +223,7 @@ def test_tunables_from_the_environment():
 
 
 def test_default_tunables():
-    """Off by default until the H200 has confirmed the pipeline."""
+    """On by default (the H200 confirmed the pipeline); 0 turns it off."""
     rc, out = run_py("""
         import os
         from cudamem import _core
@@ -234,7 +234,13 @@ def test_default_tunables():
         CUDAMEM_STAGING_CHUNK="", CUDAMEM_STAGING_THRESHOLD="",
         CUDAMEM_STAGING_BUFFERS="")
     assert rc == 0, out
-    assert "False 8388608 3 4194304 True" in out
+    assert "True 8388608 3 4194304 True" in out
+    for off in ("0", "false", "off"):
+        rc, out = run_py("""
+            from cudamem import _core
+            print("enabled:", _core._staging_config()["enabled"])
+            """, CUDAMEM_STAGING=off)
+        assert rc == 0 and "enabled: False" in out, (off, out)
 
 
 @pytest.mark.parametrize("kind", ["pinned", "mapped", "registered"])
