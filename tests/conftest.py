@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -121,3 +122,27 @@ def impl(request):
         np.row_stack = np.vstack
     numba_cuda = pytest.importorskip("numba.cuda")
     return numba_cuda
+
+
+@pytest.fixture(autouse=True)
+def _no_close_on_the_main_thread(monkeypatch):
+    """On a GPU, close() on the main thread resets the primary context that
+    CuPy, PyTorch and numba in this process share, so their cached memory
+    goes stale and later tests fail far from the cause.  A test that needs
+    it runs it in a child process (CUDAMEM_TEST_ISOLATED=1 marks one that
+    is a process of its own)."""
+    if SIMULATOR or os.environ.get("CUDAMEM_TEST_ISOLATED"):
+        yield
+        return
+    real = cudamem.close
+
+    def guarded():
+        if threading.current_thread() is threading.main_thread():
+            pytest.fail("close() on the main thread of the test process "
+                        "resets the primary context the other libraries "
+                        "share: run it in a child process", pytrace=False)
+        real()
+
+    monkeypatch.setattr(cudamem, "close", guarded)
+    yield
+
