@@ -11,7 +11,7 @@ import threading
 import weakref
 
 import pytest
-from streamutil import Gate
+from streamutil import GATE_TIMEOUT, Gate
 
 import cudamem as cuda
 
@@ -253,11 +253,16 @@ def test_callback_references_held_until_run(stream):
     base_stream = sys.getrefcount(stream)
     with Gate() as gate:
         gate.block(stream)
+        # Once the gate runs, its call's arguments hold the stream too;
+        # counted only then, so the result does not depend on when the
+        # callback thread takes the GIL.
+        assert gate.entered.wait(GATE_TIMEOUT)
+        held = sys.getrefcount(stream)
+        assert held > base_stream           # the gate's record
         stream.add_callback(cb, arg)
         assert sys.getrefcount(cb) == base_cb + 1
         assert sys.getrefcount(arg) == base_arg + 1
-        # the gate's record and cb's record both hold the stream
-        assert sys.getrefcount(stream) == base_stream + 2
+        assert sys.getrefcount(stream) == held + 1     # cb's record
         gate.open()
         stream.synchronize()
     assert sys.getrefcount(cb) == base_cb
@@ -849,11 +854,11 @@ _TEARDOWN_SCRIPT = textwrap.dedent("""
     how = sys.argv[1]
     with cuda.gpus[0]:                   # nothing is current afterwards
         ctx = cuda.current_context()
+        live = cuda.stream()             # still referenced at the end
         s = cuda.stream()
         h = s.handle
         del s
         assert _core._stream_cache(ctx) == [h], _core._stream_cache(ctx)
-        live = cuda.stream()             # still referenced at the end
     assert _core._current_device_id() is None
     if how == "close":
         cuda.close()
