@@ -782,6 +782,26 @@ def test_cache_size_setting(ctx, kept, monkeypatch):
     assert cuda.config.CUDA_STREAM_CACHE_SIZE == 2
 
 
+def test_cache_size_from_environment(ctx, kept, monkeypatch):
+    import importlib
+
+    from cudamem import config
+
+    monkeypatch.setenv("CUDAMEM_STREAM_CACHE_SIZE", "0")
+    try:
+        importlib.reload(config)
+        assert config.CUDA_STREAM_CACHE_SIZE == 0
+        cuda.stream()
+        assert kept() == []
+    finally:
+        monkeypatch.delenv("CUDAMEM_STREAM_CACHE_SIZE")
+        importlib.reload(config)
+    assert config.CUDA_STREAM_CACHE_SIZE == 16
+    cuda.stream()
+    assert len(kept()) == 1
+    ctx.deallocations.clear()
+
+
 def test_dropping_on_a_thread_without_context(ctx, kept):
     """The stream's context is made current around the query and popped
     again: the dropping thread is left as it was."""
