@@ -361,6 +361,17 @@ enum {
     CM_MM_ASYNC           /* the driver's stream-ordered allocator */
 };
 
+/* The most idle streams a context keeps for reuse (stream.c). */
+#define CM_STREAM_CACHE_MAX 16
+
+/* An idle stream that a context keeps for a later stream() with the same
+ * creation parameters. */
+typedef struct {
+    CUstream handle;      /* the stream, created in that context */
+    unsigned int flags;   /* CU_STREAM_* it was created with */
+    int priority;         /* its priority (0: the default) */
+} cm_stream_slot;
+
 /* A Context object: one device's primary context as cudamem uses it.
  * Objects that own driver resources hold a strong reference to it. */
 typedef struct {
@@ -387,6 +398,11 @@ typedef struct {
     /* [d]: gen of device d's context that this one enabled peer access
      * to (0: none); stale once that context is reset */
     unsigned long peer_gen[CM_MAX_DEVICES];
+    /* idle streams for stream() to hand out again, oldest first; NOTE:
+     * guarded by the GIL; filled and emptied only by stream.c, emptied
+     * (the streams destroyed) by close, reset and at exit */
+    cm_stream_slot stream_cache[CM_STREAM_CACHE_MAX];
+    int n_stream_cache;   /* used entries of stream_cache */
     PyObject *weakreflist;
 } cm_context;
 
@@ -427,6 +443,9 @@ cm_context *cm_context_of_device(PyObject *dev);
 /* d's PCI domain, bus and device ids in pci[0..2], read from the driver
  * on the first call and cached on d.  0, or -1 with an exception. */
 int cm_device_pci(cm_device *d, int pci[3]);
+/* Every registered live Context, into out (CM_MAX_DEVICES entries), as
+ * borrowed references; how many.  Never raises. */
+int cm_context_live(cm_context **out);
 
 /* ------------------------------------------------------------------ */
 /* memory.c: allocations                                               */
@@ -554,6 +573,9 @@ typedef struct {
     CUstream handle;      /* driver handle; 0, 1, 2 for the defaults */
     cm_context *ctx;      /* strong: made current around driver calls */
     cm_stream_kind kind;  /* what the handle means */
+    unsigned int flags;   /* CM_STREAM_USER: the CU_STREAM_* it was made
+                           * with (the key of its reuse), else 0 */
+    int priority;         /* CM_STREAM_USER: its priority, else 0 */
     PyObject *owner;      /* strong or NULL: keeps an external stream's
                            * producer alive */
     PyObject *weakreflist;
@@ -598,6 +620,12 @@ int cm_stream_resolve(PyObject *obj, CUstream *handle);
  * driver's callback thread).  The driver forbids API calls there, so a
  * dealloc that would free a driver resource must defer it instead. */
 int cm_on_driver_thread(void);
+
+/* Destroy the idle streams ctx keeps for reuse: ctx is being closed or
+ * reset, or the interpreter exits.  ctx's primary context must still be
+ * retained (ctx may already be marked dead).  GIL held, released around
+ * the destroys; never raises (a failure is reported as unraisable). */
+void cm_stream_cache_clear(cm_context *ctx);
 
 /* A new Stream object wrapping a handle cudamem does not own (external:
  * never destroyed by cudamem), as external_stream(h) returns, in the

@@ -485,6 +485,7 @@ cm_context_get(int i)
     c->st_total_count = 0;
     c->st_pinned = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
+    c->n_stream_cache = 0;
     c->weakreflist = NULL;
     PyObject_GC_Track(c);
     if (cm_ctx_init_memory(c) < 0) {
@@ -772,6 +773,20 @@ cm_context_require_access(cm_context *user, cm_context *owner,
     return cm_context_enable_peer(user, owner);
 }
 
+int
+cm_context_live(cm_context **out)
+{
+    int i;
+    int n = 0;
+
+    for (i = 0; i < CM_MAX_DEVICES && i < cm_ndev; i++) {
+        if (cm_ctxs[i] != NULL && cm_ctxs[i]->alive) {
+            out[n++] = cm_ctxs[i];
+        }
+    }
+    return n;
+}
+
 /* Pop every context of the calling thread. */
 static int
 cm_context_pop_all(void)
@@ -812,6 +827,9 @@ cm_context_release_device(int i)
     cm_pool_destroy(c);
     cm_ctxs[i] = NULL;
     c->alive = 0;
+    /* Dead, c keeps no more streams; those it kept go while its primary
+     * context is still retained. */
+    cm_stream_cache_clear(c);
     h = c->device->handle;
     Py_BEGIN_ALLOW_THREADS
     if (cm_cu.DevicePrimaryCtxRelease) {
@@ -930,7 +948,8 @@ cm_context_synchronize(PyObject *self, PyObject *unused)
 PyDoc_STRVAR(cm_context_reset_doc,
 "reset($self, /)\n--\n\n"
 "Wait for the context's work and run its pending deallocations now "
-"(even inside defer_cleanup()).");
+"(even inside defer_cleanup()); destroy the idle streams it keeps for "
+"reuse.");
 
 static PyObject *
 cm_context_reset(PyObject *self, PyObject *unused)
@@ -956,6 +975,9 @@ cm_context_reset(PyObject *self, PyObject *unused)
     r = cm_ctx_flush(c) < 0 ? NULL : Py_NewRef(Py_None);
     cm_pending_hold(c->memq, dm);
     cm_pending_hold(c->ctxq, dc);
+    if (c->alive) {
+        cm_stream_cache_clear(c);
+    }
     return r;
 }
 

@@ -14,18 +14,35 @@
  *   notifier and signals its eventfd (a pipe off Linux); the asyncio loop
  *   reads the fd and resolves the futures on its own thread.
  *
+ * It also owns the recycling of stream handles: a stream made by cudamem
+ * that is idle when its Stream object goes (cuStreamQuery succeeds) is
+ * not destroyed but kept on its context's list (cm_context.stream_cache,
+ * at most CUDA_STREAM_CACHE_SIZE of them), and a later stream() of that
+ * context with the same flags and priority takes it instead of calling
+ * cuStreamCreate.  Idle means all its work, host callbacks included, has
+ * finished; a callback or asyncio waiter of cudamem's holds a strong
+ * reference to its Stream until it has run, so none is pending then.
+ * The lists are emptied, their streams destroyed, by close, reset and
+ * the exit hook; a forked child neither keeps nor takes a handle.
+ *
  * Locking: everything Python runs with the GIL held.  A notifier's list of
  * completed records is guarded by its pthread mutex, which the driver
  * thread takes without the GIL and the loop thread takes with it; nothing
  * under it calls Python or the driver.  Streams and events give their
  * handles back through the context's queue of pending destroys
- * (memory.c), which never flushes on a driver callback thread.
+ * (memory.c), which never flushes on a driver callback thread.  The kept
+ * streams are guarded by the GIL: taking and keeping one never release
+ * it (only cuStreamQuery and context push / pop run meanwhile), and
+ * emptying a list takes its entries out before the GIL is released
+ * around the destroys.
  */
 #include "cm.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <string.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/eventfd.h>
@@ -167,14 +184,198 @@ cm_handle_release(cm_context *ctx, int is_event, void *handle)
     return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* Recycling: idle streams kept per context                            */
+/* ------------------------------------------------------------------ */
+
+/* How many idle streams a context keeps (config.CUDA_STREAM_CACHE_SIZE,
+ * 0..CM_STREAM_CACHE_MAX); 0 destroys every dropped stream. */
+static int cm_stream_cache_cap = CM_STREAM_CACHE_MAX;
+
+/* Keep the handle of s (a stream cudamem made, being deallocated) on its
+ * context's list if it is idle and there is room: 1 if kept, 0 if the
+ * caller must release it.  Not on a driver callback thread (the driver
+ * forbids the query there), in a dead context, a forked child or once
+ * the exit hook ran.  GIL held; never blocks, never raises. */
+static int
+cm_stream_cache_put(cm_stream *s)
+{
+    cm_context *ctx = s->ctx;
+    cm_stream_slot *slot;
+    CUcontext cur = NULL;
+    CUcontext popped;
+    CUresult rc;
+    int pushed = 0;
+
+    if (ctx->n_stream_cache >= cm_stream_cache_cap || !ctx->alive
+        || cm_forked || __atomic_load_n(&cm_exiting, __ATOMIC_SEQ_CST)
+        || cm_on_driver_thread()) {
+        return 0;
+    }
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
+        || cur != ctx->handle) {
+        if (CM_CU_RAW(CtxPushCurrent, (ctx->handle)) != CUDA_SUCCESS) {
+            return 0;
+        }
+        pushed = 1;
+    }
+    rc = CM_CU_RAW(StreamQuery, (s->handle));
+    if (pushed) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+    }
+    if (rc != CUDA_SUCCESS) {
+        return 0;  /* busy (CUDA_ERROR_NOT_READY) or failed: destroy it */
+    }
+    slot = &ctx->stream_cache[ctx->n_stream_cache++];
+    slot->handle = s->handle;
+    slot->flags = s->flags;
+    slot->priority = s->priority;
+    return 1;
+}
+
+/* Take the newest kept stream of ctx made with flags and priority, or
+ * NULL if none.  GIL held. */
+static CUstream
+cm_stream_cache_take(cm_context *ctx, unsigned int flags, int priority)
+{
+    cm_stream_slot *c = ctx->stream_cache;
+    CUstream h;
+    int i;
+
+    if (cm_forked) {
+        return NULL;
+    }
+    for (i = ctx->n_stream_cache - 1; i >= 0; i--) {
+        if (c[i].flags == flags && c[i].priority == priority) {
+            h = c[i].handle;
+            memmove(&c[i], &c[i + 1],
+                    (size_t)(ctx->n_stream_cache - 1 - i) * sizeof(*c));
+            ctx->n_stream_cache--;
+            return h;
+        }
+    }
+    return NULL;
+}
+
+void
+cm_stream_cache_clear(cm_context *ctx)
+{
+    cm_stream_slot slots[CM_STREAM_CACHE_MAX];
+    CUcontext h = ctx->handle;
+    CUcontext cur = NULL;
+    CUcontext popped;
+    CUresult rc;
+    CUresult first = CUDA_SUCCESS;
+    const char *fn = "cuStreamDestroy";
+    int n = ctx->n_stream_cache;
+    int pushed = 0;
+    int i;
+
+    /* Taken out first: other threads may keep and take streams of ctx
+     * while the GIL is released below.  A forked child only forgets. */
+    memcpy(slots, ctx->stream_cache, (size_t)n * sizeof(slots[0]));
+    ctx->n_stream_cache = 0;
+    if (n == 0 || cm_forked) {
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS || cur != h) {
+        first = CM_CU_RAW(CtxPushCurrent, (h));
+        pushed = first == CUDA_SUCCESS;
+        fn = "cuCtxPushCurrent";
+    }
+    for (i = 0; (cur == h || pushed) && i < n; i++) {
+        rc = CM_CU_RAW(StreamDestroy, (slots[i].handle));
+        if (rc != CUDA_SUCCESS && first == CUDA_SUCCESS) {
+            first = rc;  /* reported below; the rest are still destroyed */
+            fn = "cuStreamDestroy";
+        }
+    }
+    if (pushed) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+    }
+    Py_END_ALLOW_THREADS
+    if (first != CUDA_SUCCESS) {
+        PyObject *exc = PyErr_GetRaisedException();
+
+        cm_raise_cu(first, fn);
+        PyErr_WriteUnraisable((PyObject *)ctx);
+        PyErr_SetRaisedException(exc);
+    }
+}
+
+PyDoc_STRVAR(cm_set_stream_cache_size_doc,
+"_set_stream_cache_size(size)\n--\n\n"
+"How many idle dropped streams each context keeps for reuse "
+"(config.CUDA_STREAM_CACHE_SIZE, 0 to 16); 0 destroys every dropped "
+"stream.  Streams kept already stay until reused or destroyed with their "
+"context.");
+
+static PyObject *
+cm_set_stream_cache_size(PyObject *mod, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+
+    (void)mod;
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 0 || n > CM_STREAM_CACHE_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "CUDA_STREAM_CACHE_SIZE must be between 0 and %d, not "
+                     "%ld", CM_STREAM_CACHE_MAX, n);
+        return NULL;
+    }
+    cm_stream_cache_cap = (int)n;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_stream_cache_doc,
+"_stream_cache(ctx)\n--\n\n"
+"The handles (ints) of the idle streams ctx keeps for reuse, oldest "
+"first (tests only).");
+
+static PyObject *
+cm_stream_cache_fn(PyObject *mod, PyObject *arg)
+{
+    cm_context *ctx = (cm_context *)arg;
+    PyObject *r;
+    PyObject *h;
+    int i;
+
+    (void)mod;
+    if (!PyObject_TypeCheck(arg, cm_st->Context_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a Context, got %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    r = PyList_New(ctx->n_stream_cache);
+    if (r == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < ctx->n_stream_cache; i++) {
+        h = PyLong_FromVoidPtr((void *)ctx->stream_cache[i].handle);
+        if (h == NULL) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        PyList_SET_ITEM(r, i, h);  /* steals h */
+    }
+    return r;
+}
+
 PyDoc_STRVAR(cm_callbacks_atexit_doc,
 "_callbacks_atexit()\n--\n\n"
-"Registered with atexit: from now on host callbacks do not enter Python; "
-"waits (up to 10 s, GIL released) for those already inside.");
+"Registered with atexit: from now on host callbacks do not enter Python "
+"and dropped streams are not kept; waits (up to 10 s, GIL released) for "
+"the callbacks already inside, then destroys the streams every context "
+"keeps for reuse.");
 
 static PyObject *
 cm_callbacks_atexit(PyObject *mod, PyObject *unused)
 {
+    cm_context *live[CM_MAX_DEVICES];
+    int n;
     int i;
 
     (void)mod;
@@ -187,6 +388,16 @@ cm_callbacks_atexit(PyObject *mod, PyObject *unused)
         usleep(1000);
     }
     Py_END_ALLOW_THREADS
+    /* Held across the GIL releases inside: another thread may close a
+     * context meanwhile. */
+    n = cm_context_live(live);
+    for (i = 0; i < n; i++) {
+        Py_INCREF(live[i]);
+    }
+    for (i = 0; i < n; i++) {
+        cm_stream_cache_clear(live[i]);
+        Py_DECREF(live[i]);
+    }
     Py_RETURN_NONE;
 }
 
@@ -737,6 +948,8 @@ cm_stream_new(cm_context *ctx, CUstream h, cm_stream_kind kind,
     s->handle = h;
     s->ctx = (cm_context *)Py_NewRef(ctx);
     s->kind = kind;
+    s->flags = 0;
+    s->priority = 0;
     s->owner = Py_XNewRef(owner);
     s->weakreflist = NULL;
     PyObject_GC_Track(s);
@@ -772,9 +985,11 @@ cm_stream_dealloc(PyObject *self)
     if (s->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
-    /* Reported against the type: self, at refcount 0, must not reach
-     * the unraisable hook, which would take and drop a reference. */
+    /* An idle stream is kept for reuse, else destroyed.  Reported
+     * against the type: self, at refcount 0, must not reach the
+     * unraisable hook, which would take and drop a reference. */
     if (s->kind == CM_STREAM_USER && !Py_IsFinalizing()
+        && !cm_stream_cache_put(s)
         && cm_handle_release(s->ctx, 0, s->handle) < 0) {
         PyErr_WriteUnraisable((PyObject *)tp);
     }
@@ -1125,9 +1340,10 @@ static PyMemberDef cm_stream_members[] = {
 PyDoc_STRVAR(cm_stream_doc,
 "A CUDA stream.  Made by stream(), default_stream(), "
 "legacy_default_stream(), per_thread_default_stream() and "
-"external_stream(); always truthy; equal only to itself.  A stream made "
-"by stream() is destroyed when its last reference goes; work already "
-"queued still runs.");
+"external_stream(); always truthy; equal only to itself.  When the last "
+"reference to a stream made by stream() goes, the stream is kept for "
+"reuse by a later stream() if it is idle, else destroyed (work already "
+"queued still runs).");
 
 static PyType_Slot cm_stream_slots[] = {
     {Py_tp_doc, (void *)cm_stream_doc},
@@ -1611,36 +1827,80 @@ static PyType_Spec cm_event_spec = {
 /* Module-level functions                                              */
 /* ------------------------------------------------------------------ */
 
-PyDoc_STRVAR(cm_stream_fn_doc,
-"stream()\n--\n\n"
-"A new stream (cuStreamCreate, flags 0: it synchronises with the legacy "
-"default stream), in the current context.");
-
+/* A new Stream made with flags (and priority 0) in the current context:
+ * a kept idle stream of that context made the same way if there is one,
+ * else a new one from cuStreamCreate.  New reference, or NULL. */
 static PyObject *
-cm_stream_fn(PyObject *mod, PyObject *unused)
+cm_stream_make(unsigned int flags)
 {
     cm_context *ctx;
-    CUstream h = NULL;
-    PyObject *s;
+    cm_stream *s;
+    CUstream h;
     int err;
 
-    (void)mod;
-    (void)unused;
     ctx = cm_context_current();
     if (ctx == NULL) {
         return NULL;
     }
-    CM_CU_NOGIL(err, StreamCreate, (&h, CU_STREAM_DEFAULT));
-    if (err < 0) {
-        return NULL;
+    h = cm_stream_cache_take(ctx, flags, 0);
+    if (h == NULL) {
+        CM_CU_NOGIL(err, StreamCreate, (&h, flags));
+        if (err < 0) {
+            return NULL;
+        }
     }
-    s = cm_stream_new(ctx, h, CM_STREAM_USER, NULL);
+    s = (cm_stream *)cm_stream_new(ctx, h, CM_STREAM_USER, NULL);
     if (s == NULL) {
         Py_BEGIN_ALLOW_THREADS
         (void)CM_CU_RAW(StreamDestroy, (h));
         Py_END_ALLOW_THREADS
+        return NULL;
     }
-    return s;
+    s->flags = flags;
+    return (PyObject *)s;
+}
+
+PyDoc_STRVAR(cm_stream_fn_doc,
+"stream()\n--\n\n"
+"A new stream (cuStreamCreate, flags 0: it synchronises with the legacy "
+"default stream), in the current context.\n\n"
+"Notes\n-----\n"
+"When a stream made here is dropped while idle (all its work done), "
+"cudamem keeps it, up to config.CUDA_STREAM_CACHE_SIZE (16) per context, "
+"and a later stream() in that context hands it out again instead of "
+"creating one; a busy stream is destroyed once its work is done, as in "
+"numba.  So the handle of a new stream may equal that of a dead one: do "
+"not use a handle, or an external_stream() of it, after its Stream is "
+"gone.  Kept streams are destroyed by close(), by reset of the device or "
+"context, and at exit; CUDA_STREAM_CACHE_SIZE = 0 keeps none.");
+
+static PyObject *
+cm_stream_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return cm_stream_make(CU_STREAM_DEFAULT);
+}
+
+PyDoc_STRVAR(cm_stream_with_flags_doc,
+"_stream_with_flags(flags)\n--\n\n"
+"stream() with cuStreamCreate's flags (CU_STREAM_NON_BLOCKING is 1); kept "
+"and reused among streams of the same flags (tests only).");
+
+static PyObject *
+cm_stream_with_flags_fn(PyObject *mod, PyObject *arg)
+{
+    unsigned long flags = PyLong_AsUnsignedLong(arg);
+
+    (void)mod;
+    if (flags == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (flags > UINT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "flags out of range");
+        return NULL;
+    }
+    return cm_stream_make((unsigned int)flags);
 }
 
 /* A Stream of a fixed special handle in the current context. */
@@ -1817,6 +2077,11 @@ static PyMethodDef cm_stream_functions[] = {
      METH_FASTCALL | METH_KEYWORDS, cm_event_elapsed_time_fn_doc},
     {"_callbacks_atexit", cm_callbacks_atexit, METH_NOARGS,
      cm_callbacks_atexit_doc},
+    {"_stream_with_flags", cm_stream_with_flags_fn, METH_O,
+     cm_stream_with_flags_doc},
+    {"_stream_cache", cm_stream_cache_fn, METH_O, cm_stream_cache_doc},
+    {"_set_stream_cache_size", cm_set_stream_cache_size, METH_O,
+     cm_set_stream_cache_size_doc},
     {NULL, NULL, 0, NULL},
 };
 

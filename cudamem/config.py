@@ -20,6 +20,7 @@ __all__ = [
     "CUDA_DEALLOCS_RATIO",
     "CUDA_MEMORY_MANAGER",
     "CUDA_PER_THREAD_DEFAULT_STREAM",
+    "CUDA_STREAM_CACHE_SIZE",
     "CUDA_WARN_ON_IMPLICIT_COPY",
     "DISABLE_CUDA",
     "ENABLE_CUDASIM",
@@ -55,6 +56,10 @@ CUDA_MEMORY_MANAGER = _env(
 CUDA_PER_THREAD_DEFAULT_STREAM = _env(
     ("CUDAMEM_PER_THREAD_DEFAULT_STREAM",
      "NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM"), _flag, False)
+# cudamem only: how many idle dropped streams each context keeps for
+# stream() to hand out again (0 to 16; 0 destroys every dropped stream).
+CUDA_STREAM_CACHE_SIZE = _env(
+    ("CUDAMEM_STREAM_CACHE_SIZE",), int, 16)
 CUDA_WARN_ON_IMPLICIT_COPY = _env(
     ("CUDAMEM_WARN_ON_IMPLICIT_COPY", "NUMBA_CUDA_WARN_ON_IMPLICIT_COPY"),
     _flag, True)
@@ -70,6 +75,8 @@ class _Config(types.ModuleType):
     that assigning to them takes effect at once."""
 
     def __setattr__(self, name, value):
+        if name == "CUDA_STREAM_CACHE_SIZE":
+            _core._set_stream_cache_size(int(value))   # checks the range
         super().__setattr__(name, value)
         if name in ("CUDA_DEALLOCS_COUNT", "CUDA_DEALLOCS_RATIO"):
             _core._set_dealloc_config(int(self.CUDA_DEALLOCS_COUNT),
@@ -79,3 +86,4 @@ class _Config(types.ModuleType):
 sys.modules[__name__].__class__ = _Config
 _core._set_dealloc_config(int(CUDA_DEALLOCS_COUNT),
                           float(CUDA_DEALLOCS_RATIO))
+_core._set_stream_cache_size(int(CUDA_STREAM_CACHE_SIZE))

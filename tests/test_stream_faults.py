@@ -31,6 +31,7 @@ def _disarm():
 
 
 def test_stream_create_fails(ctx):
+    ctx.reset()                         # no kept stream to hand out
     _core._sim_inject("StreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY)
     with pytest.raises(MemoryError, match="cuStreamCreate"):
         cuda.stream()
@@ -112,8 +113,10 @@ def test_driver_errors_are_named(ctx, call, name):
 
 
 @pytest.fixture
-def ctxq(ctx):
-    """The context's queue of pending destroys, empty, default limits."""
+def ctxq(ctx, monkeypatch):
+    """The context's queue of pending destroys, empty, default limits;
+    dropped streams go to it (none is kept for reuse)."""
+    monkeypatch.setattr(cuda.config, "CUDA_STREAM_CACHE_SIZE", 0)
     q = ctx.deallocations
     q.clear()
     _core._set_dealloc_config(10, 0.2)
@@ -184,3 +187,51 @@ def test_release_deferred_from_callback_thread(ctxq, monkeypatch):
     with pytest.raises(cuda.CudaAPIError, match="cuEventDestroy"):
         ctxq.clear()
     assert seen == []
+
+
+# ------------------------------------------------------------------
+# Streams kept for reuse
+# ------------------------------------------------------------------
+
+def test_kept_stream_is_handed_out_without_create(ctx):
+    ctx.reset()
+    h = cuda.stream().handle
+    _core._sim_inject("StreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY)
+    s = cuda.stream()                   # the kept handle, no cuStreamCreate
+    assert s.handle == h
+    with pytest.raises(MemoryError, match="cuStreamCreate"):
+        cuda.stream()                   # nothing kept: the armed failure
+    assert _core._stream_cache(ctx) == []
+
+
+def test_query_failure_at_drop_queues_the_destroy(ctx, monkeypatch):
+    """cuStreamQuery failing in dealloc: the stream is not kept, its
+    destroy is queued as before, and nothing is raised or reported."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook",
+                        lambda u: seen.append(u.exc_type))
+    ctx.reset()
+    ctx.deallocations.clear()
+    s = cuda.stream()
+    _core._sim_inject("StreamQuery", 1, CUDA_ERROR_ILLEGAL_ADDRESS)
+    del s
+    assert _core._stream_cache(ctx) == []
+    assert len(ctx.deallocations) == 1
+    assert seen == []
+    ctx.deallocations.clear()
+
+
+def test_destroy_failure_when_kept_streams_go_is_unraisable(ctx,
+                                                            monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook",
+                        lambda u: seen.append(u.exc_type))
+    ctx.reset()
+    ctx.deallocations.clear()
+    a, b = cuda.stream(), cuda.stream()
+    del a, b
+    assert len(_core._stream_cache(ctx)) == 2
+    _core._sim_inject("StreamDestroy", 1, CUDA_ERROR_INVALID_VALUE)
+    ctx.reset()                         # destroys both; the first fails
+    assert seen == [cuda.CudaAPIError]
+    assert _core._stream_cache(ctx) == []

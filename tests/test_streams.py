@@ -11,7 +11,7 @@ import threading
 import weakref
 
 import pytest
-from streamutil import Gate
+from streamutil import GATE_TIMEOUT, Gate
 
 import cudamem as cuda
 
@@ -253,11 +253,16 @@ def test_callback_references_held_until_run(stream):
     base_stream = sys.getrefcount(stream)
     with Gate() as gate:
         gate.block(stream)
+        # Once the gate runs, its call's arguments hold the stream too;
+        # counted only then, so the result does not depend on when the
+        # callback thread takes the GIL.
+        assert gate.entered.wait(GATE_TIMEOUT)
+        held = sys.getrefcount(stream)
+        assert held > base_stream           # the gate's record
         stream.add_callback(cb, arg)
         assert sys.getrefcount(cb) == base_cb + 1
         assert sys.getrefcount(arg) == base_arg + 1
-        # the gate's record and cb's record both hold the stream
-        assert sys.getrefcount(stream) == base_stream + 2
+        assert sys.getrefcount(stream) == held + 1     # cb's record
         gate.open()
         stream.synchronize()
     assert sys.getrefcount(cb) == base_cb
@@ -565,3 +570,400 @@ def test_external_wrapper_as_stream_argument(stream):
         ev.synchronize()
     stream.synchronize()
     assert order == [1]
+
+
+# ------------------------------------------------------------------
+# Recycling: an idle dropped stream's handle serves a later stream()
+# ------------------------------------------------------------------
+
+CU_STREAM_NON_BLOCKING = 1
+
+
+@pytest.fixture
+def kept(ctx):
+    """The handles ctx keeps for reuse, as a callable; none at the start
+    (Context.reset() destroys them) and none left behind."""
+    from cudamem import _core
+
+    ctx.reset()
+    assert _core._stream_cache(ctx) == []
+    yield lambda: _core._stream_cache(ctx)
+    gc.collect()
+    ctx.reset()
+
+
+def test_idle_dropped_stream_is_reused(ctx, kept):
+    ctx.deallocations.clear()
+    s = cuda.stream()
+    h = s.handle
+    s.add_callback(lambda st, status, a: None)
+    s.synchronize()
+    del s
+    assert kept() == [h]
+    assert len(ctx.deallocations) == 0      # kept, not queued for destroy
+    s2 = cuda.stream()
+    assert s2.handle == h
+    assert kept() == []
+    assert repr(s2) == f"<CUDA stream {h}>"
+    assert s2.external is False and s2.query() is True
+
+
+def test_unused_stream_is_reused(ctx, kept):
+    h = cuda.stream().handle
+    assert kept() == [h]
+    assert cuda.stream().handle == h
+
+
+def test_newest_kept_stream_is_reused_first(ctx, kept):
+    a, b, c = cuda.stream(), cuda.stream(), cuda.stream()
+    handles = [a.handle, b.handle, c.handle]
+    del a
+    del b
+    del c
+    assert kept() == handles
+    again = [cuda.stream() for _ in range(3)]
+    assert [s.handle for s in again] == handles[::-1]
+    assert kept() == []
+
+
+def test_busy_dropped_stream_is_destroyed_not_reused(ctx, kept):
+    """Work pending (here a host function that holds no reference to the
+    Stream object): the handle is queued for destroy as before."""
+    from cudamem import _core
+
+    ctx.deallocations.clear()
+    s = cuda.stream()
+    h = s.handle
+    gate = _core._raw_gate(h)
+    try:
+        del s
+        assert kept() == []
+        assert len(ctx.deallocations) == 1
+        s2 = cuda.stream()
+        assert s2.handle != h
+    finally:
+        _core._raw_gate_open(gate)
+    ctx.synchronize()
+    ctx.deallocations.clear()
+
+
+def test_stream_dropped_by_its_callback_is_not_reused(ctx, kept):
+    """The last reference goes on the driver's callback thread, where no
+    driver call is allowed: the handle is queued for destroy, not kept."""
+    ctx.deallocations.clear()
+    s = cuda.stream()
+    h = s.handle
+    w = weakref.ref(s)
+    s.add_callback(lambda st, status, a: None)
+    del s                   # the callback's record holds the last reference
+    ctx.synchronize()
+    assert w() is None
+    assert kept() == []
+    assert len(ctx.deallocations) == 1
+    assert cuda.stream().handle != h
+    ctx.deallocations.clear()
+
+
+def test_no_reuse_across_flags(ctx, kept):
+    from cudamem import _core
+
+    nb = _core._stream_with_flags(CU_STREAM_NON_BLOCKING)
+    hnb = nb.handle
+    del nb
+    assert kept() == [hnb]
+    s = cuda.stream()                   # blocking: not served by hnb
+    hs = s.handle
+    assert hs != hnb
+    assert kept() == [hnb]
+    del s
+    assert kept() == [hnb, hs]
+    nb = _core._stream_with_flags(CU_STREAM_NON_BLOCKING)
+    assert nb.handle == hnb
+    assert kept() == [hs]
+    assert _core._stream_with_flags(0).handle == hs
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("flags, blocking", [
+    (0, True), (CU_STREAM_NON_BLOCKING, False)])
+def test_recycled_stream_keeps_its_flags(ctx, kept, flags, blocking):
+    """A blocking stream still waits for the legacy default stream after
+    reuse; a non-blocking one still does not."""
+    from cudamem import _core
+
+    h = _core._stream_with_flags(flags).handle
+    s = _core._stream_with_flags(flags)
+    assert s.handle == h
+    legacy = cuda.legacy_default_stream()
+    ev = cuda.event(timing=False)
+    with Gate() as gate:
+        gate.block(legacy)
+        ev.record(s)
+        if blocking:
+            assert ev.query() is False      # held behind the legacy stream
+        else:
+            ev.synchronize()                # not held
+        gate.open()
+        legacy.synchronize()
+    ev.synchronize()
+    assert not gate.timed_out
+
+
+@pytest.mark.timeout(30)
+def test_work_on_recycled_stream(ctx, kept):
+    """Copies, callbacks, events and synchronize behave on a reused
+    handle as on a new one."""
+    import numpy as np
+
+    a = np.arange(256, dtype=np.float64)
+    s = cuda.stream()
+    h = s.handle
+    d = cuda.to_device(a, stream=s)
+    out = d.copy_to_host(stream=s)
+    s.synchronize()
+    assert np.array_equal(out, a)
+    del s, d                            # d's bound stream was s
+    s = cuda.stream()
+    other = cuda.stream()
+    assert s.handle == h and other.handle != h
+    assert s.query() is True
+    order = []
+    ev = cuda.event(timing=False)
+    with Gate() as gate:
+        gate.block(s)
+        s.add_callback(lambda st, status, arg: order.append((st, status,
+                                                             arg)), 1)
+        ev.record(s)
+        other.wait_event(ev)
+        assert s.query() is False
+        assert ev.query() is False
+        assert other.query() is False   # waits on the device for ev
+        gate.open()
+        other.synchronize()
+    assert order == [(s, 0, 1)]
+    assert ev.query() is True
+    s.synchronize()
+    d = cuda.to_device(a * 2, stream=s)
+    out = d.copy_to_host(stream=s)
+    s.synchronize()
+    assert np.array_equal(out, a * 2)
+    assert not gate.timed_out
+
+
+def test_kept_streams_are_capped(ctx, kept):
+    ctx.deallocations.clear()
+    streams = [cuda.stream() for _ in range(20)]
+    handles = [s.handle for s in streams]
+    while streams:
+        streams.pop(0)
+    assert kept() == handles[:16]
+    assert len(ctx.deallocations) == 4      # the rest queued for destroy
+    ctx.deallocations.clear()
+
+
+def test_cache_size_setting(ctx, kept, monkeypatch):
+    """config.CUDA_STREAM_CACHE_SIZE = 0 keeps the old behaviour: every
+    dropped stream is queued for destroy."""
+    ctx.deallocations.clear()
+    monkeypatch.setattr(cuda.config, "CUDA_STREAM_CACHE_SIZE", 0)
+    cuda.stream()
+    assert kept() == []
+    assert len(ctx.deallocations) == 1
+    monkeypatch.setattr(cuda.config, "CUDA_STREAM_CACHE_SIZE", 2)
+    a, b, c = cuda.stream(), cuda.stream(), cuda.stream()
+    del a, b, c
+    assert len(kept()) == 2
+    assert len(ctx.deallocations) == 2
+    ctx.deallocations.clear()
+    with pytest.raises(ValueError, match="CUDA_STREAM_CACHE_SIZE"):
+        cuda.config.CUDA_STREAM_CACHE_SIZE = 17
+    with pytest.raises(ValueError, match="CUDA_STREAM_CACHE_SIZE"):
+        cuda.config.CUDA_STREAM_CACHE_SIZE = -1
+    assert cuda.config.CUDA_STREAM_CACHE_SIZE == 2
+
+
+def test_cache_size_from_environment(ctx, kept, monkeypatch):
+    import importlib
+
+    from cudamem import config
+
+    monkeypatch.setenv("CUDAMEM_STREAM_CACHE_SIZE", "0")
+    try:
+        importlib.reload(config)
+        assert config.CUDA_STREAM_CACHE_SIZE == 0
+        cuda.stream()
+        assert kept() == []
+    finally:
+        monkeypatch.delenv("CUDAMEM_STREAM_CACHE_SIZE")
+        importlib.reload(config)
+    assert config.CUDA_STREAM_CACHE_SIZE == 16
+    cuda.stream()
+    assert len(kept()) == 1
+    ctx.deallocations.clear()
+
+
+def test_dropping_on_a_thread_without_context(ctx, kept):
+    """The stream's context is made current around the query and popped
+    again: the dropping thread is left as it was."""
+    from cudamem import _core
+
+    box = [cuda.stream()]
+    h = box[0].handle
+    seen = []
+
+    def drop():
+        seen.append(_core._current_device_id())
+        box.clear()
+        seen.append(_core._current_device_id())
+
+    t = threading.Thread(target=drop)
+    t.start()
+    t.join()
+    assert seen == [None, None]
+    assert kept() == [h]
+
+
+@pytest.mark.timeout(60)
+def test_threads_never_share_a_handle(ctx, kept):
+    live = set()
+    lock = threading.Lock()
+    errors = []
+
+    def work():
+        try:
+            for _ in range(100):
+                s = cuda.stream()
+                with lock:
+                    if s.handle in live:
+                        errors.append(s.handle)
+                    live.add(s.handle)
+                ev = cuda.event(timing=False)
+                ev.record(s)
+                s.synchronize()
+                assert ev.query() is True
+                with lock:
+                    live.discard(s.handle)
+                del s
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(kept()) <= 16
+
+
+def test_context_reset_destroys_kept_streams(ctx, kept, simulator):
+    h = cuda.stream().handle
+    assert kept() == [h]
+    ctx.reset()
+    assert kept() == []
+    if simulator:       # on a GPU a destroyed handle must not be touched
+        with pytest.raises(cuda.CudaAPIError, match="INVALID_HANDLE"):
+            cuda.external_stream(h).query()
+
+
+_TEARDOWN_SCRIPT = textwrap.dedent("""
+    import sys
+    import cudamem as cuda
+    from cudamem import _core
+
+    how = sys.argv[1]
+    with cuda.gpus[0]:                   # nothing is current afterwards
+        ctx = cuda.current_context()
+        live = cuda.stream()             # still referenced at the end
+        s = cuda.stream()
+        h = s.handle
+        del s
+        assert _core._stream_cache(ctx) == [h], _core._stream_cache(ctx)
+    assert _core._current_device_id() is None
+    if how == "close":
+        cuda.close()
+    elif how == "device.reset":
+        ctx.device.reset()
+    else:
+        _core._callbacks_atexit()        # what atexit runs first
+    assert _core._stream_cache(ctx) == []
+    if how == "exit":
+        # The context lives on, its kept stream is destroyed, and streams
+        # dropped from now on are not kept.
+        try:
+            cuda.external_stream(h).query()
+        except cuda.CudaAPIError as e:
+            assert e.name == "CUDA_ERROR_INVALID_HANDLE", e.name
+        else:
+            raise AssertionError("the kept stream was not destroyed")
+        cuda.stream()
+        assert _core._stream_cache(ctx) == []
+    else:
+        new = cuda.current_context()
+        assert new is not ctx and _core._stream_cache(new) == []
+        cuda.stream()
+        assert len(_core._stream_cache(new)) == 1
+    print("ok")
+""")
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "device.reset", "exit"])
+def test_kept_streams_destroyed_with_their_context(how):
+    r = subprocess.run([sys.executable, "-c", _TEARDOWN_SCRIPT, how],
+                       env=_subprocess_env(), capture_output=True,
+                       text=True, timeout=90, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+    assert r.stderr == ""
+
+
+@pytest.mark.leaks
+@pytest.mark.timeout(60)
+def test_exit_with_kept_streams():
+    script = textwrap.dedent("""
+        import cudamem as cuda
+        for _ in range(3):
+            cuda.stream()
+        keep = [cuda.stream() for _ in range(3)]
+        print("exiting")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], env=_subprocess_env(),
+                       capture_output=True, text=True, timeout=45, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "exiting"
+    assert r.stderr == ""
+
+
+@pytest.mark.multi_gpu
+def test_kept_streams_are_per_context(ctx):
+    from cudamem import _core
+
+    dev0 = _core._current_device_id()
+    other = 1 if dev0 == 0 else 0
+    c0 = cuda.current_context()
+    with cuda.gpus[other]:
+        c1 = cuda.current_context()
+        c1.reset()
+        s1 = cuda.stream()
+        h1 = s1.handle
+    c0.reset()
+    del s1                          # dropped with the other device current
+    assert _core._current_device_id() == dev0
+    assert _core._stream_cache(c1) == [h1]
+    assert _core._stream_cache(c0) == []
+    s0 = cuda.stream()
+    assert s0.handle != h1
+    del s0
+    with cuda.gpus[other]:
+        s1 = cuda.stream()
+        assert s1.handle == h1
+        s1.synchronize()
+        del s1
+    assert len(_core._stream_cache(c0)) == 1
+    assert _core._stream_cache(c1) == [h1]
+    cuda.gpus[other].reset()            # spares device dev0's kept stream
+    assert _core._stream_cache(c1) == []
+    assert len(_core._stream_cache(c0)) == 1
+    c0.reset()
