@@ -114,7 +114,12 @@ cm_layout_core_contiguous(int ndim, const Py_ssize_t *shape,
             n++;
         }
     }
-    cm_layout_flags(n, sh, st, itemsize, &c, &f);
+    if (n == 0) {
+        c = f = 1;                       /* no core: both */
+    }
+    else {
+        cm_layout_flags(n, sh, st, itemsize, &c, &f);
+    }
     if (c_out != NULL) {
         *c_out = c;
     }
@@ -3767,8 +3772,11 @@ cm_describe(PyObject *ary, int *ndim, Py_ssize_t *shape, Py_ssize_t *strides,
         PyArrayObject *a = (PyArrayObject *)ary;
 
         *ndim = PyArray_NDIM(a);
-        memcpy(shape, PyArray_SHAPE(a), *ndim * sizeof(Py_ssize_t));
-        memcpy(strides, PyArray_STRIDES(a), *ndim * sizeof(Py_ssize_t));
+        /* Element by element: a 0-d array's are NULL, no memcpy source. */
+        for (int i = 0; i < *ndim; i++) {
+            shape[i] = PyArray_DIMS(a)[i];
+            strides[i] = PyArray_STRIDES(a)[i];
+        }
         *dtype = (PyArray_Descr *)Py_NewRef(PyArray_DESCR(a));
         *c = PyArray_IS_C_CONTIGUOUS(a);
         *f = PyArray_IS_F_CONTIGUOUS(a);
@@ -4038,10 +4046,15 @@ cm_to_device_impl(PyObject *obj, PyObject *stream, int copy, PyObject *to)
         return NULL;
     }
     ndim = PyArray_NDIM(arr);
-    memcpy(shape, PyArray_SHAPE(arr), ndim * sizeof(Py_ssize_t));
+    /* Element by element: a 0-d array's are NULL, no memcpy source. */
+    for (int i = 0; i < ndim; i++) {
+        shape[i] = PyArray_DIMS(arr)[i];
+    }
     if (cm_layout_core_contiguous(ndim, shape, PyArray_STRIDES(arr),
                                   PyArray_ITEMSIZE(arr), &c, &f)) {
-        memcpy(strides, PyArray_STRIDES(arr), ndim * sizeof(Py_ssize_t));
+        for (int i = 0; i < ndim; i++) {
+            strides[i] = PyArray_STRIDES(arr)[i];
+        }
     }
     else {
         /* Not contiguous: F-contiguous when the source is F-ordered
