@@ -1046,6 +1046,11 @@ cm_stream_synchronize(PyObject *self, PyObject *unused)
     CUcontext prev;
     PyObject *r;
 
+    /* Before any driver call: on the callback thread even the context
+     * lookup is refused, with a less telling error. */
+    if (cm_check_not_in_callback("synchronize") < 0) {
+        return NULL;
+    }
     if (c == NULL) {
         return cm_stream_synchronize_run(self, unused);
     }
@@ -1621,6 +1626,11 @@ cm_event_synchronize(PyObject *self, PyObject *unused)
     CUcontext prev;
     PyObject *r;
 
+    /* Before any driver call: on the callback thread even the context
+     * lookup is refused, with a less telling error. */
+    if (cm_check_not_in_callback("synchronize") < 0) {
+        return NULL;
+    }
     if (c == NULL) {
         return cm_event_synchronize_run(self, unused);
     }

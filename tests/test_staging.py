@@ -380,6 +380,7 @@ FAULTS = [("MemcpyHtoDAsync", 1), ("MemcpyHtoDAsync", 3),
           ("EventCreate", 1)]
 
 
+@pytest.mark.sim  # fault injection
 @pytest.mark.parametrize("name,nth", FAULTS)
 def test_sync_fault_raises_once_and_leaks_nothing(staging, name, nth):
     h = sample((20 * CHUNK // 8,), np.float64)
@@ -409,6 +410,7 @@ def test_sync_fault_raises_once_and_leaks_nothing(staging, name, nth):
     assert after["pinned_bytes"] == before["pinned_bytes"]
 
 
+@pytest.mark.sim  # fault injection
 @pytest.mark.parametrize("name,nth", [("MemcpyHtoDAsync", 2),
                                       ("EventRecord", 2),
                                       ("MemcpyDtoHAsync", 3)])
@@ -434,6 +436,7 @@ def test_async_fault_raises_at_call_once(staging, name, nth):
     np.testing.assert_array_equal(d.copy_to_host(stream=s), h)
 
 
+@pytest.mark.sim  # fault injection
 def test_pinned_oom_falls_back_to_direct(staging):
     _core._staging_trim()
     _core._sim_inject("MemHostAlloc", 1, 2)  # CUDA_ERROR_OUT_OF_MEMORY
