@@ -10,6 +10,7 @@ import textwrap
 import threading
 import weakref
 
+import numpy as np
 import pytest
 from streamutil import GATE_TIMEOUT, Gate
 
@@ -967,3 +968,32 @@ def test_kept_streams_are_per_context(ctx):
     assert _core._stream_cache(c1) == []
     assert len(_core._stream_cache(c0)) == 1
     c0.reset()
+
+
+@pytest.mark.gpu
+def test_copies_on_two_streams_overlap(ctx):
+    """A host-to-device copy on one stream and a device-to-host copy on
+    another are in flight at the same time (the two copy engines): the
+    download starts before the upload ends.  Read from the GPU's own event
+    clock, not from host timing."""
+    n = 256 << 20
+    up = cuda.pinned_array(n, np.uint8)
+    down = cuda.pinned_array(n, np.uint8)
+    up[:] = 7
+    d_up = cuda.device_array(n, np.uint8)
+    d_down = cuda.to_device(np.full(n, 9, np.uint8))
+    s1, s2 = cuda.stream(), cuda.stream()
+    start, up_done, down_start = cuda.event(), cuda.event(), cuda.event()
+    start.record(s1)
+    s2.wait_event(start)
+    d_up.copy_to_device(up, stream=s1)
+    up_done.record(s1)
+    down_start.record(s2)
+    d_down.copy_to_host(down, stream=s2)
+    s1.synchronize()
+    s2.synchronize()
+    assert down[0] == down[-1] == 9
+    assert d_up[n - 1] == 7
+    up_ms = cuda.event_elapsed_time(start, up_done)
+    down_after_ms = cuda.event_elapsed_time(start, down_start)
+    assert down_after_ms < up_ms, (down_after_ms, up_ms)
