@@ -30,6 +30,11 @@ def _stream_torch(torch):
     return torch.cuda.Stream
 
 
+def _stream_driver(core):
+    create, destroy = core._raw_stream_create, core._raw_stream_destroy
+    return lambda: destroy(create())
+
+
 # synchronize() on an idle stream -------------------------------------------
 
 def _sync_cm(cm):
@@ -46,6 +51,13 @@ def _sync_cupy(cp):
 
 def _sync_torch(torch):
     return torch.cuda.Stream().synchronize
+
+
+def _sync_driver(core):
+    """cuStreamSynchronize with the GIL released, as cudamem's does."""
+    h = core._raw_stream_create()
+    sync = core._raw_stream_synchronize
+    return lambda: sync(h)
 
 
 # event() create ------------------------------------------------------------
@@ -244,10 +256,12 @@ def _duplex_driver(core):
 OPS = [
     {"name": "stream() create+drop",
      "impls": {"cudamem": _stream_cm, "numba": _stream_numba,
-               "cupy": _stream_cupy, "torch": _stream_torch}},
+               "cupy": _stream_cupy, "torch": _stream_torch,
+               "driver": _stream_driver}},
     {"name": "stream.synchronize() idle",
      "impls": {"cudamem": _sync_cm, "numba": _sync_numba,
-               "cupy": _sync_cupy, "torch": _sync_torch}},
+               "cupy": _sync_cupy, "torch": _sync_torch,
+               "driver": _sync_driver}},
     {"name": "event() create+drop",
      "impls": {"cudamem": _event_cm, "numba": _event_numba,
                "cupy": _event_cupy, "torch": _event_torch}},
