@@ -550,12 +550,14 @@ def test_threads_stress(kind):
     """8 threads x mixed-size allocate/free cycles (three rounds of them
     after a warm-up one) leave nothing live and the RSS flat.  The pool
     runs the issue's 100 000 cycles per thread a round; the default and
-    async managers, which cross into the simulator's lock on every call,
-    fewer, to stay within seconds on a small CI machine."""
+    async managers, which cross into the simulator's lock (or the driver)
+    on every call, fewer, to stay within seconds on a small CI machine.
+    CUDAMEM_STRESS_CYCLES=100000 runs the full count under every manager."""
     ctx = _use(kind)
     try:
         sizes = [512, 3000, 64 * KiB, 700 * KiB, 2 * MiB + 1, 5 * MiB]
         cycles = {"default": 30000, "pool": 100000, "async": 20000}[kind]
+        cycles = int(os.environ.get("CUDAMEM_STRESS_CYCLES", cycles))
         if ASAN:
             cycles //= 10
         errors = []
