@@ -121,6 +121,14 @@ PyErr_SetRaisedException(PyObject *exc)
     X(MemPoolSetAttribute, 11020)       \
     X(MemPoolGetAttribute, 11020)       \
     X(MemPoolTrimTo, 11020)             \
+    X(MemPoolCreate, 11020)             \
+    X(MemPoolDestroy, 11020)            \
+    X(MemPoolSetAccess, 11020)          \
+    X(MemAllocFromPoolAsync, 11020)     \
+    X(MemPoolExportToShareableHandle, 11020) \
+    X(MemPoolImportFromShareableHandle, 11020) \
+    X(MemPoolExportPointer, 11020)      \
+    X(MemPoolImportPointer, 11020)      \
     X(MemHostAlloc, 2020)               \
     X(MemFreeHost, 2000)                \
     X(MemHostRegister, 6050)            \
