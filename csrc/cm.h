@@ -554,6 +554,23 @@ CUresult cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
 /* Give every wholly free pooled byte back to the driver (the async
  * manager waits for the context first); 0, or -1 with an exception. */
 int cm_pool_trim(cm_context *ctx);
+/* Whether device memory at base (an allocation's start) comes from the
+ * pool of ctx's async manager: 1, 0 (another manager, another pool, or
+ * no pool), or -1 with an exception. */
+int cm_pool_owns(cm_context *ctx, CUdeviceptr base);
+/* Export the allocation at base of ctx's async pool for another process:
+ * its cuMemPoolExportPointer data, the descriptor of the pool's
+ * shareable handle (exported on the first call, kept until the context
+ * is closed) and the token that names the pool.  GIL held, ctx current.
+ * 0, or -1 with an exception: CudaAPIError CUDA_ERROR_NOT_SUPPORTED,
+ * saying why, when the pool was made without a shareable handle type. */
+int cm_pool_export(cm_context *ctx, CUdeviceptr base,
+                   CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
+/* Whether ctx's async pool can be shared with other processes. */
+int cm_pool_shareable(cm_context *ctx);
+/* The entry point that allocates for ctx's built-in manager kind, for
+ * messages ("cuMemAllocFromPoolAsync" for a shareable async pool). */
+const char *cm_pool_alloc_fn(cm_context *ctx);
 /* Bytes the pool holds, how many of them are free, and the largest free
  * block (-1 when the manager cannot know).  Zeros without a pool. */
 void cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,

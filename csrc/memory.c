@@ -523,17 +523,6 @@ cm_mem_dealloc(PyObject *self)
     PyErr_SetRaisedException(exc);
 }
 
-/* The allocating entry point of a manager, for messages. */
-static const char *
-cm_alloc_fn(int kind)
-{
-    switch (kind) {
-    case CM_MM_POOL: return "cuMemAlloc (pool)";
-    case CM_MM_ASYNC: return "cuMemAllocAsync";
-    default: return "cuMemAlloc";
-    }
-}
-
 /* Set exc.name to a new reference v (stolen); 0 or -1. */
 static int
 cm_set_attr_steal(PyObject *exc, const char *name, PyObject *v)
@@ -557,7 +546,7 @@ cm_raise_oom(cm_context *ctx, CUresult rc, size_t size)
     size_t reserved = 0;
     size_t pool_free = 0;
     long long largest = -1;
-    const char *fn = cm_alloc_fn(ctx->mm_kind);
+    const char *fn = cm_pool_alloc_fn(ctx);
     char lbuf[32];
     PyObject *exc;
     PyObject *msg;
@@ -740,7 +729,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
         cm_raise_oom(ctx, rc, size);
         return NULL;
     }
-    if (cm_cu_check(rc, cm_alloc_fn(ctx->mm_kind)) < 0) {
+    if (cm_cu_check(rc, cm_pool_alloc_fn(ctx)) < 0) {
         return NULL;
     }
     m = PyObject_GC_New(cm_mem, cm_st->Mem_type);

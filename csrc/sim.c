@@ -1167,6 +1167,8 @@ static const sim_attr sim_attrs[] = {
     {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
     {CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR},
     {CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 1},
     {CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 1},
@@ -2791,6 +2793,8 @@ sim_pool_mem_new(sim_mempool *mp, size_t charged, size_t *span,
                  uint64_t *off)
 {
     uint64_t pg = sim_page();
+    /* The data pages that have words below the data. */
+    uint64_t most = (SIM_POOL_DATA - SIM_POOL_META) / 8 * pg;
     uint64_t n;
     void *mem = NULL;
 
@@ -2801,9 +2805,7 @@ sim_pool_mem_new(sim_mempool *mp, size_t charged, size_t *span,
                                                                     : NULL;
     }
     n = ((uint64_t)charged + pg - 1) / pg * pg;
-    /* The words of the data pages must stay below the data. */
-    if (n < charged || n > SIM_POOL_DATA
-        || mp->next_off > (SIM_POOL_DATA - SIM_POOL_META) / 8 * pg - n
+    if (n < charged || n > most || mp->next_off > most - n
         || ftruncate(mp->fd, (off_t)(SIM_POOL_DATA + mp->next_off + n))
                != 0) {
         return NULL;
