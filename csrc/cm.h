@@ -482,7 +482,9 @@ enum {
     CM_REL_MODULE,        /* cuModuleUnload */
     CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
     CM_REL_POOL,          /* a block back to the context's pool */
-    CM_REL_ASYNC          /* cuMemFreeAsync on the allocation's stream */
+    CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
+    CM_REL_IPC_POOL       /* an imported pool allocation (ipc.c's record)
+                           * let go: cuMemFree once unused */
 };
 
 /* Queue the release of a driver resource of ctx: memory on its memory
@@ -929,6 +931,17 @@ int cm_ipc_init(PyObject *mod, cm_state *st);
  * C for the built-in managers' memory, else by the memory manager's
  * get_ipc_handle through cudamem._ipc._export_array. */
 PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
+/* Let go of one open of a memory-pool import (the handle of a
+ * CM_REL_IPC_POOL release): the last frees the imported memory and, with
+ * its pool's last allocation, the imported pool.  No GIL needed; the
+ * import's context current.  The first failing CUresult, or success. */
+CUresult cm_ipc_pool_release(uintptr_t imp);
+/* The same for an import whose context was closed: no driver call. */
+void cm_ipc_pool_drop(uintptr_t imp);
+/* ctx is being closed (still alive, GIL held): free what it still
+ * imports from other processes' pools and destroy those pools.  Never
+ * raises. */
+void cm_ipc_context_closing(cm_context *ctx);
 
 /* init functions of the later files */
 int cm_kernel_init(PyObject *mod, cm_state *st);
