@@ -1139,3 +1139,27 @@ def test_async_open_on_another_device(async_ctx, monkeypatch, no_peer):
     else:
         assert how == ("_DirectOpen" if cuda.can_access_peer(1, 0)
                        else "_StagedOpen")
+
+
+@pytest.mark.sim
+@pytest.mark.multi_gpu
+def test_async_open_on_a_peer_gives_it_access(async_ctx):
+    # Opened on device 1, the imported pool of device 0 is made usable
+    # there (cuMemPoolSetAccess); a refusal surfaces, and leaks nothing.
+    if len(cuda.gpus) < 2:
+        pytest.skip("needs 2 devices")
+    a = cuda.to_device(np.arange(16, dtype=np.float32))
+    ih = a.get_ipc_handle().ipc_handle
+    c = Child()
+    try:
+        before = c.call("fds")
+        assert c.call("inject", "MemPoolSetAccess", 1, 1) is None
+        r = c.call("open_on_device", ih, np.float32, 16, 1)
+        expect_failure(r, "CudaAPIError", "cuMemPoolSetAccess")
+        assert c.call("fds") == before
+        how, _, values, _ = c.call("open_on_device", ih, np.float32, 16, 1)
+        assert how == "_DirectOpen"
+        np.testing.assert_array_equal(values, np.arange(16))
+        assert c.call("fds") == before
+    finally:
+        c.stop()
