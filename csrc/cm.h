@@ -121,6 +121,14 @@ PyErr_SetRaisedException(PyObject *exc)
     X(MemPoolSetAttribute, 11020)       \
     X(MemPoolGetAttribute, 11020)       \
     X(MemPoolTrimTo, 11020)             \
+    X(MemPoolCreate, 11020)             \
+    X(MemPoolDestroy, 11020)            \
+    X(MemPoolSetAccess, 11020)          \
+    X(MemAllocFromPoolAsync, 11020)     \
+    X(MemPoolExportToShareableHandle, 11020) \
+    X(MemPoolImportFromShareableHandle, 11020) \
+    X(MemPoolExportPointer, 11020)      \
+    X(MemPoolImportPointer, 11020)      \
     X(MemHostAlloc, 2020)               \
     X(MemFreeHost, 2000)                \
     X(MemHostRegister, 6050)            \
@@ -474,7 +482,9 @@ enum {
     CM_REL_MODULE,        /* cuModuleUnload */
     CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
     CM_REL_POOL,          /* a block back to the context's pool */
-    CM_REL_ASYNC          /* cuMemFreeAsync on the allocation's stream */
+    CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
+    CM_REL_IPC_POOL       /* an imported pool allocation (ipc.c's record)
+                           * let go: cuMemFree once unused */
 };
 
 /* Queue the release of a driver resource of ctx: memory on its memory
@@ -546,6 +556,23 @@ CUresult cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
 /* Give every wholly free pooled byte back to the driver (the async
  * manager waits for the context first); 0, or -1 with an exception. */
 int cm_pool_trim(cm_context *ctx);
+/* Whether device memory at base (an allocation's start) comes from the
+ * pool of ctx's async manager: 1, 0 (another manager, another pool, or
+ * no pool), or -1 with an exception. */
+int cm_pool_owns(cm_context *ctx, CUdeviceptr base);
+/* Export the allocation at base of ctx's async pool for another process:
+ * its cuMemPoolExportPointer data, the descriptor of the pool's
+ * shareable handle (exported on the first call, kept until the context
+ * is closed) and the token that names the pool.  GIL held, ctx current.
+ * 0, or -1 with an exception: CudaAPIError CUDA_ERROR_NOT_SUPPORTED,
+ * saying why, when the pool was made without a shareable handle type. */
+int cm_pool_export(cm_context *ctx, CUdeviceptr base,
+                   CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
+/* Whether ctx's async pool can be shared with other processes. */
+int cm_pool_shareable(cm_context *ctx);
+/* The entry point that allocates for ctx's built-in manager kind, for
+ * messages ("cuMemAllocFromPoolAsync" for a shareable async pool). */
+const char *cm_pool_alloc_fn(cm_context *ctx);
 /* Bytes the pool holds, how many of them are free, and the largest free
  * block (-1 when the manager cannot know).  Zeros without a pool. */
 void cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
@@ -904,6 +931,17 @@ int cm_ipc_init(PyObject *mod, cm_state *st);
  * C for the built-in managers' memory, else by the memory manager's
  * get_ipc_handle through cudamem._ipc._export_array. */
 PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
+/* Let go of one open of a memory-pool import (the handle of a
+ * CM_REL_IPC_POOL release): the last frees the imported memory and, with
+ * its pool's last allocation, the imported pool.  No GIL needed; the
+ * import's context current.  The first failing CUresult, or success. */
+CUresult cm_ipc_pool_release(uintptr_t imp);
+/* The same for an import whose context was closed: no driver call. */
+void cm_ipc_pool_drop(uintptr_t imp);
+/* ctx is being closed (still alive, GIL held): free what it still
+ * imports from other processes' pools and destroy those pools.  Never
+ * raises. */
+void cm_ipc_context_closing(cm_context *ctx);
 
 /* init functions of the later files */
 int cm_kernel_init(PyObject *mod, cm_state *st);

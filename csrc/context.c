@@ -824,6 +824,7 @@ cm_context_release_device(int i)
     if (cm_ctx_flush(c) < 0) {
         PyErr_WriteUnraisable((PyObject *)c);
     }
+    cm_ipc_context_closing(c);
     cm_pool_destroy(c);
     cm_ctxs[i] = NULL;
     c->alive = 0;

@@ -20,20 +20,44 @@
  *   its handle, for any manager's memory (GetIpcHandleMixin): the handle
  *   always names the base allocation, and the caller keeps the offset of
  *   its view inside it;
- * - IpcMemory, the owner of one mapping opened with cuIpcOpenMemHandle
- *   (made by _ipc_open).  Arrays over the mapping hold it through their
- *   gpu_data.  close() unmaps at once (cuIpcCloseMemHandle) and is
- *   idempotent; otherwise dealloc queues the close on its context's memory
- *   queue, like a free.
+ * - the two kinds of export.  Memory that cuIpcGetMemHandle can export
+ *   gets a legacy handle.  Memory of the async manager's pool (pool.c)
+ *   cannot be exported that way: it gets a memory-pool export, the 64
+ *   bytes of cuMemPoolExportPointer plus the pool's shareable handle as
+ *   the exporter holds it, (pid, fd, token): another process takes the
+ *   descriptor with pidfd_open + pidfd_getfd (ptrace access to the
+ *   exporter needed), imports the pool (cuMemPoolImportFromShareableHandle)
+ *   and the allocation (cuMemPoolImportPointer).  The handle's pool
+ *   attribute says which kind it is;
+ * - IpcMemory, the owner of one imported mapping: opened with
+ *   cuIpcOpenMemHandle (made by _ipc_open), or a memory-pool import (made
+ *   by _ipc_open_pool).  Arrays over the mapping hold it through their
+ *   gpu_data.  close() unmaps at once (cuIpcCloseMemHandle, or cuMemFree
+ *   of the import) and is idempotent; otherwise dealloc queues the close
+ *   on its context's memory queue, like a free;
+ * - the memory-pool imports of this process: one import of a pool per
+ *   importing context and exporter's pool, one import of an allocation
+ *   per context and export, counted by the IpcMemory objects over it (the
+ *   driver leaves open what a second import of one allocation does); a
+ *   pool import is destroyed with its last allocation, and what a context
+ *   still imports is freed when it is closed.
  *
- * Locking: none of its own; the GIL guards the objects' fields.  The
- * export, open and close calls can wait (the simulator's export and close
- * wait for queued work), so they run with the GIL released, touching only
- * C locals; an IpcMemory is marked closed before its close is issued.
+ * Locking: the GIL guards the objects' fields.  The export, open and
+ * close calls can wait (the simulator's export and close wait for queued
+ * work), so they run with the GIL released, touching only C locals; an
+ * IpcMemory is marked closed before its close is issued.  The import
+ * records are also released from the memory queue without the GIL:
+ * cm_imp_mu guards their lists, counts and flags, and is never held
+ * across a driver call.
  */
 #include "cm.h"
 
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* The owner of one imported mapping. */
 typedef struct {
@@ -42,6 +66,8 @@ typedef struct {
     CUdeviceptr ptr;      /* the mapped address */
     size_t size;          /* bytes the opener asked for */
     int closed;           /* NOTE: set once, before the close is issued */
+    void *imp;            /* a memory-pool import (cm_iptr, counted), or
+                           * NULL for a cuIpcOpenMemHandle mapping */
     PyObject *weakreflist;
 } cm_ipcmem;
 
@@ -63,10 +89,19 @@ typedef struct {
                              * identity; NULL while has_pci */
     PyObject *offset;     /* strong or NULL: the view's offset in the
                            * allocation (an int) */
+    PyObject *pool;       /* strong or NULL (None): a memory-pool
+                           * export's (pid, fd, token); NULL while
+                           * has_pool */
     int has_raw;          /* raw holds the handle not yet made */
     int has_pci;          /* pci holds the source_info not yet made */
+    int has_pool;         /* pool_* hold the pool not yet made */
     int pci[3];           /* PCI domain, bus and device ids */
-    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the CUipcMemHandle bytes */
+    long pool_pid;        /* the exporting process */
+    int pool_fd;          /* its descriptor of the pool's handle */
+    uint64_t pool_token;  /* its name for the pool */
+    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the CUipcMemHandle bytes, or
+                                             * the CUmemPoolPtrExportData
+                                             * of a memory-pool export */
 } cm_ipch;
 
 /* The state of an IpcArrayHandle, likewise. */
@@ -107,17 +142,36 @@ cm_ipc_context_arg(PyObject *obj)
 PyDoc_STRVAR(cm_ipc_export_doc,
 "_ipc_export(context, address, /)\n--\n\n"
 "The IPC handle of the allocation that contains address: a tuple\n"
-"(handle, base, size) of the 64 handle bytes, the allocation's base\n"
-"address (cuMemGetAddressRange) and its size.  The handle names the base\n"
-"allocation; address - base is the offset of the caller's view.");
+"(handle, base, size, pool) of the 64 handle bytes, the allocation's\n"
+"base address (cuMemGetAddressRange), its size, and None for a\n"
+"cuIpcGetMemHandle handle or, for memory of the async manager's pool, the\n"
+"pool's shareable handle (pid, fd, token) (the bytes are then the\n"
+"cuMemPoolExportPointer data).  The handle names the base allocation;\n"
+"address - base is the offset of the caller's view.");
 
-/* The handle of the allocation of ctx that contains addr, its base and
- * size.  0, or -1 with an exception. */
+/* What an export gives. */
+typedef struct {
+    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the handle's bytes */
+    CUdeviceptr base;     /* the allocation's base */
+    size_t size;          /* and size */
+    int pooled;           /* a memory-pool export: the next three apply */
+    long pid;             /* the exporting process (this one) */
+    int fd;               /* the pool's shareable handle here */
+    uint64_t token;       /* the pool's name */
+} cm_ipc_exp;
+
+_Static_assert(sizeof(CUmemPoolPtrExportData) == CU_IPC_HANDLE_SIZE,
+               "both kinds of export have 64 bytes");
+
+/* Export the allocation of ctx that contains addr.  pooled: 1 when it is
+ * known to come from the async manager's pool, 0 when known not to, -1
+ * to ask the driver.  0, or -1 with an exception. */
 static int
-cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, CUipcMemHandle *h,
-                  CUdeviceptr *base, size_t *size)
+cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
+                  cm_ipc_exp *out)
 {
-    CUipcMemHandle out;
+    CUipcMemHandle h;
+    CUmemPoolPtrExportData data;
     CUdeviceptr b = 0;
     size_t n = 0;
     int err;
@@ -132,15 +186,39 @@ cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, CUipcMemHandle *h,
         || CM_CU(MemGetAddressRange, (&b, &n, addr)) < 0) {
         return -1;
     }
-    memset(&out, 0, sizeof(out));
-    CM_CU_NOGIL(err, IpcGetMemHandle, (&out, b));
-    if (err < 0) {
-        return -1;
+    if (pooled < 0) {
+        pooled = cm_pool_owns(ctx, b);
+        if (pooled < 0) {
+            return -1;
+        }
     }
-    *h = out;
-    *base = b;
-    *size = n;
+    memset(out, 0, sizeof(*out));
+    if (pooled) {
+        if (cm_pool_export(ctx, b, &data, &out->fd, &out->token) < 0) {
+            return -1;
+        }
+        memcpy(out->raw, data.reserved, sizeof(out->raw));
+        out->pooled = 1;
+        out->pid = (long)getpid();
+    }
+    else {
+        memset(&h, 0, sizeof(h));
+        CM_CU_NOGIL(err, IpcGetMemHandle, (&h, b));
+        if (err < 0) {
+            return -1;
+        }
+        memcpy(out->raw, h.reserved, sizeof(out->raw));
+    }
+    out->base = b;
+    out->size = n;
     return 0;
+}
+
+/* The (pid, fd, token) tuple of a memory-pool export. */
+static PyObject *
+cm_ipc_pool_tuple(long pid, int fd, uint64_t token)
+{
+    return Py_BuildValue("(liK)", pid, fd, (unsigned long long)token);
 }
 
 static PyObject *
@@ -148,9 +226,9 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     cm_context *ctx;
     unsigned long long addr;
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    CUipcMemHandle h;
+    cm_ipc_exp x;
+    PyObject *pool;
+    PyObject *r;
 
     (void)mod;
     if (nargs != 2) {
@@ -164,11 +242,19 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     addr = PyLong_AsUnsignedLongLong(args[1]);
     if ((addr == (unsigned long long)-1 && PyErr_Occurred())
-        || cm_ipc_export_raw(ctx, (CUdeviceptr)addr, &h, &base, &size) < 0) {
+        || cm_ipc_export_raw(ctx, (CUdeviceptr)addr, -1, &x) < 0) {
         return NULL;
     }
-    return Py_BuildValue("(y#KK)", h.reserved, (Py_ssize_t)sizeof(h.reserved),
-                         (unsigned long long)base, (unsigned long long)size);
+    pool = x.pooled ? cm_ipc_pool_tuple(x.pid, x.fd, x.token)
+                    : Py_NewRef(Py_None);
+    if (pool == NULL) {
+        return NULL;
+    }
+    r = Py_BuildValue("(y#KKO)", x.raw, (Py_ssize_t)sizeof(x.raw),
+                      (unsigned long long)x.base, (unsigned long long)x.size,
+                      pool);
+    Py_DECREF(pool);
+    return r;
 }
 
 /* ------------------------------------------------------------------ */
@@ -252,6 +338,7 @@ cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     m->ptr = p;
     m->size = (size_t)size;
     m->closed = 0;
+    m->imp = NULL;
     m->weakreflist = NULL;
     PyObject_GC_Track(m);
     return (PyObject *)m;
@@ -259,28 +346,44 @@ cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
 PyDoc_STRVAR(cm_ipcmem_close_doc,
 "close($self, /)\n--\n\n"
-"Unmap now (cuIpcCloseMemHandle).  Arrays over the mapping are dead\n"
-"afterwards: using them raises CudaAPIError.  A second call does\n"
-"nothing.");
+"Unmap now (cuIpcCloseMemHandle, or cuMemFree of a memory-pool import\n"
+"once no other open of it in this context remains).  Arrays over the\n"
+"mapping are dead afterwards: using them raises CudaAPIError.  A second\n"
+"call does nothing.");
 
 static PyObject *
 cm_ipcmem_close(PyObject *self, PyObject *unused)
 {
     cm_ipcmem *m = (cm_ipcmem *)self;
     CUdeviceptr p = m->ptr;
+    void *imp = m->imp;
+    CUresult rc;
     int err;
 
     (void)unused;
     if (m->closed) {
         Py_RETURN_NONE;
     }
-    m->closed = 1;
     if (!m->ctx->alive) {
         /* Closing or resetting the device unmapped it already. */
+        m->closed = 1;
+        m->imp = NULL;
+        if (imp != NULL) {
+            cm_ipc_pool_drop((uintptr_t)imp);
+        }
         Py_RETURN_NONE;
     }
     if (cm_context_activate(m->ctx) < 0) {
+        /* Still open: dealloc queues the close. */
         return NULL;
+    }
+    m->closed = 1;
+    m->imp = NULL;
+    if (imp != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = cm_ipc_pool_release((uintptr_t)imp);
+        Py_END_ALLOW_THREADS
+        return cm_cu_check(rc, "cuMemFree") < 0 ? NULL : Py_NewRef(Py_None);
     }
     CM_CU_NOGIL(err, IpcCloseMemHandle, (p));
     if (err < 0) {
@@ -343,7 +446,17 @@ cm_ipcmem_dealloc(PyObject *self)
     }
     if (!m->closed && !Py_IsFinalizing()) {
         m->closed = 1;
-        cm_ctx_release(m->ctx, CM_REL_IPC, (uintptr_t)m->ptr, 0);
+        if (m->imp == NULL) {
+            cm_ctx_release(m->ctx, CM_REL_IPC, (uintptr_t)m->ptr, 0);
+        }
+        else if (m->ctx->alive && !cm_forked) {
+            cm_ctx_release(m->ctx, CM_REL_IPC_POOL, (uintptr_t)m->imp, 0);
+        }
+        else if (!cm_forked) {
+            /* The context's close freed the import already. */
+            cm_ipc_pool_drop((uintptr_t)m->imp);
+        }
+        m->imp = NULL;
     }
     Py_CLEAR(m->ctx);
     tp->tp_free(self);
@@ -377,8 +490,9 @@ static PyMemberDef cm_ipcmem_members[] = {
 };
 
 PyDoc_STRVAR(cm_ipcmem_doc,
-"Device memory of another process, mapped here by cuIpcOpenMemHandle.\n"
-"Made by IpcHandle.open; unmapped by close() or, failing that, queued for\n"
+"Device memory of another process, mapped here by cuIpcOpenMemHandle or\n"
+"imported from its memory pool (cuMemPoolImportPointer).  Made by\n"
+"IpcHandle.open; unmapped by close() or, failing that, queued for\n"
 "unmapping when the last reference goes.");
 
 static PyType_Slot cm_ipcmem_slots[] = {
@@ -399,6 +513,517 @@ static PyType_Spec cm_ipcmem_spec = {
              | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = cm_ipcmem_slots,
 };
+
+/* ------------------------------------------------------------------ */
+/* Memory-pool imports                                                 */
+/* ------------------------------------------------------------------ */
+
+/* A memory pool of another process, imported in one context. */
+typedef struct cm_ipool cm_ipool;
+struct cm_ipool {
+    unsigned long gen;    /* the importing context's generation */
+    long pid;             /* the exporting process */
+    int fd;               /* its descriptor of the pool's handle */
+    uint64_t token;       /* its name for the pool */
+    CUmemoryPool pool;    /* the imported pool */
+    uint64_t access;      /* bit d: device d was given access to it */
+    int refs;             /* the imported allocations that hold it */
+    int dead;             /* its context was closed: destroyed then */
+    cm_ipool *next;       /* link in cm_ipools */
+};
+
+/* An allocation imported from such a pool. */
+typedef struct cm_iptr cm_iptr;
+struct cm_iptr {
+    cm_ipool *ipool;      /* holds one of its references */
+    unsigned char data[CU_IPC_HANDLE_SIZE];  /* the export it came from */
+    CUdeviceptr ptr;      /* where it is mapped */
+    int refs;             /* the IpcMemory objects (or their queued
+                           * releases) over it */
+    int dead;             /* its context was closed: freed then */
+    cm_iptr *next;        /* link in cm_iptrs */
+};
+
+/* NOTE: cm_imp_mu guards the two lists and every refs, dead and access
+ * field; it is never held across a driver call.  An entry is listed
+ * while referenced; lookups skip dead ones. */
+static pthread_mutex_t cm_imp_mu = PTHREAD_MUTEX_INITIALIZER;
+static cm_ipool *cm_ipools;
+static cm_iptr *cm_iptrs;
+
+/* Drop a reference to ip; the last unlinks it and destroys the imported
+ * pool (unless its context was closed, or driver is 0).  No GIL needed;
+ * some context current when driver is 1. */
+static CUresult
+cm_ipool_unref(cm_ipool *ip, int driver)
+{
+    cm_ipool **pp;
+    CUresult rc = CUDA_SUCCESS;
+    int last;
+
+    pthread_mutex_lock(&cm_imp_mu);
+    last = --ip->refs == 0;
+    if (last) {
+        for (pp = &cm_ipools; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == ip) {
+                *pp = ip->next;
+                break;
+            }
+        }
+        driver = driver && !ip->dead;
+    }
+    pthread_mutex_unlock(&cm_imp_mu);
+    if (!last) {
+        return CUDA_SUCCESS;
+    }
+    if (driver) {
+        rc = CM_CU_RAW(MemPoolDestroy, (ip->pool));
+    }
+    free(ip);
+    return rc;
+}
+
+/* Drop a reference to p; the last unlinks it, frees the imported memory
+ * (unless its context was closed, or driver is 0) and drops its pool.
+ * No GIL needed; p's context current when driver is 1. */
+static CUresult
+cm_iptr_unref(cm_iptr *p, int driver)
+{
+    cm_iptr **pp;
+    CUresult rc = CUDA_SUCCESS;
+    CUresult rc2;
+    int last;
+
+    pthread_mutex_lock(&cm_imp_mu);
+    last = --p->refs == 0;
+    if (last) {
+        for (pp = &cm_iptrs; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == p) {
+                *pp = p->next;
+                break;
+            }
+        }
+        driver = driver && !p->dead;
+    }
+    pthread_mutex_unlock(&cm_imp_mu);
+    if (!last) {
+        return CUDA_SUCCESS;
+    }
+    if (driver) {
+        rc = CM_CU_RAW(MemFree, (p->ptr));
+    }
+    rc2 = cm_ipool_unref(p->ipool, driver);
+    free(p);
+    return rc != CUDA_SUCCESS ? rc : rc2;
+}
+
+CUresult
+cm_ipc_pool_release(uintptr_t imp)
+{
+    return cm_iptr_unref((cm_iptr *)imp, 1);
+}
+
+void
+cm_ipc_pool_drop(uintptr_t imp)
+{
+    (void)cm_iptr_unref((cm_iptr *)imp, 0);
+}
+
+void
+cm_ipc_context_closing(cm_context *ctx)
+{
+    CUdeviceptr *ptrs = NULL;
+    CUmemoryPool *pools = NULL;
+    size_t nptrs = 0;
+    size_t npools = 0;
+    size_t i;
+    cm_iptr *p;
+    cm_ipool *ip;
+    CUcontext cur = NULL;
+    CUcontext popped;
+    int pushed = 0;
+
+    if (cm_forked) {
+        return;
+    }
+    pthread_mutex_lock(&cm_imp_mu);
+    for (p = cm_iptrs; p != NULL; p = p->next) {
+        nptrs += !p->dead && p->ipool->gen == ctx->gen;
+    }
+    for (ip = cm_ipools; ip != NULL; ip = ip->next) {
+        npools += !ip->dead && ip->gen == ctx->gen;
+    }
+    /* Without memory for the lists, the context's reset takes what the
+     * imports hold. */
+    ptrs = nptrs ? malloc(nptrs * sizeof(*ptrs)) : NULL;
+    pools = npools ? malloc(npools * sizeof(*pools)) : NULL;
+    nptrs = 0;
+    npools = 0;
+    for (p = cm_iptrs; p != NULL; p = p->next) {
+        if (!p->dead && p->ipool->gen == ctx->gen) {
+            p->dead = 1;
+            if (ptrs != NULL) {
+                ptrs[nptrs++] = p->ptr;
+            }
+        }
+    }
+    for (ip = cm_ipools; ip != NULL; ip = ip->next) {
+        if (!ip->dead && ip->gen == ctx->gen) {
+            ip->dead = 1;
+            if (pools != NULL) {
+                pools[npools++] = ip->pool;
+            }
+        }
+    }
+    pthread_mutex_unlock(&cm_imp_mu);
+    if (nptrs + npools > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
+            || cur != ctx->handle) {
+            pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle))
+                     == CUDA_SUCCESS;
+        }
+        for (i = 0; i < nptrs; i++) {
+            (void)CM_CU_RAW(MemFree, (ptrs[i]));
+        }
+        for (i = 0; i < npools; i++) {
+            (void)CM_CU_RAW(MemPoolDestroy, (pools[i]));
+        }
+        if (pushed) {
+            (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+        }
+        Py_END_ALLOW_THREADS
+    }
+    free(ptrs);
+    free(pools);
+}
+
+/* OSError(err, why) for a descriptor that could not be taken from pid:
+ * a subclass where the errno has one (ProcessLookupError,
+ * PermissionError).  -1. */
+static int
+cm_ipc_take_fd_error(int err, long pid, int fd)
+{
+    PyObject *msg;
+    PyObject *exc;
+
+    switch (err) {
+    case ESRCH:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: the exporting process (pid %ld) "
+            "has exited", pid);
+        break;
+    case EBADF:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: process %ld no longer has the "
+            "memory pool's file descriptor %d (the exporting context was "
+            "closed, or the handle is not from that process)", pid, fd);
+        break;
+    case EPERM:
+    case EACCES:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: not permitted to take file "
+            "descriptor %d of process %ld with pidfd_getfd, which needs "
+            "ptrace access to the exporting process (the same user and a "
+            "Yama ptrace_scope that allows it, or CAP_SYS_PTRACE)",
+            fd, pid);
+        break;
+    case ENOSYS:
+        msg = PyUnicode_FromString(
+            "cannot open the IPC handle: importing memory of the async "
+            "memory manager needs pidfd_open and pidfd_getfd (Linux 5.6 or "
+            "later)");
+        break;
+    default:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: taking file descriptor %d of "
+            "process %ld failed (%s)", fd, pid, strerror(err));
+        break;
+    }
+    if (msg == NULL) {
+        return -1;
+    }
+    exc = PyObject_CallFunction(PyExc_OSError, "iO", err, msg);
+    Py_DECREF(msg);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return -1;
+}
+
+/* A descriptor of this process for descriptor fd of process pid (it is
+ * close-on-exec), or -1 with OSError saying why not. */
+static int
+cm_ipc_take_fd(long pid, int fd)
+{
+    int pidfd = -1;
+    int got = -1;
+    int err = ENOSYS;
+
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+    pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (pidfd >= 0) {
+        got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    }
+    err = errno;
+    if (pidfd >= 0) {
+        close(pidfd);
+    }
+#else
+    (void)pidfd;
+#endif
+    if (got < 0) {
+        return cm_ipc_take_fd_error(err, pid, fd);
+    }
+    return got;
+}
+
+/* Import, in ctx, the pool that process pid holds as descriptor fd: a
+ * new entry, listed, with one reference; NULL with an exception. */
+static cm_ipool *
+cm_ipool_import(cm_context *ctx, long pid, int fd, uint64_t token)
+{
+    CUmemoryPool pool = NULL;
+    cm_ipool *ip;
+    int got;
+    int err;
+
+    got = cm_ipc_take_fd(pid, fd);
+    if (got < 0) {
+        return NULL;
+    }
+    /* The driver keeps what it needs: the descriptor is ours to close. */
+    CM_CU_NOGIL(err, MemPoolImportFromShareableHandle,
+                (&pool, (void *)(intptr_t)got,
+                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    close(got);
+    if (err < 0) {
+        return NULL;
+    }
+    ip = calloc(1, sizeof(*ip));
+    if (ip == NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemPoolDestroy, (pool));
+        Py_END_ALLOW_THREADS
+        PyErr_NoMemory();
+        return NULL;
+    }
+    ip->gen = ctx->gen;
+    ip->pid = pid;
+    ip->fd = fd;
+    ip->token = token;
+    ip->pool = pool;
+    ip->refs = 1;
+    pthread_mutex_lock(&cm_imp_mu);
+    ip->next = cm_ipools;
+    cm_ipools = ip;
+    pthread_mutex_unlock(&cm_imp_mu);
+    return ip;
+}
+
+/* Drop a reference taken in this file's open path, with the GIL held and
+ * an exception perhaps set (kept). */
+static void
+cm_ipool_unref_gil(cm_ipool *ip)
+{
+    PyObject *exc = PyErr_GetRaisedException();
+
+    Py_BEGIN_ALLOW_THREADS
+    (void)cm_ipool_unref(ip, 1);
+    Py_END_ALLOW_THREADS
+    PyErr_SetRaisedException(exc);
+}
+
+/* The import in ctx (current) of the allocation that data names, from
+ * the pool (pid, fd, token) of device src: an existing one counted again,
+ * or a new one.  NULL with an exception. */
+static cm_iptr *
+cm_ipc_import(cm_context *ctx, long pid, int fd, uint64_t token,
+              const unsigned char *data, int src)
+{
+    CUmemPoolPtrExportData d;
+    CUmemAccessDesc acc;
+    CUdeviceptr ptr = 0;
+    uint64_t bit = (uint64_t)1 << (ctx->device->id % 64);
+    cm_ipool *ip;
+    cm_iptr *p;
+    int need_access;
+    int err;
+
+    pthread_mutex_lock(&cm_imp_mu);
+    for (p = cm_iptrs; p != NULL; p = p->next) {
+        ip = p->ipool;
+        if (!p->dead && ip->gen == ctx->gen && ip->pid == pid
+            && ip->fd == fd && ip->token == token
+            && memcmp(p->data, data, sizeof(p->data)) == 0) {
+            p->refs++;
+            pthread_mutex_unlock(&cm_imp_mu);
+            return p;
+        }
+    }
+    for (ip = cm_ipools; ip != NULL; ip = ip->next) {
+        if (!ip->dead && ip->gen == ctx->gen && ip->pid == pid
+            && ip->fd == fd && ip->token == token) {
+            ip->refs++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&cm_imp_mu);
+    if (ip == NULL) {
+        ip = cm_ipool_import(ctx, pid, fd, token);
+        if (ip == NULL) {
+            return NULL;
+        }
+    }
+    /* The pool's memory is its device's; another device that opens it
+     * needs access (the devices are peers, or the open is staged). */
+    pthread_mutex_lock(&cm_imp_mu);
+    need_access = src != ctx->device->id && !(ip->access & bit);
+    pthread_mutex_unlock(&cm_imp_mu);
+    if (need_access) {
+        memset(&acc, 0, sizeof(acc));
+        acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        acc.location.id = (int)ctx->device->handle;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CM_CU_NOGIL(err, MemPoolSetAccess, (ip->pool, &acc, 1));
+        if (err < 0) {
+            goto err_unref_pool;
+        }
+        pthread_mutex_lock(&cm_imp_mu);
+        ip->access |= bit;
+        pthread_mutex_unlock(&cm_imp_mu);
+    }
+    p = calloc(1, sizeof(*p));
+    if (p == NULL) {
+        PyErr_NoMemory();
+        goto err_unref_pool;
+    }
+    memcpy(d.reserved, data, sizeof(d.reserved));
+    CM_CU_NOGIL(err, MemPoolImportPointer, (&ptr, ip->pool, &d));
+    if (err < 0) {
+        goto err_free_record;
+    }
+    p->ipool = ip;
+    memcpy(p->data, data, sizeof(p->data));
+    p->ptr = ptr;
+    p->refs = 1;
+    pthread_mutex_lock(&cm_imp_mu);
+    p->next = cm_iptrs;
+    cm_iptrs = p;
+    pthread_mutex_unlock(&cm_imp_mu);
+    return p;
+
+err_free_record:
+    free(p);
+err_unref_pool:
+    cm_ipool_unref_gil(ip);
+    return NULL;
+}
+
+PyDoc_STRVAR(cm_ipc_open_pool_doc,
+"_ipc_open_pool(context, handle, size, pool, source, /)\n--\n\n"
+"Import into context the allocation of another process's memory pool\n"
+"that handle (64 bytes of cuMemPoolExportPointer) names; pool is the\n"
+"pool's shareable handle as that process holds it, (pid, fd, token),\n"
+"and source the ordinal here of the pool's device.  A new IpcMemory\n"
+"whose device_pointer is the allocation's base; size is the number of\n"
+"bytes the caller will use.  Another open of the same export in the\n"
+"same context shares the import.");
+
+static PyObject *
+cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    cm_context *ctx;
+    Py_buffer view;
+    Py_ssize_t size;
+    unsigned char data[CU_IPC_HANDLE_SIZE];
+    long pid;
+    int fd;
+    unsigned long long token;
+    int src;
+    cm_iptr *imp;
+    cm_ipcmem *m;
+
+    (void)mod;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "_ipc_open_pool() takes 5 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    ctx = cm_ipc_context_arg(args[0]);
+    if (ctx == NULL) {
+        return NULL;
+    }
+    size = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "size must not be negative, got %zd",
+                     size);
+        return NULL;
+    }
+    if (!PyTuple_Check(args[3])) {
+        PyErr_Format(PyExc_TypeError,
+                     "pool must be a (pid, fd, token) tuple, got %.200s",
+                     Py_TYPE(args[3])->tp_name);
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args[3], "liK;pool must be a (pid, fd, token) "
+                          "tuple", &pid, &fd, &token)) {
+        return NULL;
+    }
+    src = (int)PyLong_AsLong(args[4]);
+    if (src == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (view.len != (Py_ssize_t)sizeof(data)) {
+        PyErr_Format(PyExc_ValueError,
+                     "an IPC handle has %zu bytes, got %zd", sizeof(data),
+                     view.len);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    memcpy(data, view.buf, sizeof(data));
+    PyBuffer_Release(&view);
+    if (pid == (long)getpid()) {
+        /* The pool is this process's own: nothing to import. */
+        PyErr_SetString(PyExc_ValueError,
+                        "opening IpcHandle from original process");
+        return NULL;
+    }
+    if (cm_context_activate(ctx) < 0) {
+        return NULL;
+    }
+    imp = cm_ipc_import(ctx, pid, fd, (uint64_t)token, data, src);
+    if (imp == NULL) {
+        return NULL;
+    }
+    m = PyObject_GC_New(cm_ipcmem, cm_st->IpcMemory_type);
+    if (m == NULL) {
+        /* The import is still ours to undo. */
+        PyObject *exc = PyErr_GetRaisedException();
+
+        Py_BEGIN_ALLOW_THREADS
+        (void)cm_ipc_pool_release((uintptr_t)imp);
+        Py_END_ALLOW_THREADS
+        PyErr_SetRaisedException(exc);
+        return NULL;
+    }
+    m->ctx = (cm_context *)Py_NewRef(ctx);
+    m->ptr = imp->ptr;
+    m->size = (size_t)size;
+    m->closed = 0;
+    m->imp = imp;
+    m->weakreflist = NULL;
+    PyObject_GC_Track(m);
+    return (PyObject *)m;
+}
 
 /* ------------------------------------------------------------------ */
 /* Peers                                                               */
@@ -683,6 +1308,36 @@ cm_ipch_set_source_info(PyObject *self, PyObject *value, void *unused)
     return 0;
 }
 
+static PyObject *
+cm_ipch_get_pool(PyObject *self, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+    PyObject *t;
+
+    (void)unused;
+    if (h->pool == NULL && h->has_pool) {
+        t = cm_ipc_pool_tuple(h->pool_pid, h->pool_fd, h->pool_token);
+        if (t == NULL) {
+            return NULL;
+        }
+        h->pool = t;
+        h->has_pool = 0;
+    }
+    /* Unset: a legacy handle (made before handles had a kind, too). */
+    return Py_NewRef(h->pool == NULL ? Py_None : h->pool);
+}
+
+static int
+cm_ipch_set_pool(PyObject *self, PyObject *value, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    (void)unused;
+    Py_XSETREF(h->pool, Py_XNewRef(value));
+    h->has_pool = 0;
+    return 0;
+}
+
 static int
 cm_ipch_traverse(PyObject *self, visitproc visit, void *arg)
 {
@@ -696,6 +1351,7 @@ cm_ipch_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(h->size);
     Py_VISIT(h->source_info);
     Py_VISIT(h->offset);
+    Py_VISIT(h->pool);
     return 0;
 }
 
@@ -711,6 +1367,7 @@ cm_ipch_clear(PyObject *self)
     Py_CLEAR(h->size);
     Py_CLEAR(h->source_info);
     Py_CLEAR(h->offset);
+    Py_CLEAR(h->pool);
     return 0;
 }
 
@@ -733,6 +1390,10 @@ static PyGetSetDef cm_ipch_getset[] = {
      "The 64 bytes of the CUipcMemHandle (bytes with .reserved).", NULL},
     {"source_info", cm_ipch_get_source_info, cm_ipch_set_source_info,
      "The exporting device's identity (a dict), or None.", NULL},
+    {"pool", cm_ipch_get_pool, cm_ipch_set_pool,
+     "None for a cuIpcGetMemHandle handle; for a memory-pool export, the "
+     "pool's shareable handle as the exporter holds it: (pid, fd, "
+     "token).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -897,9 +1558,7 @@ cm_ipc_export_array(PyObject *self)
     Py_ssize_t lo = 0;
     Py_ssize_t span;
     CUdeviceptr low;
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    CUipcMemHandle h;
+    cm_ipc_exp x;
     int pci[3];
     PyTypeObject *tp;
     cm_ipch *ih;
@@ -931,7 +1590,8 @@ cm_ipc_export_array(PyObject *self)
     /* The view's lowest byte: lo <= 0 is its offset from the first
      * element. */
     low = (CUdeviceptr)d.view.addr - (CUdeviceptr)(-lo);
-    if (cm_ipc_export_raw(ctx, low, &h, &base, &size) < 0
+    if (cm_ipc_export_raw(ctx, low,
+                          ((cm_mem *)d.gpu_data)->kind == CM_MM_ASYNC, &x) < 0
         || cm_device_pci(ctx->device, pci) < 0) {
         return NULL;
     }
@@ -944,13 +1604,19 @@ cm_ipc_export_array(PyObject *self)
     ih->ctx = (cm_context *)Py_NewRef(ctx);
     ih->ptr = low;
     ih->span = span;
-    memcpy(ih->raw, h.reserved, sizeof(ih->raw));
+    memcpy(ih->raw, x.raw, sizeof(ih->raw));
     ih->has_raw = 1;
     memcpy(ih->pci, pci, sizeof(ih->pci));
     ih->has_pci = 1;
+    if (x.pooled) {
+        ih->pool_pid = x.pid;
+        ih->pool_fd = x.fd;
+        ih->pool_token = x.token;
+        ih->has_pool = 1;
+    }
     ih->size = PyLong_FromSsize_t(span);
     ih->offset = PyLong_FromUnsignedLongLong(
-        (unsigned long long)(low - base));
+        (unsigned long long)(low - x.base));
     if (ih->size == NULL || ih->offset == NULL) {
         Py_DECREF(ih);
         return NULL;
@@ -987,6 +1653,8 @@ static PyMethodDef cm_ipc_functions[] = {
      METH_FASTCALL, cm_ipc_export_doc},
     {"_ipc_open", (PyCFunction)(void (*)(void))cm_ipc_open, METH_FASTCALL,
      cm_ipc_open_doc},
+    {"_ipc_open_pool", (PyCFunction)(void (*)(void))cm_ipc_open_pool,
+     METH_FASTCALL, cm_ipc_open_pool_doc},
     {"_can_access_peer", (PyCFunction)(void (*)(void))cm_ipc_can_access_peer,
      METH_FASTCALL, cm_ipc_can_access_peer_doc},
     {NULL, NULL, 0, NULL},

@@ -70,6 +70,7 @@ cm_rel_fn(int kind)
     case CM_REL_IPC: return "cuIpcCloseMemHandle";
     case CM_REL_POOL: return "cuEventRecord";
     case CM_REL_ASYNC: return "cuMemFreeAsync";
+    case CM_REL_IPC_POOL: return "cuMemFree";
     default: return "release";
     }
 }
@@ -94,8 +95,27 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
         return CM_CU_RAW(ModuleUnload, ((CUmodule)it->handle));
     case CM_REL_IPC:
         return CM_CU_RAW(IpcCloseMemHandle, ((CUdeviceptr)it->handle));
+    case CM_REL_IPC_POOL:
+        return cm_ipc_pool_release(it->handle);
     default:
         return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* Let go of queued releases that will never run (their context is gone):
+ * only the records of C state need it. */
+static void
+cm_pending_drop(cm_pending_item *items, Py_ssize_t n)
+{
+    Py_ssize_t i;
+
+    if (cm_forked) {
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        if (items[i].kind == CM_REL_IPC_POOL) {
+            cm_ipc_pool_drop(items[i].handle);
+        }
     }
 }
 
@@ -136,6 +156,7 @@ cm_pending_flush(cm_pending *q)
     q->cap = 0;
     q->bytes = 0;
     if (!q->ctx->alive || cm_forked) {
+        cm_pending_drop(items, n);
         PyMem_Free(items);
         return 0;
     }
@@ -252,6 +273,7 @@ cm_pending_dealloc(PyObject *self)
 
     PyObject_GC_UnTrack(self);
     /* Entries left here belong to a context that is gone. */
+    cm_pending_drop(q->items, q->n);
     PyMem_Free(q->items);
     Py_CLEAR(q->ctx);
     tp->tp_free(self);
@@ -429,8 +451,8 @@ cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     if (handle == 0 || !ctx->alive || cm_forked) {
         return;
     }
-    q = (memory || kind == CM_REL_HOST || kind == CM_REL_IPC) ? ctx->memq
-                                                              : ctx->ctxq;
+    q = (memory || kind == CM_REL_HOST || kind == CM_REL_IPC
+         || kind == CM_REL_IPC_POOL) ? ctx->memq : ctx->ctxq;
     if (memory) {
         ctx->st_bytes -= size;
         ctx->st_count--;
@@ -523,17 +545,6 @@ cm_mem_dealloc(PyObject *self)
     PyErr_SetRaisedException(exc);
 }
 
-/* The allocating entry point of a manager, for messages. */
-static const char *
-cm_alloc_fn(int kind)
-{
-    switch (kind) {
-    case CM_MM_POOL: return "cuMemAlloc (pool)";
-    case CM_MM_ASYNC: return "cuMemAllocAsync";
-    default: return "cuMemAlloc";
-    }
-}
-
 /* Set exc.name to a new reference v (stolen); 0 or -1. */
 static int
 cm_set_attr_steal(PyObject *exc, const char *name, PyObject *v)
@@ -557,7 +568,7 @@ cm_raise_oom(cm_context *ctx, CUresult rc, size_t size)
     size_t reserved = 0;
     size_t pool_free = 0;
     long long largest = -1;
-    const char *fn = cm_alloc_fn(ctx->mm_kind);
+    const char *fn = cm_pool_alloc_fn(ctx);
     char lbuf[32];
     PyObject *exc;
     PyObject *msg;
@@ -740,7 +751,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
         cm_raise_oom(ctx, rc, size);
         return NULL;
     }
-    if (cm_cu_check(rc, cm_alloc_fn(ctx->mm_kind)) < 0) {
+    if (cm_cu_check(rc, cm_pool_alloc_fn(ctx)) < 0) {
         return NULL;
     }
     m = PyObject_GC_New(cm_mem, cm_st->Mem_type);

@@ -21,11 +21,17 @@
  *   come from, and go back to, a per-pool stack.  trim() gives every
  *   wholly free segment back with cuMemFree; a limit caps the bytes held;
  *   the statistics feed memory_stats() and the out-of-memory snapshot.
- * - async: cuMemAllocAsync / cuMemFreeAsync on the allocation's stream
- *   from the device's default memory pool, whose release threshold is
- *   set (CUDAMEM_ASYNC_RELEASE_THRESHOLD, default UINT64_MAX) so memory
- *   stays cached across synchronisations; trim() waits for the context
- *   and trims the driver's pool to 0.
+ * - async: cuMemAllocFromPoolAsync / cuMemFreeAsync on the allocation's
+ *   stream from a memory pool of the context's own, made with the POSIX
+ *   file-descriptor handle type so that its memory can be shared with
+ *   other processes (ipc.c); where the device cannot make such a pool,
+ *   cuMemAllocAsync from the device's default pool, whose memory cannot
+ *   be shared.  The pool's release threshold is set
+ *   (CUDAMEM_ASYNC_RELEASE_THRESHOLD, default UINT64_MAX) so memory stays
+ *   cached across synchronisations; trim() waits for the context and
+ *   trims the driver's pool to 0.  The pool's shareable handle (a file
+ *   descriptor) is exported on the first IPC export and kept, with the
+ *   pool, until the context is closed.
  * - private helpers for tests: raw streams and a host-function gate.
  *
  * Locking: each pool has its own mutex guarding its segments, blocks,
@@ -36,7 +42,8 @@
  * releases without it.  A pool is destroyed (memory given back) under
  * the GIL when its context is closed; the struct is freed only with the
  * Context object, and an allocation that grew the pool with the GIL
- * released checks whether it was destroyed meanwhile.
+ * released checks whether it was destroyed meanwhile.  The async pool's
+ * exported descriptor is guarded by the GIL.
  *
  * Limitation: under the per-thread default stream, handle 0 names a
  * different stream on each thread; the pool treats it as one stream.
@@ -46,6 +53,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #define CM_POOL_ROUND 512                  /* request granularity */
 #define CM_POOL_SMALL_MAX ((size_t)1 << 20)   /* small requests */
@@ -118,7 +128,14 @@ struct cm_pool {
     size_t nevents;       /* used entries */
     size_t capevents;     /* allocated entries */
     /* async */
-    CUmemoryPool mempool;  /* the device's default memory pool */
+    CUmemoryPool mempool;  /* the pool it allocates from: its own, or the
+                            * device's default one */
+    int shareable;        /* mempool is its own, made with the POSIX
+                           * file-descriptor handle type */
+    const char *noshare;  /* when not shareable: why (static text) */
+    int export_fd;        /* NOTE: GIL; mempool's shareable handle, once
+                           * exported, else -1; closed with the pool */
+    uint64_t token;       /* names mempool in IPC handles (random) */
 };
 
 /* The built-in kind for new contexts. */
@@ -627,6 +644,62 @@ cm_stream_key(CUstream s)
 /* The interface to memory.c and context.c                             */
 /* ------------------------------------------------------------------ */
 
+/* Give the async manager of ctx its pool: one of its own that other
+ * processes can import (the POSIX file-descriptor handle type), where
+ * the device and driver can make one; else the device's default pool,
+ * with the reason in noshare.  0, or -1 with an exception. */
+static int
+cm_async_pool_make(cm_context *ctx, cm_pool *p)
+{
+    CUdevice dev = ctx->device->handle;
+    CUmemPoolProps props;
+    int types = 0;
+    CUresult rc;
+
+    if (cm_cu.MemPoolCreate == NULL || cm_cu.MemPoolDestroy == NULL
+        || cm_cu.MemAllocFromPoolAsync == NULL
+        || cm_cu.MemPoolExportToShareableHandle == NULL
+        || cm_cu.MemPoolExportPointer == NULL) {
+        p->noshare = "the driver lacks the entry points that make and "
+                     "export memory pools";
+    }
+    else if (CM_CU_RAW(DeviceGetAttribute,
+                       (&types,
+                        CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+                        dev)) != CUDA_SUCCESS
+             || !(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        p->noshare = "the device does not support POSIX file-descriptor "
+                     "handles for memory pools";
+    }
+    if (p->noshare == NULL) {
+        memset(&props, 0, sizeof(props));
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = (int)dev;
+        rc = CM_CU_RAW(MemPoolCreate, (&p->mempool, &props));
+        if (rc == CUDA_ERROR_NOT_SUPPORTED) {
+            p->noshare = "the driver refused to make a memory pool with "
+                         "POSIX file-descriptor handles "
+                         "(CUDA_ERROR_NOT_SUPPORTED)";
+        }
+        else if (cm_cu_check(rc, "cuMemPoolCreate") < 0) {
+            return -1;
+        }
+        else {
+            p->shareable = 1;
+            if (getrandom(&p->token, sizeof(p->token), 0)
+                != (ssize_t)sizeof(p->token)) {
+                p->token = (uint64_t)time(NULL)
+                           ^ ((uint64_t)getpid() << 32)
+                           ^ (uint64_t)(uintptr_t)p;
+            }
+            return 0;
+        }
+    }
+    return CM_CU(DeviceGetDefaultMemPool, (&p->mempool, dev));
+}
+
 int
 cm_pool_create(cm_context *ctx, int kind)
 {
@@ -645,16 +718,17 @@ cm_pool_create(cm_context *ctx, int kind)
         PyErr_NoMemory();
         return -1;
     }
+    p->export_fd = -1;
     if (kind == CM_MM_ASYNC) {
         cuuint64_t t = cm_async_threshold;
 
-        if (CM_CU(DeviceGetDefaultMemPool,
-                  (&p->mempool, ctx->device->handle)) < 0) {
-            err = -1;
-        }
-        else {
+        err = cm_async_pool_make(ctx, p);
+        if (err == 0) {
             err = CM_CU(MemPoolSetAttribute,
                         (p->mempool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+            if (err < 0 && p->shareable) {
+                (void)CM_CU_RAW(MemPoolDestroy, (p->mempool));
+            }
         }
         if (err < 0) {
             pthread_mutex_destroy(&p->mu);
@@ -712,6 +786,11 @@ cm_pool_destroy(cm_context *ctx)
     p->capevents = 0;
     mp = p->mempool;
     pthread_mutex_unlock(&p->mu);
+    if (p->export_fd >= 0) {
+        /* Importers can no longer take it; what they imported stays. */
+        close(p->export_fd);
+        p->export_fd = -1;
+    }
     if (!ctx->alive || cm_forked) {
         free(events);
         for (g = all; g != NULL; g = all) {
@@ -733,6 +812,10 @@ cm_pool_destroy(cm_context *ctx)
                                   == CUDA_SUCCESS) {
         (void)CM_CU_RAW(MemPoolTrimTo, (mp, 0));
     }
+    if (p->shareable) {
+        /* Allocations still live go with the context's reset. */
+        (void)CM_CU_RAW(MemPoolDestroy, (mp));
+    }
     if (pushed) {
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
@@ -750,6 +833,9 @@ cm_pool_free(cm_context *ctx)
         return;
     }
     ctx->pool = NULL;
+    if (p->export_fd >= 0) {
+        close(p->export_fd);
+    }
     for (i = 0; i < p->nevents; i++) {
         (void)CM_CU_RAW(EventDestroy, (p->events[i]));
     }
@@ -840,7 +926,13 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         }
         *blk = NULL;
         Py_BEGIN_ALLOW_THREADS
-        rc = CM_CU_RAW(MemAllocAsync, (ptr, size, stream));
+        if (p->shareable) {
+            rc = CM_CU_RAW(MemAllocFromPoolAsync,
+                           (ptr, size, p->mempool, stream));
+        }
+        else {
+            rc = CM_CU_RAW(MemAllocAsync, (ptr, size, stream));
+        }
         Py_END_ALLOW_THREADS
         return rc;
     }
@@ -928,6 +1020,107 @@ cm_pool_trim(cm_context *ctx)
         Py_END_ALLOW_THREADS
     }
     return cm_cu_check(rc, fn);
+}
+
+int
+cm_pool_shareable(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+
+    return p != NULL && p->kind == CM_MM_ASYNC && p->shareable;
+}
+
+const char *
+cm_pool_alloc_fn(cm_context *ctx)
+{
+    switch (ctx->mm_kind) {
+    case CM_MM_POOL:
+        return "cuMemAlloc (pool)";
+    case CM_MM_ASYNC:
+        return cm_pool_shareable(ctx) ? "cuMemAllocFromPoolAsync"
+                                      : "cuMemAllocAsync";
+    default:
+        return "cuMemAlloc";
+    }
+}
+
+int
+cm_pool_owns(cm_context *ctx, CUdeviceptr base)
+{
+    cm_pool *p = ctx->pool;
+    CUmemoryPool mp = NULL;
+
+    if (p == NULL || p->kind != CM_MM_ASYNC || p->dead) {
+        return 0;
+    }
+    if (CM_CU(PointerGetAttribute,
+              (&mp, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, base)) < 0) {
+        return -1;
+    }
+    return mp != NULL && mp == p->mempool;
+}
+
+int
+cm_pool_export(cm_context *ctx, CUdeviceptr base,
+               CUmemPoolPtrExportData *data, int *fd, uint64_t *token)
+{
+    cm_pool *p = ctx->pool;
+    PyObject *msg;
+    PyObject *exc;
+    int got = -1;
+    int err;
+
+    if (p == NULL || p->kind != CM_MM_ASYNC || p->dead) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the context's async memory pool is closed");
+        return -1;
+    }
+    if (!p->shareable) {
+        msg = PyUnicode_FromFormat(
+            "cannot export memory of the async memory manager through IPC: "
+            "its memory pool on device %d cannot be shared (%s)",
+            ctx->device->id, p->noshare);
+        if (msg == NULL) {
+            return -1;
+        }
+        /* CudaAPIError(code, msg), numba's own signature */
+        exc = PyObject_CallFunction(cm_st->CudaAPIError, "iO",
+                                    (int)CUDA_ERROR_NOT_SUPPORTED, msg);
+        Py_DECREF(msg);
+        if (exc != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+        return -1;
+    }
+    if (p->export_fd < 0) {
+        CM_CU_NOGIL(err, MemPoolExportToShareableHandle,
+                    (&got, p->mempool,
+                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        if (err < 0) {
+            return -1;
+        }
+        if (p->export_fd >= 0 || p->dead) {
+            /* Another thread exported meanwhile, or the context closed. */
+            close(got);
+        }
+        else {
+            p->export_fd = got;
+        }
+        if (p->dead) {
+            PyErr_SetString(PyExc_ValueError,
+                            "the context's async memory pool is closed");
+            return -1;
+        }
+    }
+    memset(data, 0, sizeof(*data));
+    CM_CU_NOGIL(err, MemPoolExportPointer, (data, base));
+    if (err < 0) {
+        return -1;
+    }
+    *fd = p->export_fd;
+    *token = p->token;
+    return 0;
 }
 
 /* The largest free block of a bin set (mutex held). */
@@ -1165,6 +1358,31 @@ cm_async_threshold_fn(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(t);
 }
 
+PyDoc_STRVAR(cm_async_shareable_doc,
+"_async_shareable(ctx)\n--\n\n"
+"Whether the pool of ctx's async manager can be shared with other "
+"processes (made with the POSIX file-descriptor handle type), so that "
+"its memory exports through IPC.");
+
+static PyObject *
+cm_async_shareable_fn(PyObject *mod, PyObject *arg)
+{
+    cm_context *c = NULL;
+    cm_pool *p;
+
+    (void)mod;
+    if ((p = cm_pool_arg(arg, &c)) == NULL) {
+        return NULL;
+    }
+    if (p->kind != CM_MM_ASYNC) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "only the async manager has a memory pool to "
+                        "share");
+        return NULL;
+    }
+    return PyBool_FromLong(p->shareable);
+}
+
 PyDoc_STRVAR(cm_pool_stats_doc,
 "_pool_stats(ctx)\n--\n\n"
 "A dict: reserved_bytes, free_bytes, largest_free_block (None where the "
@@ -1389,6 +1607,8 @@ static PyMethodDef cm_pool_functions[] = {
     {"_pool_stats", cm_pool_stats_fn, METH_O, cm_pool_stats_doc},
     {"_async_release_threshold", cm_async_threshold_fn, METH_VARARGS,
      cm_async_threshold_doc},
+    {"_async_shareable", cm_async_shareable_fn, METH_O,
+     cm_async_shareable_doc},
     {"_memalloc_on", cm_memalloc_on_fn, METH_VARARGS, cm_memalloc_on_doc},
     {"_raw_stream_create", cm_raw_stream_create_fn, METH_VARARGS,
      cm_raw_stream_create_doc},

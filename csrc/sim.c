@@ -55,7 +55,11 @@
  * its release threshold (default 0) at every stream, event or context
  * synchronisation, and to the argument of cuMemPoolTrimTo; to grow, it
  * first releases its own idle chunks.  Destroying a context frees its
- * pool allocations and cached chunks; the pool's attributes stay.
+ * pool allocations and cached chunks; the pool's attributes stay.  Pools
+ * made with cuMemPoolCreate behave the same; one made with the POSIX
+ * file-descriptor handle type keeps its memory in a memfd, so that
+ * another process can import the pool and its allocations (the section
+ * "Shareable memory pools").
  *
  * Everything here is plain C11 and pthreads: it runs on worker threads
  * that never hold the GIL, so it must not call the Python API.
@@ -109,6 +113,7 @@ typedef struct sim_stream sim_stream;
 typedef struct sim_event sim_event;
 typedef struct sim_op sim_op;
 typedef struct sim_ipc sim_ipc;
+typedef struct sim_mempool sim_mempool;
 
 /* A primary context.  The CUcontext handle is its address. */
 struct sim_ctx {
@@ -224,7 +229,8 @@ enum {
     SIM_MEM_HOST,           /* cuMemHostAlloc */
     SIM_MEM_REGISTERED,     /* cuMemHostRegister */
     SIM_MEM_IPC,            /* cuIpcOpenMemHandle (another process's) */
-    SIM_MEM_ASYNC           /* cuMemAllocAsync, from the device's pool */
+    SIM_MEM_ASYNC,          /* cuMemAllocAsync / cuMemAllocFromPoolAsync */
+    SIM_MEM_POOL_IMPORT     /* cuMemPoolImportPointer (another process's) */
 };
 
 /* Who is freeing an allocation (it stays registered while they wait). */
@@ -245,6 +251,11 @@ typedef struct {
     unsigned int flags;     /* the flags it was made with */
     uint64_t id;            /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
     sim_ipc *ipc;           /* exported or imported: see sim_ipc; or NULL */
+    sim_mempool *pool;      /* SIM_MEM_ASYNC: its pool; SIM_MEM_POOL_IMPORT:
+                             * the imported pool; else NULL */
+    uint64_t off;           /* in a shareable pool: its data offset */
+    size_t span;            /* in a shareable pool: bytes mapped (whole
+                             * pages); 0: heap memory */
 } sim_alloc;
 
 /* A chunk of a memory pool freed by cuMemFreeAsync and kept cached.
@@ -257,10 +268,13 @@ struct sim_chunk {
     sim_chunk *next;        /* next cached chunk, newest first */
 };
 
-/* A device's default memory pool (cuDeviceGetDefaultMemPool); the
+/* A memory pool: a device's default pool (cuDeviceGetDefaultMemPool),
+ * one made by cuMemPoolCreate, or one imported from another process; the
  * CUmemoryPool handle is its address.  Reserved memory is charged to the
- * device whether it is in use or cached. */
-typedef struct {
+ * device whether it is in use or cached.  A destroyed pool stays until
+ * nothing of it is left (live or cached allocations, imported
+ * pointers), as the driver releases it then. */
+struct sim_mempool {
     uint64_t threshold;     /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
     uint64_t reserved;      /* bytes held: used plus cached */
     uint64_t reserved_high; /* the most reserved has been */
@@ -268,7 +282,19 @@ typedef struct {
     uint64_t used_high;     /* the most used has been */
     int reuse[3];           /* the three CU_MEMPOOL_ATTR_REUSE_* flags */
     sim_chunk *cached;      /* freed chunks, newest first */
-} sim_mempool;
+    int dev;                /* the device its memory is on */
+    int created;            /* made by cuMemPoolCreate */
+    int imported;           /* made by cuMemPoolImportFromShareableHandle */
+    int destroyed;          /* cuMemPoolDestroy ran: the handle is gone */
+    unsigned int handle_types;  /* CU_MEM_HANDLE_TYPE_* it allows */
+    int fd;                 /* shareable: its memfd (ours), else -1 */
+    uint64_t nonce;         /* shareable: the making process's nonce */
+    uint64_t id;            /* shareable: its number in that process */
+    uint64_t next_off;      /* made here, shareable: next data offset */
+    uint64_t access;        /* bit d: device d may use its memory */
+    size_t nimports;        /* imported: pointers imported, not freed */
+    sim_mempool *next;      /* link in sim.pools (made or imported) */
+};
 
 /* One simulated device. */
 typedef struct {
@@ -283,7 +309,8 @@ typedef struct {
  * freed once every operation numbered <= g has run. */
 typedef struct sim_grave sim_grave;
 struct sim_grave {
-    void *mem;              /* the host allocation */
+    void *mem;              /* the host allocation, or mapping */
+    size_t span;            /* a mapping's bytes; 0: heap memory */
     uint64_t g;             /* sim.gseq when it was given back */
     sim_grave *next;        /* next in sim.graves */
 };
@@ -338,6 +365,8 @@ static struct {
     sim_set streams;        /* live user stream handles */
     sim_set events;         /* live event handles */
     sim_grave *graves;      /* pool memory waiting to be freed */
+    sim_mempool *pools;     /* pools made or imported, not yet freed */
+    uint64_t next_pool_id;  /* last shareable pool number handed out */
 } sim = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .cond = PTHREAD_COND_INITIALIZER,
@@ -357,12 +386,17 @@ static pthread_key_t tls_key;
 static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 /* Registers the fork handler. */
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+/* Random, naming this process's exports (IPC and shareable pools); made
+ * on first use (lock held), 0 until then. */
+static uint64_t sim_ipc_nonce;
 
 static void sim_stream_destroy(sim_stream *s);
 static void sim_ipc_release(sim_alloc *a);
 static size_t sim_device_span(size_t size);
 static void sim_mempool_drop_ctx(int dev, const sim_ctx *c);
 static void sim_mempools_settle(void);
+static void sim_pool_mem_release(sim_mempool *mp, sim_alloc *a);
+static void sim_mempool_reap(sim_mempool *mp);
 
 /* ------------------------------------------------------------------ */
 /* Fault injection                                                     */
@@ -462,6 +496,19 @@ sim_now_ns(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* This process's sim_ipc_nonce, made on the first call (lock held). */
+static uint64_t
+sim_nonce(void)
+{
+    while (sim_ipc_nonce == 0) {
+        if (getrandom(&sim_ipc_nonce, sizeof(sim_ipc_nonce), 0)
+            != (ssize_t)sizeof(sim_ipc_nonce)) {
+            sim_ipc_nonce = (uint64_t)sim_now_ns() ^ ((uint64_t)getpid() << 32);
+        }
+    }
+    return sim_ipc_nonce;
 }
 
 static void
@@ -977,6 +1024,8 @@ sim_parse_no_peer(void)
 static CUresult
 sim_Init(unsigned int Flags)
 {
+    int d;
+
     SIM_ENTER_NOINIT(Init);
     if (atomic_load(&sim_state) == SIM_FORKED) {
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -993,6 +1042,11 @@ sim_Init(unsigned int Flags)
         sim.delay_us = (long)sim_env_ull("CUDAMEM_SIM_DELAY_US", 0,
                                          60000000, 0);
         sim_parse_no_peer();
+        for (d = 0; d < SIM_MAX_DEVICES; d++) {
+            sim.dev[d].pool.dev = d;
+            sim.dev[d].pool.fd = -1;
+            sim.dev[d].pool.access = (uint64_t)1 << d;
+        }
         atomic_store_explicit(&sim_state, SIM_READY, memory_order_release);
     }
     sim_unlock();
@@ -1113,6 +1167,8 @@ static const sim_attr sim_attrs[] = {
     {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
     {CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR},
     {CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 1},
     {CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 1},
@@ -1313,7 +1369,7 @@ sim_alloc_remove(sim_alloc *a)
 static void
 sim_alloc_release(sim_alloc *a)
 {
-    sim_mempool *mp = &sim.dev[a->ctx->dev].pool;
+    sim_mempool *mp = a->pool;
 
     if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED
         || a->kind == SIM_MEM_ASYNC) {
@@ -1333,10 +1389,20 @@ sim_alloc_release(sim_alloc *a)
                                     sim_device_span(a->size));
     }
 #endif
-    if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
+    if (a->kind == SIM_MEM_ASYNC) {
+        sim_pool_mem_release(mp, a);
+    }
+    else if (a->kind == SIM_MEM_POOL_IMPORT) {
+        munmap((void *)a->base, a->span);
+        mp->nimports--;
+    }
+    else if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
         free((void *)a->base);
     }
     free(a);
+    if (mp != NULL) {
+        sim_mempool_reap(mp);
+    }
 }
 
 /* Whether [p, p + n) lies inside one live allocation; n > 0. */
@@ -2321,7 +2387,8 @@ sim_MemFree(CUdeviceptr dptr)
 {
     SIM_ENTER(MemFree);
     return sim_free((uintptr_t)dptr,
-                    (1u << SIM_MEM_DEVICE) | (1u << SIM_MEM_MANAGED),
+                    (1u << SIM_MEM_DEVICE) | (1u << SIM_MEM_MANAGED)
+                    | (1u << SIM_MEM_POOL_IMPORT),
                     CUDA_ERROR_INVALID_VALUE);
 }
 
@@ -2498,7 +2565,8 @@ sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
         a = sim_alloc_find((uintptr_t)dptr);
         if (a == NULL
             || (a->kind != SIM_MEM_DEVICE && a->kind != SIM_MEM_MANAGED
-                && a->kind != SIM_MEM_IPC && a->kind != SIM_MEM_ASYNC)) {
+                && a->kind != SIM_MEM_IPC && a->kind != SIM_MEM_ASYNC
+                && a->kind != SIM_MEM_POOL_IMPORT)) {
             rc = CUDA_ERROR_NOT_FOUND;
         }
         else {
@@ -2572,6 +2640,9 @@ sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
     case CU_POINTER_ATTRIBUTE_MAPPED:
         *(unsigned int *)data = 1;
         break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        *(CUmemoryPool *)data = (CUmemoryPool)(void *)a->pool;
+        break;
     default:
         rc = (int)attribute >= CU_POINTER_ATTRIBUTE_CONTEXT
              && attribute <= CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
@@ -2583,7 +2654,7 @@ sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
 }
 
 /* ------------------------------------------------------------------ */
-/* Stream-ordered allocation: the default memory pools                 */
+/* Memory pools: memory given back while work may be queued         */
 /* ------------------------------------------------------------------ */
 
 /* Whether any stream of any context still has work numbered <= g. */
@@ -2618,7 +2689,12 @@ sim_graves_sweep(void)
     while ((gr = *pp) != NULL) {
         if (!sim_busy_upto(gr->g)) {
             *pp = gr->next;
-            free(gr->mem);
+            if (gr->span != 0) {
+                munmap(gr->mem, gr->span);
+            }
+            else {
+                free(gr->mem);
+            }
             free(gr);
         }
         else {
@@ -2626,6 +2702,175 @@ sim_graves_sweep(void)
         }
     }
 }
+
+/* ------------------------------------------------------------------ */
+/* Shareable memory pools: the memory (lock held unless noted)         */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR keeps all its
+ * memory in one memfd, named "cudamem-sim-pool-<nonce>-<id>", laid out
+ * as: a header page (sim_pool_hdr); from SIM_POOL_META, one 64-bit word
+ * per data page, the buffer id of the live allocation that starts on
+ * that page (0: none); from SIM_POOL_DATA, the allocations, each at a
+ * page-aligned offset never used before (the file is sparse, and a chunk
+ * given back has its pages punched out).  The exporting process maps each
+ * allocation from the memfd; cuMemPoolExportToShareableHandle hands out a
+ * duplicate of the descriptor; an importer that has one (through
+ * pidfd_getfd, say) checks the name and header, and maps an exported
+ * allocation from it after checking, in the words, that the allocation
+ * is still the live one the export named.  So a freed (or freed and
+ * reused) allocation is refused with CUDA_ERROR_INVALID_VALUE, where the
+ * driver calls that undefined, and memory an importer still maps stays
+ * valid (if unused) after the exporter frees it or exits: never a fault.
+ *
+ * Answers where the driver leaves room: importing a pool into the process
+ * that made it, or importing a pointer whose pool identity does not match
+ * the imported pool, gives CUDA_ERROR_INVALID_VALUE; importing the same
+ * pointer twice maps it twice; imported pointers are freed with
+ * cuMemFree (cuMemFreeAsync refuses them).
+ */
+
+#define SIM_POOL_MAGIC 0x4c4f4f50u       /* "POOL" */
+#define SIM_POOL_PTR_MAGIC 0x52545050u   /* "PPTR" */
+#define SIM_POOL_META ((uint64_t)4096)
+#define SIM_POOL_DATA ((uint64_t)1 << 32)
+
+/* The header at offset 0 of a shareable pool's memfd. */
+typedef struct {
+    uint32_t magic;         /* SIM_POOL_MAGIC */
+    int32_t dev;            /* the pool's device ordinal */
+    uint64_t nonce;         /* the making process's sim_ipc_nonce */
+    uint64_t id;            /* the pool's number there */
+} sim_pool_hdr;
+
+/* What a CUmemPoolPtrExportData holds (the rest of its bytes are 0). */
+typedef struct {
+    uint32_t magic;         /* SIM_POOL_PTR_MAGIC */
+    int32_t dev;            /* the pool's device ordinal */
+    uint64_t nonce;         /* the pool's identity: nonce */
+    uint64_t id;            /* and number */
+    uint64_t off;           /* the allocation's data offset */
+    uint64_t size;          /* its size */
+    uint64_t span;          /* bytes mapped: whole pages */
+    uint64_t serial;        /* its buffer id, as the words record it */
+} sim_pool_ptr;
+
+_Static_assert(sizeof(sim_pool_ptr) <= sizeof(CUmemPoolPtrExportData),
+               "the export must fit in a CUmemPoolPtrExportData");
+
+/* The memfd name of a shareable pool. */
+static void
+sim_pool_name(char *buf, size_t n, uint64_t nonce, uint64_t id)
+{
+    snprintf(buf, n, "cudamem-sim-pool-%016llx-%llu",
+             (unsigned long long)nonce, (unsigned long long)id);
+}
+
+/* The page size, as a 64-bit offset. */
+static uint64_t
+sim_page(void)
+{
+    return (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Record in mp's words that the allocation at data offset off is now
+ * buffer serial (0: none).  0, or -1 when the write failed. */
+static int
+sim_pool_mark(sim_mempool *mp, uint64_t off, uint64_t serial)
+{
+    off_t at = (off_t)(SIM_POOL_META + off / sim_page() * 8);
+
+    return pwrite(mp->fd, &serial, sizeof(serial), at)
+           == (ssize_t)sizeof(serial) ? 0 : -1;
+}
+
+/* New memory of charged bytes for pool mp: heap memory, or for a
+ * shareable pool a fresh range of its memfd, mapped (*span its bytes,
+ * *off its data offset).  NULL when out of memory. */
+static void *
+sim_pool_mem_new(sim_mempool *mp, size_t charged, size_t *span,
+                 uint64_t *off)
+{
+    uint64_t pg = sim_page();
+    /* The data pages that have words below the data. */
+    uint64_t most = (SIM_POOL_DATA - SIM_POOL_META) / 8 * pg;
+    uint64_t n;
+    void *mem = NULL;
+
+    *span = 0;
+    *off = 0;
+    if (mp->fd < 0) {
+        return posix_memalign(&mem, SIM_DEVICE_ALIGN, charged) == 0 ? mem
+                                                                    : NULL;
+    }
+    n = ((uint64_t)charged + pg - 1) / pg * pg;
+    if (n < charged || n > most || mp->next_off > most - n
+        || ftruncate(mp->fd, (off_t)(SIM_POOL_DATA + mp->next_off + n))
+               != 0) {
+        return NULL;
+    }
+    mem = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_SHARED, mp->fd,
+               (off_t)(SIM_POOL_DATA + mp->next_off));
+    if (mem == MAP_FAILED) {
+        return NULL;
+    }
+    *span = (size_t)n;
+    *off = mp->next_off;
+    mp->next_off += n;
+    return mem;
+}
+
+/* Give the memory of a's shareable range back: not live any more, its
+ * pages punched out of the memfd (importers that still map them read
+ * zeros). */
+static void
+sim_pool_mem_unshare(sim_mempool *mp, sim_alloc *a)
+{
+    (void)sim_pool_mark(mp, a->off, 0);
+    (void)fallocate(mp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    (off_t)(SIM_POOL_DATA + a->off), (off_t)a->span);
+}
+
+/* Give back the memory of pool allocation a now (nothing queued can use
+ * it). */
+static void
+sim_pool_mem_release(sim_mempool *mp, sim_alloc *a)
+{
+    if (a->span == 0) {
+        free((void *)a->base);
+        return;
+    }
+    sim_pool_mem_unshare(mp, a);
+    munmap((void *)a->base, a->span);
+}
+
+/* Free a made or imported pool once it is destroyed and nothing of it is
+ * left; unlinks it. */
+static void
+sim_mempool_reap(sim_mempool *mp)
+{
+    sim_mempool **pp;
+
+    if (!mp->destroyed || mp->used != 0 || mp->cached != NULL
+        || mp->nimports != 0) {
+        return;
+    }
+    for (pp = &sim.pools; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == mp) {
+            *pp = mp->next;
+            break;
+        }
+    }
+    if (mp->fd >= 0) {
+        close(mp->fd);
+    }
+    free(mp);
+}
+
+/* ------------------------------------------------------------------ */
+/* Stream-ordered allocation: the memory pools                         */
+/* ------------------------------------------------------------------ */
 
 /* Give a cached chunk's memory back to the device.  Queued work that
  * still names it (a user bug, as on the driver) keeps the host memory
@@ -2638,14 +2883,23 @@ sim_chunk_release(sim_mempool *mp, sim_chunk *ck)
 
     sim.dev[a->ctx->dev].used -= a->charged;
     mp->reserved -= a->charged;
+    if (a->span != 0) {
+        sim_pool_mem_unshare(mp, a);
+    }
     if (gr == NULL || !sim_busy_upto(sim.gseq)) {
         /* Nothing is queued (or no memory to wait): free at once.  With
          * no grave the wait is skipped; only buggy work could notice. */
         free(gr);
-        free((void *)a->base);
+        if (a->span != 0) {
+            munmap((void *)a->base, a->span);
+        }
+        else {
+            free((void *)a->base);
+        }
     }
     else {
         gr->mem = (void *)a->base;
+        gr->span = a->span;
         gr->g = sim.gseq;
         gr->next = sim.graves;
         sim.graves = gr;
@@ -2686,10 +2940,13 @@ sim_mempool_trim(sim_mempool *mp, uint64_t keep)
 }
 
 /* After a synchronising call: every pool keeps at most its release
- * threshold, as the driver releases memory at synchronisation. */
+ * threshold, as the driver releases memory at synchronisation; a
+ * destroyed pool keeps nothing, and goes once empty. */
 static void
 sim_mempools_settle(void)
 {
+    sim_mempool *mp;
+    sim_mempool *next;
     int d;
 
     for (d = 0; d < sim.ndev; d++) {
@@ -2697,14 +2954,19 @@ sim_mempools_settle(void)
             sim_mempool_trim(&sim.dev[d].pool, sim.dev[d].pool.threshold);
         }
     }
+    for (mp = sim.pools; mp != NULL; mp = next) {
+        next = mp->next;
+        if (mp->destroyed || mp->reserved > mp->threshold) {
+            sim_mempool_trim(mp, mp->destroyed ? 0 : mp->threshold);
+        }
+        sim_mempool_reap(mp);
+    }
 }
 
-/* Drop every cached chunk of dev's pool made in context c (being
- * destroyed, after draining). */
+/* Drop every cached chunk of pool mp made in context c. */
 static void
-sim_mempool_drop_ctx(int dev, const sim_ctx *c)
+sim_mempool_drop_chunks(sim_mempool *mp, const sim_ctx *c)
 {
-    sim_mempool *mp = &sim.dev[dev].pool;
     sim_chunk **pp = &mp->cached;
     sim_chunk *ck;
 
@@ -2717,18 +2979,42 @@ sim_mempool_drop_ctx(int dev, const sim_ctx *c)
             pp = &ck->next;
         }
     }
+}
+
+/* Drop every cached chunk of dev's pools made in context c (being
+ * destroyed, after draining). */
+static void
+sim_mempool_drop_ctx(int dev, const sim_ctx *c)
+{
+    sim_mempool *mp;
+    sim_mempool *next;
+
+    sim_mempool_drop_chunks(&sim.dev[dev].pool, c);
+    for (mp = sim.pools; mp != NULL; mp = next) {
+        next = mp->next;
+        if (mp->dev == dev) {
+            sim_mempool_drop_chunks(mp, c);
+            sim_mempool_reap(mp);
+        }
+    }
     sim_graves_sweep();
 }
 
-/* The pool a handle names, or NULL. */
+/* The live pool a handle names, or NULL. */
 static sim_mempool *
 sim_mempool_get(CUmemoryPool h)
 {
+    sim_mempool *mp;
     int d;
 
     for (d = 0; d < sim.ndev; d++) {
         if ((void *)h == (void *)&sim.dev[d].pool) {
             return &sim.dev[d].pool;
+        }
+    }
+    for (mp = sim.pools; mp != NULL; mp = mp->next) {
+        if ((void *)h == (void *)mp) {
+            return mp->destroyed ? NULL : mp;
         }
     }
     return NULL;
@@ -2893,8 +3179,11 @@ sim_mempool_take(sim_mempool *mp, const sim_ctx *c, size_t charged,
     return ck;
 }
 
+/* cuMemAllocAsync (pool NULL: the stream's device's default pool) and
+ * cuMemAllocFromPoolAsync. */
 static CUresult
-sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+sim_pool_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+               CUstream hStream)
 {
     sim_stream *s;
     sim_mempool *mp;
@@ -2903,10 +3192,11 @@ sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
     sim_op *op;
     void *mem = NULL;
     size_t charged;
+    size_t span = 0;
+    uint64_t off = 0;
     size_t *used;
     CUresult rc;
 
-    SIM_ENTER(MemAllocAsync);
     if (dptr == NULL || bytesize == 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -2920,12 +3210,23 @@ sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
     }
     sim_lock();
     rc = sim_stream_get(hStream, &s);
+    if (rc == CUDA_SUCCESS && pool != NULL) {
+        mp = sim_mempool_get(pool);
+        /* An imported pool cannot allocate; a pool's memory must be
+         * usable from the stream's device. */
+        if (mp == NULL || mp->imported
+            || !(mp->access & ((uint64_t)1 << s->ctx->dev))) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    else if (rc == CUDA_SUCCESS) {
+        mp = &sim.dev[s->ctx->dev].pool;
+    }
     if (rc != CUDA_SUCCESS) {
         sim_op_free(op);
         sim_unlock();
         return rc;
     }
-    mp = &sim.dev[s->ctx->dev].pool;
     used = &sim.dev[s->ctx->dev].used;
     sim_graves_sweep();
     ck = sim_mempool_take(mp, s->ctx, charged, s);
@@ -2937,11 +3238,13 @@ sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
         free(ck);
         a->size = bytesize;
         a->dying = SIM_DYING_NO;
-        if (sim_alloc_insert(a) != 0) {
+        if (sim_alloc_insert(a) != 0
+            || (a->span != 0 && sim_pool_mark(mp, a->off, a->id) != 0)) {
             /* Give it back to the device rather than lose it. */
+            sim_alloc_remove(a);
             *used -= a->charged;
             mp->reserved -= a->charged;
-            free((void *)a->base);
+            sim_pool_mem_release(mp, a);
             free(a);
             a = NULL;
             rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -2955,21 +3258,34 @@ sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
                                  ? mp->reserved - charged : 0);
         }
         if (charged > sim.capacity - *used
-            || posix_memalign(&mem, SIM_DEVICE_ALIGN, charged) != 0) {
+            || (mem = sim_pool_mem_new(mp, charged, &span, &off)) == NULL) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
         else {
             rc = sim_alloc_add(s->ctx, mem, bytesize, charged,
                                SIM_MEM_ASYNC, 0);
-            if (rc != CUDA_SUCCESS) {
-                free(mem);
-            }
-            else {
+            if (rc == CUDA_SUCCESS) {
                 a = sim_alloc_find((uintptr_t)mem);
+                a->pool = mp;
+                a->off = off;
+                a->span = span;
                 mp->reserved += charged;
                 if (mp->reserved > mp->reserved_high) {
                     mp->reserved_high = mp->reserved;
                 }
+                if (span != 0 && sim_pool_mark(mp, off, a->id) != 0) {
+                    sim_alloc_remove(a);
+                    mp->used += a->charged;
+                    sim_alloc_release(a);
+                    a = NULL;
+                    rc = CUDA_ERROR_OUT_OF_MEMORY;
+                }
+            }
+            else if (span != 0) {
+                munmap(mem, span);
+            }
+            else {
+                free(mem);
             }
         }
     }
@@ -2993,6 +3309,24 @@ sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
     }
     sim_unlock();
     return rc;
+}
+
+static CUresult
+sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    SIM_ENTER(MemAllocAsync);
+    return sim_pool_alloc(dptr, bytesize, NULL, hStream);
+}
+
+static CUresult
+sim_MemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
+                          CUmemoryPool pool, CUstream hStream)
+{
+    SIM_ENTER(MemAllocFromPoolAsync);
+    if (pool == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return sim_pool_alloc(dptr, bytesize, pool, hStream);
 }
 
 static CUresult
@@ -3035,9 +3369,13 @@ sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream)
         sim_unlock();
         return rc;
     }
-    mp = &sim.dev[a->ctx->dev].pool;
+    mp = a->pool;
     sim_alloc_remove(a);
     mp->used -= a->charged;
+    if (a->span != 0) {
+        /* Freed: an importer may no longer open it. */
+        (void)sim_pool_mark(mp, a->off, 0);
+    }
     ck->a = a;
     ck->stream = s;
     s->refs++;
@@ -3046,6 +3384,375 @@ sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     mp->cached = ck;
     sim_unlock();
     return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Shareable memory pools: the entry points                            */
+/* ------------------------------------------------------------------ */
+
+static CUresult
+sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    const CUmemPoolProps *p = poolProps;
+    char name[64];
+    sim_pool_hdr hdr;
+    sim_mempool *mp;
+    size_t i;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolCreate);
+    if (pool == NULL || p == NULL
+        || p->allocType != CU_MEM_ALLOCATION_TYPE_PINNED
+        || p->win32SecurityAttributes != NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (i = 0; i < sizeof(p->reserved); i++) {
+        if (p->reserved[i] != 0) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (p->location.type != CU_MEM_LOCATION_TYPE_DEVICE
+        || (p->handleTypes
+            & ~(unsigned int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        /* Host pools, and Windows or fabric handles. */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (!sim_dev_ok(p->location.id)) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    mp = calloc(1, sizeof(*mp));
+    if (mp == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    mp->dev = p->location.id;
+    mp->created = 1;
+    mp->handle_types = (unsigned int)p->handleTypes;
+    mp->fd = -1;
+    mp->access = (uint64_t)1 << mp->dev;
+    sim_lock();
+    if (p->handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        mp->nonce = sim_nonce();
+        mp->id = ++sim.next_pool_id;
+        sim_pool_name(name, sizeof(name), mp->nonce, mp->id);
+        memset(&hdr, 0, sizeof(hdr));
+        hdr.magic = SIM_POOL_MAGIC;
+        hdr.dev = mp->dev;
+        hdr.nonce = mp->nonce;
+        hdr.id = mp->id;
+        mp->fd = memfd_create(name, MFD_CLOEXEC);
+        if (mp->fd < 0
+            || ftruncate(mp->fd, (off_t)SIM_POOL_DATA) != 0
+            || pwrite(mp->fd, &hdr, sizeof(hdr), 0)
+               != (ssize_t)sizeof(hdr)) {
+            rc = errno == EMFILE || errno == ENFILE || errno == ENOMEM
+                 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        if (mp->fd >= 0) {
+            close(mp->fd);
+        }
+        free(mp);
+    }
+    else {
+        mp->next = sim.pools;
+        sim.pools = mp;
+        *pool = (CUmemoryPool)(void *)mp;
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemPoolDestroy(CUmemoryPool pool)
+{
+    sim_mempool *mp;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolDestroy);
+    sim_lock();
+    mp = sim_mempool_get(pool);
+    if (mp == NULL || !(mp->created || mp->imported)) {
+        /* Unknown, destroyed, or a device's default pool. */
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else {
+        /* What is still allocated or imported keeps it until freed. */
+        mp->destroyed = 1;
+        sim_mempool_trim(mp, 0);
+        sim_mempool_reap(mp);
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map,
+                     size_t count)
+{
+    sim_mempool *mp;
+    uint64_t access;
+    size_t i;
+    int d;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolSetAccess);
+    if (map == NULL && count > 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    mp = sim_mempool_get(pool);
+    if (mp == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    access = mp->access;
+    for (i = 0; i < count; i++) {
+        d = map[i].location.id;
+        if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE
+            || (map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE
+                && map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+            goto out;
+        }
+        if (!sim_dev_ok(d)) {
+            rc = CUDA_ERROR_INVALID_DEVICE;
+            goto out;
+        }
+        if (d == mp->dev) {
+            /* The pool's own device keeps its access. */
+            if (map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+                rc = CUDA_ERROR_INVALID_VALUE;
+                goto out;
+            }
+            continue;
+        }
+        if (sim.no_peer[d] & (1u << mp->dev)) {
+            rc = CUDA_ERROR_INVALID_DEVICE;
+            goto out;
+        }
+        if (map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+            access |= (uint64_t)1 << d;
+        }
+        else {
+            access &= ~((uint64_t)1 << d);
+        }
+    }
+    mp->access = access;
+out:
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                   CUmemAllocationHandleType handleType,
+                                   unsigned long long flags)
+{
+    sim_mempool *mp;
+    CUresult rc = CUDA_SUCCESS;
+    int fd;
+
+    SIM_ENTER(MemPoolExportToShareableHandle);
+    if (handle_out == NULL || flags != 0
+        || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    mp = sim_mempool_get(pool);
+    if (mp == NULL || mp->imported
+        || !(mp->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else {
+        /* A descriptor of the caller's own, as the driver gives. */
+        fd = fcntl(mp->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            rc = errno == EMFILE || errno == ENFILE
+                 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+        }
+        else {
+            *(int *)handle_out = fd;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* Whether fd is a shareable pool's memfd; its header in *hdr.  No lock
+ * needed. */
+static int
+sim_pool_fd_check(int fd, sim_pool_hdr *hdr)
+{
+    char path[64];
+    char link[128];
+    char want[128];
+    char name[64];
+    ssize_t n;
+
+    if (fd < 0 || pread(fd, hdr, sizeof(*hdr), 0) != (ssize_t)sizeof(*hdr)
+        || hdr->magic != SIM_POOL_MAGIC) {
+        return 0;
+    }
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    n = readlink(path, link, sizeof(link) - 1);
+    sim_pool_name(name, sizeof(name), hdr->nonce, hdr->id);
+    snprintf(want, sizeof(want), "/memfd:%s (deleted)", name);
+    return n >= 0 && (link[n] = '\0', strcmp(link, want) == 0);
+}
+
+static CUresult
+sim_MemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                     CUmemAllocationHandleType handleType,
+                                     unsigned long long flags)
+{
+    sim_pool_hdr hdr;
+    sim_mempool *mp;
+    int fd = (int)(intptr_t)handle;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolImportFromShareableHandle);
+    if (pool_out == NULL || flags != 0
+        || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        || !sim_pool_fd_check(fd, &hdr)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    mp = calloc(1, sizeof(*mp));
+    if (mp == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    sim_lock();
+    if (hdr.nonce == sim_ipc_nonce) {
+        /* This process made it. */
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else if (!sim_dev_ok(hdr.dev)) {
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    }
+    else {
+        /* The caller keeps its descriptor; the pool has its own. */
+        mp->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (mp->fd < 0) {
+            rc = errno == EMFILE || errno == ENFILE
+                 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        free(mp);
+    }
+    else {
+        mp->dev = hdr.dev;
+        mp->imported = 1;
+        mp->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        mp->nonce = hdr.nonce;
+        mp->id = hdr.id;
+        mp->access = (uint64_t)1 << mp->dev;
+        mp->next = sim.pools;
+        sim.pools = mp;
+        *pool_out = (CUmemoryPool)(void *)mp;
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemPoolExportPointer(CUmemPoolPtrExportData *shareData_out,
+                         CUdeviceptr ptr)
+{
+    sim_pool_ptr k;
+    sim_alloc *a;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(MemPoolExportPointer);
+    if (shareData_out == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    a = sim_alloc_find((uintptr_t)ptr);
+    if (a == NULL || a->base != (uintptr_t)ptr || a->kind != SIM_MEM_ASYNC
+        || a->span == 0) {
+        /* Not the start of an allocation of a shareable pool. */
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else {
+        memset(&k, 0, sizeof(k));
+        k.magic = SIM_POOL_PTR_MAGIC;
+        k.dev = a->pool->dev;
+        k.nonce = a->pool->nonce;
+        k.id = a->pool->id;
+        k.off = a->off;
+        k.size = a->size;
+        k.span = a->span;
+        k.serial = a->id;
+        memset(shareData_out, 0, sizeof(*shareData_out));
+        memcpy(shareData_out->reserved, &k, sizeof(k));
+    }
+    sim_unlock();
+    return rc;
+}
+
+static CUresult
+sim_MemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                         CUmemPoolPtrExportData *shareData)
+{
+    sim_pool_ptr k;
+    sim_mempool *mp;
+    sim_alloc *a;
+    sim_ctx *c;
+    uint64_t serial = 0;
+    uint64_t pg = sim_page();
+    void *mem;
+    CUresult rc;
+
+    SIM_ENTER(MemPoolImportPointer);
+    if (ptr_out == NULL || shareData == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    memcpy(&k, shareData->reserved, sizeof(k));
+    if (k.magic != SIM_POOL_PTR_MAGIC || k.size == 0 || k.size > k.span
+        || k.span > SIZE_MAX || k.span % pg != 0 || k.off % pg != 0
+        || k.off > (SIM_POOL_DATA - SIM_POOL_META) / 8 * pg) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc != CUDA_SUCCESS) {
+        goto out;
+    }
+    mp = sim_mempool_get(pool);
+    if (mp == NULL || !mp->imported || mp->nonce != k.nonce
+        || mp->id != k.id || mp->dev != k.dev) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    /* Still the live allocation the export named? */
+    if (pread(mp->fd, &serial, sizeof(serial),
+              (off_t)(SIM_POOL_META + k.off / pg * 8))
+            != (ssize_t)sizeof(serial)
+        || serial != k.serial) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    mem = mmap(NULL, (size_t)k.span, PROT_READ | PROT_WRITE, MAP_SHARED,
+               mp->fd, (off_t)(SIM_POOL_DATA + k.off));
+    if (mem == MAP_FAILED) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    rc = sim_alloc_add(c, mem, (size_t)k.size, 0, SIM_MEM_POOL_IMPORT, 0);
+    if (rc != CUDA_SUCCESS) {
+        munmap(mem, (size_t)k.span);
+        goto out;
+    }
+    a = sim_alloc_find((uintptr_t)mem);
+    a->pool = mp;
+    a->off = k.off;
+    a->span = (size_t)k.span;
+    mp->nimports++;
+    *ptr_out = (CUdeviceptr)(uintptr_t)mem;
+out:
+    sim_unlock();
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -4026,8 +4733,6 @@ struct sim_ipc {
 
 /* Every mapping this process imported and has not closed. */
 static sim_ipc *sim_ipc_imports;
-/* Random, made on the first export; 0 until then. */
-static uint64_t sim_ipc_nonce;
 
 /* The host bytes behind a device allocation of size bytes: whole pages
  * (SIZE_MAX when that overflows, which no allocation satisfies). */
@@ -4094,12 +4799,7 @@ sim_ipc_share(uintptr_t p)
     if (a->ipc != NULL) {
         return CUDA_SUCCESS;
     }
-    while (sim_ipc_nonce == 0) {
-        if (getrandom(&sim_ipc_nonce, sizeof(sim_ipc_nonce), 0)
-            != (ssize_t)sizeof(sim_ipc_nonce)) {
-            sim_ipc_nonce = (uint64_t)sim_now_ns() ^ ((uint64_t)getpid() << 32);
-        }
-    }
+    (void)sim_nonce();
     x = calloc(1, sizeof(*x));
     if (x == NULL) {
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -4411,6 +5111,14 @@ cm_sim_fill(cm_cu_table *t, int per_thread)
     SIM_FILL(MemPoolSetAttribute)
     SIM_FILL(MemPoolGetAttribute)
     SIM_FILL(MemPoolTrimTo)
+    SIM_FILL(MemPoolCreate)
+    SIM_FILL(MemPoolDestroy)
+    SIM_FILL(MemPoolSetAccess)
+    SIM_FILL(MemAllocFromPoolAsync)
+    SIM_FILL(MemPoolExportToShareableHandle)
+    SIM_FILL(MemPoolImportFromShareableHandle)
+    SIM_FILL(MemPoolExportPointer)
+    SIM_FILL(MemPoolImportPointer)
     SIM_FILL(MemHostAlloc)
     SIM_FILL(MemFreeHost)
     SIM_FILL(MemHostRegister)

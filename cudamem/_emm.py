@@ -505,15 +505,27 @@ class PoolMemoryManager(DefaultMemoryManager):
 
 class AsyncMemoryManager(PoolMemoryManager):
     """The driver's stream-ordered allocator (``set_memory_manager(
-    "async")``): cuMemAllocAsync / cuMemFreeAsync on the allocation's
-    stream from the device's default memory pool, whose release threshold
-    (``CUDAMEM_ASYNC_RELEASE_THRESHOLD``, default 2**64-1) keeps memory
-    cached across synchronisations.
+    "async")``): cuMemAllocFromPoolAsync / cuMemFreeAsync on the
+    allocation's stream from a memory pool of the context's own, whose
+    release threshold (``CUDAMEM_ASYNC_RELEASE_THRESHOLD``, default
+    2**64-1) keeps memory cached across synchronisations.
+
+    The pool is made with the POSIX file-descriptor handle type, so its
+    memory exports through IPC (``get_ipc_handle()``) like any other
+    manager's; where the device cannot make such a pool (``shareable`` is
+    False), the manager uses the device's default pool with
+    cuMemAllocAsync, and exports raise CudaAPIError saying why.
 
     ``trim()`` waits for the context, then trims the driver's pool to 0;
     ``limit`` caps the bytes allocated through this manager;
     ``stats()['largest_free_block']`` is None (the driver does not say).
     """
+
+    @property
+    def shareable(self):
+        """Whether the pool can be shared with other processes, so that
+        its memory exports through IPC."""
+        return _core._async_shareable(self.context)
 
     @property
     def release_threshold(self):

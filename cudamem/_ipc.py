@@ -17,12 +17,23 @@ read).  Memory of a plugin goes through the plugin's ``get_ipc_handle``.
 Memory managers: ``GetIpcHandleMixin.get_ipc_handle`` calls
 ``ipc_handle_of(context, memory)``, which works for any memory that
 ``cuIpcGetMemHandle`` can export -- ``cuMemAlloc`` allocations and
-sub-allocations inside them (a pool's blocks), at any offset.  Memory from
-``cuMemAllocAsync`` cannot be exported that way: a stream-ordered manager
-must allocate from a pool made with a shareable handle type and override
-``get_ipc_handle`` (``cuMemPoolExportToShareableHandle`` plus
-``cuMemPoolExportPointer``); until then the export fails with a
-``CudaAPIError`` from the driver.
+sub-allocations inside them (a pool's blocks), at any offset -- and for
+memory of the built-in async manager.  Stream-ordered memory cannot be
+exported with ``cuIpcGetMemHandle``; the async manager allocates from a
+pool of its own made with the POSIX file-descriptor handle type, and its
+memory is exported as a *memory-pool export*: the 64 bytes of
+``cuMemPoolExportPointer`` (in ``handle``) plus the pool's shareable
+handle as the exporter holds it, ``pool = (pid, fd, token)``.  The
+importer takes the descriptor from the exporting process with
+``pidfd_open`` + ``pidfd_getfd`` (Linux 5.6 or later; it needs ptrace
+access to the exporter: the same user and a Yama ``ptrace_scope`` that
+allows it, or ``CAP_SYS_PTRACE``), imports the pool and then the
+allocation.  ``IpcHandle.kind`` is ``"ipc"`` or ``"mempool"``; ``open()``
+takes the matching path.  The exporter keeps the descriptor open until
+its context is closed; a handle opened after that, or after the exporting
+process exited, raises ``OSError`` saying so.  Where the device cannot
+make a shareable pool, the async manager uses the device's default pool
+and its exports raise ``CudaAPIError`` saying why.
 """
 
 import contextlib
@@ -81,6 +92,18 @@ def _handle_bytes(handle):
         raise ValueError("an IPC handle has %d bytes, got %d"
                          % (HANDLE_SIZE, len(raw)))
     return _RawHandle(raw)
+
+
+def _pool_tuple(pool):
+    """None, or a memory-pool export's (pid, fd, token) as ints."""
+    if pool is None:
+        return None
+    try:
+        pid, fd, token = pool
+        return (int(pid), int(fd), int(token))
+    except (TypeError, ValueError):
+        raise TypeError("pool must be None or a (pid, fd, token) tuple, "
+                        "got %r" % (pool,)) from None
 
 
 def _find_device(identity):
@@ -145,7 +168,16 @@ class _DirectOpen:
             raise ValueError("opening IpcHandle from original process")
         if self.mapping is not None:
             raise ValueError("IpcHandle is already opened")
-        self.mapping = _core._ipc_open(context, p.handle, p.offset + p.size)
+        pool = p.pool
+        if pool is None:
+            self.mapping = _core._ipc_open(context, p.handle,
+                                           p.offset + p.size)
+        else:
+            # The pool's device, where its memory is: others need access.
+            src = (context.device.id if p.source_info is None
+                   else _find_device(p.source_info))
+            self.mapping = _core._ipc_open_pool(
+                context, p.handle, p.offset + p.size, pool, src)
         return MemoryPointer(context, self.mapping.device_pointer + p.offset,
                              p.size, owner=self.mapping)
 
@@ -202,28 +234,43 @@ class IpcHandle(_core._IpcHandleBase):
         The exporting device's ``get_device_identity()``.
     offset : int
         The view's offset inside the base allocation.
+    pool : tuple, optional
+        For a memory-pool export (the async manager's memory), the
+        pool's shareable handle as the exporter holds it: ``(pid, fd,
+        token)``; ``handle`` then holds the ``cuMemPoolExportPointer``
+        data.  None (the default) for a ``cuIpcGetMemHandle`` handle.
 
     Notes
     -----
     ``open()`` maps directly when the devices are the same or peers, else
     copies through the source device (``open_staged``), as numba does.
     Unlike numba, a mapping that is never closed is unmapped (through the
-    deferred-release queue) once nothing uses it.
+    deferred-release queue) once nothing uses it.  ``pool`` and ``kind``
+    are cudamem's: numba exports only ``cuIpcGetMemHandle`` handles.
     """
 
     _impl = None  # the open: a _DirectOpen or _StagedOpen, or None
 
-    def __init__(self, base, handle, size, source_info=None, offset=0):
+    def __init__(self, base, handle, size, source_info=None, offset=0, *,
+                 pool=None):
         self.base = base
         self.handle = _handle_bytes(handle)
         self.size = int(size)
         self.source_info = source_info
         self.offset = int(offset)
+        self.pool = _pool_tuple(pool)
         self._impl = None
 
+    @property
+    def kind(self):
+        """``"ipc"`` for a ``cuIpcGetMemHandle`` handle, ``"mempool"`` for
+        a memory-pool export."""
+        return "ipc" if self.pool is None else "mempool"
+
     def __repr__(self):
-        return "<IpcHandle size=%d offset=%d source=%r%s>" % (
+        return "<IpcHandle size=%d offset=%d source=%r%s%s>" % (
             self.size, self.offset, self.source_info,
+            "" if self.pool is None else " mempool",
             " open" if self._impl is not None else "")
 
     def _sentry_source_info(self):
@@ -289,14 +336,15 @@ class IpcHandle(_core._IpcHandleBase):
         impl.close()
 
     def __reduce__(self):
-        return (_rebuild_ipc_handle,
-                (bytes(self.handle), self.size, self.source_info,
-                 self.offset))
+        args = (bytes(self.handle), self.size, self.source_info, self.offset)
+        if self.pool is not None:
+            args += (self.pool,)
+        return (_rebuild_ipc_handle, args)
 
 
-def _rebuild_ipc_handle(handle, size, source_info, offset):
+def _rebuild_ipc_handle(handle, size, source_info, offset, pool=None):
     return IpcHandle(None, handle, size, source_info=source_info,
-                     offset=offset)
+                     offset=offset, pool=pool)
 
 
 _identities = {}  # device id -> its PCI identity (it never changes)
@@ -315,10 +363,10 @@ def ipc_handle_of(context, memory):
     handle and the offset of ``memory`` inside it."""
     _require_ipc()
     ptr = _address(memory.device_pointer)
-    handle, base, _ = _core._ipc_export(context, ptr)
+    handle, base, _, pool = _core._ipc_export(context, ptr)
     return IpcHandle(memory, handle, memory.size,
                      source_info=_identity(context.device),
-                     offset=ptr - base)
+                     offset=ptr - base, pool=pool)
 
 
 # ---------------------------------------------------------------------------
@@ -439,11 +487,16 @@ def open_ipc_array(handle, shape, dtype, strides=None, offset=0):
     -----
     numba assumes 1-D when ``strides`` is None and skips the close when the
     block raises; cudamem computes C strides for any ndim and always
-    closes.
+    closes.  An IpcHandle or IpcArrayHandle of a memory-pool export keeps
+    its kind; raw bytes are a ``cuIpcGetMemHandle`` handle.
     """
     _require_ipc()
     shape, dtype, strides, span = _layout(shape, dtype, strides)
-    ipch = IpcHandle(None, _handle_bytes(handle), span, offset=offset)
+    src = handle.ipc_handle if isinstance(handle, IpcArrayHandle) else handle
+    pool = src.pool if isinstance(src, IpcHandle) else None
+    source_info = src.source_info if pool is not None else None
+    ipch = IpcHandle(None, _handle_bytes(handle), span, source_info,
+                     offset=offset, pool=pool)
     arr = ipch.open_array(_core.current_context(), shape, dtype, strides)
     try:
         yield arr

@@ -2,9 +2,35 @@
 """The importing side of test_ipc.py: run in spawned child processes,
 which inherit CUDAMEM_SIMULATOR from the parent's environment."""
 
+import ctypes
+import os
 import pickle
 
 import numpy as np
+
+
+def _drop_capability(cap):
+    """Remove capability cap from this process's effective and permitted
+    sets (capset(2), version 3 headers)."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32),
+                    ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    hdr = Header(0x20080522, 0)
+    data = (Data * 2)()
+    if libc.capget(ctypes.byref(hdr), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    word, bit = divmod(cap, 32)
+    data[word].effective &= ~(1 << bit)
+    data[word].permitted &= ~(1 << bit)
+    if libc.capset(ctypes.byref(hdr), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 def _ops():
@@ -108,7 +134,38 @@ def _ops():
         finally:
             ipch.close()
 
+    def fds():
+        # The process's open file descriptors: a failed import must close
+        # what it took, and a closed one give its imported pool back.
+        return len(os.listdir("/proc/self/fd"))
+
+    def inject(name, nth, code):
+        _core._sim_inject(name, nth, code)
+
+    def open_failing(h, name, nth, code):
+        # Open with the nth call of a driver entry point failing; the
+        # error, and the descriptors open before and after.
+        before = fds()
+        _core._sim_inject(name, nth, code)
+        try:
+            h.open()
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            err = (type(e).__name__, str(e))
+        else:
+            h.close()
+            err = None
+        finally:
+            _core._sim_inject(name, 0, 0)
+        return err, before, fds()
+
+    def drop_ptrace():
+        # Give up CAP_SYS_PTRACE: a root process may otherwise take any
+        # process's file descriptors.
+        _drop_capability(19)
+
     return {
+        "fds": fds, "inject": inject, "open_failing": open_failing,
+        "drop_ptrace": drop_ptrace,
         "drop_unclosed": drop_unclosed,
         "open_on_device": open_on_device,
         "read": read, "add": add, "open": open_, "open_twice": open_twice,

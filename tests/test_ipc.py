@@ -380,7 +380,8 @@ def _fields(h):
             ih.handle.reserved, ih.size, ih.offset, ih.source_info,
             h.array_desc, h.shape, h.strides, h.dtype, h.offset,
             h.source_info, type(ih.base), ih.base.device_pointer,
-            ih.base.size, ih.base.owner, ih.base.context, ih._impl)
+            ih.base.size, ih.base.owner, ih.base.context, ih._impl,
+            ih.pool, ih.kind)
 
 
 @pytest.mark.parametrize("layout", sorted(DEVICE_LAYOUTS))
@@ -581,7 +582,7 @@ def test_builtin_managers_export_like_the_python_path():
             ih = h.ipc_handle
             return (bytes(ih.handle), ih.size, ih.offset, ih.source_info,
                     h.array_desc, ih.base.device_pointer, ih.base.size,
-                    ih.base.owner)
+                    ih.base.owner, ih.pool, ih.kind)
 
         for mm in ("default", "pool", "async"):
             cuda.set_memory_manager(mm)
@@ -598,7 +599,7 @@ def test_builtin_managers_export_like_the_python_path():
                 except cuda.CudaAPIError as e2:
                     with_python = str(e2)
                 assert str(e) == with_python, (e, with_python)
-                print(mm, "refused", "cuIpcGetMemHandle" in str(e))
+                print(mm, "refused", "cannot be shared" in str(e))
                 continue
             assert fields(h) == fields(_ipc._export_array(y))
             low = y.device_ctypes_pointer.value
@@ -608,8 +609,13 @@ def test_builtin_managers_export_like_the_python_path():
     assert rc == 0, out
     lines = out.split("\n")
     assert "default ok" in lines and "pool ok" in lines, out
-    # The driver cannot export stream-ordered memory this way.
-    assert "async ok" in lines or "async refused True" in lines, out
+    # The async manager's pool is made shareable where the device supports
+    # POSIX file-descriptor handles (the simulator does); elsewhere the
+    # export says why it cannot be.
+    if SIMULATOR:
+        assert "async ok" in lines, out
+    else:
+        assert "async ok" in lines or "async refused True" in lines, out
 
 
 def test_plugin_get_ipc_handle_is_called():
@@ -654,3 +660,506 @@ def test_plugin_get_ipc_handle_is_called():
         """)
     assert rc == 0, out
     assert "ok" in out
+
+
+# ---------------------------------------------------------------------------
+# The async manager: its pool is made with a shareable handle type, and its
+# memory exports with cuMemPoolExportPointer; the importer takes the pool's
+# file descriptor from the exporter with pidfd_getfd.
+# ---------------------------------------------------------------------------
+
+SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
+ISOLATED = os.environ.get("CUDAMEM_TEST_ISOLATED") == "1"
+
+
+def test_async_exports_in_a_child_process():
+    """On a GPU, close() on the main thread resets the primary context
+    that other libraries of the test process share: the async-manager
+    tests run in a process of their own there."""
+    if SIMULATOR or ISOLATED:
+        pytest.skip("already in a process of its own")
+    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
+                        "-p", "no:cacheprovider", "-k",
+                        "test_async_ and not in_a_child", __file__],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode in (0, 5), p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def _use_manager(kind):
+    cuda.close()
+    cuda.set_memory_manager(kind)
+    return cuda.current_context()
+
+
+@pytest.fixture
+def async_ctx():
+    """A fresh context of the async manager whose pool can be shared."""
+    if not (SIMULATOR or ISOLATED):
+        pytest.skip("runs in its own process on a GPU")
+    ctx = _use_manager("async")
+    try:
+        if not ctx.memory_manager.shareable:
+            assert not SIMULATOR
+            pytest.skip("this device's memory pools cannot be shared "
+                        "(no POSIX file-descriptor handles)")
+        yield ctx
+    finally:
+        gc.collect()
+        cuda.close()
+        cuda.set_memory_manager("default")
+
+
+def _sim_pool_fds():
+    """This process's descriptors of simulated shareable pools."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        n += "cudamem-sim-pool" in link
+    return n
+
+
+def test_async_export_is_a_pool_export(async_ctx):
+    a = cuda.to_device(np.arange(100, dtype=np.float64))
+    h = a.get_ipc_handle()
+    ih = h.ipc_handle
+    assert ih.kind == "mempool"
+    pid, fd, token = ih.pool
+    assert pid == os.getpid()
+    assert type(fd) is int and type(token) is int
+    os.fstat(fd)                               # open here, for importers
+    assert type(ih.handle) is _ipc._RawHandle and len(ih.handle) == 64
+    assert (ih.offset, ih.size) == (0, 800)
+    assert ih.base.owner is a.gpu_data and ih.base.context is async_ctx
+    assert h.array_desc == {"shape": (100,), "strides": (8,),
+                            "dtype": np.dtype(np.float64)}
+    # One descriptor per pool: every export names the same.
+    b = cuda.device_array(10)
+    assert b.get_ipc_handle().ipc_handle.pool == ih.pool
+    # The plugin path (the manager's get_ipc_handle) gives the same.
+    assert _fields(h) == _fields(_ipc._export_array(a))
+    assert _ipc._export_array(a).ipc_handle.pool == ih.pool
+    ref = async_ctx.memory_manager.get_ipc_handle(a.gpu_data)
+    assert ref.pool == ih.pool and bytes(ref.handle) == bytes(ih.handle)
+    # A legacy handle says so.
+    assert cuda.IpcHandle(None, bytes(64), 8).kind == "ipc"
+    assert cuda.IpcHandle(None, bytes(64), 8).pool is None
+
+
+def test_async_child_reads_and_writes_through_queues(async_ctx):
+    a = cuda.to_device(np.arange(100, dtype=np.int32))
+    q_in = SPAWN.Queue()
+    q_out = SPAWN.Queue()
+    p = SPAWN.Process(target=ipc_child.read_and_write, args=(q_in, q_out))
+    p.start()
+    q_in.put(a.get_ipc_handle())
+    seen = q_out.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(seen, np.arange(100))
+    cuda.synchronize()
+    np.testing.assert_array_equal(a.copy_to_host(), np.arange(100) + 1)
+
+
+@pytest.mark.parametrize("layout", sorted(DEVICE_LAYOUTS))
+def test_async_layouts_round_trip(async_ctx, child, layout):
+    whole = cuda.to_device(np.arange(120, dtype=np.float64))
+    d = DEVICE_LAYOUTS[layout](whole)
+    host = d.copy_to_host()
+    h = d.get_ipc_handle()
+    assert h.ipc_handle.kind == "mempool"
+    assert _fields(h) == _fields(_ipc._export_array(d))
+    seen = child.call("read", h)
+    np.testing.assert_array_equal(seen, host)
+    if layout == "broadcast":
+        return                                 # aliased elements
+    assert child.call("add", h, 1) is None
+    cuda.synchronize()
+    np.testing.assert_array_equal(d.copy_to_host(), host + 1)
+
+
+def test_async_view_offset_and_size(async_ctx, child):
+    a = cuda.to_device(np.arange(1000, dtype=np.float64))
+    h = a[100:300].get_ipc_handle()
+    assert h.offset == 800 and h.ipc_handle.size == 1600
+    whole = a.get_ipc_handle()
+    assert whole.offset == 0
+    assert bytes(whole.handle) == bytes(h.handle)
+    seen = child.call("ipch_read", h.ipc_handle, np.float64, 200)
+    np.testing.assert_array_equal(seen, np.arange(100, 300))
+    # open_ipc_array with an IpcHandle keeps its kind.
+    seen = child.call("raw", whole.ipc_handle, (3, 2), np.float64, None,
+                      16)
+    np.testing.assert_array_equal(seen, [[2, 3], [4, 5], [6, 7]])
+
+
+def test_async_importer_of_the_async_manager(async_ctx, monkeypatch):
+    # The importing process's own manager does not matter.
+    monkeypatch.setenv("CUDAMEM_MEMORY_MANAGER", "async")
+    a = cuda.to_device(np.arange(50, dtype=np.int64))
+    c = Child()
+    try:
+        seen = c.call("read", a.get_ipc_handle())
+        np.testing.assert_array_equal(seen, np.arange(50))
+        assert c.call("add", a[10:20].get_ipc_handle(), 5) is None
+    finally:
+        c.stop()
+    cuda.synchronize()
+    expect = np.arange(50)
+    expect[10:20] += 5
+    np.testing.assert_array_equal(a.copy_to_host(), expect)
+
+
+def test_async_pickle_round_trip(async_ctx):
+    a = cuda.to_device(np.arange(12, dtype=np.int64).reshape(3, 4))
+    h = a[1:].get_ipc_handle()
+    ih = h.ipc_handle
+    for proto in range(0, pickle.HIGHEST_PROTOCOL + 1):
+        ih2 = pickle.loads(pickle.dumps(ih, protocol=proto))
+        assert ih2.base is None and ih2._impl is None
+        assert (bytes(ih2.handle), ih2.size, ih2.offset, ih2.source_info,
+                ih2.pool, ih2.kind) == (bytes(ih.handle), ih.size,
+                                        ih.offset, ih.source_info, ih.pool,
+                                        "mempool")
+        h2 = pickle.loads(pickle.dumps(h, protocol=proto))
+        assert h2.ipc_handle.pool == ih.pool
+        assert h2.array_desc == h.array_desc
+    d = copy.deepcopy(h)
+    assert d.ipc_handle.pool == ih.pool and d.ipc_handle.base is None
+    # A handle made in Python carries the pool too.
+    ih3 = cuda.IpcHandle(None, ih.handle, ih.size, ih.source_info,
+                         ih.offset, pool=ih.pool)
+    assert ih3.kind == "mempool"
+    assert pickle.loads(pickle.dumps(ih3)).pool == ih.pool
+    # A legacy handle pickles as before: no pool argument.
+    legacy = cuda.IpcHandle(None, bytes(64), 8)
+    assert len(legacy.__reduce__()[1]) == 4
+
+
+def test_async_open_in_exporting_process(async_ctx):
+    a = cuda.to_device(np.arange(4))
+    h = a.get_ipc_handle()
+    with pytest.raises(ValueError, match="from original process"):
+        h.open()
+    h2 = pickle.loads(pickle.dumps(h))
+    with pytest.raises(ValueError, match="from original process"):
+        h2.open()
+    with pytest.raises(ValueError, match="IpcHandle not opened"):
+        h2.close()
+    fds = _sim_pool_fds()
+    with pytest.raises(ValueError, match="from original process"):
+        _core._ipc_open_pool(async_ctx, h.handle, 32, h.ipc_handle.pool, 0)
+    assert _sim_pool_fds() == fds
+
+
+def test_async_open_twice(async_ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    expect_failure(child.call("open_twice", h), "ValueError",
+                   "IpcHandle is already opened")
+    expect_failure(child.call("close_twice", h), "ValueError",
+                   "IpcHandle not opened")
+    # Two handles of the same memory in one process: one import, counted.
+    same, values = child.call("two_copies", h)
+    assert same
+    np.testing.assert_array_equal(values, np.arange(10.0))
+
+
+def test_async_imports_are_given_back(async_ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    b = cuda.to_device(np.arange(10.0) * 2)
+    before = child.call("fds")
+    np.testing.assert_array_equal(child.call("read", a.get_ipc_handle()),
+                                  np.arange(10.0))
+    np.testing.assert_array_equal(child.call("read", b.get_ipc_handle()),
+                                  np.arange(10.0) * 2)
+    # The imported pool went with its last pointer.
+    assert child.call("fds") == before
+
+
+def test_async_unclosed_mapping_is_closed_through_the_queue(async_ctx,
+                                                            child):
+    a = cuda.to_device(np.arange(3.0) + 5)
+    before = child.call("fds")
+    first, pending, after = child.call("drop_unclosed", a.get_ipc_handle())
+    assert (first, pending, after) == (5.0, 1, 0)
+    assert child.call("fds") == before
+
+
+@pytest.mark.sim
+def test_async_dead_after_close(async_ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    expect_failure(child.call("dead_after_close", a.get_ipc_handle()),
+                   "CudaAPIError", "CUDA_ERROR_INVALID_VALUE")
+
+
+@pytest.mark.sim
+def test_async_open_after_exporter_freed(async_ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    ptr = a.device_ctypes_pointer.value
+    del a
+    h.ipc_handle.base = None
+    gc.collect()
+    expect_failure(child.call("open", h), "CudaAPIError",
+                   "CUDA_ERROR_INVALID_VALUE")
+    # The pool hands the same memory out again: the old handle still
+    # names the freed allocation, the new one the new.
+    b = cuda.to_device(np.arange(10.0) + 1)
+    assert b.device_ctypes_pointer.value == ptr
+    expect_failure(child.call("open", h), "CudaAPIError",
+                   "CUDA_ERROR_INVALID_VALUE")
+    np.testing.assert_array_equal(child.call("read", b.get_ipc_handle()),
+                                  np.arange(10.0) + 1)
+
+
+def test_async_open_after_the_exporter_closed_its_context(async_ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    pid, fd, _ = h.ipc_handle.pool
+    del a
+    h.ipc_handle.base = None
+    before = _sim_pool_fds()
+    cuda.close()                               # the pool and its fd go
+    if SIMULATOR:
+        # The simulator's memfd and the descriptor exported from it.
+        assert _sim_pool_fds() == before - 2
+    expect_failure(child.call("open", h), "OSError",
+                   "no longer has the memory pool's file descriptor")
+
+
+def test_async_open_after_the_exporter_exited(async_ctx, child):
+    rc, out = run_py("""
+        import pickle, numpy as np, cudamem as cuda
+        a = cuda.to_device(np.arange(6.0))
+        print(pickle.dumps(a.get_ipc_handle()).hex())
+        """, CUDAMEM_MEMORY_MANAGER="async")
+    assert rc == 0, out
+    h = pickle.loads(bytes.fromhex(out.split()[-1]))
+    assert h.ipc_handle.kind == "mempool"
+    expect_failure(child.call("open", h), "ProcessLookupError",
+                   "has exited")
+
+
+def test_async_open_without_ptrace_permission(async_ctx):
+    """pidfd_getfd needs ptrace access to the exporter: a process that
+    is not dumpable refuses an importer without CAP_SYS_PTRACE."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to drop CAP_SYS_PTRACE in the child)")
+    code = """
+        import ctypes, pickle, sys, numpy as np, cudamem as cuda
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)    # PR_SET_DUMPABLE 0
+        a = cuda.to_device(np.arange(6.0))
+        print(pickle.dumps(a.get_ipc_handle()).hex(), flush=True)
+        sys.stdin.readline()
+        """
+    env = dict(os.environ, CUDAMEM_MEMORY_MANAGER="async",
+               PYTHONPATH=os.pathsep.join(
+                   [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                         env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    c = Child()
+    try:
+        h = pickle.loads(bytes.fromhex(p.stdout.readline().strip()))
+        assert c.call("drop_ptrace") is None
+        r = c.call("open", h)
+        expect_failure(r, "PermissionError", "pidfd_getfd")
+        assert "ptrace" in r.message
+    finally:
+        c.stop()
+        p.communicate("\n", timeout=60)
+    assert p.returncode == 0
+
+
+def test_async_handle_from_another_device(async_ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    ih = h.ipc_handle
+    other = {"pci_domain_id": 0x7777, "pci_bus_id": 0x77,
+             "pci_device_id": 7}
+    h2 = cuda.IpcArrayHandle(
+        cuda.IpcHandle(None, ih.handle, ih.size, source_info=other,
+                       offset=0, pool=ih.pool), h.array_desc)
+    expect_failure(child.call("read", h2), "RuntimeError", "No device of")
+
+
+def test_async_bad_pool_handles(async_ctx, child):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    ih = h.ipc_handle
+    pid, fd, token = ih.pool
+
+    def with_pool(pool):
+        return cuda.IpcArrayHandle(
+            cuda.IpcHandle(None, ih.handle, ih.size, ih.source_info,
+                           pool=pool), h.array_desc)
+
+    # A descriptor the exporter does not have.
+    expect_failure(child.call("open", with_pool((pid, 1 << 20, token))),
+                   "OSError", "no longer has the memory pool's file "
+                   "descriptor")
+    # One that is not a memory pool's.
+    expect_failure(child.call("open", with_pool((pid, 0, token))),
+                   "CudaAPIError", "cuMemPoolImportFromShareableHandle")
+    with pytest.raises(TypeError, match="pool"):
+        cuda.IpcHandle(None, ih.handle, 8, pool=(1, 2))
+    with pytest.raises(TypeError, match="pool"):
+        cuda.IpcHandle(None, ih.handle, 8, pool="x")
+    with pytest.raises(ValueError, match="64 bytes"):
+        _core._ipc_open_pool(async_ctx, b"x" * 10, 8, ih.pool, 0)
+    with pytest.raises(TypeError):
+        _core._ipc_open_pool(async_ctx, ih.handle, 8, None, 0)
+    with pytest.raises(TypeError, match="Context"):
+        _core._ipc_open_pool(None, ih.handle, 8, ih.pool, 0)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("entry", ["MemPoolImportFromShareableHandle",
+                                   "MemPoolImportPointer"])
+def test_async_failed_import_leaks_nothing(async_ctx, child, entry):
+    a = cuda.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    err, before, after = child.call("open_failing", h, entry, 1, 1)
+    assert err is not None and err[0] == "CudaAPIError", err
+    assert "cu" + entry in err[1] and "CUDA_ERROR_INVALID_VALUE" in err[1]
+    assert after == before
+    # And the next open works.
+    np.testing.assert_array_equal(child.call("read", h), np.arange(10.0))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("entry", ["MemPoolExportToShareableHandle",
+                                   "MemPoolExportPointer"])
+def test_async_failed_export(async_ctx, child, entry):
+    a = cuda.to_device(np.arange(10.0))
+    for export in (a.get_ipc_handle, lambda: _ipc._export_array(a)):
+        _core._sim_inject(entry, 1, 999)
+        try:
+            with pytest.raises(cuda.CudaAPIError, match="cu" + entry):
+                export()
+        finally:
+            _core._sim_inject(entry, 0, 0)
+    h = a.get_ipc_handle()
+    np.testing.assert_array_equal(child.call("read", h), np.arange(10.0))
+
+
+@pytest.mark.sim
+def test_async_export_asks_which_pool_only_on_the_plugin_path(async_ctx):
+    # The built-in export knows its memory's pool; _ipc_export (the
+    # plugin path, given only an address) asks the driver.
+    a = cuda.to_device(np.arange(10.0))
+    _core._sim_inject("PointerGetAttribute", 1, 999)
+    try:
+        assert a.get_ipc_handle().ipc_handle.kind == "mempool"
+    finally:
+        _core._sim_inject("PointerGetAttribute", 0, 0)
+    assert _ipc._export_array(a).ipc_handle.kind == "mempool"
+
+
+@pytest.mark.sim
+def test_async_pool_that_cannot_be_shared(child):
+    # The device cannot make a pool with a shareable handle type: the
+    # manager uses the device's default pool, and exports say why not.
+    _core._sim_inject("MemPoolCreate", 1, 801)    # NOT_SUPPORTED
+    try:
+        ctx = _use_manager("async")
+    finally:
+        _core._sim_inject("MemPoolCreate", 0, 0)
+    try:
+        assert not ctx.memory_manager.shareable
+        a = cuda.to_device(np.arange(10.0))
+        np.testing.assert_array_equal(a.copy_to_host(), np.arange(10.0))
+        with pytest.raises(cuda.CudaAPIError, match="cannot be shared") as e:
+            a.get_ipc_handle()
+        with pytest.raises(cuda.CudaAPIError) as e2:
+            _ipc._export_array(a)
+        assert str(e.value) == str(e2.value)
+        assert e.value.code == 801
+    finally:
+        gc.collect()
+        cuda.close()
+        cuda.set_memory_manager("default")
+
+
+@pytest.mark.sim
+def test_async_pool_creation_failure_is_raised():
+    _core._sim_inject("MemPoolCreate", 1, 2)      # OUT_OF_MEMORY
+    try:
+        with pytest.raises(cuda.CudaAPIError, match="cuMemPoolCreate"):
+            _use_manager("async")
+    finally:
+        _core._sim_inject("MemPoolCreate", 0, 0)
+        cuda.close()
+        cuda.set_memory_manager("default")
+
+
+def test_async_pool_fd_goes_with_the_context():
+    if not SIMULATOR:
+        pytest.skip("counts the simulator's pool descriptors")
+    before = _sim_pool_fds()
+    ctx = _use_manager("async")
+    try:
+        a = cuda.device_array(100)
+        a.get_ipc_handle()
+        assert _sim_pool_fds() >= before + 1
+    finally:
+        cuda.close()
+        cuda.set_memory_manager("default")
+    del ctx, a
+    gc.collect()
+    assert _sim_pool_fds() == before
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("no_peer", [False, True])
+def test_async_open_on_another_device(async_ctx, monkeypatch, no_peer):
+    if no_peer:
+        if not SIMULATOR:
+            pytest.skip("needs CUDAMEM_SIM_NO_PEER")
+        monkeypatch.setenv("CUDAMEM_SIM_NO_PEER", "0-1")
+    if len(cuda.gpus) < 2:
+        pytest.skip("needs 2 devices")
+    a = cuda.to_device(np.arange(16, dtype=np.float32))
+    h = a.get_ipc_handle()
+    c = Child()
+    try:
+        r = c.call("open_on_device", h.ipc_handle, np.float32, 16, 1)
+    finally:
+        c.stop()
+    assert not hasattr(r, "message"), r
+    how, dldev, values, cur = r
+    np.testing.assert_array_equal(values, np.arange(16, dtype=np.float32))
+    assert tuple(dldev) == (2, 1) and cur == 0
+    if no_peer:
+        assert how == "_StagedOpen"
+    else:
+        assert how == ("_DirectOpen" if cuda.can_access_peer(1, 0)
+                       else "_StagedOpen")
+
+
+@pytest.mark.sim
+@pytest.mark.multi_gpu
+def test_async_open_on_a_peer_gives_it_access(async_ctx):
+    # Opened on device 1, the imported pool of device 0 is made usable
+    # there (cuMemPoolSetAccess); a refusal surfaces, and leaks nothing.
+    if len(cuda.gpus) < 2:
+        pytest.skip("needs 2 devices")
+    a = cuda.to_device(np.arange(16, dtype=np.float32))
+    ih = a.get_ipc_handle().ipc_handle
+    c = Child()
+    try:
+        before = c.call("fds")
+        assert c.call("inject", "MemPoolSetAccess", 1, 1) is None
+        r = c.call("open_on_device", ih, np.float32, 16, 1)
+        expect_failure(r, "CudaAPIError", "cuMemPoolSetAccess")
+        assert c.call("fds") == before
+        how, _, values, _ = c.call("open_on_device", ih, np.float32, 16, 1)
+        assert how == "_DirectOpen"
+        np.testing.assert_array_equal(values, np.arange(16))
+        assert c.call("fds") == before
+    finally:
+        c.stop()

@@ -27,3 +27,13 @@ def test_hot_paths_do_not_leak():
     p = run("hot_path_cycles.py", "20000")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip() == "OK", p.stdout + p.stderr
+
+
+@pytest.mark.leaks
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="IPC needs Linux")
+def test_async_ipc_does_not_leak():
+    p = run("async_ipc_cycles.py", "2000")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().startswith("OK"), p.stdout + p.stderr
+    assert p.stderr == "", p.stderr

@@ -137,6 +137,13 @@ def test_unknown_builtin_name():
 def test_pool_functions_refuse_other_managers(ctx):
     with pytest.raises(RuntimeError, match="not a built-in pool"):
         _core._pool_trim(ctx)
+    with pytest.raises(RuntimeError, match="not a built-in pool"):
+        _core._async_shareable(ctx)
+
+
+def test_only_the_async_manager_has_a_pool_to_share(pool_ctx):
+    with pytest.raises(RuntimeError, match="only the async manager"):
+        _core._async_shareable(pool_ctx)
 
 
 @pytest.mark.parametrize("var", ["CUDAMEM_MEMORY_MANAGER",
@@ -512,7 +519,20 @@ def test_async_out_of_memory_policy(async_ctx):
         async_ctx.memalloc(total * 2)
     e = ei.value
     assert e.largest_free_block is None
-    assert "cuMemAllocAsync" in str(e)
+    # The manager's own (shareable) pool, or the device's default one.
+    fn = ("cuMemAllocFromPoolAsync" if async_ctx.memory_manager.shareable
+          else "cuMemAllocAsync")
+    assert fn in str(e)
+
+
+def test_async_pool_is_its_own_and_shareable(async_ctx):
+    mm = async_ctx.memory_manager
+    if SIMULATOR:
+        assert mm.shareable
+    a = async_ctx.memalloc(64 * KiB)
+    st = mm.stats()
+    assert st["reserved_bytes"] >= 64 * KiB
+    del a
 
 
 def test_async_limit(async_ctx):

@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: MIT
+"""Memory-pool IPC of the async manager, many times over: the exporter's
+handles and the importer's opens and closes (direct, dropped unclosed,
+two opens of one export) must leave descriptors, Python allocations and
+device memory flat in both processes, and the importer must exit cleanly
+with imports still open.  Prints OK or what grew."""
+
+import gc
+import multiprocessing
+import os
+import pickle
+import sys
+import tracemalloc
+
+import numpy as np
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def importer(conn):
+    import cudamem as cuda
+
+    def cycle(h, h2):
+        with h as arr:
+            arr.copy_to_host()
+        a = h.open()            # dropped unclosed: freed through the queue
+        b = h2.open()           # the same import, counted
+        del a
+        h._ipc_handle._impl = None
+        h2.close()
+        del b
+
+    handles = conn.recv()
+    ctx = cuda.current_context()
+    h, h2 = handles[0], pickle.loads(pickle.dumps(handles[0]))
+    for _ in range(50):
+        cycle(h, h2)
+    ctx.memory_manager.reset()
+    gc.collect()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    n0 = fds()
+    for i in range(N):
+        cycle(handles[i % len(handles)], pickle.loads(pickle.dumps(
+            handles[i % len(handles)])))
+    ctx.memory_manager.reset()
+    gc.collect()
+    snap1 = tracemalloc.take_snapshot()
+    grew = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+    problems = []
+    if grew > 64 * 1024:
+        problems.append("importer: Python allocations grew by %d bytes"
+                        % grew)
+    if fds() != n0:
+        problems.append("importer: descriptors %d -> %d" % (n0, fds()))
+    conn.send(problems)
+    # Exit with imports open: must be clean.
+    keep = [x.open() for x in handles[:2]]
+    conn.recv()
+    del keep
+
+
+def main():
+    os.environ["CUDAMEM_MEMORY_MANAGER"] = "async"
+    import cudamem as cuda
+
+    ctx = cuda.current_context()
+    if not ctx.memory_manager.shareable:
+        print("OK (the device's pools cannot be shared)")
+        return
+    arrays = [cuda.to_device(np.arange(n, dtype=np.float32))
+              for n in (10, 1000, 100000)]
+    handles = [a.get_ipc_handle() for a in arrays]
+    handles.append(arrays[1][100:300].get_ipc_handle())
+    # The exporter's side: handles made and pickled many times.
+    gc.collect()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    n0 = fds()
+    stats0 = cuda.memory_stats()
+    for _ in range(N):
+        for a in arrays:
+            pickle.loads(pickle.dumps(a[1:].get_ipc_handle()))
+    gc.collect()
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grew = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+    problems = []
+    if grew > 64 * 1024:
+        problems.append("exporter: Python allocations grew by %d bytes"
+                        % grew)
+    if fds() != n0:
+        problems.append("exporter: descriptors %d -> %d" % (n0, fds()))
+    if cuda.memory_stats()["allocated_bytes"] != stats0["allocated_bytes"]:
+        problems.append("exporter: device bytes grew")
+    spawn = multiprocessing.get_context("spawn")
+    conn, theirs = spawn.Pipe()
+    p = spawn.Process(target=importer, args=(theirs,))
+    p.start()
+    theirs.close()
+    conn.send(handles)
+    problems += conn.recv()
+    conn.send(None)
+    p.join(120)
+    if p.exitcode != 0:
+        problems.append("importer exited with %r" % p.exitcode)
+    print("OK" if not problems else "; ".join(problems))
+
+
+if __name__ == "__main__":
+    main()
