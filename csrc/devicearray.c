@@ -1165,7 +1165,9 @@ cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
     CUdeviceptr base = 0;
     int i;
 
-    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0) {
+    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0
+        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dtype))
+               < 0) {
         return NULL;
     }
     a = PyObject_GC_New(cm_da, tp);
@@ -3777,6 +3779,11 @@ cm_describe(PyObject *ary, int *ndim, Py_ssize_t *shape, Py_ssize_t *strides,
             shape[i] = PyArray_DIMS(a)[i];
             strides[i] = PyArray_STRIDES(a)[i];
         }
+        if (PyDataType_REFCHK(PyArray_DESCR(a))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "device arrays cannot hold Python objects");
+            return -1;
+        }
         *dtype = (PyArray_Descr *)Py_NewRef(PyArray_DESCR(a));
         *c = PyArray_IS_C_CONTIGUOUS(a);
         *f = PyArray_IS_F_CONTIGUOUS(a);
@@ -3798,10 +3805,10 @@ cm_describe(PyObject *ary, int *ndim, Py_ssize_t *shape, Py_ssize_t *strides,
     if (v == NULL || (*dtype = cm_parse_dtype(v)) == NULL) {
         goto err;
     }
-    Py_DECREF(v);
+    Py_CLEAR(v);
     flags = PyObject_GetAttrString(ary, "flags");
     if (flags == NULL) {
-        return -1;
+        goto err;
     }
     v = PyMapping_GetItemString(flags, "C_CONTIGUOUS");
     *c = v != NULL && PyObject_IsTrue(v) == 1;
