@@ -955,6 +955,37 @@ cm_check_size(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize)
     return 0;
 }
 
+/* 0 if the byte span of a layout fits in Py_ssize_t (so that
+ * cm_layout_span cannot overflow), else -1 with ValueError. */
+static int
+cm_check_span(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+              Py_ssize_t itemsize)
+{
+    Py_ssize_t low = 0;
+    Py_ssize_t high = itemsize;
+    Py_ssize_t reach;
+    int i;
+
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] == 0) {
+            return 0;
+        }
+    }
+    for (i = 0; i < ndim; i++) {
+        if (__builtin_mul_overflow(shape[i] - 1, strides[i], &reach)
+            || (reach < 0 ? __builtin_add_overflow(low, reach, &low)
+                          : __builtin_add_overflow(high, reach, &high))
+            || __builtin_sub_overflow(high, low, &reach)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "strides reach outside the address space: the "
+                            "array's byte span does not fit in a signed "
+                            "64-bit integer");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* A new dtype reference from a dtype argument (NULL: float64). */
 static PyArray_Descr *
 cm_parse_dtype(PyObject *obj)
@@ -1591,7 +1622,9 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
             }
         }
     }
-    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0) {
+    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0
+        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dtype))
+               < 0) {
         goto out_dtype;
     }
     /* data */
@@ -3906,8 +3939,10 @@ cm_layout_parse(PyObject *shape_o, PyObject *dtype_o, PyObject *strides_o,
     ndim = cm_parse_layout(shape_o, strides_o,
                            order_o != NULL ? order_o : cm_str_C,
                            PyDataType_ELSIZE(*dtype), shape, strides);
-    if (ndim < 0 || cm_check_size(ndim, shape, PyDataType_ELSIZE(*dtype))
-                    < 0) {
+    if (ndim < 0
+        || cm_check_size(ndim, shape, PyDataType_ELSIZE(*dtype)) < 0
+        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(*dtype))
+               < 0) {
         Py_CLEAR(*dtype);
         return -1;
     }
@@ -4232,7 +4267,10 @@ cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
         p[4] = NULL;
     }
     if (p[4] != NULL) {
-        if (cm_owner_ptr(p[4], &ptr) < 0) {
+        if (cm_owner_ptr(p[4], &ptr) < 0
+            || cm_check_size(ndim, shape, PyDataType_ELSIZE(dt)) < 0
+            || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dt))
+                   < 0) {
             goto out_dt;
         }
         (void)cm_layout_span(ndim, shape, strides, PyDataType_ELSIZE(dt), &lo);
