@@ -2356,9 +2356,10 @@ cm_layout_index(int ndim, const Py_ssize_t *shape,
             out++;
         }
         else if (PyIndex_Check(e) && !PyArray_Check(e)) {
-            Py_ssize_t i;
+            /* An index beyond Py_ssize_t is out of range: IndexError. */
+            Py_ssize_t i = PyNumber_AsSsize_t(e, PyExc_IndexError);
 
-            if (cm_as_ssize(e, &i) < 0) {
+            if (i == -1 && PyErr_Occurred()) {
                 return -1;
             }
             if (i < 0) {
