@@ -180,17 +180,19 @@ def capsule(name, ptr=0):
     PyCapsule_New.restype = ctypes.py_object
     PyCapsule_New.argtypes = (ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_void_p)
-    keep = ctypes.create_string_buffer(256)
-    # The capsule keeps a pointer to its name, not a copy.
-    cname = None if name is None else ctypes.create_string_buffer(
-        name.encode())
-    _keep.extend((keep, cname))
+    # The capsule keeps pointers to its name and contents, not copies:
+    # both live here, one pair per name.
+    if name not in _keep:
+        _keep[name] = (ctypes.create_string_buffer(256),
+                       None if name is None
+                       else ctypes.create_string_buffer(name.encode()))
+    keep, cname = _keep[name]
     return PyCapsule_New(ptr or ctypes.addressof(keep),
                          None if cname is None else ctypes.addressof(cname),
                          None)
 
 
-_keep = []
+_keep = {}
 
 
 class OddSub(np.ndarray):

@@ -88,6 +88,10 @@ def sweep(group, template, slots, expect="raise", overrides=None,
 # Child side                                                          #
 # ------------------------------------------------------------------ #
 
+LEAK_REPS = 6
+LEAK_CONFIRM = 1000
+
+
 def _child(group, verbose=False):
     import gc
     import warnings
@@ -95,26 +99,41 @@ def _child(group, verbose=False):
     warnings.simplefilter("ignore")
     import robust_prelude
 
+    cuda = robust_prelude.cuda
     ns0 = {k: getattr(robust_prelude, k) for k in dir(robust_prelude)
            if not k.startswith("__")}
     ns0["__builtins__"] = __builtins__
     import builtins
 
     Boom = robust_prelude.Boom
-    for name, src, expect in GROUPS[group]:
-        print("START", name, flush=True)
+
+    def run(code):
         ns = dict(ns0)
         try:
-            exec(compile(src, name, "exec"), ns)
+            exec(code, ns)
         except BaseException as e:  # noqa: B036 - every outcome is data
-            got = type(e)
-            desc = "%s: %s" % (got.__name__, str(e)[:200].replace("\n", " "))
-        else:
-            got = None
-            desc = "returned"
-        ns.clear()
-        del ns
+            return type(e), "%s: %s" % (type(e).__name__,
+                                        str(e)[:200].replace("\n", " "))
+        finally:
+            ns.clear()
+        return None, "returned"
+
+    def held():
+        """Python memory blocks, live device allocations, pinned bytes."""
         gc.collect()
+        st = cuda.memory_stats()
+        return (sys.getallocatedblocks(), st["allocation_count"],
+                st["pinned_bytes"])
+
+    # Objects alive now are never collected: leave them out of every
+    # gc.collect() (most of the time spent here otherwise).
+    cuda.current_context()
+    gc.collect()
+    gc.freeze()
+    for name, src, expect in GROUPS[group]:
+        print("START", name, flush=True)
+        code = compile(src, name, "exec")
+        got, desc = run(code)
         bad = False
         if got is not None and issubclass(got, SystemError):
             bad = True
@@ -134,6 +153,27 @@ def _child(group, verbose=False):
             print("%s %s expected %s, got %s" % ("FAIL" if bad else "OUT",
                                                  name, expect, desc),
                   flush=True)
+        if bad or "close()" in src:
+            continue
+        # Leaks: the same case again, LEAK_REPS times, must leave no more
+        # Python blocks (one per call would be LEAK_REPS), live device
+        # allocations or pinned bytes than it found.
+        # A case over the threshold runs LEAK_CONFIRM times more: caches
+        # that fill once (NumPy's, the interpreter's) stay under half a
+        # block per call.
+        run(code)
+        for reps in (LEAK_REPS, LEAK_CONFIRM):
+            before = held()
+            for _ in range(reps):
+                run(code)
+            after = held()
+            if (after[0] - before[0] < reps // 2 and after[1] <= before[1]
+                    and after[2] <= before[2]):
+                break
+        else:
+            print("FAIL %s leaks: blocks, device allocations, pinned "
+                  "bytes %s -> %s in %d calls" % (name, before, after,
+                                                  LEAK_CONFIRM), flush=True)
     print("DONE", flush=True)
 
 
