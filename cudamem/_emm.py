@@ -129,13 +129,13 @@ class MemoryPointer:
             size = operator.index(stop) - start
         if size < 0:
             raise RuntimeError("size cannot be negative")
-        if start < 0 or start + size > self.size:
-            raise ValueError("view [%d, %d) outside a pointer of %d bytes"
-                             % (start, start + size, self.size))
         if not self.device_pointer_value:
             if size != 0:
                 raise RuntimeError("non-empty slice into empty slice")
             base = 0
+        elif start < 0 or start + size > self.size:
+            raise ValueError("view [%d, %d) outside a pointer of %d bytes"
+                             % (start, start + size, self.size))
         else:
             base = self.device_pointer + start
         view = MemoryPointer(self.context, base, size, owner=self.owner)
