@@ -841,7 +841,8 @@ cm_is_floatish(PyObject *obj)
            && PyArray_ISFLOAT((PyArrayObject *)obj);
 }
 
-/* One dimension or stride from an integer-like object. */
+/* One dimension or stride from an integer-like object; one beyond
+ * Py_ssize_t is a ValueError, as in NumPy. */
 static int
 cm_as_ssize(PyObject *o, Py_ssize_t *v)
 {
@@ -852,7 +853,14 @@ cm_as_ssize(PyObject *o, Py_ssize_t *v)
     }
     *v = PyLong_AsSsize_t(i);
     Py_DECREF(i);
-    return (*v == -1 && PyErr_Occurred()) ? -1 : 0;
+    if (*v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "Maximum allowed dimension exceeded");
+        }
+        return -1;
+    }
+    return 0;
 }
 
 /* Parse a shape argument (an int, a NumPy integer, or an iterable of
