@@ -237,3 +237,89 @@ STRUCT = np.dtype([("a", np.int32), ("b", np.float64, (2,))])
 
 def record():
     return cuda.to_device(np.zeros(1, STRUCT)[0])
+
+
+# -- objects that close the context (or free memory) in the middle of a
+# -- call that uses it
+
+def close():
+    cuda.close()
+
+
+class CloseIndex:
+    def __index__(self):
+        close()
+        return 3
+
+    __int__ = __index__
+
+
+class CloseSeq:
+    def __len__(self):
+        close()
+        return 1
+
+    def __iter__(self):
+        close()
+        return iter((3,))
+
+    def __getitem__(self, i):
+        close()
+        return (3,)[i]
+
+
+class CloseBool:
+    def __bool__(self):
+        close()
+        return True
+
+
+class CloseArray:
+    def __array__(self, dtype=None, copy=None):
+        close()
+        return np.arange(3.0, dtype=dtype)
+
+
+class CloseCAI:
+    def __init__(self):
+        self.d = cuda.device_array(3)
+
+    @property
+    def __cuda_array_interface__(self):
+        desc = self.d.__cuda_array_interface__
+        close()
+        return desc
+
+
+class CloseDLPack:
+    def __init__(self):
+        self.d = cuda.device_array(3)
+
+    def __dlpack__(self, *args, **kwargs):
+        cap = self.d.__dlpack__()
+        close()
+        return cap
+
+    def __dlpack_device__(self):
+        return self.d.__dlpack_device__()
+
+
+class CloseDtype:
+    """A dtype argument whose conversion closes the context."""
+
+    @property
+    def dtype(self):
+        close()
+        return np.dtype(np.float64)
+
+
+class FreeArray:
+    """An __array__ that frees the memory of the device array it was
+    given, then returns good data."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def __array__(self, dtype=None, copy=None):
+        self.d.gpu_data.free()
+        return np.arange(3.0, dtype=dtype)
