@@ -1134,10 +1134,33 @@ cm_owner_ptr(PyObject *owner, CUdeviceptr *p)
     return 0;
 }
 
+/* 0 if a's memory is still allocated; -1 with ValueError when its
+ * DeviceAllocation (or that of the array it views, as as_cuda_array
+ * makes) was freed with free(). */
+static int
+cm_da_alive(cm_da *a)
+{
+    PyObject *g = a->gpu_data;
+
+    if (g != NULL && cm_da_check(g)) {
+        g = ((cm_da *)g)->gpu_data;
+    }
+    if (g != NULL && Py_IS_TYPE(g, ST->Mem_type) && ((cm_mem *)g)->freed) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the array's device memory was freed "
+                        "(DeviceAllocation.free())");
+        return -1;
+    }
+    return 0;
+}
+
 /* Make the context of a's memory current (or the thread's default). */
 static int
 cm_da_activate(cm_da *a)
 {
+    if (cm_da_alive(a) < 0) {
+        return -1;
+    }
     if (a->ctx != NULL) {
         return cm_context_activate(a->ctx);
     }
@@ -1150,6 +1173,9 @@ static int
 cm_da_enter(cm_da *a, CUcontext *prev)
 {
     *prev = NULL;
+    if (cm_da_alive(a) < 0) {
+        return -1;
+    }
     if (a->ctx != NULL) {
         return cm_context_enter(a->ctx, prev);
     }
@@ -1735,6 +1761,9 @@ cm_as_device_source(PyObject *obj)
     PyObject *r;
 
     if (cm_da_check(obj)) {
+        if (cm_da_alive((cm_da *)obj) < 0) {
+            return NULL;
+        }
         return (cm_da *)Py_NewRef(obj);
     }
     if (PyArray_Check(obj)) {
@@ -2638,8 +2667,9 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
     }
     if (cm_da_check(rhs)) {
         cm_da *d = (cm_da *)rhs;
-        int eq = PyObject_RichCompareBool((PyObject *)d->dtype,
-                                          (PyObject *)dtype, Py_EQ);
+        int eq = cm_da_alive(d) < 0
+                 ? -1 : PyObject_RichCompareBool((PyObject *)d->dtype,
+                                                 (PyObject *)dtype, Py_EQ);
         /* another device's array that this one cannot map: via the host */
         int far = 0;
         cm_context *cur;
