@@ -359,7 +359,7 @@ for to, exp in [("cuda.device_array(4)", "ValueError"),
                 ("cuda.device_array(6)[::2]", "ok"),
                 ("np.zeros(3)", "raise"),
                 ("CAI(None)", "raise"),
-                ("freed_array(3)", "any"),
+                ("freed_array(3)", "ValueError"),
                 ("record()", "raise")]:
     case("to_device", "to_device[to=%s]" % to,
          "cuda.to_device(np.arange(3.0), to=%s)" % to, exp)
@@ -470,7 +470,8 @@ case(g, "from_dlpack(reused capsule)",
      "c = cuda.device_array(3).__dlpack__()\n"
      "cuda.from_dlpack(DLPack(c))\ncuda.from_dlpack(DLPack(c))")
 case(g, "from_dlpack(capsule of freed)",
-     "c = freed_array().__dlpack__()\ncuda.from_dlpack(DLPack(c))", "any")
+     "c = freed_array().__dlpack__()\ncuda.from_dlpack(DLPack(c))",
+     "ValueError")
 case(g, "from_dlpack(dlpack_device then raise)",
      "n = [0]\n"
      "def dl(*a, **k):\n"
@@ -526,7 +527,7 @@ COPY_ARGS = [
     ("cuda.device_array(3)[::-1]", "any"),
     ("cuda.mapped_array(3)", "any"), ("cuda.managed_array(3)", "any"),
     ("cuda.pinned_array(3)", "any"),
-    ("freed_array(3)", "any"),
+    ("freed_array(3)", "ValueError"),
     ("CAI(None)", "any"), ("RaiseCAI()", "any"),
     ("CAI(cai_of(cuda.device_array(3), shape=(2**40,)))", "any"),
     ("CAI(cai_of(cuda.device_array(3), data=(0, False)))", "any"),
@@ -639,7 +640,7 @@ for val, exp in [("None", "any"), ("'x'", "ValueError|any"),
                  ("cuda.device_array(3, 'M8[s]')", "any"),
                  ("cuda.device_array(3, STRUCT)", "TypeError|ValueError|any"),
                  ("cuda.device_array(3)", "ok"),
-                 ("freed_array(3)", "any"),
+                 ("freed_array(3)", "ValueError"),
                  ("np.zeros(3, STRUCT)", "TypeError|ValueError|any"),
                  ("np.zeros(3, 'U2')", "TypeError|ValueError|any"),
                  ("np.zeros(3, 'M8[s]')", "TypeError|ValueError|any"),
@@ -1438,6 +1439,29 @@ def test_dimension_beyond_ssize_t_is_a_value_error(call):
 
     with pytest.raises(ValueError):
         call(cudamem)
+
+
+@pytest.mark.parametrize("use", [
+    lambda c, f: f.copy_to_host(),
+    lambda c, f: f[1:].copy_to_host(),
+    lambda c, f: f[0],
+    lambda c, f: f.__setitem__(0, 1.0),
+    lambda c, f: c.device_array(3).copy_to_device(f),
+    lambda c, f: c.device_array(3, "i1").__setitem__(slice(None), f),
+    lambda c, f: c.to_device(f.copy_to_host(), to=f),
+    lambda c, f: c.as_cuda_array(f).copy_to_host(),
+    lambda c, f: f.__dlpack__(),
+    lambda c, f: c.from_dlpack(f),
+])
+def test_freed_memory_is_not_touched(use):
+    # After DeviceAllocation.free() the array's memory was read and
+    # written (AddressSanitizer: heap-use-after-free on the simulator).
+    import cudamem
+
+    f = cudamem.to_device([1.0, 2.0, 3.0])
+    f.gpu_data.free()
+    with pytest.raises(ValueError, match="freed"):
+        use(cudamem, f)
 
 
 @pytest.mark.parametrize("meth, args", [
