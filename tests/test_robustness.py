@@ -1180,7 +1180,15 @@ for expr, exp in [
         ("k[1, 1](cuda.device_array(3), 1, 'x')", "TypeError"),
         ("k[1, 1](RaiseCAI(), 1, 1.0)", "raise"),
         ("k[1, 1](CAI(None), 1, 1.0)", "any"),
-        ("k[1, 1](freed_array(), 1, 1.0)", "any"),
+        ("k[1, 1](freed_array(), 1, 1.0)", "ValueError"),
+        ("k[1, 1](freed_array()[1:], 1, 1.0)", "ValueError"),
+        ("k[1, 1](cuda.as_cuda_array(freed_array()), 1, 1.0)",
+         "ValueError"),
+        ("a = cuda.current_context().memalloc(8)\na.free()\n"
+         "k[1, 1](a, 1, 1.0)", "ValueError"),
+        ("d = cuda.device_array(3)\ncuda.close()\n"
+         "m2 = cuda.compile(KSRC)\n"
+         "m2.get_function('k')[1, 1](d, 1, 1.0)", "ValueError"),
         ("k[1, 1](np.zeros(3, np.float32), 1, 1.0)", "any"),
         ("k[0, 1]", "ValueError|any"), ("k[1, 0]", "ValueError|any"),
         ("k[-1, 1]", "ValueError|any"), ("k[2**40, 1]", "ValueError|any"),
@@ -1195,7 +1203,7 @@ for expr, exp in [
         ("k[1, 1, cuda.event()]", "TypeError"),
         ("k[1, 1, 0, 0](cuda.device_array(3), 1, float('nan'))", "any"),
         ("k[1, 1](cuda.device_array(3, 'M8[s]'), 1, 1.0)", "any")]:
-    case(g, expr, KPRE + expr, exp)
+    case(g, expr, "KSRC = %r\n" % KSRC + KPRE + expr, exp)
 
 
 
@@ -1457,12 +1465,9 @@ for src, exp in [
         ("s = cuda.stream()\n"
          "s.add_callback(lambda st, status, arg: arg.append(st), [])\n"
          "cuda.close()", "any"),
-        # (Host arrays written after close(): see
+        # (Host arrays read or written after close(): see
         # test_host_arrays_survive_close below.)
         ("m = cuda.managed_array(3)\ncuda.close()\nm.prefetch()", "any"),
-        ("m = cuda.mapped_array(3)\ncuda.close()\nm.copy_to_host()", "any"),
-        ("p = cuda.pinned_array(3)\ncuda.close()\ncuda.to_device(p)",
-         "any"),
         ("h = cuda.device_array(8).get_ipc_handle()\nh.close()\nh.close()",
          "any"),
         ("d = cuda.device_array(3)\nd.stream = cuda.stream()\n"
@@ -1634,6 +1639,25 @@ def test_freed_memory_is_not_touched(use):
         use(cudamem, f)
 
 
+def test_kernel_arguments_with_freed_memory_are_refused():
+    # A launch packed the dangling pointer of freed memory.
+    import cudamem
+
+    try:
+        m = cudamem.compile('extern "C" __global__ void k(float *x) {}')
+    except cudamem.CudaSupportError:
+        pytest.skip("no NVRTC")
+    k = m.get_function("k")
+    d = cudamem.device_array(3, "f4")
+    v = d[1:]
+    d.gpu_data.free()
+    a = cudamem.current_context().memalloc(8)
+    a.free()
+    for arg in (d, v, a):
+        with pytest.raises(ValueError, match="freed"):
+            k[1, 1](arg)
+
+
 def test_device_reset_then_new_work_gets_a_fresh_context():
     # After Device.reset() every call failed with
     # CUDA_ERROR_CONTEXT_IS_DESTROYED (the destroyed context stayed
@@ -1651,7 +1675,12 @@ def test_device_reset_then_new_work_gets_a_fresh_context():
     assert rc == 0 and out.strip() == "OK", out + err
 
 
-@pytest.mark.xfail(strict=True, reason=(
+# Under AddressSanitizer the freed memory is quarantined, not reused, and
+# NumPy's own writes are not instrumented: the test may pass there.
+_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+
+
+@pytest.mark.xfail(strict=not _ASAN, reason=(
     "close() on the main thread resets the primary context, and the "
     "driver frees the page-locked, mapped and managed memory that NumPy "
     "arrays still point at: writing them corrupts the heap (simulator) or "
