@@ -4274,6 +4274,44 @@ cm_from_cuda_array_interface(PyObject *mod, PyObject *const *args,
 }
 
 /* DeviceNDArray(shape, strides, dtype, stream=0, gpu_data=None) */
+/* 0 if the memory gpu_data holds (a DeviceAllocation's size, else its
+ * int ``size`` attribute in bytes, where it has one) covers span bytes;
+ * else -1 with ValueError. */
+static int
+cm_gpu_data_fits(PyObject *gpu_data, Py_ssize_t span)
+{
+    Py_ssize_t have = -1;
+
+    if (Py_IS_TYPE(gpu_data, ST->Mem_type)) {
+        have = (Py_ssize_t)((cm_mem *)gpu_data)->size;
+    }
+    else {
+        PyObject *name = PyUnicode_InternFromString("size");
+        PyObject *v = NULL;
+        int rc = name == NULL ? -1
+                              : PyObject_GetOptionalAttr(gpu_data, name, &v);
+
+        Py_XDECREF(name);
+        if (rc < 0) {
+            return -1;
+        }
+        if (v != NULL && PyLong_Check(v)) {
+            have = PyLong_AsSsize_t(v);
+            if (have == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+            }
+        }
+        Py_XDECREF(v);
+    }
+    if (have >= 0 && span > have) {
+        PyErr_Format(PyExc_ValueError,
+                     "the layout spans %zd bytes; gpu_data holds %zd",
+                     span, have);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
                  PyObject *kwnames)
@@ -4312,7 +4350,11 @@ cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
                    < 0) {
             goto out_dt;
         }
-        (void)cm_layout_span(ndim, shape, strides, PyDataType_ELSIZE(dt), &lo);
+        if (cm_gpu_data_fits(p[4], cm_layout_span(ndim, shape, strides,
+                                                  PyDataType_ELSIZE(dt), &lo))
+                < 0) {
+            goto out_dt;
+        }
         ptr -= (CUdeviceptr)lo;
     }
     r = cm_da_make((PyTypeObject *)type, ndim, shape, strides, dt, ptr, p[4],
