@@ -1309,9 +1309,14 @@ sweep(g, "cuda.DeviceNDArray({shape}, {strides}, {dtype}, stream={stream}, "
                  for v in ("2**63", "2**64", "10**30", "-2**63-1")})
 MEM8 = "cuda.current_context().memalloc(8)"
 for args, exp in [
-        ("(1000,), (8,), np.float64, gpu_data=%s" % MEM8, "any"),
+        ("(1000,), (8,), np.float64, gpu_data=%s" % MEM8, "ValueError"),
         ("(3,), (2**62,), np.float64, gpu_data=%s" % MEM8, "ValueError"),
-        ("(3,), (-8,), np.float64, gpu_data=%s" % MEM8, "any"),
+        ("(3,), (-8,), np.float64, gpu_data=%s" % MEM8, "ValueError"),
+        ("(1,), (8,), np.float64, gpu_data=%s" % MEM8, "ok"),
+        ("(2,), (8,), np.float64, gpu_data=cuda.MemoryPointer("
+         "cuda.current_context(), 8, 8)", "ValueError"),
+        ("(2,), (8,), np.float64, gpu_data=(p := cuda.MemoryPointer("
+         "cuda.current_context(), 8, 8)).own()", "ValueError"),
         ("(3,), (8,), object, gpu_data=%s" % MEM8, "TypeError"),
         ("(3,), (8,), np.float64, gpu_data=object()", "raise"),
         ("(3,), (8,), np.float64, gpu_data=5", "raise"),
@@ -1657,6 +1662,22 @@ def test_freed_memory_is_not_touched(use):
     f.gpu_data.free()
     with pytest.raises(ValueError, match="freed"):
         use(cudamem, f)
+
+
+def test_device_array_on_too_little_gpu_data_is_refused():
+    # DeviceNDArray(..., gpu_data=) took any layout over any memory, so
+    # its copies reached past the allocation.
+    import cudamem
+
+    m = cudamem.current_context().memalloc(8)
+    with pytest.raises(ValueError, match="spans"):
+        cudamem.DeviceNDArray((1000,), (8,), "f8", gpu_data=m)
+    p = cudamem.MemoryPointer(m.context, m.device_pointer, 8, owner=m)
+    with pytest.raises(ValueError, match="spans"):
+        cudamem.DeviceNDArray((2,), (8,), "f8", gpu_data=p)
+    d = cudamem.DeviceNDArray((1,), (8,), "f8", gpu_data=p)
+    d.copy_to_device([1.0])
+    assert d.copy_to_host()[0] == 1.0
 
 
 def test_kernel_arguments_with_freed_memory_are_refused():
