@@ -531,6 +531,22 @@ cm_context_current(void)
     if (cm_driver_ensure() < 0 || CM_CU(CtxGetCurrent, (&cur)) < 0) {
         return NULL;
     }
+    /* A context destroyed while current here (Device.reset(), another
+     * thread's close(), another library's reset) is popped, as close()
+     * would have: the next one down, or a fresh one, serves. */
+    while (cur != NULL && cm_context_find(cur) == NULL) {
+        CUresult rc = CM_CU_RAW(CtxGetDevice, (&dev));
+        CUcontext popped;
+
+        if (rc != CUDA_ERROR_CONTEXT_IS_DESTROYED
+            && rc != CUDA_ERROR_INVALID_CONTEXT) {
+            break;
+        }
+        if (CM_CU(CtxPopCurrent, (&popped)) < 0
+            || CM_CU(CtxGetCurrent, (&cur)) < 0) {
+            return NULL;
+        }
+    }
     if (cur != NULL) {
         c = cm_context_find(cur);
         if (c != NULL) {

@@ -841,7 +841,8 @@ cm_is_floatish(PyObject *obj)
            && PyArray_ISFLOAT((PyArrayObject *)obj);
 }
 
-/* One dimension or stride from an integer-like object. */
+/* One dimension or stride from an integer-like object; one beyond
+ * Py_ssize_t is a ValueError, as in NumPy. */
 static int
 cm_as_ssize(PyObject *o, Py_ssize_t *v)
 {
@@ -852,7 +853,14 @@ cm_as_ssize(PyObject *o, Py_ssize_t *v)
     }
     *v = PyLong_AsSsize_t(i);
     Py_DECREF(i);
-    return (*v == -1 && PyErr_Occurred()) ? -1 : 0;
+    if (*v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "Maximum allowed dimension exceeded");
+        }
+        return -1;
+    }
+    return 0;
 }
 
 /* Parse a shape argument (an int, a NumPy integer, or an iterable of
@@ -951,6 +959,37 @@ cm_check_size(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize)
             return -1;
         }
         total *= shape[i];
+    }
+    return 0;
+}
+
+/* 0 if the byte span of a layout fits in Py_ssize_t (so that
+ * cm_layout_span cannot overflow), else -1 with ValueError. */
+static int
+cm_check_span(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+              Py_ssize_t itemsize)
+{
+    Py_ssize_t low = 0;
+    Py_ssize_t high = itemsize;
+    Py_ssize_t reach;
+    int i;
+
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] == 0) {
+            return 0;
+        }
+    }
+    for (i = 0; i < ndim; i++) {
+        if (__builtin_mul_overflow(shape[i] - 1, strides[i], &reach)
+            || (reach < 0 ? __builtin_add_overflow(low, reach, &low)
+                          : __builtin_add_overflow(high, reach, &high))
+            || __builtin_sub_overflow(high, low, &reach)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "strides reach outside the address space: the "
+                            "array's byte span does not fit in a signed "
+                            "64-bit integer");
+            return -1;
+        }
     }
     return 0;
 }
@@ -1095,10 +1134,33 @@ cm_owner_ptr(PyObject *owner, CUdeviceptr *p)
     return 0;
 }
 
+/* 0 if a's memory is still allocated; -1 with ValueError when its
+ * DeviceAllocation (or that of the array it views, as as_cuda_array
+ * makes) was freed with free(). */
+static int
+cm_da_alive(cm_da *a)
+{
+    PyObject *g = a->gpu_data;
+
+    if (g != NULL && cm_da_check(g)) {
+        g = ((cm_da *)g)->gpu_data;
+    }
+    if (g != NULL && Py_IS_TYPE(g, ST->Mem_type) && ((cm_mem *)g)->freed) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the array's device memory was freed "
+                        "(DeviceAllocation.free())");
+        return -1;
+    }
+    return 0;
+}
+
 /* Make the context of a's memory current (or the thread's default). */
 static int
 cm_da_activate(cm_da *a)
 {
+    if (cm_da_alive(a) < 0) {
+        return -1;
+    }
     if (a->ctx != NULL) {
         return cm_context_activate(a->ctx);
     }
@@ -1111,6 +1173,9 @@ static int
 cm_da_enter(cm_da *a, CUcontext *prev)
 {
     *prev = NULL;
+    if (cm_da_alive(a) < 0) {
+        return -1;
+    }
     if (a->ctx != NULL) {
         return cm_context_enter(a->ctx, prev);
     }
@@ -1165,7 +1230,9 @@ cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
     CUdeviceptr base = 0;
     int i;
 
-    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0) {
+    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0
+        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dtype))
+               < 0) {
         return NULL;
     }
     a = PyObject_GC_New(cm_da, tp);
@@ -1589,7 +1656,9 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
             }
         }
     }
-    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0) {
+    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0
+        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dtype))
+               < 0) {
         goto out_dtype;
     }
     /* data */
@@ -1692,6 +1761,9 @@ cm_as_device_source(PyObject *obj)
     PyObject *r;
 
     if (cm_da_check(obj)) {
+        if (cm_da_alive((cm_da *)obj) < 0) {
+            return NULL;
+        }
         return (cm_da *)Py_NewRef(obj);
     }
     if (PyArray_Check(obj)) {
@@ -2321,9 +2393,10 @@ cm_layout_index(int ndim, const Py_ssize_t *shape,
             out++;
         }
         else if (PyIndex_Check(e) && !PyArray_Check(e)) {
-            Py_ssize_t i;
+            /* An index beyond Py_ssize_t is out of range: IndexError. */
+            Py_ssize_t i = PyNumber_AsSsize_t(e, PyExc_IndexError);
 
-            if (cm_as_ssize(e, &i) < 0) {
+            if (i == -1 && PyErr_Occurred()) {
                 return -1;
             }
             if (i < 0) {
@@ -2594,8 +2667,9 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
     }
     if (cm_da_check(rhs)) {
         cm_da *d = (cm_da *)rhs;
-        int eq = PyObject_RichCompareBool((PyObject *)d->dtype,
-                                          (PyObject *)dtype, Py_EQ);
+        int eq = cm_da_alive(d) < 0
+                 ? -1 : PyObject_RichCompareBool((PyObject *)d->dtype,
+                                                 (PyObject *)dtype, Py_EQ);
         /* another device's array that this one cannot map: via the host */
         int far = 0;
         cm_context *cur;
@@ -3777,6 +3851,11 @@ cm_describe(PyObject *ary, int *ndim, Py_ssize_t *shape, Py_ssize_t *strides,
             shape[i] = PyArray_DIMS(a)[i];
             strides[i] = PyArray_STRIDES(a)[i];
         }
+        if (PyDataType_REFCHK(PyArray_DESCR(a))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "device arrays cannot hold Python objects");
+            return -1;
+        }
         *dtype = (PyArray_Descr *)Py_NewRef(PyArray_DESCR(a));
         *c = PyArray_IS_C_CONTIGUOUS(a);
         *f = PyArray_IS_F_CONTIGUOUS(a);
@@ -3798,10 +3877,10 @@ cm_describe(PyObject *ary, int *ndim, Py_ssize_t *shape, Py_ssize_t *strides,
     if (v == NULL || (*dtype = cm_parse_dtype(v)) == NULL) {
         goto err;
     }
-    Py_DECREF(v);
+    Py_CLEAR(v);
     flags = PyObject_GetAttrString(ary, "flags");
     if (flags == NULL) {
-        return -1;
+        goto err;
     }
     v = PyMapping_GetItemString(flags, "C_CONTIGUOUS");
     *c = v != NULL && PyObject_IsTrue(v) == 1;
@@ -3899,8 +3978,10 @@ cm_layout_parse(PyObject *shape_o, PyObject *dtype_o, PyObject *strides_o,
     ndim = cm_parse_layout(shape_o, strides_o,
                            order_o != NULL ? order_o : cm_str_C,
                            PyDataType_ELSIZE(*dtype), shape, strides);
-    if (ndim < 0 || cm_check_size(ndim, shape, PyDataType_ELSIZE(*dtype))
-                    < 0) {
+    if (ndim < 0
+        || cm_check_size(ndim, shape, PyDataType_ELSIZE(*dtype)) < 0
+        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(*dtype))
+               < 0) {
         Py_CLEAR(*dtype);
         return -1;
     }
@@ -4193,6 +4274,44 @@ cm_from_cuda_array_interface(PyObject *mod, PyObject *const *args,
 }
 
 /* DeviceNDArray(shape, strides, dtype, stream=0, gpu_data=None) */
+/* 0 if the memory gpu_data holds (a DeviceAllocation's size, else its
+ * int ``size`` attribute in bytes, where it has one) covers span bytes;
+ * else -1 with ValueError. */
+static int
+cm_gpu_data_fits(PyObject *gpu_data, Py_ssize_t span)
+{
+    Py_ssize_t have = -1;
+
+    if (Py_IS_TYPE(gpu_data, ST->Mem_type)) {
+        have = (Py_ssize_t)((cm_mem *)gpu_data)->size;
+    }
+    else {
+        PyObject *name = PyUnicode_InternFromString("size");
+        PyObject *v = NULL;
+        int rc = name == NULL ? -1
+                              : PyObject_GetOptionalAttr(gpu_data, name, &v);
+
+        Py_XDECREF(name);
+        if (rc < 0) {
+            return -1;
+        }
+        if (v != NULL && PyLong_Check(v)) {
+            have = PyLong_AsSsize_t(v);
+            if (have == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+            }
+        }
+        Py_XDECREF(v);
+    }
+    if (have >= 0 && span > have) {
+        PyErr_Format(PyExc_ValueError,
+                     "the layout spans %zd bytes; gpu_data holds %zd",
+                     span, have);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
                  PyObject *kwnames)
@@ -4225,10 +4344,17 @@ cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
         p[4] = NULL;
     }
     if (p[4] != NULL) {
-        if (cm_owner_ptr(p[4], &ptr) < 0) {
+        if (cm_owner_ptr(p[4], &ptr) < 0
+            || cm_check_size(ndim, shape, PyDataType_ELSIZE(dt)) < 0
+            || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dt))
+                   < 0) {
             goto out_dt;
         }
-        (void)cm_layout_span(ndim, shape, strides, PyDataType_ELSIZE(dt), &lo);
+        if (cm_gpu_data_fits(p[4], cm_layout_span(ndim, shape, strides,
+                                                  PyDataType_ELSIZE(dt), &lo))
+                < 0) {
+            goto out_dt;
+        }
         ptr -= (CUdeviceptr)lo;
     }
     r = cm_da_make((PyTypeObject *)type, ndim, shape, strides, dt, ptr, p[4],

@@ -534,7 +534,10 @@ cm_dlpack_export_as(PyObject *self, int dl_type, PyObject *const *args,
         }
         p[i] = args[k];
     }
+    /* Memory that was freed, or whose context was closed, is not
+     * exported (cm_da_activate_ctx raises). */
     if (cm_dl_describe_self(self, &d, &id) < 0
+        || cm_da_activate_ctx(self) < 0
         || cm_dl_parse_stream(p[K_STREAM], &consumer, &nosync) < 0) {
         return NULL;
     }

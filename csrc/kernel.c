@@ -1149,6 +1149,46 @@ cm_arg_access(cm_kernel *k, int i, cm_context *owner)
     return cm_context_require_access(k->module->ctx, owner, what);
 }
 
+/* 0 if argument i, a cudamem allocation or device array, still has its
+ * memory: not freed with free() (nor the allocation of the array it
+ * views), its context not closed; else -1 with ValueError. */
+static int
+cm_arg_alive(int i, PyObject *o)
+{
+    PyObject *g = Py_NewRef(o);
+    cm_context *ctx;
+    int depth;
+    int r = 0;
+
+    for (depth = 0; depth < 3 && r == 0; depth++) {
+        if (Py_IS_TYPE(g, cm_st->Mem_type)) {
+            if (((cm_mem *)g)->freed || !((cm_mem *)g)->ctx->alive) {
+                r = -1;
+            }
+            break;
+        }
+        if (!cm_devicearray_pointer(g, &(CUdeviceptr){0})) {
+            break;
+        }
+        ctx = cm_devicearray_context(g);
+        if (ctx != NULL && !ctx->alive) {
+            r = -1;
+            break;
+        }
+        Py_SETREF(g, PyObject_GetAttrString(g, "gpu_data"));
+        if (g == NULL) {
+            return -1;
+        }
+    }
+    Py_DECREF(g);
+    if (r < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "kernel argument %d: its device memory was freed, or "
+                     "its context closed", i);
+    }
+    return r;
+}
+
 /* Pack argument i (o) into the block buf. */
 static int
 cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
@@ -1165,6 +1205,9 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
         return cm_pack_float(k, i, o, dst);
     }
     if (cm_devicearray_pointer(o, &dptr)) {
+        if (cm_arg_alive(i, o) < 0) {
+            return -1;
+        }
         if (cm_devicearray_context(o) != k->module->ctx
             && cm_arg_access(k, i, cm_devicearray_context(o)) < 0) {
             return -1;
@@ -1172,6 +1215,9 @@ cm_pack_arg(cm_kernel *k, int i, PyObject *o, unsigned char *buf)
         return cm_pack_ptr(k, i, o, (unsigned long long)dptr, dst);
     }
     if (Py_IS_TYPE(o, cm_st->Mem_type)) {
+        if (cm_arg_alive(i, o) < 0) {
+            return -1;
+        }
         if (((cm_mem *)o)->ctx != k->module->ctx
             && cm_arg_access(k, i, ((cm_mem *)o)->ctx) < 0) {
             return -1;

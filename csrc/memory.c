@@ -834,8 +834,9 @@ cm_mem_get_context(PyObject *self, void *unused)
 PyDoc_STRVAR(cm_mem_free_doc,
 "free($self, /)\n--\n\n"
 "Release the allocation now (through the deferred queue).  Arrays that "
-"still use it are left dangling: only call this when nothing refers to "
-"the memory any more.  A second call raises RuntimeError.");
+"still use it raise ValueError when they are used (copies, indexing, "
+"DLPack export); only call this when nothing refers to the memory any "
+"more.  A second call raises RuntimeError.");
 
 static PyObject *
 cm_mem_free(PyObject *self, PyObject *unused)

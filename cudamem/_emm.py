@@ -17,6 +17,7 @@ import abc
 import contextlib
 import ctypes
 import importlib
+import operator
 import os
 import threading
 import weakref
@@ -112,22 +113,29 @@ class MemoryPointer:
 
     def memset(self, byte, count=None, stream=0):
         """Fill ``count`` bytes (default: all) with ``byte``."""
-        count = self.size if count is None else count
+        count = self.size if count is None else operator.index(count)
+        if not 0 <= count <= self.size:
+            raise ValueError("memset of %d bytes on a pointer of %d bytes"
+                             % (count, self.size))
         if count:
             _core._memset(self.device_pointer, byte, count, stream)
 
     def view(self, start, stop=None):
         """A pointer to bytes [start, stop) of this memory."""
+        start = operator.index(start)
         if stop is None:
             size = self.size - start
         else:
-            size = stop - start
+            size = operator.index(stop) - start
         if size < 0:
             raise RuntimeError("size cannot be negative")
         if not self.device_pointer_value:
             if size != 0:
                 raise RuntimeError("non-empty slice into empty slice")
             base = 0
+        elif start < 0 or start + size > self.size:
+            raise ValueError("view [%d, %d) outside a pointer of %d bytes"
+                             % (start, start + size, self.size))
         else:
             base = self.device_pointer + start
         view = MemoryPointer(self.context, base, size, owner=self.owner)
