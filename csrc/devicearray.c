@@ -1142,10 +1142,21 @@ cm_da_alive(cm_da *a)
 {
     PyObject *g = a->gpu_data;
 
-    if (g != NULL && cm_da_check(g)) {
-        g = ((cm_da *)g)->gpu_data;
+    /* The usual owner, a DeviceAllocation, is tested first: the subtype
+     * test of a view's owner costs a walk of the owner type's MRO. */
+    if (g == NULL) {
+        return 0;
     }
-    if (g != NULL && Py_IS_TYPE(g, ST->Mem_type) && ((cm_mem *)g)->freed) {
+    if (!Py_IS_TYPE(g, ST->Mem_type)) {
+        if (!cm_da_check(g)) {
+            return 0;
+        }
+        g = ((cm_da *)g)->gpu_data;
+        if (g == NULL || !Py_IS_TYPE(g, ST->Mem_type)) {
+            return 0;
+        }
+    }
+    if (((cm_mem *)g)->freed) {
         PyErr_SetString(PyExc_ValueError,
                         "the array's device memory was freed "
                         "(DeviceAllocation.free())");
