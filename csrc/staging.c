@@ -17,12 +17,12 @@
  * The pipeline runs in the calling thread, with the GIL released, and
  * returns when every chunk is in place: a synchronous copy issues its
  * chunks on the default stream, an asynchronous one on its stream S (so
- * they follow the work queued on S).  That is what the driver does with
- * pageable memory too: its "asynchronous" copies of pageable memory
- * complete before they return.  An earlier design returned at once and
- * held S with a host function waiting for the pipeline; the driver
- * forbids a host function to wait on work not ordered before it, and on
- * the H200 it deadlocked (a stream can share a hardware queue with S).
+ * they follow the work queued on S).  The driver's own asynchronous
+ * copies of pageable memory do not return either before the host memory
+ * is consumed (host to device) or filled (device to host).  An earlier
+ * design returned at once and held S with a host function waiting for
+ * the pipeline; the driver forbids a host function to wait on work not
+ * ordered before it, and on the H200 it deadlocked.
  *
  * Owns: the tunables (CUDAMEM_STAGING, _THRESHOLD, _CHUNK, _BUFFERS,
  * _THREADS); the worker threads (made once, grown on demand, never
