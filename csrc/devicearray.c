@@ -2911,10 +2911,11 @@ PyDoc_STRVAR(cm_da_copy_to_host_doc,
 "host buffer), writing only the elements of the destination view.  A\n"
 "copy staged through a host buffer completes before it returns.\n\n"
 "Large copies of pageable host memory may go through the staging\n"
-"pipeline (see the README: CUDAMEM_STAGING).  Like the driver's copies\n"
-"of pageable memory, such a copy has completed when it returns, also\n"
-"an asynchronous one (issued on its stream after the work queued\n"
-"there).");
+"pipeline (see the README: CUDAMEM_STAGING).  Such a copy has completed\n"
+"when it returns, also an asynchronous one (issued on its stream after\n"
+"the work queued there); the driver's own asynchronous copies of\n"
+"pageable memory likewise return only once the host memory is consumed\n"
+"or filled.");
 
 static PyObject *
 cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -2943,10 +2944,11 @@ PyDoc_STRVAR(cm_da_copy_to_device_doc,
 "copies that no 2-D / 3-D copy expresses are staged through the host for\n"
 "now, and complete before returning.\n\n"
 "Large copies of pageable host memory may go through the staging\n"
-"pipeline (see the README: CUDAMEM_STAGING).  Like the driver's copies\n"
-"of pageable memory, such a copy has completed when it returns, also\n"
-"an asynchronous one (issued on its stream after the work queued\n"
-"there).");
+"pipeline (see the README: CUDAMEM_STAGING).  Such a copy has completed\n"
+"when it returns, also an asynchronous one (issued on its stream after\n"
+"the work queued there); the driver's own asynchronous copies of\n"
+"pageable memory likewise return only once the host memory is consumed\n"
+"or filled.");
 
 static PyObject *
 cm_da_copy_to_device(PyObject *self, PyObject *const *args,
@@ -4182,10 +4184,11 @@ PyDoc_STRVAR(cm_to_device_doc,
 "numba rejects non-contiguous host arrays; cudamem copies them into a\n"
 "C-contiguous (F-contiguous for F-ordered sources) device array.\n\n"
 "Large copies of pageable host memory may go through the staging\n"
-"pipeline (see the README: CUDAMEM_STAGING).  Like the driver's copies\n"
-"of pageable memory, such a copy has completed when it returns, also\n"
-"an asynchronous one (issued on its stream after the work queued\n"
-"there).");
+"pipeline (see the README: CUDAMEM_STAGING).  Such a copy has completed\n"
+"when it returns, also an asynchronous one (issued on its stream after\n"
+"the work queued there); the driver's own asynchronous copies of\n"
+"pageable memory likewise return only once the host memory is consumed\n"
+"or filled.");
 
 static PyObject *
 cm_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
