@@ -921,6 +921,10 @@ int cm_pool_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 int cm_kernels_init(PyObject *mod, cm_state *st);
 int cm_devicearray_init(PyObject *mod, cm_state *st);
+/* A heap type from spec (base may be NULL) bound to mod, added to mod
+ * under the name after the spec name's dot; NULL with an exception. */
+PyTypeObject *cm_make_type(PyObject *mod, PyType_Spec *spec,
+                           PyTypeObject *base);
 int cm_ipc_init(PyObject *mod, cm_state *st);
 
 /* ------------------------------------------------------------------ */

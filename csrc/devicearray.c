@@ -4680,7 +4680,7 @@ cm_da_wrap(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
                       ptr, owner, stream);
 }
 
-static PyTypeObject *
+PyTypeObject *
 cm_make_type(PyObject *mod, PyType_Spec *spec, PyTypeObject *base)
 {
     PyTypeObject *tp = (PyTypeObject *)PyType_FromModuleAndSpec(

@@ -1660,24 +1660,6 @@ static PyMethodDef cm_ipc_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* A type of this file, added to mod; NULL on failure. */
-static PyTypeObject *
-cm_ipc_type(PyObject *mod, PyType_Spec *spec)
-{
-    PyTypeObject *tp = (PyTypeObject *)PyType_FromModuleAndSpec(mod, spec,
-                                                                NULL);
-
-    if (tp == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddObjectRef(mod, strchr(spec->name, '.') + 1,
-                              (PyObject *)tp) < 0) {
-        Py_DECREF(tp);
-        return NULL;
-    }
-    return tp;
-}
-
 int
 cm_ipc_init(PyObject *mod, cm_state *st)
 {
@@ -1693,13 +1675,13 @@ cm_ipc_init(PyObject *mod, cm_state *st)
             return -1;
         }
     }
-    st->IpcMemory_type = cm_ipc_type(mod, &cm_ipcmem_spec);
+    st->IpcMemory_type = cm_make_type(mod, &cm_ipcmem_spec, NULL);
     st->IpcHandleBase_type = st->IpcMemory_type == NULL
                                  ? NULL
-                                 : cm_ipc_type(mod, &cm_ipch_spec);
+                                 : cm_make_type(mod, &cm_ipch_spec, NULL);
     st->IpcArrayHandleBase_type = st->IpcHandleBase_type == NULL
                                       ? NULL
-                                      : cm_ipc_type(mod, &cm_ipcah_spec);
+                                      : cm_make_type(mod, &cm_ipcah_spec, NULL);
     if (st->IpcArrayHandleBase_type == NULL) {
         return -1;
     }
