@@ -1676,12 +1676,14 @@ cm_ipc_init(PyObject *mod, cm_state *st)
         }
     }
     st->IpcMemory_type = cm_make_type(mod, &cm_ipcmem_spec, NULL);
-    st->IpcHandleBase_type = st->IpcMemory_type == NULL
-                                 ? NULL
-                                 : cm_make_type(mod, &cm_ipch_spec, NULL);
-    st->IpcArrayHandleBase_type = st->IpcHandleBase_type == NULL
-                                      ? NULL
-                                      : cm_make_type(mod, &cm_ipcah_spec, NULL);
+    if (st->IpcMemory_type == NULL) {
+        return -1;
+    }
+    st->IpcHandleBase_type = cm_make_type(mod, &cm_ipch_spec, NULL);
+    if (st->IpcHandleBase_type == NULL) {
+        return -1;
+    }
+    st->IpcArrayHandleBase_type = cm_make_type(mod, &cm_ipcah_spec, NULL);
     if (st->IpcArrayHandleBase_type == NULL) {
         return -1;
     }
