@@ -640,8 +640,17 @@ cm_stream_cai_handle(const cm_stream *s)
  * synchronous call).  A cudamem Stream (one type check, no attribute
  * lookup), or any object with __cuda_stream__ (the cuda.core protocol),
  * gives its handle and returns 1 (truthy: asynchronous).  Anything else:
- * -1 with TypeError. */
+ * -1 with TypeError; a Stream of a closed context, or a handle that no
+ * stream object can be at (cm_stream_handle_check): -1 with ValueError. */
 int cm_stream_resolve(PyObject *obj, CUstream *handle);
+
+/* Whether h, a stream handle that did not come from cudamem, may be
+ * handed to the driver.  0, 1 and 2 name default streams; any other value
+ * is the address of the driver's stream object, which the driver reads
+ * without a check, so an unaligned address or one that cannot be read
+ * would crash the process.  0, or -1 with ValueError naming what.  A
+ * destroyed stream whose memory is still mapped cannot be told apart. */
+int cm_stream_handle_check(uintptr_t h, const char *what);
 
 /* Whether the calling thread is running a host callback for cudamem (the
  * driver's callback thread).  The driver forbids API calls there, so a

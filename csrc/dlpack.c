@@ -287,7 +287,10 @@ cm_dl_parse_stream(PyObject *o, uintptr_t *h, int *nosync)
     if (v == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         *h = (uintptr_t)PyLong_AsUnsignedLongLong(o);
-        return (*h == (uintptr_t)-1 && PyErr_Occurred()) ? -1 : 0;
+        if (*h == (uintptr_t)-1 && PyErr_Occurred()) {
+            return -1;
+        }
+        return cm_stream_handle_check(*h, "__dlpack__ stream");
     }
     if (v == -1) {
         *nosync = 1;
@@ -308,7 +311,7 @@ cm_dl_parse_stream(PyObject *o, uintptr_t *h, int *nosync)
         return -1;
     }
     *h = (uintptr_t)v;
-    return 0;
+    return cm_stream_handle_check(*h, "__dlpack__ stream");
 }
 
 /* Parse a (int, int) pair; -1 with TypeError naming what. */

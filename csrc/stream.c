@@ -46,6 +46,8 @@
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
 #endif
 
 /* interned strings, made once in init */
@@ -1963,8 +1965,12 @@ cm_per_thread_default_stream_fn(PyObject *mod, PyObject *unused)
 PyObject *
 cm_stream_external_owned(CUstream handle, PyObject *owner)
 {
-    cm_context *ctx = cm_context_current();
+    cm_context *ctx;
 
+    if (cm_stream_handle_check((uintptr_t)handle, "external stream") < 0) {
+        return NULL;
+    }
+    ctx = cm_context_current();
     if (ctx == NULL) {
         return NULL;
     }
@@ -2100,6 +2106,43 @@ static PyMethodDef cm_stream_functions[] = {
 /* ------------------------------------------------------------------ */
 
 int
+cm_stream_handle_check(uintptr_t h, const char *what)
+{
+    char byte[sizeof(void *)];
+    struct iovec local = {byte, sizeof(byte)};
+    struct iovec remote = {(void *)h, sizeof(byte)};
+    ssize_t n;
+
+    if (h <= (uintptr_t)CU_STREAM_PER_THREAD) {
+        return 0;
+    }
+    if (h % sizeof(void *) != 0) {
+        goto bad;
+    }
+    /* Reading through the kernel fails with EFAULT instead of faulting. */
+    n = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (n == (ssize_t)sizeof(byte)) {
+        return 0;
+    }
+    if (n < 0 && (errno == ENOSYS || errno == EPERM)) {
+        /* Reading one's own memory is forbidden here: ask only whether
+         * the page is mapped. */
+        long pg = sysconf(_SC_PAGESIZE);
+        unsigned char vec;
+
+        if (pg > 0 && mincore((void *)(h & ~(uintptr_t)(pg - 1)),
+                              (size_t)pg, &vec) == 0) {
+            return 0;
+        }
+    }
+bad:
+    PyErr_Format(PyExc_ValueError,
+                 "%s: %p is not a stream handle (no stream object can be "
+                 "at that address)", what, (void *)h);
+    return -1;
+}
+
+int
 cm_stream_resolve(PyObject *obj, CUstream *handle)
 {
     PyObject *meth;
@@ -2108,7 +2151,19 @@ cm_stream_resolve(PyObject *obj, CUstream *handle)
     int overflow;
 
     if (cm_stream_check(obj)) {
-        *handle = ((cm_stream *)obj)->handle;
+        cm_stream *s = (cm_stream *)obj;
+
+        /* A stream of a closed context names a destroyed driver stream:
+         * the driver would read freed memory. */
+        if (!s->ctx->alive && s->handle != NULL
+            && s->handle != CU_STREAM_LEGACY
+            && s->handle != CU_STREAM_PER_THREAD) {
+            *handle = 0;
+            PyErr_SetString(PyExc_ValueError,
+                            "the stream belongs to a closed context");
+            return -1;
+        }
+        *handle = s->handle;
         return 1;
     }
     *handle = 0;
@@ -2143,7 +2198,8 @@ cm_stream_resolve(PyObject *obj, CUstream *handle)
     }
     h = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
     Py_DECREF(t);
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+    if ((h == (unsigned long long)-1 && PyErr_Occurred())
+        || cm_stream_handle_check((uintptr_t)h, "__cuda_stream__()") < 0) {
         return -1;
     }
     *handle = (CUstream)(uintptr_t)h;

@@ -71,9 +71,10 @@ def test_export_zero_d_empty_and_records(ctx):
 
 
 def test_export_stream(ctx):
-    s = Stream(0x1234)
+    h = cuda.stream().handle
+    s = Stream(h)
     assert cuda.device_array(2, stream=s).__cuda_array_interface__[
-        "stream"] == 0x1234
+        "stream"] == h
     default = cuda.device_array(2, stream=Stream(0))
     expected = 2 if _core._per_thread_default_stream() else 1
     assert default.__cuda_array_interface__["stream"] == expected  # Q2

@@ -81,14 +81,41 @@ def test_types_not_instantiable(ctx):
 
 
 def test_external_stream(ctx, stream):
-    e = cuda.external_stream(0x12345678)
+    h = stream.handle
+    e = cuda.external_stream(h)
     assert e.external is True
-    assert e.handle == 0x12345678 and int(e) == 0x12345678
-    assert repr(e) == f"<External CUDA stream {0x12345678}>"
+    assert e.handle == h and int(e) == h
+    assert repr(e) == f"<External CUDA stream {h}>"
     assert "default" not in repr(e).lower()
-    assert e.__cuda_stream__() == (0, 0x12345678)
-    assert cuda.external_stream(ptr=5).handle == 5
+    assert e.__cuda_stream__() == (0, h)
+    assert cuda.external_stream(ptr=h).handle == h
     assert cuda.external_stream(True).handle == 1   # bool is an int
+    assert cuda.external_stream(2).handle == 2
+
+
+@pytest.mark.parametrize("bad", [0x12345678, 5, 1 << 63, 0x1000])
+def test_external_stream_of_no_stream_object_is_refused(ctx, bad):
+    # The driver reads the object at a stream handle without a check, so a
+    # handle at an unreadable or unaligned address would crash it: refused
+    # before it gets there (numba accepts any int).
+    with pytest.raises(ValueError, match="is not a stream handle"):
+        cuda.external_stream(bad)
+
+
+class _CudaStreamOf:
+    def __init__(self, h):
+        self.h = h
+
+    def __cuda_stream__(self):
+        return (0, self.h)
+
+
+def test_foreign_stream_of_no_stream_object_is_refused(ctx):
+    d = cuda.device_array(3)
+    with pytest.raises(ValueError, match="is not a stream handle"):
+        d.copy_to_host(stream=_CudaStreamOf(0x12345678))
+    with pytest.raises(ValueError, match="is not a stream handle"):
+        cuda.to_device(np.zeros(3), stream=_CudaStreamOf(8 << 40))
 
 
 def test_external_stream_never_destroyed(stream):
