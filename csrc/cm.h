@@ -337,6 +337,9 @@ void cm_sim_fill(cm_cu_table *t, int per_thread);
 /* Arm fault injection: the nth (1 = next) call of entry point idx returns
  * code.  nth 0 disarms.  0, or -1 if idx is out of range. */
 int cm_sim_inject(int idx, long nth, CUresult code);
+/* Whether h is a stream the simulator has and has not destroyed (its
+ * context included).  Simulator backend only. */
+int cm_sim_stream_live(const void *h);
 
 /* ------------------------------------------------------------------ */
 /* context.c: devices and primary contexts                             */

@@ -414,6 +414,32 @@ cm_sim_inject_fn(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_sim_stream_live_doc,
+"_sim_stream_live(handle)\n--\n\n"
+"Whether the simulator has a live stream of this handle (a test aid).");
+
+static PyObject *
+cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
+{
+    void *h;
+
+    (void)mod;
+    h = PyLong_AsVoidPtr(arg);
+    if (h == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    if (cm_driver_backend() != CM_BACKEND_SIM) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "_sim_stream_live needs the simulator backend "
+                        "(CUDAMEM_SIMULATOR=1)");
+        return NULL;
+    }
+    return PyBool_FromLong(cm_sim_stream_live(h));
+}
+
 static PyMethodDef cm_driver_methods[] = {
     {"_init_driver", cm_init_driver, METH_NOARGS, cm_init_driver_doc},
     {"_init_error", cm_init_error_fn, METH_NOARGS, cm_init_error_doc},
@@ -425,6 +451,8 @@ static PyMethodDef cm_driver_methods[] = {
     {"_per_thread_default_stream", cm_per_thread_fn, METH_NOARGS,
      cm_per_thread_doc},
     {"_sim_inject", cm_sim_inject_fn, METH_VARARGS, cm_sim_inject_doc},
+    {"_sim_stream_live", cm_sim_stream_live_fn, METH_O,
+     cm_sim_stream_live_doc},
     {NULL, NULL, 0, NULL},
 };
 

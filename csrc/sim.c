@@ -70,6 +70,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1738,6 +1739,21 @@ sim_ptds_get(sim_ctx *c, sim_stream **out)
     return CUDA_SUCCESS;
 }
 
+/* Where the driver would crash (it reads a handle's object without a
+ * check): say why and abort, so a test sees the crash. */
+__attribute__((noreturn, format(printf, 1, 2))) static void
+sim_fatal(const char *fmt, ...)
+{
+    va_list ap;
+
+    fputs("cudamem simulator: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    abort();
+}
+
 /* The stream a handle names: 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
  * (these need a current context) or a live stream. */
 static CUresult
@@ -1767,14 +1783,31 @@ sim_stream_get(CUstream h, sim_stream **out)
         *out = c->legacy;
         return CUDA_SUCCESS;
     }
-    if (!sim_set_has(&sim.streams, h)
-        || ((sim_stream *)(void *)h)->ctx->destroyed) {
+    if (!sim_set_has(&sim.streams, h)) {
+        /* The driver reads the object a handle points at without a
+         * check: an unknown or destroyed stream crashes it. */
+        sim_fatal("stream handle %p is not a live stream: the driver "
+                  "would crash here", (void *)h);
+    }
+    if (((sim_stream *)(void *)h)->ctx->destroyed) {
         /* A context being destroyed still lists its streams while it
          * drains them, but they take no more work. */
         return CUDA_ERROR_INVALID_HANDLE;
     }
     *out = (sim_stream *)(void *)h;
     return CUDA_SUCCESS;
+}
+
+int
+cm_sim_stream_live(const void *h)
+{
+    int live;
+
+    sim_lock();
+    live = sim_set_has(&sim.streams, h)
+           && !((const sim_stream *)h)->ctx->destroyed;
+    sim_unlock();
+    return live;
 }
 
 /* Wait until s has finished ticket (the lock is released meanwhile). */
@@ -4337,9 +4370,15 @@ sim_StreamDestroy(CUstream hStream)
 
     SIM_ENTER(StreamDestroy);
     sim_lock();
-    if (!sim_set_has(&sim.streams, hStream)) {
-        /* The default streams cannot be destroyed either. */
+    if (hStream == NULL || hStream == CU_STREAM_LEGACY
+        || hStream == CU_STREAM_PER_THREAD) {
+        /* The default streams cannot be destroyed. */
         rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    else if (!sim_set_has(&sim.streams, hStream)) {
+        sim_unlock();
+        sim_fatal("cuStreamDestroy of %p, not a live stream: the driver "
+                  "would crash here", (void *)hStream);
     }
     else {
         sim_stream_destroy((sim_stream *)(void *)hStream);

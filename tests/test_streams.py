@@ -890,8 +890,8 @@ def test_context_reset_destroys_kept_streams(ctx, kept, simulator):
     ctx.reset()
     assert kept() == []
     if simulator:       # on a GPU a destroyed handle must not be touched
-        with pytest.raises(cuda.CudaAPIError, match="INVALID_HANDLE"):
-            cuda.external_stream(h).query()
+        from cudamem import _core
+        assert not _core._sim_stream_live(h)
 
 
 _TEARDOWN_SCRIPT = textwrap.dedent("""
@@ -918,12 +918,10 @@ _TEARDOWN_SCRIPT = textwrap.dedent("""
     if how == "exit":
         # The context lives on, its kept stream is destroyed, and streams
         # dropped from now on are not kept.
-        try:
-            cuda.external_stream(h).query()
-        except cuda.CudaAPIError as e:
-            assert e.name == "CUDA_ERROR_INVALID_HANDLE", e.name
-        else:
-            raise AssertionError("the kept stream was not destroyed")
+        # (A destroyed handle must not reach the driver: only the
+        # simulator can say whether it was destroyed.)
+        if _core._backend() == "simulator":
+            assert not _core._sim_stream_live(h), "kept stream not destroyed"
         cuda.stream()
         assert _core._stream_cache(ctx) == []
     else:
