@@ -959,6 +959,13 @@ void cm_ipc_pool_drop(uintptr_t imp);
  * raises. */
 void cm_ipc_context_closing(cm_context *ctx);
 
+/* close() and Device.reset() keep the page-locked, mapped and managed
+ * memory of ctx that arrays still point at (hostmem.c): _save before the
+ * primary context is reset copies it aside, _restore after puts it back
+ * at the same addresses as ordinary memory.  GIL held; never raise. */
+void cm_hostmem_context_save(cm_context *ctx);
+void cm_hostmem_context_restore(cm_context *ctx);
+
 /* init functions of the later files */
 int cm_kernel_init(PyObject *mod, cm_state *st);
 int cm_dlpack_init(PyObject *mod, cm_state *st);

@@ -848,12 +848,14 @@ cm_context_release_device(int i)
      * context is still retained. */
     cm_stream_cache_clear(c);
     h = c->device->handle;
+    cm_hostmem_context_save(c);
     Py_BEGIN_ALLOW_THREADS
     if (cm_cu.DevicePrimaryCtxRelease) {
         (void)cm_cu.DevicePrimaryCtxRelease(h);
     }
     Py_END_ALLOW_THREADS
     CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
+    cm_hostmem_context_restore(c);
     Py_DECREF(c);
     return err;
 }

@@ -38,7 +38,9 @@
 #include "cm.h"
 
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 /* What a HostAllocation holds. */
 enum {
@@ -347,8 +349,18 @@ cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
 /* HostAllocation                                                      */
 /* ------------------------------------------------------------------ */
 
-/* The owner of one host allocation. */
+/* Host memory that outlived its context: an anonymous mapping put where
+ * the driver's mapping was, holding what the memory held (see "Host
+ * memory across close()" below). */
 typedef struct {
+    uintptr_t start;          /* page-aligned */
+    size_t len;               /* whole pages */
+    void *save;               /* the copy while the context goes */
+    Py_ssize_t refs;          /* owners in it */
+} cm_hrescue;
+
+/* The owner of one host allocation. */
+typedef struct cm_hostmem_s {
     PyObject_HEAD
     cm_context *ctx;          /* strong: the context it was made in */
     uintptr_t host;           /* host address; 0 when size is 0 */
@@ -361,8 +373,55 @@ typedef struct {
                                * owns the memory, or NULL (cudamem does) */
     PyObject *stream;         /* strong: the stream its arrays are bound
                                * to (0 or a Stream) */
+    struct cm_hostmem_s *prev;  /* the list of owners of cudamem's own */
+    struct cm_hostmem_s *next;  /* memory (cm_hm_live) */
+    cm_hrescue *rescue;       /* where the memory went at close(), or
+                               * NULL */
     PyObject *weakreflist;
 } cm_hostmem;
+
+/* NOTE: guarded by the GIL.  Owners of live memory cudamem allocated
+ * (not a plugin's), so close() can keep it for their arrays. */
+static cm_hostmem *cm_hm_live;
+
+static void
+cm_hm_link(cm_hostmem *m)
+{
+    m->prev = NULL;
+    m->next = cm_hm_live;
+    if (cm_hm_live != NULL) {
+        cm_hm_live->prev = m;
+    }
+    cm_hm_live = m;
+}
+
+static void
+cm_hm_unlink(cm_hostmem *m)
+{
+    if (m->prev != NULL) {
+        m->prev->next = m->next;
+    }
+    else if (cm_hm_live == m) {
+        cm_hm_live = m->next;
+    }
+    if (m->next != NULL) {
+        m->next->prev = m->prev;
+    }
+    m->prev = m->next = NULL;
+}
+
+/* Drop m's share of its rescued mapping; the last share unmaps it. */
+static void
+cm_hm_unrescue(cm_hostmem *m)
+{
+    cm_hrescue *r = m->rescue;
+
+    m->rescue = NULL;
+    if (r != NULL && --r->refs == 0) {
+        (void)munmap((void *)r->start, r->len);
+        PyMem_RawFree(r);
+    }
+}
 
 #define ST cm_st
 
@@ -407,6 +466,14 @@ cm_hm_release(cm_hostmem *m)
     uintptr_t host = m->host;
 
     m->host = 0;
+    cm_hm_unlink(m);
+    if (m->rescue != NULL) {
+        /* The context went; the memory is an anonymous mapping now. */
+        cm_hm_unrescue(m);
+        PyMem_RawFree(m->block);
+        m->block = NULL;
+        return;
+    }
     if (host == 0 || m->plugin_mem != NULL || ctx == NULL) {
         return;
     }
@@ -444,6 +511,7 @@ cm_hm_dealloc(PyObject *self)
     if (!Py_IsFinalizing()) {
         cm_hm_release(m);
     }
+    cm_hm_unlink(m);
     Py_CLEAR(m->plugin_mem);
     Py_CLEAR(m->stream);
     Py_CLEAR(m->ctx);
@@ -471,6 +539,8 @@ cm_hm_empty(cm_context *ctx, int kind, size_t size, unsigned int flags,
     m->block = NULL;
     m->plugin_mem = NULL;
     m->stream = Py_NewRef(stream != NULL ? stream : cm_hm_zero);
+    m->prev = m->next = NULL;
+    m->rescue = NULL;
     m->weakreflist = NULL;
     PyObject_GC_Track(m);
     return m;
@@ -593,6 +663,164 @@ cm_hm_alloc_default(cm_hostmem *m)
     return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* Host memory across close()                                          */
+/* ------------------------------------------------------------------ */
+
+/* Resetting a primary context unmaps its page-locked, mapped and managed
+ * memory, and NumPy arrays still pointing there would fault.  Before the
+ * reset the pages of each live owner of the context are copied (merged
+ * into runs: the driver packs small allocations into shared pages);
+ * after it an anonymous mapping with the copy is put at the same address
+ * if nothing is mapped there, and unmapped when the run's last owner
+ * goes.  The arrays keep their contents as ordinary pageable memory. */
+
+typedef struct {
+    uintptr_t a;              /* first page */
+    uintptr_t b;              /* past the last page */
+    cm_hostmem *m;
+} cm_hspan;
+
+/* NOTE: guarded by the GIL.  Runs saved, waiting for the reset to end. */
+static cm_hrescue **cm_hr_pending;
+static Py_ssize_t cm_hr_npending;
+
+static int
+cm_hspan_cmp(const void *x, const void *y)
+{
+    uintptr_t a = ((const cm_hspan *)x)->a;
+    uintptr_t b = ((const cm_hspan *)y)->a;
+
+    return a < b ? -1 : a > b;
+}
+
+/* Copy run [a, b) of spans sp[i..j) aside; on failure their owners are
+ * left as they are (their memory goes with the context). */
+static void
+cm_hr_save_run(cm_hspan *sp, Py_ssize_t i, Py_ssize_t j)
+{
+    cm_hrescue *r = PyMem_RawMalloc(sizeof(*r));
+    uintptr_t b = sp[i].b;
+    Py_ssize_t k;
+
+    for (k = i; k < j; k++) {
+        b = sp[k].b > b ? sp[k].b : b;
+    }
+    if (r == NULL) {
+        return;
+    }
+    r->start = sp[i].a;
+    r->len = b - sp[i].a;
+    r->save = mmap(NULL, r->len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r->save == MAP_FAILED) {
+        PyMem_RawFree(r);
+        return;
+    }
+    memcpy(r->save, (void *)r->start, r->len);
+    r->refs = j - i;
+    for (k = i; k < j; k++) {
+        sp[k].m->rescue = r;
+    }
+    cm_hr_pending[cm_hr_npending++] = r;
+}
+
+void
+cm_hostmem_context_save(cm_context *ctx)
+{
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    cm_hostmem *m;
+    cm_hspan *sp;
+    Py_ssize_t n = 0;
+    Py_ssize_t i;
+    Py_ssize_t j;
+    int pushed;
+
+    for (m = cm_hm_live; m != NULL; m = m->next) {
+        n += m->ctx == ctx && m->rescue == NULL;
+    }
+    if (n == 0 || cm_hr_pending != NULL) {
+        return;
+    }
+    sp = PyMem_RawMalloc((size_t)n * sizeof(*sp));
+    cm_hr_pending = PyMem_RawMalloc((size_t)n * sizeof(*cm_hr_pending));
+    if (sp == NULL || cm_hr_pending == NULL) {
+        PyMem_RawFree(sp);
+        PyMem_RawFree(cm_hr_pending);
+        cm_hr_pending = NULL;
+        return;
+    }
+    cm_hr_npending = 0;
+    n = 0;
+    for (m = cm_hm_live; m != NULL; m = m->next) {
+        if (m->ctx == ctx && m->rescue == NULL) {
+            sp[n].a = m->host & ~(pg - 1);
+            sp[n].b = (m->host + m->size + pg - 1) & ~(pg - 1);
+            sp[n].m = m;
+            n++;
+        }
+    }
+    qsort(sp, (size_t)n, sizeof(*sp), cm_hspan_cmp);
+    /* Work still queued may write the memory (or, managed, hold it on the
+     * device): let it finish.  A failed context still has its pages. */
+    Py_BEGIN_ALLOW_THREADS
+    if (cm_ctx_enter(ctx->handle, &pushed) == CUDA_SUCCESS) {
+        (void)CM_CU_RAW(CtxSynchronize, ());
+        cm_ctx_leave(pushed);
+    }
+    Py_END_ALLOW_THREADS
+    for (i = 0; i < n; i = j) {
+        uintptr_t end = sp[i].b;
+
+        for (j = i + 1; j < n && sp[j].a <= end; j++) {
+            end = sp[j].b > end ? sp[j].b : end;
+        }
+        cm_hr_save_run(sp, i, j);
+    }
+    PyMem_RawFree(sp);
+}
+
+void
+cm_hostmem_context_restore(cm_context *ctx)
+{
+    Py_ssize_t i;
+
+    (void)ctx;
+    for (i = 0; i < cm_hr_npending; i++) {
+        cm_hrescue *r = cm_hr_pending[i];
+        void *p = mmap((void *)r->start, r->len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                       -1, 0);
+        cm_hostmem *m;
+
+        if (p == (void *)r->start) {
+            if (mremap(r->save, r->len, r->len,
+                       MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+                memcpy(p, r->save, r->len);
+                (void)munmap(r->save, r->len);
+            }
+            r->save = NULL;
+            continue;
+        }
+        /* Something is still mapped there (the driver kept the memory),
+         * or a kernel without MAP_FIXED_NOREPLACE put it elsewhere: the
+         * owners keep what is there. */
+        if (p != MAP_FAILED) {
+            (void)munmap(p, r->len);
+        }
+        (void)munmap(r->save, r->len);
+        for (m = cm_hm_live; m != NULL; m = m->next) {
+            if (m->rescue == r) {
+                m->rescue = NULL;
+            }
+        }
+        PyMem_RawFree(r);
+    }
+    PyMem_RawFree(cm_hr_pending);
+    cm_hr_pending = NULL;
+    cm_hr_npending = 0;
+}
+
 /* A new owner of size bytes of kind in the current context.  Size 0
  * allocates nothing. */
 static cm_hostmem *
@@ -616,6 +844,9 @@ cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream)
     if (err < 0) {
         Py_DECREF(m);
         return NULL;
+    }
+    if (m->plugin_mem == NULL && m->host != 0) {
+        cm_hm_link(m);
     }
     return m;
 }
@@ -1153,7 +1384,8 @@ PyDoc_STRVAR(cm_device_view_doc,
 "_device_view(ary)\n--\n\n"
 "A DeviceNDArray over the device side of a mapped or managed array (or\n"
 "a view of one), bound to its allocation's stream.  AttributeError when\n"
-"the array's memory is not mapped or managed memory.");
+"the array's memory is not mapped or managed memory; ValueError when its\n"
+"context was closed.");
 
 static PyObject *
 cm_device_view_fn(PyObject *mod, PyObject *arg)
@@ -1179,6 +1411,13 @@ cm_device_view_fn(PyObject *mod, PyObject *arg)
                         "this array is not in mapped or managed memory (the "
                         "results of NumPy operations are ordinary host "
                         "arrays)");
+        return NULL;
+    }
+    if (!m->ctx->alive) {
+        PyErr_Format(PyExc_ValueError,
+                     "the context of this %s array was closed: it has no "
+                     "device side, and its memory is ordinary host memory "
+                     "now", cm_hm_kind_names[m->kind]);
         return NULL;
     }
     if (cm_host_devptr(m, (uintptr_t)PyArray_DATA(a), &d) < 0) {

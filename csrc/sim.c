@@ -101,7 +101,6 @@
 #define SIM_GRANULE 256
 /* Alignment of device and pinned host allocations. */
 #define SIM_DEVICE_ALIGN 256
-#define SIM_HOST_ALIGN 4096
 /* CU_DEVICE_ATTRIBUTE_MAX_PITCH, also the largest pitch a copy accepts. */
 #define SIM_MAX_PITCH 2147483647
 
@@ -394,6 +393,23 @@ static uint64_t sim_ipc_nonce;
 static void sim_stream_destroy(sim_stream *s);
 static void sim_ipc_release(sim_alloc *a);
 static size_t sim_device_span(size_t size);
+
+/* Pages of their own for host or managed memory, as the driver maps
+ * them (and unmaps them when they are freed or their context goes);
+ * NULL when memory is short. */
+static void *
+sim_host_map(size_t size)
+{
+    size_t span = sim_device_span(size);
+    void *p;
+
+    if (span == SIZE_MAX) {
+        return NULL;
+    }
+    p = mmap(NULL, span, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
 static void sim_mempool_drop_ctx(int dev, const sim_ctx *c);
 static void sim_mempools_settle(void);
 static void sim_pool_mem_release(sim_mempool *mp, sim_alloc *a);
@@ -1397,6 +1413,10 @@ sim_alloc_release(sim_alloc *a)
         munmap((void *)a->base, a->span);
         mp->nimports--;
     }
+    else if (a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_MANAGED) {
+        /* Like the driver's: unmapped, so a stale pointer faults. */
+        munmap((void *)a->base, sim_device_span(a->size));
+    }
     else if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
         free((void *)a->base);
     }
@@ -2340,7 +2360,7 @@ sim_device_alloc(CUdeviceptr *dptr, size_t size, int kind, unsigned int flags)
         else if (kind == SIM_MEM_DEVICE
                  ? posix_memalign(&mem, sysconf(_SC_PAGESIZE),
                                   sim_device_span(size)) != 0
-                 : posix_memalign(&mem, SIM_DEVICE_ALIGN, size) != 0) {
+                 : (mem = sim_host_map(size)) == NULL) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
         else {
@@ -2353,8 +2373,11 @@ sim_device_alloc(CUdeviceptr *dptr, size_t size, int kind, unsigned int flags)
             }
 #endif
             rc = sim_alloc_add(c, mem, size, charged, kind, flags);
-            if (rc != CUDA_SUCCESS) {
+            if (rc != CUDA_SUCCESS && kind == SIM_MEM_DEVICE) {
                 free(mem);
+            }
+            else if (rc != CUDA_SUCCESS) {
+                munmap(mem, sim_device_span(size));
             }
             else {
                 *dptr = (CUdeviceptr)(uintptr_t)mem;
@@ -2462,13 +2485,13 @@ sim_MemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     sim_lock();
     rc = sim_current(&c);
     if (rc == CUDA_SUCCESS) {
-        if (posix_memalign(&mem, SIM_HOST_ALIGN, bytesize) != 0) {
+        if ((mem = sim_host_map(bytesize)) == NULL) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
         else {
             rc = sim_alloc_add(c, mem, bytesize, 0, SIM_MEM_HOST, Flags);
             if (rc != CUDA_SUCCESS) {
-                free(mem);
+                munmap(mem, sim_device_span(bytesize));
             }
             else {
                 *pp = mem;
