@@ -109,6 +109,22 @@ def ctx():
         c.synchronize()
 
 
+@pytest.fixture(scope="session")
+def bad_handle():
+    """An address no stream object can be at: a page of this process that
+    cannot be read, held for the session (a fixed number may lie in the
+    heap, and a readable address that is not a stream crashes the driver,
+    which reads it unchecked)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    return libc.mmap(None, mmap.PAGESIZE, 0, 0x22, -1, 0)  # PROT_NONE
+
+
 @pytest.fixture(params=["cudamem", "numba"])
 def impl(request):
     """cudamem, or numba.cuda when it is installed and usable here."""

@@ -6,9 +6,30 @@ Imported by the child processes that run the cases (never by pytest
 itself), after cudamem.
 """
 
+import mmap
+
 import numpy as np
 
 import cudamem as cuda
+
+
+def _no_access_page():
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    # PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS: held for the process's life,
+    # so nothing else is ever mapped there.
+    return libc.mmap(None, mmap.PAGESIZE, 0, 0x22, -1, 0)
+
+
+# A stream handle no stream object can be at: a page that cannot be read.
+# (A fixed number such as 0x12345678 may lie inside the heap of a process
+# that loaded much, and a readable address that is not a stream is beyond
+# any check: the driver reads it.)
+BAD_HANDLE = _no_access_page()
 
 
 class Boom(Exception):

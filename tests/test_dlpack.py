@@ -442,13 +442,13 @@ def test_stream_of_a_bound_array(ctx, stream):
                                   np.arange(5.0))
 
 
-def test_stream_of_no_stream_object_is_refused(ctx):
+def test_stream_of_no_stream_object_is_refused(ctx, bad_handle):
     """The driver reads the object at a raw stream handle without a check,
     so a handle that no stream object can be at is refused before it gets
     there, and the array is left as it was."""
     d = cuda.to_device(np.arange(5.0))
     base = sys.getrefcount(d)
-    for bad in (0x1234, 0x12345678, 1 << 63, 2**64 - 8):
+    for bad in (0x1234, bad_handle, bad_handle + 8, 1 << 63, 2**64 - 8):
         with pytest.raises(ValueError, match="is not a stream handle"):
             d.__dlpack__(stream=bad)
     assert sys.getrefcount(d) == base

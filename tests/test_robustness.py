@@ -572,7 +572,7 @@ for st, exp in [("None", "ok"), ("True", "TypeError|any"), ("1", "any"),
                 ("RaiseIndex()", "TypeError"),
                 ("RaiseBool()", "TypeError|any"),
                 ("cuda.event()", "TypeError"),
-                ("cuda.external_stream(0x12345678)", "any"),
+                ("cuda.external_stream(BAD_HANDLE)", "any"),
                 ("closed_stream()", "any")]:
     pre = ("def closed_stream():\n    s = cuda.stream()\n"
            "    cuda.close()\n    return s\n")
@@ -790,7 +790,7 @@ for meth, args, exp in [
 
 # -- streams, events, callbacks
 g = "streams"
-sweep(g, "cuda.external_stream({ptr})", {"ptr": "0x12345678"},
+sweep(g, "cuda.external_stream({ptr})", {"ptr": "BAD_HANDLE"},
       overrides={"True": "any", "neg": "any", "-2**63-1": "any",
                  "np.int64(-5)": "any", "2**63": "any", "2**64": "any",
                  "10**30": "any"})
@@ -813,7 +813,7 @@ for meth in ("record(%s)", "wait(%s)"):
                     ("object()", "TypeError"), ("cuda.event()", "TypeError"),
                     ("RaiseIndex()", "TypeError"), ("True", "any"),
                     ("None", "ok"), ("-1", "any"), ("2**64", "any"),
-                    ("cuda.external_stream(0x12345678)", "any")]:
+                    ("cuda.external_stream(BAD_HANDLE)", "any")]:
         case(g, "Event." + meth % st, "cuda.event()." + meth % st, exp)
 for arg, exp in [("None", "TypeError"), ("object()", "TypeError"),
                  ("cuda.stream()", "TypeError"),
@@ -864,11 +864,11 @@ case(g, "stream ops after close",
      "    else:\n        raise AssertionError('no error')\n"
      "raise ValueError('done')", "ValueError")
 case(g, "external stream of garbage handle synchronize",
-     "cuda.external_stream(0x12345678).synchronize()", "any")
+     "cuda.external_stream(BAD_HANDLE).synchronize()", "any")
 case(g, "external stream of garbage handle query",
-     "cuda.external_stream(0x12345678).query()", "any")
+     "cuda.external_stream(BAD_HANDLE).query()", "any")
 case(g, "copy on garbage external stream",
-     "cuda.to_device(np.zeros(3), stream=cuda.external_stream(0x1234))",
+     "cuda.to_device(np.zeros(3), stream=cuda.external_stream(BAD_HANDLE))",
      "any")
 case(g, "int() of stream", "int(cuda.stream())", "ok")
 

@@ -93,13 +93,14 @@ def test_external_stream(ctx, stream):
     assert cuda.external_stream(2).handle == 2
 
 
-@pytest.mark.parametrize("bad", [0x12345678, 5, 1 << 63, 0x1000])
-def test_external_stream_of_no_stream_object_is_refused(ctx, bad):
+@pytest.mark.parametrize("bad", ["page", 5, 1 << 63, 0x1000, 2**64 - 8])
+def test_external_stream_of_no_stream_object_is_refused(ctx, bad,
+                                                        bad_handle):
     # The driver reads the object at a stream handle without a check, so a
     # handle at an unreadable or unaligned address would crash it: refused
     # before it gets there (numba accepts any int).
     with pytest.raises(ValueError, match="is not a stream handle"):
-        cuda.external_stream(bad)
+        cuda.external_stream(bad_handle if bad == "page" else bad)
 
 
 class _CudaStreamOf:
@@ -110,10 +111,10 @@ class _CudaStreamOf:
         return (0, self.h)
 
 
-def test_foreign_stream_of_no_stream_object_is_refused(ctx):
+def test_foreign_stream_of_no_stream_object_is_refused(ctx, bad_handle):
     d = cuda.device_array(3)
     with pytest.raises(ValueError, match="is not a stream handle"):
-        d.copy_to_host(stream=_CudaStreamOf(0x12345678))
+        d.copy_to_host(stream=_CudaStreamOf(bad_handle))
     with pytest.raises(ValueError, match="is not a stream handle"):
         cuda.to_device(np.zeros(3), stream=_CudaStreamOf(8 << 40))
 
