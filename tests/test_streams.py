@@ -116,7 +116,7 @@ def test_foreign_stream_of_no_stream_object_is_refused(ctx, bad_handle):
     with pytest.raises(ValueError, match="is not a stream handle"):
         d.copy_to_host(stream=_CudaStreamOf(bad_handle))
     with pytest.raises(ValueError, match="is not a stream handle"):
-        cuda.to_device(np.zeros(3), stream=_CudaStreamOf(8 << 40))
+        cuda.to_device(np.zeros(3), stream=_CudaStreamOf(bad_handle + 64))
 
 
 def test_external_stream_never_destroyed(stream):
