@@ -1986,7 +1986,13 @@ cm_stream_external(CUstream handle)
 PyDoc_STRVAR(cm_external_stream_doc,
 "external_stream(ptr)\n--\n\n"
 "A Stream wrapping the CUstream ptr (an int) that cudamem does not own: "
-"it is never validated nor destroyed.");
+"it is never destroyed.  0, 1 and 2 name the default streams.  The\n"
+"driver reads the object at any other handle without a check, so a ptr\n"
+"that is unaligned or whose memory cannot be read raises ValueError\n"
+"(numba accepts it and the first use crashes); a readable address that\n"
+"is not a live stream (one destroyed, or any other pointer) cannot be\n"
+"told apart, and passing one is the caller's error, as in every CUDA\n"
+"library.");
 
 static PyObject *
 cm_external_stream_fn(PyObject *mod, PyObject *const *args,

@@ -138,6 +138,15 @@ def close():
     process: on the main thread, ``close()`` invalidates CuPy's, PyTorch's
     and numba's memory, streams and modules too, as numba's ``close()``
     does.  Call it only when no other library still uses the GPU.
+
+    Host arrays (``pinned_array``, ``mapped_array``, ``managed_array``)
+    still alive keep their contents and stay usable as ordinary pageable
+    NumPy memory: the driver unmaps that memory with the context (numba's
+    arrays then fault), so cudamem copies it aside first and maps it back
+    at the same addresses.  Mapped and managed arrays of a closed context
+    have no device side: their device operations raise ``ValueError``, as
+    do streams of a closed context.  Memory of an EMM plugin is the
+    plugin's, and is not kept.
     """
     _core._close(threading.current_thread() is threading.main_thread())
 
