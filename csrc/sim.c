@@ -1830,6 +1830,22 @@ cm_sim_stream_live(const void *h)
     return live;
 }
 
+/* Whether h is a live event: NULL is not (the driver refuses it); any
+ * other handle that is not one would crash the driver, which reads the
+ * object it points at. */
+static int
+sim_event_known(CUevent h)
+{
+    if (h == NULL) {
+        return 0;
+    }
+    if (!sim_set_has(&sim.events, h)) {
+        sim_fatal("event handle %p is not a live event: the driver would "
+                  "crash here", (void *)h);
+    }
+    return 1;
+}
+
 /* Wait until s has finished ticket (the lock is released meanwhile). */
 static CUresult
 sim_wait(sim_stream *s, uint64_t ticket)
@@ -4466,7 +4482,7 @@ sim_StreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
     }
     sim_lock();
     rc = sim_stream_get(hStream, &s);
-    if (rc == CUDA_SUCCESS && !sim_set_has(&sim.events, hEvent)) {
+    if (rc == CUDA_SUCCESS && !sim_event_known(hEvent)) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     }
     if (rc == CUDA_SUCCESS) {
@@ -4601,7 +4617,7 @@ sim_EventRecord(CUevent hEvent, CUstream hStream)
 
     SIM_ENTER(EventRecord);
     sim_lock();
-    if (!sim_set_has(&sim.events, hEvent)) {
+    if (!sim_event_known(hEvent)) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     }
     if (rc == CUDA_SUCCESS) {
@@ -4641,7 +4657,7 @@ sim_EventQuery(CUevent hEvent)
 
     SIM_ENTER(EventQuery);
     sim_lock();
-    if (!sim_set_has(&sim.events, hEvent)) {
+    if (!sim_event_known(hEvent)) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     }
     else if (!sim_event_done((sim_event *)(void *)hEvent)) {
@@ -4659,7 +4675,7 @@ sim_EventSynchronize(CUevent hEvent)
 
     SIM_ENTER(EventSynchronize);
     sim_lock();
-    if (!sim_set_has(&sim.events, hEvent)) {
+    if (!sim_event_known(hEvent)) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     }
     else {
@@ -4683,7 +4699,7 @@ sim_EventDestroy(CUevent hEvent)
 
     SIM_ENTER(EventDestroy);
     sim_lock();
-    if (!sim_set_has(&sim.events, hEvent)) {
+    if (!sim_event_known(hEvent)) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     }
     else {
@@ -4707,7 +4723,7 @@ sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
         return CUDA_ERROR_INVALID_VALUE;
     }
     sim_lock();
-    if (!sim_set_has(&sim.events, hStart) || !sim_set_has(&sim.events, hEnd)) {
+    if (!sim_event_known(hStart) || !sim_event_known(hEnd)) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     }
     else {
