@@ -391,6 +391,8 @@ typedef struct {
     CUcontext handle;     /* the primary context, retained once */
     int alive;            /* NOTE: cleared by close()/reset() of the
                            * device; a dead context frees nothing */
+    Py_ssize_t pycalls;   /* NOTE: guarded by the GIL: add_callback
+                           * records enqueued and not yet run */
     size_t total_mem;     /* device total memory, bytes */
     unsigned long gen;    /* unique per retained primary context, for
                            * caches of modules loaded in it */
@@ -962,8 +964,12 @@ void cm_ipc_context_closing(cm_context *ctx);
 /* close() and Device.reset() keep the page-locked, mapped and managed
  * memory of ctx that arrays still point at (hostmem.c): _save before the
  * primary context is reset copies it aside, _restore after puts it back
- * at the same addresses as ordinary memory.  GIL held; never raise. */
-void cm_hostmem_context_save(cm_context *ctx);
+ * at the same addresses as ordinary memory.  GIL held; never raise.
+ * _save returns 1 when memory was copied aside: the caller then keeps the
+ * GIL until _restore, so that no Python thread writes the arrays while
+ * their pages are gone (no add_callback of ctx is pending then, so the
+ * reset does not wait for one that needs the GIL). */
+int cm_hostmem_context_save(cm_context *ctx);
 void cm_hostmem_context_restore(cm_context *ctx);
 
 /* init functions of the later files */

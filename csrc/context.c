@@ -472,6 +472,7 @@ cm_context_get(int i)
     c->device = (cm_device *)Py_NewRef(d);
     c->handle = h;
     c->alive = 1;
+    c->pycalls = 0;
     c->total_mem = total;
     c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
@@ -848,13 +849,22 @@ cm_context_release_device(int i)
      * context is still retained. */
     cm_stream_cache_clear(c);
     h = c->device->handle;
-    cm_hostmem_context_save(c);
-    Py_BEGIN_ALLOW_THREADS
-    if (cm_cu.DevicePrimaryCtxRelease) {
-        (void)cm_cu.DevicePrimaryCtxRelease(h);
+    if (cm_hostmem_context_save(c)) {
+        /* Host arrays' pages are gone until the restore: the GIL stays
+         * held so that no Python thread touches them meanwhile. */
+        if (cm_cu.DevicePrimaryCtxRelease) {
+            (void)cm_cu.DevicePrimaryCtxRelease(h);
+        }
+        err = CM_CU(DevicePrimaryCtxReset, (h));
     }
-    Py_END_ALLOW_THREADS
-    CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        if (cm_cu.DevicePrimaryCtxRelease) {
+            (void)cm_cu.DevicePrimaryCtxRelease(h);
+        }
+        Py_END_ALLOW_THREADS
+        CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
+    }
     cm_hostmem_context_restore(c);
     Py_DECREF(c);
     return err;

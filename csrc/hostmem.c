@@ -417,7 +417,9 @@ cm_hm_unrescue(cm_hostmem *m)
     cm_hrescue *r = m->rescue;
 
     m->rescue = NULL;
-    if (r != NULL && --r->refs == 0) {
+    /* While the context is being reset (the GIL is released around it)
+     * the run is still pending: cm_hostmem_context_restore drops it. */
+    if (r != NULL && --r->refs == 0 && r->save == NULL) {
         (void)munmap((void *)r->start, r->len);
         PyMem_RawFree(r);
     }
@@ -725,7 +727,16 @@ cm_hr_save_run(cm_hspan *sp, Py_ssize_t i, Py_ssize_t j)
     cm_hr_pending[cm_hr_npending++] = r;
 }
 
-void
+/* Whether a and b use the same primary context: a thread may have made a
+ * new Context of the device while close() released the GIL, and the
+ * reset unmaps its memory too. */
+static int
+cm_hm_same_primary(cm_context *a, cm_context *b)
+{
+    return a == b || (a->device == b->device && a->handle == b->handle);
+}
+
+int
 cm_hostmem_context_save(cm_context *ctx)
 {
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -735,12 +746,39 @@ cm_hostmem_context_save(cm_context *ctx)
     Py_ssize_t i;
     Py_ssize_t j;
     int pushed;
+    int tries;
 
-    for (m = cm_hm_live; m != NULL; m = m->next) {
-        n += m->ctx == ctx && m->rescue == NULL;
+    for (m = cm_hm_live; m != NULL && n == 0; m = m->next) {
+        n += cm_hm_same_primary(m->ctx, ctx) && m->rescue == NULL;
     }
     if (n == 0 || cm_hr_pending != NULL) {
-        return;
+        return 0;
+    }
+    /* Work still queued may write the memory (or, managed, hold it on the
+     * device), and the reset, made with the GIL held, must not wait for a
+     * callback that needs it: let all of it finish.  Other threads may
+     * queue more meanwhile, so this repeats (a few times at most), and
+     * the owners are listed after.  A failed context keeps its pages. */
+    for (tries = 0;; tries++) {
+        Py_BEGIN_ALLOW_THREADS
+        if (cm_ctx_enter(ctx->handle, &pushed) == CUDA_SUCCESS) {
+            (void)CM_CU_RAW(CtxSynchronize, ());
+            cm_ctx_leave(pushed);
+        }
+        Py_END_ALLOW_THREADS
+        if (ctx->pycalls <= 0) {
+            break;
+        }
+        if (tries == 100) {
+            return 0;   /* callbacks keep coming: do without */
+        }
+    }
+    n = 0;
+    for (m = cm_hm_live; m != NULL; m = m->next) {
+        n += cm_hm_same_primary(m->ctx, ctx) && m->rescue == NULL;
+    }
+    if (n == 0) {
+        return 0;
     }
     sp = PyMem_RawMalloc((size_t)n * sizeof(*sp));
     cm_hr_pending = PyMem_RawMalloc((size_t)n * sizeof(*cm_hr_pending));
@@ -748,12 +786,12 @@ cm_hostmem_context_save(cm_context *ctx)
         PyMem_RawFree(sp);
         PyMem_RawFree(cm_hr_pending);
         cm_hr_pending = NULL;
-        return;
+        return 0;
     }
     cm_hr_npending = 0;
     n = 0;
     for (m = cm_hm_live; m != NULL; m = m->next) {
-        if (m->ctx == ctx && m->rescue == NULL) {
+        if (cm_hm_same_primary(m->ctx, ctx) && m->rescue == NULL) {
             sp[n].a = m->host & ~(pg - 1);
             sp[n].b = (m->host + m->size + pg - 1) & ~(pg - 1);
             sp[n].m = m;
@@ -761,14 +799,6 @@ cm_hostmem_context_save(cm_context *ctx)
         }
     }
     qsort(sp, (size_t)n, sizeof(*sp), cm_hspan_cmp);
-    /* Work still queued may write the memory (or, managed, hold it on the
-     * device): let it finish.  A failed context still has its pages. */
-    Py_BEGIN_ALLOW_THREADS
-    if (cm_ctx_enter(ctx->handle, &pushed) == CUDA_SUCCESS) {
-        (void)CM_CU_RAW(CtxSynchronize, ());
-        cm_ctx_leave(pushed);
-    }
-    Py_END_ALLOW_THREADS
     for (i = 0; i < n; i = j) {
         uintptr_t end = sp[i].b;
 
@@ -778,6 +808,7 @@ cm_hostmem_context_save(cm_context *ctx)
         cm_hr_save_run(sp, i, j);
     }
     PyMem_RawFree(sp);
+    return cm_hr_npending > 0;
 }
 
 void
@@ -788,11 +819,17 @@ cm_hostmem_context_restore(cm_context *ctx)
     (void)ctx;
     for (i = 0; i < cm_hr_npending; i++) {
         cm_hrescue *r = cm_hr_pending[i];
-        void *p = mmap((void *)r->start, r->len, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
-                       -1, 0);
+        void *p;
         cm_hostmem *m;
 
+        if (r->refs == 0) {
+            /* Its arrays went while the context was being reset. */
+            (void)munmap(r->save, r->len);
+            PyMem_RawFree(r);
+            continue;
+        }
+        p = mmap((void *)r->start, r->len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
         if (p == (void *)r->start) {
             if (mremap(r->save, r->len, r->len,
                        MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {

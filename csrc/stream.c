@@ -494,6 +494,7 @@ static void
 cm_pycall_run(cm_hostcall *hc, CUresult status)
 {
     cm_pycall *pc = (cm_pycall *)hc;
+    cm_context *c = ((cm_stream *)pc->stream)->ctx;
     PyGILState_STATE gil;
     PyObject *r;
 
@@ -501,6 +502,9 @@ cm_pycall_run(cm_hostcall *hc, CUresult status)
         return;  /* the interpreter is exiting: leak the record */
     }
     gil = PyGILState_Ensure();
+    if (c != NULL) {
+        c->pycalls--;
+    }
     cm_driver_depth++;
     r = PyObject_CallFunction(pc->callback, "OiO", pc->stream, (int)status,
                               pc->arg);
@@ -1149,12 +1153,19 @@ cm_stream_add_callback_run(PyObject *self, PyObject *const *args,
     pc->stream = Py_NewRef(self);
     pc->callback = Py_NewRef(vals[0]);
     pc->arg = Py_NewRef(vals[1]);
+    /* Counted before it can run (it may run before the enqueue returns). */
+    if (s->ctx != NULL) {
+        s->ctx->pycalls++;
+    }
     /* The GIL is released: a callback already running may be waiting for
      * it while the driver holds locks this enqueue needs. */
     Py_BEGIN_ALLOW_THREADS
     rc = cm_hostcall_enqueue(h, &pc->hc, &fn);
     Py_END_ALLOW_THREADS
     if (rc != CUDA_SUCCESS) {
+        if (s->ctx != NULL) {
+            s->ctx->pycalls--;
+        }
         cm_pycall_free(pc);
         cm_raise_cu(rc, fn);
         return NULL;

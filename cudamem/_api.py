@@ -146,7 +146,9 @@ def close():
     at the same addresses.  Mapped and managed arrays of a closed context
     have no device side: their device operations raise ``ValueError``, as
     do streams of a closed context.  Memory of an EMM plugin is the
-    plugin's, and is not kept.
+    plugin's, and is not kept.  Other threads may use the arrays during
+    ``close()``; one that allocates host memory at the same time may get
+    memory of the context being closed, which is lost with it.
     """
     _core._close(threading.current_thread() is threading.main_thread())
 
