@@ -117,7 +117,23 @@ def _rec(timing):
             e.synchronize()
         return run
 
-    return {"cudamem": cm_, "numba": numba_, "cupy": cupy_, "torch": torch_}
+    return {"cudamem": cm_, "numba": numba_, "cupy": cupy_, "torch": torch_,
+            "driver": _rec_driver(timing)}
+
+
+def _event_driver(core):
+    """cuEventCreate + cuEventDestroy (with timing, as event())."""
+    create, destroy = core._raw_event_create, core._raw_event_destroy
+    return lambda: destroy(create(0))
+
+
+def _rec_driver(timing):
+    def driver(core):
+        s = core._raw_stream_create()
+        e = core._raw_event_create(0 if timing else 2)  # DISABLE_TIMING
+        rs = core._raw_event_record_sync
+        return lambda: rs(e, s)
+    return driver
 
 
 # add_callback round trip ----------------------------------------------------
@@ -264,7 +280,8 @@ OPS = [
                "driver": _sync_driver}},
     {"name": "event() create+drop",
      "impls": {"cudamem": _event_cm, "numba": _event_numba,
-               "cupy": _event_cupy, "torch": _event_torch}},
+               "cupy": _event_cupy, "torch": _event_torch,
+               "driver": _event_driver}},
     {"name": "event record+sync (timing)", "impls": _rec(True)},
     {"name": "event record+sync (no timing)", "impls": _rec(False)},
     {"name": "add_callback round trip",

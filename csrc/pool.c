@@ -1508,6 +1508,75 @@ cm_raw_stream_sync_fn(PyObject *mod, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_raw_event_create_doc,
+"_raw_event_create(flags=0)\n--\n\n"
+"cuEventCreate in the current context; the raw handle (benchmarks only).");
+
+static PyObject *
+cm_raw_event_create_fn(PyObject *mod, PyObject *args)
+{
+    unsigned int flags = 0;
+    CUevent e = NULL;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "|I:_raw_event_create", &flags)
+        || cm_context_current() == NULL
+        || CM_CU(EventCreate, (&e, flags)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromVoidPtr((void *)e);
+}
+
+PyDoc_STRVAR(cm_raw_event_destroy_doc,
+"_raw_event_destroy(handle)\n--\n\ncuEventDestroy (benchmarks only).");
+
+static PyObject *
+cm_raw_event_destroy_fn(PyObject *mod, PyObject *arg)
+{
+    void *e = PyLong_AsVoidPtr(arg);
+
+    (void)mod;
+    if ((e == NULL && PyErr_Occurred())
+        || CM_CU(EventDestroy, ((CUevent)e)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_raw_event_record_sync_doc,
+"_raw_event_record_sync(event, stream)\n--\n\n"
+"cuEventRecord, then cuEventSynchronize with the GIL released, as\n"
+"Event.record and Event.synchronize do (benchmarks only).");
+
+static PyObject *
+cm_raw_event_record_sync_fn(PyObject *mod, PyObject *args)
+{
+    void *e;
+    void *s;
+    PyObject *eo;
+    PyObject *so;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OO:_raw_event_record_sync", &eo, &so)) {
+        return NULL;
+    }
+    e = PyLong_AsVoidPtr(eo);
+    if (e == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    s = PyLong_AsVoidPtr(so);
+    if ((s == NULL && PyErr_Occurred())
+        || CM_CU(EventRecord, ((CUevent)e, (CUstream)s)) < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, EventSynchronize, ((CUevent)e));
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* A host function that waits until opened; freed by whichever of the
  * host function and _raw_gate_open comes last. */
 typedef struct {
@@ -1616,6 +1685,12 @@ static PyMethodDef cm_pool_functions[] = {
      cm_raw_stream_destroy_doc},
     {"_raw_stream_synchronize", cm_raw_stream_sync_fn, METH_O,
      cm_raw_stream_sync_doc},
+    {"_raw_event_create", cm_raw_event_create_fn, METH_VARARGS,
+     cm_raw_event_create_doc},
+    {"_raw_event_destroy", cm_raw_event_destroy_fn, METH_O,
+     cm_raw_event_destroy_doc},
+    {"_raw_event_record_sync", cm_raw_event_record_sync_fn, METH_VARARGS,
+     cm_raw_event_record_sync_doc},
     {"_raw_gate", cm_raw_gate_fn, METH_O, cm_raw_gate_doc},
     {"_raw_gate_open", cm_raw_gate_open_fn, METH_O, cm_raw_gate_open_doc},
     {NULL, NULL, 0, NULL},
