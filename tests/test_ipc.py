@@ -13,6 +13,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import warnings
 import weakref
 
 import numpy as np
@@ -679,11 +680,20 @@ def test_async_exports_in_a_child_process():
     if SIMULATOR or ISOLATED:
         pytest.skip("already in a process of its own")
     env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs",
                         "-p", "no:cacheprovider", "-k",
                         "test_async_ and not in_a_child", __file__],
                        env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode in (0, 5), p.stdout[-4000:] + p.stderr[-2000:]
+    # What the child ran, and why it skipped what it skipped, lands in
+    # the warnings summary of the run (on a GPU the log shows nothing of
+    # a child otherwise).
+    lines = p.stdout.strip().splitlines()
+    skips = sorted({ln.split(": ", 1)[-1] for ln in lines
+                    if ln.startswith("SKIPPED")})
+    warnings.warn("async-manager IPC tests in a child: %s; skipped: %s"
+                  % (lines[-1] if lines else "no output",
+                     "; ".join(skips) or "none"))
 
 
 def _use_manager(kind):
