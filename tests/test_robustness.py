@@ -1808,10 +1808,45 @@ def test_host_arrays_survive_close_with_pinned_pool():
     assert p.returncode == 0 and p.stdout.strip() == "OK", p.stderr[-2000:]
 
 
+_THREAD_DURING_CLOSE = """
+import threading, numpy as np, cudamem as cuda
+lock = threading.Lock()
+theirs = []
+stop = False
+
+def churn():
+    while not stop:
+        with lock:
+            arrs = list(theirs)
+        for a in arrs:
+            a[:] = 1
+        del arrs
+        with lock:
+            if len(theirs) > 6:
+                del theirs[:3]
+
+t = threading.Thread(target=churn)
+t.start()
+for _ in range(20):
+    fresh = [cuda.pinned_array(n) for n in (3, 5000, 7)]
+    fresh += [cuda.managed_array(9), cuda.mapped_array(4)]
+    with lock:
+        theirs.extend(fresh)
+    del fresh
+    cuda.close()
+stop = True
+t.join()
+for a in theirs:
+    a[:] = 3
+    assert (a == 3).all()
+print("OK")
+"""
+
+
 def test_host_arrays_used_by_another_thread_during_close():
     # The reset unmaps the pages until they are put back: another thread
     # writing the arrays, or dropping them, must not see that window.
-    rc, out, err = run_code('import threading, numpy as np, cudamem as cuda\nlock = threading.Lock()\ntheirs = []\nstop = False\ndef churn():\n    while not stop:\n        with lock:\n            arrs = list(theirs)\n        for a in arrs:\n            a[:] = 1\n        del arrs\n        with lock:\n            if len(theirs) > 6:\n                del theirs[:3]\nt = threading.Thread(target=churn)\nt.start()\nfor _ in range(20):\n    fresh = [cuda.pinned_array(n) for n in (3, 5000, 7)]\n    fresh += [cuda.managed_array(9), cuda.mapped_array(4)]\n    with lock:\n        theirs.extend(fresh)\n    del fresh\n    cuda.close()\nstop = True\nt.join()\nfor a in theirs:\n    a[:] = 3\n    assert (a == 3).all()\nprint("OK")\n', timeout=120)
+    rc, out, err = run_code(_THREAD_DURING_CLOSE, timeout=120)
     assert rc == 0 and out.strip() == "OK", (rc, out, err[-2000:])
 
 
