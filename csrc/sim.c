@@ -3072,24 +3072,30 @@ sim_mempool_drop_ctx(int dev, const sim_ctx *c)
     sim_graves_sweep();
 }
 
-/* The live pool a handle names, or NULL. */
+/* The live pool a handle names; NULL for a NULL handle.  Any other
+ * handle that is not a live pool would crash the driver, which reads the
+ * object it points at. */
 static sim_mempool *
 sim_mempool_get(CUmemoryPool h)
 {
     sim_mempool *mp;
     int d;
 
+    if (h == NULL) {
+        return NULL;
+    }
     for (d = 0; d < sim.ndev; d++) {
         if ((void *)h == (void *)&sim.dev[d].pool) {
             return &sim.dev[d].pool;
         }
     }
     for (mp = sim.pools; mp != NULL; mp = mp->next) {
-        if ((void *)h == (void *)mp) {
-            return mp->destroyed ? NULL : mp;
+        if ((void *)h == (void *)mp && !mp->destroyed) {
+            return mp;
         }
     }
-    return NULL;
+    sim_fatal("memory pool handle %p is not a live pool: the driver would "
+              "crash here", (void *)h);
 }
 
 static CUresult
