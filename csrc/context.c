@@ -1805,6 +1805,24 @@ cm_synchronize_all_fn(PyObject *mod, PyObject *arg)
     return PyBool_FromLong(ok);
 }
 
+PyDoc_STRVAR(cm_profile_doc,
+"_profile(start)\n--\n\n"
+"cuProfilerStart (start true) or cuProfilerStop in the current context,\n"
+"made current if none is.");
+
+static PyObject *
+cm_profile_fn(PyObject *mod, PyObject *start)
+{
+    int on = PyObject_IsTrue(start);
+
+    (void)mod;
+    if (on < 0 || cm_context_current() == NULL
+        || (on ? CM_CU(ProfilerStart, ()) : CM_CU(ProfilerStop, ())) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cm_context_functions[] = {
     {"_synchronize_all", cm_synchronize_all_fn, METH_O,
      cm_synchronize_all_doc},
@@ -1827,6 +1845,7 @@ static PyMethodDef cm_context_functions[] = {
      cm_get_current_device_doc},
     {"synchronize", cm_synchronize_fn, METH_NOARGS, cm_synchronize_doc},
     {"_close", cm_close_fn, METH_O, cm_close_doc},
+    {"_profile", cm_profile_fn, METH_O, cm_profile_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5137,18 +5137,31 @@ sim_IpcCloseMemHandle(CUdeviceptr dptr)
 /* Profiler                                                            */
 /* ------------------------------------------------------------------ */
 
+/* Nothing to profile; like the driver's, they need a current context. */
+static CUresult
+sim_profiler(void)
+{
+    sim_ctx *c;
+    CUresult rc;
+
+    sim_lock();
+    rc = sim_current(&c);
+    sim_unlock();
+    return rc;
+}
+
 static CUresult
 sim_ProfilerStart(void)
 {
     SIM_ENTER(ProfilerStart);
-    return CUDA_SUCCESS;
+    return sim_profiler();
 }
 
 static CUresult
 sim_ProfilerStop(void)
 {
     SIM_ENTER(ProfilerStop);
-    return CUDA_SUCCESS;
+    return sim_profiler();
 }
 
 /* ------------------------------------------------------------------ */

@@ -23,6 +23,9 @@ from ._api import (
     list_devices,
     mapped,
     pinned,
+    profile_start,
+    profile_stop,
+    profiling,
     require_context,
 )
 from ._core import (
@@ -173,6 +176,9 @@ __all__ = [
     "pinned_array_like",
     "pinned_pool_stats",
     "pinned_pool_trim",
+    "profile_start",
+    "profile_stop",
+    "profiling",
     "require_context",
     "runtime_version",
     "select_device",

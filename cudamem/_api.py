@@ -121,6 +121,35 @@ def require_context(fn):
     return wrapper
 
 
+def profile_start():
+    """Enable profile collection by the current profiling tool
+    (``cuProfilerStart``), in the current context (made if needed)."""
+    _core._profile(True)
+
+
+def profile_stop():
+    """Disable profile collection by the current profiling tool
+    (``cuProfilerStop``), in the current context (made if needed)."""
+    _core._profile(False)
+
+
+@contextlib.contextmanager
+def profiling():
+    """Profile the body: ``profile_start()`` on entry, ``profile_stop()``
+    on exit.
+
+    Notes
+    -----
+    numba stops only when the body returns; cudamem stops also when it
+    raises (the exception propagates).
+    """
+    profile_start()
+    try:
+        yield
+    finally:
+        profile_stop()
+
+
 def close():
     """Pop every context of the calling thread.
 

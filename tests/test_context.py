@@ -273,3 +273,54 @@ def test_contexts_and_devices_cannot_be_instantiated():
         cudamem.Context()
     with pytest.raises(TypeError):
         cudamem.Device()
+
+
+# ------------------------------------------------------------------
+# profiling
+# ------------------------------------------------------------------
+
+def test_profile_start_and_stop(ctx):
+    assert cudamem.profile_start() is None
+    assert cudamem.profile_stop() is None
+    with cudamem.profiling():
+        cudamem.device_array(4).copy_to_host()
+
+
+def test_profiling_stops_when_the_body_raises(ctx, monkeypatch):
+    from cudamem import _api
+
+    calls = []
+    real_stop = _api.profile_stop
+
+    def stop():
+        calls.append("stop")
+        real_stop()
+
+    monkeypatch.setattr(_api, "profile_stop", stop)
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        with cudamem.profiling():
+            raise Boom
+    assert calls == ["stop"]
+
+
+def test_profile_start_makes_a_context():
+    r = subprocess.run(
+        [sys.executable, "-c",
+         "import cudamem\ncudamem.profile_start()\ncudamem.profile_stop()\n"
+         "from cudamem import _core\nprint(_core._current_device_id())"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("fn", ["profile_start", "profile_stop"])
+def test_profiler_failure_raises(ctx, fn):
+    name = "cuProfilerStart" if fn == "profile_start" else "cuProfilerStop"
+    _core._sim_inject(name, 1, 1)               # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(cudamem.CudaAPIError, match=name):
+        getattr(cudamem, fn)()
