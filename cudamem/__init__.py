@@ -98,6 +98,12 @@ from ._errors import (
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
 from ._kernel import DeviceSymbol
 from ._hostmem import ManagedNDArray, MappedNDArray
+# numba.cuda's accidental exports (its api.py has no __all__), which code
+# written for numba uses: cuda.driver.device_to_host,
+# cuda.devicearray.auto_device, cuda.devices.get_context.
+from .cudadrv import devicearray as devicearray
+from .cudadrv import devices as devices
+from .cudadrv import driver as driver
 
 __version__ = "0.1.0"
 
