@@ -417,8 +417,8 @@ cm_hm_unrescue(cm_hostmem *m)
     cm_hrescue *r = m->rescue;
 
     m->rescue = NULL;
-    /* While the context is being reset (the GIL is released around it)
-     * the run is still pending: cm_hostmem_context_restore drops it. */
+    /* A run still pending (saved, not yet restored) is dropped by
+     * cm_hostmem_context_restore. */
     if (r != NULL && --r->refs == 0 && r->save == NULL) {
         (void)munmap((void *)r->start, r->len);
         PyMem_RawFree(r);
@@ -727,13 +727,16 @@ cm_hr_save_run(cm_hspan *sp, Py_ssize_t i, Py_ssize_t j)
     cm_hr_pending[cm_hr_npending++] = r;
 }
 
-/* Whether a and b use the same primary context: a thread may have made a
- * new Context of the device while close() released the GIL, and the
- * reset unmaps its memory too. */
+/* Whether an owner of context a loses its memory when closing context b
+ * is reset: a is b, or a live Context of the same primary context (a
+ * thread may have made one while close() released the GIL).  Owners of
+ * dead contexts are not: their memory went before (a new primary context
+ * may have the old one's handle). */
 static int
 cm_hm_same_primary(cm_context *a, cm_context *b)
 {
-    return a == b || (a->device == b->device && a->handle == b->handle);
+    return a == b || (a->alive && a->device == b->device
+                      && a->handle == b->handle);
 }
 
 int
