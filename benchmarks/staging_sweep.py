@@ -9,7 +9,10 @@ defaults in csrc/staging.c and the README can be chosen by measurement.
         [--repeats 7]
 
 Sizes and chunks are in MiB.  Prints one line per setting and size:
-GB/s host to device and device to host.  Never run from the test suite.
+GB/s host to device and device to host, then per chunk (from the
+pipeline's counters, _core._staging_stats) the microseconds spent waiting
+for a buffer's copy, staging on the host, issuing copies, and in all.
+Never run from the test suite.
 """
 
 import argparse
@@ -27,6 +30,8 @@ import json, sys, time
 import numpy as np
 sys.path.insert(0, %(root)r)
 import cudamem
+from cudamem import _core
+KEYS = ("chunks", "wait_ns", "stage_ns", "issue_ns", "total_ns")
 sizes, repeats = %(sizes)r, %(repeats)d
 out = {}
 for mib in sizes:
@@ -37,12 +42,23 @@ for mib in sizes:
     for fn in (lambda: d.copy_to_device(h), lambda: d.copy_to_host(h)):
         fn()
         ts = []
+        st0 = _core._staging_stats()
         for _ in range(repeats):
             t = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)
+        st1 = _core._staging_stats()
         ts.sort()
-        row.append(n / ts[len(ts) // 2] / 1e9)
+        grew = {k: st1[k] - st0[k] for k in KEYS}
+        per = max(grew["chunks"], 1)
+        # GB/s, then per chunk (us): chunks per copy, time waiting for a
+        # buffer's copy, staging on the host, issuing, and in all.
+        row.append([n / ts[len(ts) // 2] / 1e9,
+                    grew["chunks"] / repeats,
+                    grew["wait_ns"] / per / 1e3,
+                    grew["stage_ns"] / per / 1e3,
+                    grew["issue_ns"] / per / 1e3,
+                    grew["total_ns"] / per / 1e3])
     out[mib] = row
     del d
 print(json.dumps(out))
@@ -66,8 +82,10 @@ def main(argv=None):
     code = CHILD % {"root": str(HERE.parent), "sizes": args.sizes,
                     "repeats": args.repeats}
     results = []
-    print("%7s %6s %7s %8s %10s %10s" % ("threads", "chunk", "buffers",
-                                         "size", "HtoD GB/s", "DtoH GB/s"))
+    print("%7s %6s %7s %8s %10s %10s   per chunk, us: "
+          "wait/stage/issue/all (HtoD | DtoH), chunks"
+          % ("threads", "chunk", "buffers", "size", "HtoD GB/s",
+             "DtoH GB/s"))
     for t, c, b in itertools.product(args.threads, args.chunks,
                                      args.buffers):
         env = dict(os.environ, CUDAMEM_STAGING="1",
@@ -82,11 +100,15 @@ def main(argv=None):
                   % (t, c, b, p.stderr.strip()[-200:]))
             continue
         for mib, (h2d, d2h) in json.loads(p.stdout).items():
-            print("%7d %5dM %7d %7sM %10.1f %10.1f" % (t, c, b, mib, h2d,
-                                                       d2h))
+            print("%7d %5dM %7d %7sM %10.1f %10.1f   "
+                  "%.0f/%.0f/%.0f/%.0f | %.0f/%.0f/%.0f/%.0f, %.0f"
+                  % (t, c, b, mib, h2d[0], d2h[0], *h2d[2:], *d2h[2:],
+                     h2d[1]))
             results.append({"threads": t, "chunk_mib": c, "buffers": b,
-                            "size_mib": int(mib), "htod": h2d,
-                            "dtoh": d2h})
+                            "size_mib": int(mib), "htod": h2d[0],
+                            "dtoh": d2h[0], "chunks": h2d[1],
+                            "htod_us_per_chunk": h2d[2:],
+                            "dtoh_us_per_chunk": d2h[2:]})
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
 

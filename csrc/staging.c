@@ -40,6 +40,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CM_STG_MAXBUF 16              /* most staging buffers a transfer */
@@ -102,6 +103,9 @@ typedef struct cm_sjob {
     int unsure;               /* a buffer may still be in use by a copy */
     CUresult rc;              /* the first error */
     const char *fn;           /* the entry point that gave it */
+    uint64_t ns_wait;         /* time in waits for a buffer's copy */
+    uint64_t ns_stage;        /* time in host-side stages */
+    uint64_t ns_issue;        /* time issuing copies and records */
 } cm_sjob;
 
 /* A host-side stage of one chunk, shared out among the workers. */
@@ -131,6 +135,14 @@ static size_t cm_live_bytes;          /* their bytes */
 static size_t cm_nfree_all;           /* of them, free in a cache */
 static size_t cm_inflight;            /* transfers running */
 static size_t cm_staged;              /* transfers staged, ever */
+/* Where the staged transfers' time went, summed (nanoseconds): waits
+ * for a buffer's copy, host-side stages, issuing copies, and the whole
+ * pipelines; and their chunks.  For the sweep and for diagnosis. */
+static uint64_t cm_ns_wait;
+static uint64_t cm_ns_stage;
+static uint64_t cm_ns_issue;
+static uint64_t cm_ns_total;
+static size_t cm_nchunks_all;
 
 /* ------------------------------------------------------------------ */
 /* The host side: packing and unpacking                                */
@@ -565,12 +577,22 @@ cm_chunk_bytes(const cm_sjob *j, size_t k)
     return (n > j->chunk_el ? j->chunk_el : n) * j->itemsize;
 }
 
+static uint64_t
+cm_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Issue the device-to-host copy of chunk k into its buffer and record
  * the buffer's event; pending[b] says what is outstanding. */
 static CUresult
 cm_stg_issue_dtoh(cm_sjob *j, size_t k, int *pending)
 {
     int b = (int)(k % (size_t)j->nbuf);
+    uint64_t t0 = cm_now_ns();
     CUresult rc;
 
     rc = CM_CU_RAW(MemcpyDtoHAsync,
@@ -588,6 +610,7 @@ cm_stg_issue_dtoh(cm_sjob *j, size_t k, int *pending)
         return rc;
     }
     pending[b] = 1;
+    j->ns_issue += cm_now_ns() - t0;
     return CUDA_SUCCESS;
 }
 
@@ -595,8 +618,10 @@ cm_stg_issue_dtoh(cm_sjob *j, size_t k, int *pending)
 static CUresult
 cm_stg_wait_buf(cm_sjob *j, int b, int *pending)
 {
+    uint64_t t0 = cm_now_ns();
     CUresult rc = CM_CU_RAW(EventSynchronize, (j->buf[b]->ev));
 
+    j->ns_wait += cm_now_ns() - t0;
     if (rc != CUDA_SUCCESS) {
         j->fn = "cuEventSynchronize";
         return rc;
@@ -615,6 +640,8 @@ cm_stg_run(cm_sjob *j)
     size_t n = j->nchunks;
     size_t k;
     int b;
+    uint64_t t0;
+    uint64_t t1;
     CUresult rc = CUDA_SUCCESS;
 
     memset(pending, 0, sizeof(pending));
@@ -625,7 +652,10 @@ cm_stg_run(cm_sjob *j)
                 != CUDA_SUCCESS) {
                 goto out_drain;
             }
+            t0 = cm_now_ns();
             cm_stg_host_stage(j, k, j->buf[b]->host, 1);
+            t1 = cm_now_ns();
+            j->ns_stage += t1 - t0;
             rc = CM_CU_RAW(MemcpyHtoDAsync,
                            (j->dev + (CUdeviceptr)(k * j->chunk_el
                                                    * j->itemsize),
@@ -642,6 +672,7 @@ cm_stg_run(cm_sjob *j)
                 goto out_drain;
             }
             pending[b] = 1;
+            j->ns_issue += cm_now_ns() - t1;
         }
     }
     else {
@@ -655,7 +686,9 @@ cm_stg_run(cm_sjob *j)
             if ((rc = cm_stg_wait_buf(j, b, pending)) != CUDA_SUCCESS) {
                 goto out_drain;
             }
+            t0 = cm_now_ns();
             cm_stg_host_stage(j, k, j->buf[b]->host, 0);
+            j->ns_stage += cm_now_ns() - t0;
             if (k + (size_t)j->nbuf < n
                 && (rc = cm_stg_issue_dtoh(j, k + (size_t)j->nbuf, pending))
                    != CUDA_SUCCESS) {
@@ -669,6 +702,7 @@ out_drain:
     }
     /* Every buffer's last copy must have completed before it is reused;
      * what no event confirms, the stream does. */
+    t0 = cm_now_ns();
     for (b = 0; b < j->nbuf; b++) {
         if (pending[b] == 1
             && CM_CU_RAW(EventSynchronize, (j->buf[b]->ev))
@@ -683,6 +717,7 @@ out_drain:
         && CM_CU_RAW(StreamSynchronize, (j->stream)) == CUDA_SUCCESS) {
         j->unsure = 0;
     }
+    j->ns_wait += cm_now_ns() - t0;
     if (j->rc == CUDA_SUCCESS && j->unsure) {
         j->rc = CUDA_ERROR_UNKNOWN;
         j->fn = "cuEventSynchronize";
@@ -822,15 +857,24 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
         }
     }
     if (rc == CUDA_SUCCESS && !direct) {
+        uint64_t t0;
+
         pthread_mutex_lock(&cm_stg_mu);
         cm_inflight++;
         cm_staged++;
         pthread_mutex_unlock(&cm_stg_mu);
+        t0 = cm_now_ns();
         cm_stg_run(j);
+        t0 = cm_now_ns() - t0;
         rc = j->rc;
         cm_stg_release(j, keep_free);
         pthread_mutex_lock(&cm_stg_mu);
         cm_inflight--;
+        cm_ns_wait += j->ns_wait;
+        cm_ns_stage += j->ns_stage;
+        cm_ns_issue += j->ns_issue;
+        cm_ns_total += t0;
+        cm_nchunks_all += j->nchunks;
         pthread_mutex_unlock(&cm_stg_mu);
     }
     Py_END_ALLOW_THREADS
@@ -974,8 +1018,12 @@ PyDoc_STRVAR(cm_staging_stats_doc,
 "_staging_stats()\n--\n\n"
 "The staging pipeline's counters: buffers (page-locked staging buffers\n"
 "held), bytes (their size), free (cached, idle), in_use, inflight\n"
-"(transfers running), staged (transfers staged so far) and workers\n"
-"(threads made).");
+"(transfers running), staged (transfers staged so far), workers\n"
+"(threads made), chunks (staged so far) and where the staged\n"
+"transfers' time went, summed in nanoseconds: wait_ns (waiting for a\n"
+"buffer's copy, the final drain included), stage_ns (host-side packing\n"
+"and unpacking), issue_ns (issuing copies and event records) and\n"
+"total_ns (the whole pipelines).");
 
 static PyObject *
 cm_staging_stats_fn(PyObject *mod, PyObject *unused)
@@ -985,6 +1033,8 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
     size_t nfree;
     size_t inflight;
     size_t staged;
+    size_t chunks;
+    unsigned long long ns[4];
     int workers;
 
     (void)mod;
@@ -996,15 +1046,24 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
     inflight = cm_inflight;
     staged = cm_staged;
     workers = cm_workers;
+    chunks = cm_nchunks_all;
+    ns[0] = cm_ns_wait;
+    ns[1] = cm_ns_stage;
+    ns[2] = cm_ns_issue;
+    ns[3] = cm_ns_total;
     pthread_mutex_unlock(&cm_stg_mu);
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i}",
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:n,s:K,s:K,s:K,"
+                         "s:K}",
                          "buffers", (Py_ssize_t)live,
                          "bytes", (Py_ssize_t)bytes,
                          "free", (Py_ssize_t)nfree,
                          "in_use", (Py_ssize_t)(live - nfree),
                          "inflight", (Py_ssize_t)inflight,
                          "staged", (Py_ssize_t)staged,
-                         "workers", workers);
+                         "workers", workers,
+                         "chunks", (Py_ssize_t)chunks,
+                         "wait_ns", ns[0], "stage_ns", ns[1],
+                         "issue_ns", ns[2], "total_ns", ns[3]);
 }
 
 PyDoc_STRVAR(cm_staging_trim_doc,

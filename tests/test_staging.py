@@ -468,3 +468,20 @@ def test_chunk_change_drops_small_buffers(staging):
 def test_config_rejects_negative(staging):
     with pytest.raises(ValueError):
         _core._staging_config(chunk=-1)
+
+
+def test_time_counters(staging):
+    # Chunks and where the time went, summed over staged transfers: the
+    # sweep (benchmarks/staging_sweep.py) reads them to tell waits for the
+    # bus from host-side stages.
+    before = _core._staging_stats()
+    h = np.arange(10 * CHUNK, dtype=np.uint8)
+    d = cuda.to_device(h)                       # 10 chunks
+    np.testing.assert_array_equal(d.copy_to_host(), h)   # 10 more
+    after = _core._staging_stats()
+    assert after["chunks"] - before["chunks"] == 20
+    grew = {k: after[k] - before[k]
+            for k in ("wait_ns", "stage_ns", "issue_ns", "total_ns")}
+    assert all(v >= 0 for v in grew.values()), grew
+    assert grew["stage_ns"] > 0 and grew["total_ns"] > 0, grew
+    assert grew["total_ns"] >= grew["stage_ns"], grew
