@@ -823,8 +823,6 @@ typedef struct {
     PyObject *gpu_data;        /* what keeps the memory alive, or None */
     cm_context *ctx;           /* the context of the memory's device, or
                                 * NULL (empty, or not known) */
-    PyObject *shape;           /* the shape tuple the array returns */
-    PyObject *strides;         /* the strides tuple the array returns */
 } cm_da_desc;
 
 /* 1 with *d filled when obj is a device array (DeviceNDArrayBase), else

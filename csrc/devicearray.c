@@ -1028,8 +1028,8 @@ typedef struct {
     Py_ssize_t *shape;         /* ndim entries: dims_inline or heap */
     Py_ssize_t *strides;       /* ndim entries after shape */
     Py_ssize_t dims_inline[2 * CM_DA_INLINE];
-    PyObject *shape_t;         /* cached tuple of shape */
-    PyObject *strides_t;       /* cached tuple of strides */
+    PyObject *shape_t;         /* tuple of shape, made on first use */
+    PyObject *strides_t;       /* tuple of strides, likewise */
     PyArray_Descr *dtype;      /* strong */
     CUdeviceptr ptr;           /* first logical element; 0 when empty */
     Py_ssize_t size;           /* elements */
@@ -1283,12 +1283,6 @@ cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
     cm_layout_flags(ndim, shape, strides, PyDataType_ELSIZE(dtype), &a->c_contig,
                     &a->f_contig);
     PyObject_GC_Track(a);
-    a->shape_t = cm_ssize_tuple(ndim, shape);
-    a->strides_t = cm_ssize_tuple(ndim, strides);
-    if (a->shape_t == NULL || a->strides_t == NULL) {
-        Py_DECREF(a);
-        return NULL;
-    }
     if (a->size == 0) {
         a->gpu_data = Py_NewRef(Py_None);
         return (PyObject *)a;
@@ -2154,18 +2148,32 @@ cm_view_to_host(const cm_view *v, PyArray_Descr *dtype, CUstream h,
 /* Attributes                                                          */
 /* ------------------------------------------------------------------ */
 
+/* The shape tuple (strides 0) or the strides tuple (1), made on first
+ * use (most arrays never show theirs); borrowed, or NULL with an
+ * exception. */
+static PyObject *
+cm_da_dims_tuple(cm_da *a, int strides)
+{
+    PyObject **slot = strides ? &a->strides_t : &a->shape_t;
+
+    if (*slot == NULL) {
+        *slot = cm_ssize_tuple(a->ndim, strides ? a->strides : a->shape);
+    }
+    return *slot;
+}
+
 static PyObject *
 cm_da_get_shape(PyObject *self, void *unused)
 {
     (void)unused;
-    return Py_NewRef(((cm_da *)self)->shape_t);
+    return Py_XNewRef(cm_da_dims_tuple((cm_da *)self, 0));
 }
 
 static PyObject *
 cm_da_get_strides(PyObject *self, void *unused)
 {
     (void)unused;
-    return Py_NewRef(((cm_da *)self)->strides_t);
+    return Py_XNewRef(cm_da_dims_tuple((cm_da *)self, 1));
 }
 
 static PyObject *
@@ -2291,9 +2299,10 @@ cm_da_get_cai(PyObject *self, void *unused)
     if (d == NULL) {
         return NULL;
     }
-    if (PyDict_SetItem(d, ST->str_shape, a->shape_t) < 0
-        || PyDict_SetItem(d, ST->str_strides,
-                          a->c_contig ? Py_None : a->strides_t) < 0) {
+    if ((v = cm_da_dims_tuple(a, 0)) == NULL
+        || PyDict_SetItem(d, ST->str_shape, v) < 0
+        || (v = a->c_contig ? Py_None : cm_da_dims_tuple(a, 1)) == NULL
+        || PyDict_SetItem(d, ST->str_strides, v) < 0) {
         goto err_dict;
     }
     /* The data pair and the typestr never change: made once. */
@@ -4654,8 +4663,6 @@ cm_da_describe(PyObject *obj, cm_da_desc *d)
     d->stream = a->stream;
     d->gpu_data = a->gpu_data;
     d->ctx = a->ctx;
-    d->shape = a->shape_t;
-    d->strides = a->strides_t;
     return 1;
 }
 

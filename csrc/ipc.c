@@ -1628,9 +1628,13 @@ cm_ipc_export_array(PyObject *self)
         return NULL;
     }
     ah->ipc_handle = (PyObject *)ih;  /* takes the reference ih came with */
-    ah->shape = Py_NewRef(d.shape);
-    ah->strides = Py_NewRef(d.strides);
     ah->dtype = Py_NewRef((PyObject *)d.dtype);
+    ah->shape = PyObject_GetAttr(self, cm_st->str_shape);
+    ah->strides = PyObject_GetAttr(self, cm_st->str_strides);
+    if (ah->shape == NULL || ah->strides == NULL) {
+        Py_DECREF(ah);
+        return NULL;
+    }
     return (PyObject *)ah;
 }
 #endif
