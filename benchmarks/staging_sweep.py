@@ -6,7 +6,7 @@ defaults in csrc/staging.c and the README can be chosen by measurement.
 
     python benchmarks/staging_sweep.py [--sizes 16,64,256,1024] \
         [--threads 1,2,4,8,16] [--chunks 2,4,8,16] [--buffers 2,3,4] \
-        [--repeats 7]
+        [--ramps 0,2,3] [--repeats 7]
 
 Sizes and chunks are in MiB.  Prints one line per setting and size:
 GB/s host to device and device to host, then per chunk (from the
@@ -75,6 +75,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=ints, default=[1, 2, 4, 8, 16])
     ap.add_argument("--chunks", type=ints, default=[2, 4, 8, 16])
     ap.add_argument("--buffers", type=ints, default=[2, 3, 4])
+    ap.add_argument("--ramps", type=ints, default=[0],
+                    help="CUDAMEM_STAGING_RAMP values (halvings of the "
+                         "chunks at each end)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -82,29 +85,31 @@ def main(argv=None):
     code = CHILD % {"root": str(HERE.parent), "sizes": args.sizes,
                     "repeats": args.repeats}
     results = []
-    print("%7s %6s %7s %8s %10s %10s   per chunk, us: "
+    print("%7s %6s %7s %4s %8s %10s %10s   per chunk, us: "
           "wait/stage/issue/all (HtoD | DtoH), chunks"
-          % ("threads", "chunk", "buffers", "size", "HtoD GB/s",
+          % ("threads", "chunk", "buffers", "ramp", "size", "HtoD GB/s",
              "DtoH GB/s"))
-    for t, c, b in itertools.product(args.threads, args.chunks,
-                                     args.buffers):
+    for t, c, b, r in itertools.product(args.threads, args.chunks,
+                                        args.buffers, args.ramps):
         env = dict(os.environ, CUDAMEM_STAGING="1",
                    CUDAMEM_STAGING_THREADS=str(t),
                    CUDAMEM_STAGING_CHUNK="%dM" % c,
                    CUDAMEM_STAGING_BUFFERS=str(b),
+                   CUDAMEM_STAGING_RAMP=str(r),
                    CUDAMEM_STAGING_THRESHOLD="1M")
         p = subprocess.run([sys.executable, "-c", code], env=env,
                            capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
-            print("threads=%d chunk=%dM buffers=%d failed: %s"
-                  % (t, c, b, p.stderr.strip()[-200:]))
+            print("threads=%d chunk=%dM buffers=%d ramp=%d failed: %s"
+                  % (t, c, b, r, p.stderr.strip()[-200:]))
             continue
         for mib, (h2d, d2h) in json.loads(p.stdout).items():
-            print("%7d %5dM %7d %7sM %10.1f %10.1f   "
+            print("%7d %5dM %7d %4d %7sM %10.1f %10.1f   "
                   "%.0f/%.0f/%.0f/%.0f | %.0f/%.0f/%.0f/%.0f, %.0f"
-                  % (t, c, b, mib, h2d[0], d2h[0], *h2d[2:], *d2h[2:],
+                  % (t, c, b, r, mib, h2d[0], d2h[0], *h2d[2:], *d2h[2:],
                      h2d[1]))
             results.append({"threads": t, "chunk_mib": c, "buffers": b,
+                            "ramp": r,
                             "size_mib": int(mib), "htod": h2d[0],
                             "dtoh": d2h[0], "chunks": h2d[1],
                             "htod_us_per_chunk": h2d[2:],

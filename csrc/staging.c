@@ -48,6 +48,7 @@
 #define CM_STG_MINCHUNK ((size_t)256 << 10)  /* adaptive chunk floor */
 /* Free buffers a device's cache keeps: this many transfers' worth. */
 #define CM_STG_KEEP_SETS 4
+#define CM_STG_MAXRAMP 6              /* most halvings at each end */
 
 /* The tunables; NOTE: guarded by the GIL. */
 typedef struct {
@@ -57,10 +58,14 @@ typedef struct {
     int buffers;              /* staging buffers per transfer */
     int threads;              /* worker threads */
     size_t part;              /* smallest share of a chunk per worker */
+    int ramp;                 /* halvings of the chunks at each end: the
+                               * first and last chunks, which nothing
+                               * overlaps, get shorter (an experiment:
+                               * 0, off, by default) */
 } cm_stg_cfg;
 
 static cm_stg_cfg cm_cfg = {
-    1, (size_t)4 << 20, (size_t)8 << 20, 3, 8, (size_t)256 << 10,
+    1, (size_t)4 << 20, (size_t)8 << 20, 3, 8, (size_t)256 << 10, 0,
 };
 
 /* One page-locked staging buffer with the event of its last copy. */
@@ -91,8 +96,10 @@ typedef struct cm_sjob {
     CUdeviceptr dev;          /* device address of element 0 */
     size_t itemsize;
     size_t elems;             /* elements */
-    size_t chunk_el;          /* elements per chunk */
+    size_t chunk_el;          /* elements of the largest chunk */
     size_t nchunks;
+    size_t *bound;            /* chunk k is elements bound[k] to
+                               * bound[k + 1] */
     size_t part_el;           /* smallest share of a chunk, elements */
     int nbuf;                 /* staging buffers used */
     cm_sbuf *buf[CM_STG_MAXBUF];
@@ -342,17 +349,14 @@ static void
 cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
 {
     cm_batch b;
-    size_t n = j->elems - k * j->chunk_el;
+    size_t n = j->bound[k + 1] - j->bound[k];
     size_t shares;
     int workers;
 
-    if (n > j->chunk_el) {
-        n = j->chunk_el;
-    }
     memset(&b, 0, sizeof(b));
     b.job = j;
     b.buf = buf;
-    b.e0 = k * j->chunk_el;
+    b.e0 = j->bound[k];
     b.n = n;
     b.pack = pack;
     pthread_mutex_lock(&cm_stg_mu);
@@ -572,9 +576,66 @@ cm_stg_release(cm_sjob *j, size_t keep)
 static size_t
 cm_chunk_bytes(const cm_sjob *j, size_t k)
 {
-    size_t n = j->elems - k * j->chunk_el;
+    return (j->bound[k + 1] - j->bound[k]) * j->itemsize;
+}
 
-    return (n > j->chunk_el ? j->chunk_el : n) * j->itemsize;
+/* The device address of chunk k. */
+static CUdeviceptr
+cm_chunk_dev(const cm_sjob *j, size_t k)
+{
+    return j->dev + (CUdeviceptr)(j->bound[k] * j->itemsize);
+}
+
+/* Cut elems elements into chunks of full elements, after `ramp` halvings
+ * of full at each end (full/2^ramp first, doubling up to full; the
+ * mirror at the end) when the transfer is long enough and no ramp chunk
+ * falls below min_el.  The boundaries (nchunks + 1 of them, malloc'd) or
+ * NULL when memory is short. */
+static size_t *
+cm_stg_schedule(size_t elems, size_t full, size_t min_el, int ramp,
+                size_t *nchunks)
+{
+    size_t sizes[CM_STG_MAXRAMP];
+    size_t rsum = 0;
+    size_t end;
+    size_t e = 0;
+    size_t n;
+    size_t k = 0;
+    size_t *bound;
+    int r = 0;
+    int i;
+
+    while (r < ramp && r < CM_STG_MAXRAMP && (full >> (r + 1)) >= min_el
+           && (full >> (r + 1)) > 0) {
+        sizes[r] = full >> (r + 1);
+        rsum += sizes[r];
+        r++;
+    }
+    if (r == 0 || elems < 2 * rsum + full) {
+        r = 0;
+        rsum = 0;
+    }
+    end = elems - rsum;
+    n = 2 * (size_t)r + (end - rsum + full - 1) / full;
+    bound = malloc((n + 1) * sizeof(*bound));
+    if (bound == NULL) {
+        return NULL;
+    }
+    for (i = r - 1; i >= 0; i--) {
+        bound[k++] = e;
+        e += sizes[i];
+    }
+    while (e < end) {
+        bound[k++] = e;
+        e += end - e < full ? end - e : full;
+    }
+    for (i = 0; i < r; i++) {
+        bound[k++] = e;
+        e += sizes[i];
+    }
+    bound[k] = e;
+    *nchunks = k;
+    return bound;
 }
 
 static uint64_t
@@ -596,8 +657,7 @@ cm_stg_issue_dtoh(cm_sjob *j, size_t k, int *pending)
     CUresult rc;
 
     rc = CM_CU_RAW(MemcpyDtoHAsync,
-                   (j->buf[b]->host,
-                    j->dev + (CUdeviceptr)(k * j->chunk_el * j->itemsize),
+                   (j->buf[b]->host, cm_chunk_dev(j, k),
                     cm_chunk_bytes(j, k), j->stream));
     if (rc != CUDA_SUCCESS) {
         j->fn = "cuMemcpyDtoHAsync";
@@ -657,10 +717,8 @@ cm_stg_run(cm_sjob *j)
             t1 = cm_now_ns();
             j->ns_stage += t1 - t0;
             rc = CM_CU_RAW(MemcpyHtoDAsync,
-                           (j->dev + (CUdeviceptr)(k * j->chunk_el
-                                                   * j->itemsize),
-                            j->buf[b]->host, cm_chunk_bytes(j, k),
-                            j->stream));
+                           (cm_chunk_dev(j, k), j->buf[b]->host,
+                            cm_chunk_bytes(j, k), j->stream));
             if (rc != CUDA_SUCCESS) {
                 j->fn = "cuMemcpyHtoDAsync";
                 goto out_drain;
@@ -822,10 +880,16 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
     if (j->chunk_el == 0) {
         j->chunk_el = 1;
     }
-    j->nchunks = (elems + j->chunk_el - 1) / j->chunk_el;
     j->part_el = cfg.part / j->itemsize;
     if (j->part_el == 0) {
         j->part_el = 1;
+    }
+    j->bound = cm_stg_schedule(elems, j->chunk_el, j->part_el, cfg.ramp,
+                               &j->nchunks);
+    if (j->bound == NULL) {
+        free(j);
+        PyErr_NoMemory();
+        return -1;
     }
     j->nbuf = cfg.buffers;
     if ((size_t)j->nbuf > j->nchunks) {
@@ -882,6 +946,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
     {
         const char *fn = j->fn;
 
+        free(j->bound);
         free(j);
         if (rc != CUDA_SUCCESS) {
             return cm_raise_cu(rc, fn != NULL ? fn : "cuMemcpy");
@@ -947,23 +1012,31 @@ cm_cfg_clamp(cm_stg_cfg *c)
     if (c->part < 1) {
         c->part = 1;
     }
+    if (c->ramp < 0) {
+        c->ramp = 0;
+    }
+    if (c->ramp > CM_STG_MAXRAMP) {
+        c->ramp = CM_STG_MAXRAMP;
+    }
 }
 
 static PyObject *
 cm_cfg_dict(void)
 {
-    return Py_BuildValue("{s:O,s:n,s:n,s:i,s:i,s:n}",
+    return Py_BuildValue("{s:O,s:n,s:n,s:i,s:i,s:n,s:i}",
                          "enabled", cm_cfg.enabled ? Py_True : Py_False,
                          "threshold", (Py_ssize_t)cm_cfg.threshold,
                          "chunk", (Py_ssize_t)cm_cfg.chunk,
                          "buffers", cm_cfg.buffers,
                          "threads", cm_cfg.threads,
-                         "part", (Py_ssize_t)cm_cfg.part);
+                         "part", (Py_ssize_t)cm_cfg.part,
+                         "ramp", cm_cfg.ramp);
 }
 
 PyDoc_STRVAR(cm_staging_config_doc,
 "_staging_config(*, enabled=None, threshold=None, chunk=None,\n"
-"                buffers=None, threads=None, part=None)\n--\n\n"
+"                buffers=None, threads=None, part=None, ramp=None)\n"
+"--\n\n"
 "Set the staging pipeline's tunables given (the rest stay) and return\n"
 "them all as a dict.  Worker threads are only ever added.");
 
@@ -971,16 +1044,16 @@ static PyObject *
 cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"enabled", "threshold", "chunk", "buffers",
-                             "threads", "part", NULL};
-    PyObject *v[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+                             "threads", "part", "ramp", NULL};
+    PyObject *v[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     cm_stg_cfg c = cm_cfg;
     Py_ssize_t n;
     int i;
 
     (void)mod;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOO:_staging_config",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOO:_staging_config",
                                      kwlist, &v[0], &v[1], &v[2], &v[3],
-                                     &v[4], &v[5])) {
+                                     &v[4], &v[5], &v[6])) {
         return NULL;
     }
     if (v[0] != NULL && v[0] != Py_None) {
@@ -989,7 +1062,7 @@ cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
         }
         c.enabled = i;
     }
-    for (i = 1; i < 6; i++) {
+    for (i = 1; i < 7; i++) {
         if (v[i] == NULL || v[i] == Py_None) {
             continue;
         }
@@ -1006,7 +1079,8 @@ cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
         case 2: c.chunk = (size_t)n; break;
         case 3: c.buffers = n > INT_MAX ? INT_MAX : (int)n; break;
         case 4: c.threads = n > INT_MAX ? INT_MAX : (int)n; break;
-        default: c.part = (size_t)n; break;
+        case 5: c.part = (size_t)n; break;
+        default: c.ramp = n > INT_MAX ? INT_MAX : (int)n; break;
         }
     }
     cm_cfg_clamp(&c);
@@ -1155,6 +1229,7 @@ cm_staging_init(PyObject *mod, cm_state *st)
     c.threads = ncpu > 0 && ncpu < 8 ? (int)ncpu : 8;
     c.threads = (int)cm_env_size("CUDAMEM_STAGING_THREADS",
                                  (size_t)c.threads);
+    c.ramp = (int)cm_env_size("CUDAMEM_STAGING_RAMP", (size_t)c.ramp);
     cm_cfg_clamp(&c);
     cm_cfg = c;
     return PyModule_AddFunctions(mod, cm_staging_methods);

@@ -216,10 +216,11 @@ def test_tunables_from_the_environment():
         print(sorted(_core._staging_config().items()))
         """, CUDAMEM_STAGING="1", CUDAMEM_STAGING_THREADS="3",
         CUDAMEM_STAGING_CHUNK="2M", CUDAMEM_STAGING_THRESHOLD="65536",
-        CUDAMEM_STAGING_BUFFERS="4")
+        CUDAMEM_STAGING_BUFFERS="4", CUDAMEM_STAGING_RAMP="2")
     assert rc == 0, out
     assert ("('buffers', 4), ('chunk', 2097152), ('enabled', True), "
-            "('part', 262144), ('threads', 3), ('threshold', 65536)") in out
+            "('part', 262144), ('ramp', 2), ('threads', 3), "
+            "('threshold', 65536)") in out
 
 
 def test_default_tunables():
@@ -229,12 +230,12 @@ def test_default_tunables():
         from cudamem import _core
         c = _core._staging_config()
         print(c["enabled"], c["chunk"], c["buffers"], c["threshold"],
-              c["threads"] == min(8, os.cpu_count()))
+              c["threads"] == min(8, os.cpu_count()), c["ramp"])
         """, CUDAMEM_STAGING="", CUDAMEM_STAGING_THREADS="",
         CUDAMEM_STAGING_CHUNK="", CUDAMEM_STAGING_THRESHOLD="",
-        CUDAMEM_STAGING_BUFFERS="")
+        CUDAMEM_STAGING_BUFFERS="", CUDAMEM_STAGING_RAMP="")
     assert rc == 0, out
-    assert "True 8388608 3 4194304 True" in out
+    assert "True 8388608 3 4194304 True 0" in out
     for off in ("0", "false", "off"):
         rc, out = run_py("""
             from cudamem import _core
@@ -485,3 +486,68 @@ def test_time_counters(staging):
     assert all(v >= 0 for v in grew.values()), grew
     assert grew["stage_ns"] > 0 and grew["total_ns"] > 0, grew
     assert grew["total_ns"] >= grew["stage_ns"], grew
+
+
+def _schedule(elems, full, min_el, ramp):
+    """The chunk boundaries csrc/staging.c cuts (a reference)."""
+    sizes = []
+    while (len(sizes) < min(ramp, 6) and (full >> (len(sizes) + 1)) >= min_el
+           and (full >> (len(sizes) + 1)) > 0):
+        sizes.append(full >> (len(sizes) + 1))
+    if not sizes or elems < 2 * sum(sizes) + full:
+        sizes = []
+    end = elems - sum(sizes)
+    bounds, e = [], 0
+    for s in reversed(sizes):
+        bounds.append(e)
+        e += s
+    while e < end:
+        bounds.append(e)
+        e += min(full, end - e)
+    for s in sizes:
+        bounds.append(e)
+        e += s
+    return bounds + [e]
+
+
+@pytest.mark.parametrize("ramp", [1, 3, 9])
+@pytest.mark.parametrize("nbytes", [11263, 11264, 11265, 20000, 40977])
+@pytest.mark.parametrize("dtype", ["u1", "f8"])
+def test_ramped_chunks(staging, ramp, nbytes, dtype):
+    # CUDAMEM_STAGING_RAMP: halved chunks at both ends, whole elements,
+    # nothing lost or doubled at any boundary, both ways.
+    staging._staging_config(ramp=ramp)
+    itemsize = np.dtype(dtype).itemsize
+    n = nbytes // itemsize
+    h = sample((n,), dtype)
+    before = _core._staging_stats()["chunks"]
+    assert check_roundtrip(h) == 2
+    full = CHUNK // itemsize
+    want = len(_schedule(n, full, max(64 // itemsize, 1), ramp)) - 1
+    assert _core._staging_stats()["chunks"] - before == 2 * want
+    if ramp and n >= 2 * (full - (full >> min(ramp, 6))) + full:
+        assert want > -(-n // full)       # the ramp took effect
+
+
+def test_ramped_chunks_strided_and_async(staging):
+    staging._staging_config(ramp=3)
+    base = sample((3, 9000), "f4")
+    h = base[:, ::2]                     # a strided host side
+    s = cuda.stream()
+    d = cuda.to_device(h, stream=s)
+    out = np.empty_like(h)
+    d.copy_to_host(out, stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(out, h)
+
+
+def test_ramp_tunable(staging):
+    assert staging._staging_config(ramp=-1 + 2)["ramp"] == 1
+    assert staging._staging_config(ramp=99)["ramp"] == 6
+    rc, out = run_py("""
+        from cudamem import _core
+        import cudamem
+        cudamem.current_context()
+        print(_core._staging_config()["ramp"])
+    """, CUDAMEM_STAGING_RAMP="2")
+    assert rc == 0 and out.strip().endswith("2"), out
