@@ -57,6 +57,8 @@ def _sizes(op):
 
 def _cm_alloc(op):
     def factory(cm):
+        if op == "device_array":
+            return _cudamem(cm)
         alloc = cm.current_context().memalloc
         nxt = _sizes(op)
         return lambda: alloc(nxt())
@@ -146,4 +148,9 @@ OPS = [
     {"name": "device_array(256 f4)",
      "impls": {"cudamem": _cudamem, "numba": _numba, "cupy": _cupy,
                "torch": _torch, "driver": _driver}},
+    # The same with cudamem's caching allocator: CuPy and PyTorch always
+    # serve this row from theirs.
+    {"name": "device_array(256 f4) [pool]",
+     "impls": {"cudamem": _cm_alloc_in("pool", "device_array"),
+               "numba": _numba, "cupy": _cupy, "torch": _torch}},
 ] + _alloc_ops()
