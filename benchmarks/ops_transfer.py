@@ -178,19 +178,14 @@ def _cai(make):
 
 # DLPack ----------------------------------------------------------------------
 
-def _dl_cm_of_torch(cm):
-    obj = _foreign("torch")
-    return lambda: cm.from_dlpack(obj)
+# Each row consumes one producer's arrays, so that every library pays the
+# same producer's __dlpack__ (PyTorch's is Python, CuPy's Cython).
 
-
-def _dl_torch_of_cupy(torch):
-    obj = _foreign("cupy")
-    return lambda: torch.from_dlpack(obj)
-
-
-def _dl_cupy_of_torch(cp):
-    obj = _foreign("torch")
-    return lambda: cp.from_dlpack(obj)
+def _dl_of(producer):
+    def factory(consumer):
+        obj = _foreign(producer)
+        return lambda: consumer.from_dlpack(obj)
+    return factory
 
 
 def _dl_export(make):
@@ -222,8 +217,11 @@ OPS = [
      "impls": {"cudamem": _wrap_cm("torch"), "numba": _wrap_numba("torch"),
                "cupy": _wrap_cupy_of_torch}},
     {"name": "from_dlpack(torch tensor)",
-     "impls": {"cudamem": _dl_cm_of_torch, "torch": _dl_torch_of_cupy,
-               "cupy": _dl_cupy_of_torch}},
+     "impls": {"cudamem": _dl_of("torch"), "torch": _dl_of("torch"),
+               "cupy": _dl_of("torch")}},
+    {"name": "from_dlpack(cupy array)",
+     "impls": {"cudamem": _dl_of("cupy"), "torch": _dl_of("cupy"),
+               "cupy": _dl_of("cupy")}},
     {"name": "__dlpack__()",
      "impls": {"cudamem": _dl_export(lambda cm: cm.to_device(HOST)),
                "cupy": _dl_export(_cupy_array),
