@@ -6,7 +6,8 @@ defaults in csrc/staging.c and the README can be chosen by measurement.
 
     python benchmarks/staging_sweep.py [--sizes 16,64,256,1024] \
         [--threads 1,2,4,8,16] [--chunks 2,4,8,16] [--buffers 2,3,4] \
-        [--ramps 0,2,3] [--repeats 7]
+        [--ramps 0,2,3] [--nts 0,1] [--spins 0,50]
+        [--huges 0,1] [--repeats 7]
 
 Sizes and chunks are in MiB.  Prints one line per setting and size:
 GB/s host to device and device to host, then per chunk (from the
@@ -78,6 +79,15 @@ def main(argv=None):
     ap.add_argument("--ramps", type=ints, default=[0],
                     help="CUDAMEM_STAGING_RAMP values (halvings of the "
                          "chunks at each end)")
+    ap.add_argument("--nts", type=ints, default=[0],
+                    help="CUDAMEM_STAGING_NT values (non-temporal "
+                         "stores on the host side)")
+    ap.add_argument("--spins", type=ints, default=[0],
+                    help="CUDAMEM_STAGING_SPIN values (microseconds "
+                         "a waiting thread polls before it sleeps)")
+    ap.add_argument("--huges", type=ints, default=[0],
+                    help="CUDAMEM_STAGING_HUGE values (staging buffers "
+                         "on huge pages)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -85,31 +95,36 @@ def main(argv=None):
     code = CHILD % {"root": str(HERE.parent), "sizes": args.sizes,
                     "repeats": args.repeats}
     results = []
-    print("%7s %6s %7s %4s %8s %10s %10s   per chunk, us: "
+    print("%7s %6s %7s %4s %2s %4s %2s %8s %10s %10s   per chunk, us: "
           "wait/stage/issue/all (HtoD | DtoH), chunks"
-          % ("threads", "chunk", "buffers", "ramp", "size", "HtoD GB/s",
-             "DtoH GB/s"))
-    for t, c, b, r in itertools.product(args.threads, args.chunks,
-                                        args.buffers, args.ramps):
+          % ("threads", "chunk", "buffers", "ramp", "nt", "spin", "hp",
+             "size", "HtoD GB/s", "DtoH GB/s"))
+    for t, c, b, r, nt, sp, hp in itertools.product(
+            args.threads, args.chunks, args.buffers, args.ramps, args.nts,
+            args.spins, args.huges):
         env = dict(os.environ, CUDAMEM_STAGING="1",
                    CUDAMEM_STAGING_THREADS=str(t),
                    CUDAMEM_STAGING_CHUNK="%dM" % c,
                    CUDAMEM_STAGING_BUFFERS=str(b),
                    CUDAMEM_STAGING_RAMP=str(r),
+                   CUDAMEM_STAGING_NT=str(nt),
+                   CUDAMEM_STAGING_SPIN=str(sp),
+                   CUDAMEM_STAGING_HUGE=str(hp),
                    CUDAMEM_STAGING_THRESHOLD="1M")
         p = subprocess.run([sys.executable, "-c", code], env=env,
                            capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
-            print("threads=%d chunk=%dM buffers=%d ramp=%d failed: %s"
-                  % (t, c, b, r, p.stderr.strip()[-200:]))
+            print("threads=%d chunk=%dM buffers=%d ramp=%d nt=%d spin=%d "
+                  "huge=%d failed: %s" % (t, c, b, r, nt, sp, hp,
+                                          p.stderr.strip()[-200:]))
             continue
         for mib, (h2d, d2h) in json.loads(p.stdout).items():
-            print("%7d %5dM %7d %4d %7sM %10.1f %10.1f   "
+            print("%7d %5dM %7d %4d %2d %4d %2d %7sM %10.1f %10.1f   "
                   "%.0f/%.0f/%.0f/%.0f | %.0f/%.0f/%.0f/%.0f, %.0f"
-                  % (t, c, b, r, mib, h2d[0], d2h[0], *h2d[2:], *d2h[2:],
-                     h2d[1]))
+                  % (t, c, b, r, nt, sp, hp, mib, h2d[0], d2h[0],
+                     *h2d[2:], *d2h[2:], h2d[1]))
             results.append({"threads": t, "chunk_mib": c, "buffers": b,
-                            "ramp": r,
+                            "ramp": r, "nt": nt, "spin": sp, "huge": hp,
                             "size_mib": int(mib), "htod": h2d[0],
                             "dtoh": d2h[0], "chunks": h2d[1],
                             "htod_us_per_chunk": h2d[2:],

@@ -41,7 +41,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #define CM_STG_MAXBUF 16              /* most staging buffers a transfer */
 #define CM_STG_DEVICES 64             /* devices with a buffer cache */
@@ -62,16 +66,33 @@ typedef struct {
                                * first and last chunks, which nothing
                                * overlaps, get shorter (an experiment:
                                * 0, off, by default) */
+    int nt;                   /* host-side copies with non-temporal
+                               * stores (x86-64 only) */
+    int spin;                 /* microseconds a worker, or a caller
+                               * waiting for its shares, polls before it
+                               * sleeps */
+    int huge;                 /* staging buffers on transparent huge
+                               * pages: mmap + madvise + cuMemHostRegister
+                               * (Linux), else cuMemHostAlloc */
 } cm_stg_cfg;
 
 static cm_stg_cfg cm_cfg = {
-    1, (size_t)4 << 20, (size_t)8 << 20, 3, 8, (size_t)256 << 10, 0,
+    1, (size_t)4 << 20, (size_t)8 << 20, 3, 8, (size_t)256 << 10, 0, 0, 0,
+    1,
 };
+
+/* Copies of cm_cfg.nt and cm_cfg.spin (nanoseconds) for the workers,
+ * which run without the GIL; written under the GIL, read relaxed. */
+static int cm_nt_on;
+static long cm_spin_ns;
 
 /* One page-locked staging buffer with the event of its last copy. */
 typedef struct cm_sbuf {
-    void *host;               /* cuMemHostAlloc address */
+    void *host;               /* its page-locked memory */
     size_t size;              /* bytes */
+    size_t maplen;            /* 0: from cuMemHostAlloc; else bytes
+                               * mmap'd (huge pages asked for) and
+                               * registered with cuMemHostRegister */
     CUevent ev;               /* recorded after each copy */
     unsigned long gen;        /* the context generation it belongs to */
     int dev;                  /* its device's ordinal */
@@ -102,6 +123,7 @@ typedef struct cm_sjob {
                                * bound[k + 1] */
     size_t part_el;           /* smallest share of a chunk, elements */
     int nbuf;                 /* staging buffers used */
+    int huge;                 /* new buffers on huge pages */
     cm_sbuf *buf[CM_STG_MAXBUF];
     CUstream stream;          /* where the chunks' copies go */
     CUcontext ctx;            /* the context current at the call */
@@ -135,6 +157,7 @@ static pthread_cond_t cm_stg_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t cm_stg_part_done = PTHREAD_COND_INITIALIZER;
 static cm_batch *cm_bq_head;          /* batches with shares to take */
 static cm_batch *cm_bq_tail;
+static int cm_bq_nonempty;            /* cm_bq_head != NULL, for polls */
 static int cm_workers;                /* worker threads made */
 static cm_scache cm_caches[CM_STG_DEVICES];
 static size_t cm_nlive;               /* buffers made and not freed */
@@ -155,6 +178,73 @@ static size_t cm_nchunks_all;
 /* The host side: packing and unpacking                                */
 /* ------------------------------------------------------------------ */
 
+static uint64_t cm_now_ns(void);
+
+/* Poll *p, with no lock held, for at most cm_spin_ns until it becomes
+ * nonzero (until_nonzero) or zero: a short wait costs a few polls
+ * instead of a sleep and a wake-up.  Racy reads of values written under
+ * cm_stg_mu; the caller checks again under the lock.  No pause
+ * instruction: under a hypervisor a loop of pauses makes the virtual
+ * CPU give way, which is the wake-up latency this avoids. */
+static void
+cm_stg_spin(const int *p, int until_nonzero)
+{
+    long spin = __atomic_load_n(&cm_spin_ns, __ATOMIC_RELAXED);
+    uint64_t t0;
+    unsigned int i = 0;
+
+    if (spin <= 0) {
+        return;
+    }
+    t0 = cm_now_ns();
+    while ((__atomic_load_n(p, __ATOMIC_RELAXED) != 0) != until_nonzero) {
+        if ((++i & 63) == 0 && cm_now_ns() - t0 > (uint64_t)spin) {
+            return;
+        }
+    }
+}
+
+/* Runs shorter than this are copied by memcpy even with nt on. */
+#define CM_NT_MIN 4096
+
+/* memcpy for the host side of a chunk.  With nt (x86-64), long runs are
+ * written with non-temporal stores: the destination's lines are not read
+ * first nor left in the cache, which spares a third of the memory
+ * traffic of a staged copy (the copy engine reads or writes the same
+ * memory at the same time). */
+static void
+cm_stg_copy(char *dst, const char *src, size_t n)
+{
+#if defined(__x86_64__)
+    if (__atomic_load_n(&cm_nt_on, __ATOMIC_RELAXED) && n >= CM_NT_MIN) {
+        size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+        size_t blocks;
+
+        memcpy(dst, src, head);
+        dst += head;
+        src += head;
+        n -= head;
+        for (blocks = n / 64; blocks > 0; blocks--) {
+            __m128i a = _mm_loadu_si128((const __m128i *)src);
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+
+            _mm_stream_si128((__m128i *)dst, a);
+            _mm_stream_si128((__m128i *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(dst + 48), d);
+            src += 64;
+            dst += 64;
+        }
+        _mm_sfence();
+        memcpy(dst, src, n & 63);
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
 /* Copy elements [e0, e0 + n) between the host layout of j and buf
  * (compact), towards buf when pack. */
 static void
@@ -171,10 +261,10 @@ cm_stg_walk(const cm_sjob *j, size_t e0, size_t n, char *buf, int pack)
     if (nd == 1 && last == (Py_ssize_t)is) {
         h = (char *)j->host + e0 * is;
         if (pack) {
-            memcpy(buf, h, n * is);
+            cm_stg_copy(buf, h, n * is);
         }
         else {
-            memcpy(h, buf, n * is);
+            cm_stg_copy(h, buf, n * is);
         }
         return;
     }
@@ -193,10 +283,10 @@ cm_stg_walk(const cm_sjob *j, size_t e0, size_t n, char *buf, int pack)
         }
         if (last == (Py_ssize_t)is) {
             if (pack) {
-                memcpy(buf, h, run * is);
+                cm_stg_copy(buf, h, run * is);
             }
             else {
-                memcpy(h, buf, run * is);
+                cm_stg_copy(h, buf, run * is);
             }
         }
         else if (pack) {
@@ -262,6 +352,7 @@ cm_bq_take_locked(int *p)
         }
         cm_bq_tail = b;
     }
+    __atomic_store_n(&cm_bq_nonempty, cm_bq_head != NULL, __ATOMIC_RELAXED);
     return b;
 }
 
@@ -284,6 +375,7 @@ cm_bq_unlink_locked(cm_batch *b)
         cm_bq_tail = prev;
     }
     b->qnext = NULL;
+    __atomic_store_n(&cm_bq_nonempty, cm_bq_head != NULL, __ATOMIC_RELAXED);
 }
 
 static void *
@@ -295,7 +387,12 @@ cm_worker_main(void *arg)
         cm_batch *b;
         int p;
 
-        while ((b = cm_bq_take_locked(&p)) == NULL) {
+        if ((b = cm_bq_take_locked(&p)) == NULL) {
+            pthread_mutex_unlock(&cm_stg_mu);
+            cm_stg_spin(&cm_bq_nonempty, 1);
+            pthread_mutex_lock(&cm_stg_mu);
+        }
+        while (b == NULL && (b = cm_bq_take_locked(&p)) == NULL) {
             pthread_cond_wait(&cm_stg_work, &cm_stg_mu);
         }
         pthread_mutex_unlock(&cm_stg_mu);
@@ -381,6 +478,7 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
         cm_bq_head = &b;
     }
     cm_bq_tail = &b;
+    __atomic_store_n(&cm_bq_nonempty, 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&cm_stg_work);
     pthread_mutex_unlock(&cm_stg_mu);
     cm_batch_share(&b, 0);
@@ -398,6 +496,11 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
         b.left--;
     }
     cm_bq_unlink_locked(&b);
+    if (b.left > 0) {
+        pthread_mutex_unlock(&cm_stg_mu);
+        cm_stg_spin(&b.left, 0);
+        pthread_mutex_lock(&cm_stg_mu);
+    }
     while (b.left > 0) {
         pthread_cond_wait(&cm_stg_part_done, &cm_stg_mu);
     }
@@ -407,6 +510,73 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
 /* ------------------------------------------------------------------ */
 /* Staging buffers                                                     */
 /* ------------------------------------------------------------------ */
+
+#define CM_HUGE ((size_t)2 << 20)
+
+/* Give up b's page-locked memory (not its event). */
+static void
+cm_sbuf_release_mem(cm_sbuf *b)
+{
+    if (b->maplen == 0) {
+        if (!cm_forked) {
+            (void)CM_CU_RAW(MemFreeHost, (b->host));
+        }
+        return;
+    }
+    if (!cm_forked) {
+        (void)CM_CU_RAW(MemHostUnregister, (b->host));
+    }
+    (void)munmap(b->host, b->maplen);
+}
+
+/* Page-locked memory of size bytes for b: with huge, anonymous memory
+ * aligned to 2 MiB with transparent huge pages asked for and registered
+ * with the driver (fewer TLB misses while the workers fill or drain
+ * it), when that works; otherwise cuMemHostAlloc. */
+static CUresult
+cm_sbuf_alloc_mem(cm_sbuf *b, size_t size, int huge)
+{
+    b->maplen = 0;
+#if defined(MADV_HUGEPAGE)
+    if (huge && size <= SIZE_MAX - 2 * CM_HUGE) {
+        size_t len = (size + CM_HUGE - 1) & ~(CM_HUGE - 1);
+        char *p = mmap(NULL, len + CM_HUGE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+        if (p != MAP_FAILED) {
+            char *a = (char *)(((uintptr_t)p + CM_HUGE - 1)
+                               & ~(uintptr_t)(CM_HUGE - 1));
+            size_t off;
+
+            if (a > p) {
+                (void)munmap(p, (size_t)(a - p));
+            }
+            if (a + len < p + len + CM_HUGE) {
+                (void)munmap(a + len, (size_t)(p + len + CM_HUGE - (a + len)));
+            }
+            (void)madvise(a, len, MADV_HUGEPAGE);
+#if defined(MADV_DONTFORK)
+            (void)madvise(a, len, MADV_DONTFORK);
+#endif
+            for (off = 0; off < len; off += CM_HUGE) {
+                a[off] = 0;
+            }
+            if (CM_CU_RAW(MemHostRegister,
+                          (a, len, CU_MEMHOSTREGISTER_PORTABLE))
+                == CUDA_SUCCESS) {
+                b->host = a;
+                b->maplen = len;
+                return CUDA_SUCCESS;
+            }
+            (void)munmap(a, len);
+        }
+    }
+#else
+    (void)huge;
+#endif
+    return CM_CU_RAW(MemHostAlloc, (&b->host, size,
+                                    CU_MEMHOSTALLOC_PORTABLE));
+}
 
 /* Free buffers; no lock held. */
 static void
@@ -418,8 +588,8 @@ cm_sbuf_free_list(cm_sbuf *list)
         list = b->next;
         if (!cm_forked) {
             (void)CM_CU_RAW(EventDestroy, (b->ev));
-            (void)CM_CU_RAW(MemFreeHost, (b->host));
         }
+        cm_sbuf_release_mem(b);
         free(b);
     }
 }
@@ -489,8 +659,7 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
             break;
         }
-        rc = CM_CU_RAW(MemHostAlloc, (&b->host, alloc_size,
-                                      CU_MEMHOSTALLOC_PORTABLE));
+        rc = cm_sbuf_alloc_mem(b, alloc_size, j->huge);
         if (rc != CUDA_SUCCESS) {
             free(b);
             break;
@@ -498,7 +667,7 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
         rc = CM_CU_RAW(EventCreate, (&b->ev, CU_EVENT_DISABLE_TIMING));
         if (rc != CUDA_SUCCESS) {
             j->fn = "cuEventCreate";
-            (void)CM_CU_RAW(MemFreeHost, (b->host));
+            cm_sbuf_release_mem(b);
             free(b);
             break;
         }
@@ -892,6 +1061,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
         return -1;
     }
     j->nbuf = cfg.buffers;
+    j->huge = cfg.huge;
     if ((size_t)j->nbuf > j->nchunks) {
         j->nbuf = (int)j->nchunks;
     }
@@ -1018,24 +1188,45 @@ cm_cfg_clamp(cm_stg_cfg *c)
     if (c->ramp > CM_STG_MAXRAMP) {
         c->ramp = CM_STG_MAXRAMP;
     }
+    c->nt = c->nt != 0;
+    c->huge = c->huge != 0;
+    if (c->spin < 0) {
+        c->spin = 0;
+    }
+    if (c->spin > 100000) {
+        c->spin = 100000;             /* 0.1 s */
+    }
+}
+
+/* Make c the tunables. */
+static void
+cm_cfg_set(const cm_stg_cfg *c)
+{
+    cm_cfg = *c;
+    __atomic_store_n(&cm_nt_on, c->nt, __ATOMIC_RELAXED);
+    __atomic_store_n(&cm_spin_ns, (long)c->spin * 1000, __ATOMIC_RELAXED);
 }
 
 static PyObject *
 cm_cfg_dict(void)
 {
-    return Py_BuildValue("{s:O,s:n,s:n,s:i,s:i,s:n,s:i}",
+    return Py_BuildValue("{s:O,s:n,s:n,s:i,s:i,s:n,s:i,s:O,s:i,s:O}",
                          "enabled", cm_cfg.enabled ? Py_True : Py_False,
                          "threshold", (Py_ssize_t)cm_cfg.threshold,
                          "chunk", (Py_ssize_t)cm_cfg.chunk,
                          "buffers", cm_cfg.buffers,
                          "threads", cm_cfg.threads,
                          "part", (Py_ssize_t)cm_cfg.part,
-                         "ramp", cm_cfg.ramp);
+                         "ramp", cm_cfg.ramp,
+                         "nt", cm_cfg.nt ? Py_True : Py_False,
+                         "spin", cm_cfg.spin,
+                         "huge", cm_cfg.huge ? Py_True : Py_False);
 }
 
 PyDoc_STRVAR(cm_staging_config_doc,
 "_staging_config(*, enabled=None, threshold=None, chunk=None,\n"
-"                buffers=None, threads=None, part=None, ramp=None)\n"
+"                buffers=None, threads=None, part=None, ramp=None,\n"
+"                nt=None, spin=None, huge=None)\n"
 "--\n\n"
 "Set the staging pipeline's tunables given (the rest stay) and return\n"
 "them all as a dict.  Worker threads are only ever added.");
@@ -1044,16 +1235,20 @@ static PyObject *
 cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"enabled", "threshold", "chunk", "buffers",
-                             "threads", "part", "ramp", NULL};
-    PyObject *v[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                             "threads", "part", "ramp", "nt", "spin",
+                             "huge", NULL};
+    PyObject *v[10] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                       NULL, NULL};
     cm_stg_cfg c = cm_cfg;
     Py_ssize_t n;
     int i;
 
     (void)mod;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOO:_staging_config",
+    if (!PyArg_ParseTupleAndKeywords(args, kw,
+                                     "|$OOOOOOOOOO:_staging_config",
                                      kwlist, &v[0], &v[1], &v[2], &v[3],
-                                     &v[4], &v[5], &v[6])) {
+                                     &v[4], &v[5], &v[6], &v[7], &v[8],
+                                     &v[9])) {
         return NULL;
     }
     if (v[0] != NULL && v[0] != Py_None) {
@@ -1062,7 +1257,22 @@ cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
         }
         c.enabled = i;
     }
-    for (i = 1; i < 7; i++) {
+    if (v[7] != NULL && v[7] != Py_None) {
+        if ((i = PyObject_IsTrue(v[7])) < 0) {
+            return NULL;
+        }
+        c.nt = i;
+    }
+    if (v[9] != NULL && v[9] != Py_None) {
+        if ((i = PyObject_IsTrue(v[9])) < 0) {
+            return NULL;
+        }
+        c.huge = i;
+    }
+    for (i = 1; i < 9; i++) {
+        if (i == 7) {
+            continue;
+        }
         if (v[i] == NULL || v[i] == Py_None) {
             continue;
         }
@@ -1080,11 +1290,12 @@ cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
         case 3: c.buffers = n > INT_MAX ? INT_MAX : (int)n; break;
         case 4: c.threads = n > INT_MAX ? INT_MAX : (int)n; break;
         case 5: c.part = (size_t)n; break;
-        default: c.ramp = n > INT_MAX ? INT_MAX : (int)n; break;
+        case 6: c.ramp = n > INT_MAX ? INT_MAX : (int)n; break;
+        default: c.spin = n > INT_MAX ? INT_MAX : (int)n; break;
         }
     }
     cm_cfg_clamp(&c);
-    cm_cfg = c;
+    cm_cfg_set(&c);
     return cm_cfg_dict();
 }
 
@@ -1197,6 +1408,7 @@ cm_staging_atfork_child(void)
     pthread_cond_init(&cm_stg_work, NULL);
     pthread_cond_init(&cm_stg_part_done, NULL);
     cm_bq_head = cm_bq_tail = NULL;
+    cm_bq_nonempty = 0;
     cm_workers = 0;
     memset(cm_caches, 0, sizeof(cm_caches));
     cm_nlive = cm_live_bytes = cm_nfree_all = cm_inflight = 0;
@@ -1229,8 +1441,15 @@ cm_staging_init(PyObject *mod, cm_state *st)
     c.threads = ncpu > 0 && ncpu < 8 ? (int)ncpu : 8;
     c.threads = (int)cm_env_size("CUDAMEM_STAGING_THREADS",
                                  (size_t)c.threads);
+    /* Polling before sleeping pays where the workers have cores to
+     * themselves (the H200 machine, a virtual one, wakes a sleeping
+     * thread slowly); with fewer cores it would steal them. */
+    c.spin = ncpu >= 2 * (long)c.threads ? 50 : 0;
     c.ramp = (int)cm_env_size("CUDAMEM_STAGING_RAMP", (size_t)c.ramp);
+    c.nt = (int)cm_env_size("CUDAMEM_STAGING_NT", (size_t)c.nt);
+    c.spin = (int)cm_env_size("CUDAMEM_STAGING_SPIN", (size_t)c.spin);
+    c.huge = (int)cm_env_size("CUDAMEM_STAGING_HUGE", (size_t)c.huge);
     cm_cfg_clamp(&c);
-    cm_cfg = c;
+    cm_cfg_set(&c);
     return PyModule_AddFunctions(mod, cm_staging_methods);
 }

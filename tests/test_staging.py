@@ -216,11 +216,13 @@ def test_tunables_from_the_environment():
         print(sorted(_core._staging_config().items()))
         """, CUDAMEM_STAGING="1", CUDAMEM_STAGING_THREADS="3",
         CUDAMEM_STAGING_CHUNK="2M", CUDAMEM_STAGING_THRESHOLD="65536",
-        CUDAMEM_STAGING_BUFFERS="4", CUDAMEM_STAGING_RAMP="2")
+        CUDAMEM_STAGING_BUFFERS="4", CUDAMEM_STAGING_RAMP="2",
+        CUDAMEM_STAGING_NT="1", CUDAMEM_STAGING_SPIN="25",
+        CUDAMEM_STAGING_HUGE="1")
     assert rc == 0, out
     assert ("('buffers', 4), ('chunk', 2097152), ('enabled', True), "
-            "('part', 262144), ('ramp', 2), ('threads', 3), "
-            "('threshold', 65536)") in out
+            "('huge', True), ('nt', True), ('part', 262144), ('ramp', 2), "
+            "('spin', 25), ('threads', 3), ('threshold', 65536)") in out
 
 
 def test_default_tunables():
@@ -229,19 +231,29 @@ def test_default_tunables():
         import os
         from cudamem import _core
         c = _core._staging_config()
+        n = os.cpu_count()
         print(c["enabled"], c["chunk"], c["buffers"], c["threshold"],
-              c["threads"] == min(8, os.cpu_count()), c["ramp"])
+              c["threads"] == min(8, n), c["ramp"], c["nt"], c["huge"],
+              c["spin"] == (50 if n >= 2 * c["threads"] else 0))
         """, CUDAMEM_STAGING="", CUDAMEM_STAGING_THREADS="",
         CUDAMEM_STAGING_CHUNK="", CUDAMEM_STAGING_THRESHOLD="",
-        CUDAMEM_STAGING_BUFFERS="", CUDAMEM_STAGING_RAMP="")
+        CUDAMEM_STAGING_BUFFERS="", CUDAMEM_STAGING_RAMP="",
+        CUDAMEM_STAGING_NT="", CUDAMEM_STAGING_SPIN="",
+        CUDAMEM_STAGING_HUGE="")
     assert rc == 0, out
-    assert "True 8388608 3 4194304 True 0" in out
+    assert "True 8388608 3 4194304 True 0 False True True" in out
     for off in ("0", "false", "off"):
         rc, out = run_py("""
             from cudamem import _core
             print("enabled:", _core._staging_config()["enabled"])
             """, CUDAMEM_STAGING=off)
         assert rc == 0 and "enabled: False" in out, (off, out)
+    rc, out = run_py("""
+        from cudamem import _core
+        print("spin:", _core._staging_config()["spin"])
+        """, CUDAMEM_STAGING_THREADS="1", CUDAMEM_STAGING_SPIN="")
+    assert rc == 0, out
+    assert ("spin: 50" if (os.cpu_count() or 1) >= 2 else "spin: 0") in out
 
 
 @pytest.mark.parametrize("kind", ["pinned", "mapped", "registered"])
@@ -384,6 +396,8 @@ FAULTS = [("MemcpyHtoDAsync", 1), ("MemcpyHtoDAsync", 3),
 @pytest.mark.sim  # fault injection
 @pytest.mark.parametrize("name,nth", FAULTS)
 def test_sync_fault_raises_once_and_leaks_nothing(staging, name, nth):
+    if name == "MemHostAlloc":
+        staging._staging_config(huge=False)  # buffers from cuMemHostAlloc
     h = sample((20 * CHUNK // 8,), np.float64)
     d = cuda.to_device(h)
     _core._staging_trim()
@@ -438,13 +452,36 @@ def test_async_fault_raises_at_call_once(staging, name, nth):
 
 
 @pytest.mark.sim  # fault injection
-def test_pinned_oom_falls_back_to_direct(staging):
+@pytest.mark.parametrize("huge", [False, True])
+def test_pinned_oom_falls_back_to_direct(staging, huge):
     _core._staging_trim()
+    staging._staging_config(huge=huge)
     _core._sim_inject("MemHostAlloc", 1, 2)  # CUDA_ERROR_OUT_OF_MEMORY
+    _core._sim_inject("MemHostRegister", 1, 2)
     try:
         assert check_roundtrip(BASE) == 1   # the second one staged
     finally:
         _core._sim_inject("MemHostAlloc", 0, 0)
+        _core._sim_inject("MemHostRegister", 0, 0)
+
+
+@pytest.mark.sim  # fault injection
+def test_huge_page_buffer_refused_falls_back_to_host_alloc(staging):
+    # A registration the driver refuses costs nothing: that buffer comes
+    # from cuMemHostAlloc instead, and every buffer is freed on trim.
+    _core._staging_trim()
+    staging._staging_config(huge=True)
+    before = cuda.memory_stats()["pinned_bytes"]
+    _core._sim_inject("MemHostRegister", 2, CUDA_ERROR_LAUNCH_FAILED)
+    try:
+        assert check_roundtrip(sample((5 * CHUNK,), "u1")) == 2
+    finally:
+        _core._sim_inject("MemHostRegister", 0, 0)
+    assert _core._staging_stats()["buffers"] == 3
+    _core._staging_trim()
+    st = _core._staging_stats()
+    assert st["buffers"] == 0 and st["bytes"] == 0, st
+    assert cuda.memory_stats()["pinned_bytes"] == before
 
 
 def test_buffers_are_cached_and_trimmed(staging):
@@ -551,3 +588,46 @@ def test_ramp_tunable(staging):
         print(_core._staging_config()["ramp"])
     """, CUDAMEM_STAGING_RAMP="2")
     assert rc == 0 and out.strip().endswith("2"), out
+
+
+@pytest.mark.parametrize("nt,spin,huge", [
+    (False, 0, False), (True, 0, False), (False, 50, False),
+    (False, 0, True), (True, 50, True)])
+@pytest.mark.parametrize("offset", [0, 1, 7, 16])
+def test_nontemporal_spinning_and_huge_page_copies(staging, nt, spin, huge,
+                                                    offset):
+    # CUDAMEM_STAGING_NT / _SPIN / _HUGE: the host side written with
+    # non-temporal stores (runs of 4 KiB and more, any alignment of
+    # either side), threads that poll before they sleep, and staging
+    # buffers of registered huge-page memory move the same bytes as
+    # memcpy, sleeping threads and cuMemHostAlloc buffers, both ways,
+    # including the tails of runs that are not a multiple of 64 bytes.
+    _core._staging_trim()                # new buffers of the kind asked
+    staging._staging_config(nt=nt, spin=spin, huge=huge, chunk=40000,
+                            part=9000)
+    raw = sample((123457 + offset,), "u1")
+    h = raw[offset:]
+    assert check_roundtrip(h) == 2
+    rows = sample((7, 10001), "u1")[:, offset:offset + 9999]
+    assert check_roundtrip(rows) == 2
+    out = np.zeros(123457 + offset, np.uint8)
+    d = cuda.to_device(h)
+    d.copy_to_host(out[offset:])
+    np.testing.assert_array_equal(out[offset:], h)
+    assert not out[:offset].any()
+
+
+def test_nt_spin_and_huge_tunables(staging):
+    c = staging._staging_config(nt=1, spin=10 ** 9, huge=True)
+    assert c["nt"] is True and c["spin"] == 100000 and c["huge"] is True
+    c = staging._staging_config(nt=0, spin=0, huge=0)
+    assert c["nt"] is False and c["spin"] == 0 and c["huge"] is False
+    with pytest.raises(ValueError, match="spin"):
+        staging._staging_config(spin=-1)
+    rc, out = run_py("""
+        from cudamem import _core
+        c = _core._staging_config()
+        print(c["nt"], c["spin"], c["huge"])
+    """, CUDAMEM_STAGING_NT="1", CUDAMEM_STAGING_SPIN="30",
+        CUDAMEM_STAGING_HUGE="1")
+    assert rc == 0 and out.strip().endswith("True 30 True"), out
