@@ -59,6 +59,9 @@ def _cm_alloc(op):
     def factory(cm):
         if op == "device_array":
             return _cudamem(cm)
+        if op == "device_array_like":
+            host = np.arange(256, dtype=np.float32)
+            return lambda: cm.device_array_like(host)
         alloc = cm.current_context().memalloc
         nxt = _sizes(op)
         return lambda: alloc(nxt())

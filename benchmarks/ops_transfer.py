@@ -7,6 +7,8 @@ synchronous in every library measured.
 
 import numpy as np
 
+from ops_alloc import _cm_alloc_in
+
 N = 256
 HOST = np.arange(N, dtype=np.float32)
 
@@ -201,6 +203,12 @@ OPS = [
     {"name": "device_array_like(256 f4)",
      "impls": {"cudamem": _like_cm, "numba": _like_numba,
                "cupy": _like_cupy, "torch": _like_torch}},
+    # The same with cudamem's caching allocator, as CuPy and PyTorch
+    # serve theirs.
+    {"name": "device_array_like(256 f4) [pool]",
+     "impls": {"cudamem": _cm_alloc_in("pool", "device_array_like"),
+               "numba": _like_numba, "cupy": _like_cupy,
+               "torch": _like_torch}},
     {"name": "to_device(256 f4)",
      "impls": {"cudamem": _to_cm, "numba": _to_numba, "cupy": _to_cupy,
                "torch": _to_torch, "driver": _to_driver}},
