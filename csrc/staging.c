@@ -25,9 +25,11 @@
  * ordered before it, and on the H200 it deadlocked.
  *
  * Owns: the tunables (CUDAMEM_STAGING, _THRESHOLD, _CHUNK, _BUFFERS,
- * _THREADS); the worker threads (made once, grown on demand, never
- * stopped) and their queue of host-side batches; per device, a cache of
- * page-locked staging buffers, each with its own event.
+ * _THREADS, _RAMP, _NT, _SPIN, _HUGE); the worker threads (made once,
+ * grown on demand, never stopped) and their queue of host-side batches;
+ * per device, a cache of page-locked staging buffers (huge-page memory
+ * registered with the driver, or cuMemHostAlloc's), each with its own
+ * event.
  *
  * Locking: one mutex, cm_stg_mu, guards the queue, the caches and the
  * counters.  No Python or driver call is made while it is held.  The
