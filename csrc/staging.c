@@ -554,7 +554,8 @@ cm_sbuf_alloc_mem(cm_sbuf *b, size_t size, int huge)
                 (void)munmap(p, (size_t)(a - p));
             }
             if (a + len < p + len + CM_HUGE) {
-                (void)munmap(a + len, (size_t)(p + len + CM_HUGE - (a + len)));
+                (void)munmap(a + len,
+                             (size_t)(p + len + CM_HUGE - (a + len)));
             }
             (void)madvise(a, len, MADV_HUGEPAGE);
 #if defined(MADV_DONTFORK)
