@@ -21,6 +21,26 @@ def fds():
     return len(os.listdir("/proc/self/fd"))
 
 
+def growth(side, body):
+    """Run body; what it left grown (Python allocations, descriptors)."""
+    gc.collect()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    n0 = fds()
+    body()
+    gc.collect()
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grew = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+    problems = []
+    if grew > 64 * 1024:
+        problems.append("%s: Python allocations grew by %d bytes"
+                        % (side, grew))
+    if fds() != n0:
+        problems.append("%s: descriptors %d -> %d" % (side, n0, fds()))
+    return problems
+
+
 def importer(conn):
     import cudamem as cuda
 
@@ -40,23 +60,14 @@ def importer(conn):
     for _ in range(50):
         cycle(h, h2)
     ctx.memory_manager.reset()
-    gc.collect()
-    tracemalloc.start()
-    snap0 = tracemalloc.take_snapshot()
-    n0 = fds()
-    for i in range(N):
-        cycle(handles[i % len(handles)], pickle.loads(pickle.dumps(
-            handles[i % len(handles)])))
-    ctx.memory_manager.reset()
-    gc.collect()
-    snap1 = tracemalloc.take_snapshot()
-    grew = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
-    problems = []
-    if grew > 64 * 1024:
-        problems.append("importer: Python allocations grew by %d bytes"
-                        % grew)
-    if fds() != n0:
-        problems.append("importer: descriptors %d -> %d" % (n0, fds()))
+
+    def body():
+        for i in range(N):
+            cycle(handles[i % len(handles)], pickle.loads(pickle.dumps(
+                handles[i % len(handles)])))
+        ctx.memory_manager.reset()
+
+    problems = growth("importer", body)
     conn.send(problems)
     # Exit with imports open: must be clean.
     keep = [x.open() for x in handles[:2]]
@@ -77,24 +88,14 @@ def main():
     handles = [a.get_ipc_handle() for a in arrays]
     handles.append(arrays[1][100:300].get_ipc_handle())
     # The exporter's side: handles made and pickled many times.
-    gc.collect()
-    tracemalloc.start()
-    snap0 = tracemalloc.take_snapshot()
-    n0 = fds()
     stats0 = cuda.memory_stats()
-    for _ in range(N):
-        for a in arrays:
-            pickle.loads(pickle.dumps(a[1:].get_ipc_handle()))
-    gc.collect()
-    snap1 = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grew = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
-    problems = []
-    if grew > 64 * 1024:
-        problems.append("exporter: Python allocations grew by %d bytes"
-                        % grew)
-    if fds() != n0:
-        problems.append("exporter: descriptors %d -> %d" % (n0, fds()))
+
+    def body():
+        for _ in range(N):
+            for a in arrays:
+                pickle.loads(pickle.dumps(a[1:].get_ipc_handle()))
+
+    problems = growth("exporter", body)
     if cuda.memory_stats()["allocated_bytes"] != stats0["allocated_bytes"]:
         problems.append("exporter: device bytes grew")
     spawn = multiprocessing.get_context("spawn")
