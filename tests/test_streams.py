@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -686,6 +687,11 @@ def test_stream_dropped_by_its_callback_is_not_reused(ctx, kept):
     s.add_callback(lambda st, status, a: None)
     del s                   # the callback's record holds the last reference
     ctx.synchronize()
+    # The record is let go just after the callback returns, on the
+    # callback's thread, which may be a moment after synchronize().
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while w() is not None and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert w() is None
     assert kept() == []
     assert len(ctx.deallocations) == 1
