@@ -435,6 +435,9 @@ cm_context *cm_context_of_handle(CUcontext h);
 /* The registered Context that owns device memory at p, as the driver's
  * pointer attributes name it, or NULL (no exception). */
 cm_context *cm_context_of_pointer(CUdeviceptr p);
+/* Whether a primary context with that gen is still registered and
+ * alive (a closed or reset one is not).  Never raises. */
+int cm_context_gen_live(unsigned long gen);
 /* Whether ctx's device can map device peer's memory: 1, 0, or -1 with an
  * exception. */
 int cm_context_can_access_peer(cm_context *ctx, int peer);
@@ -474,9 +477,37 @@ typedef struct {
     int freed;            /* NOTE: set once, before the free is issued */
     int kind;             /* CM_MM_* of the manager that allocated it */
     CUstream stream;      /* the stream it was allocated for */
+    PyObject *stream_obj; /* strong or NULL: the object that stream came
+                           * from (a Stream, or a __cuda_stream__
+                           * object), kept so that its handle stays valid
+                           * until the release has been ordered after it */
     void *blk;            /* the pool's block (CM_MM_POOL), else NULL */
+    struct cm_uses *uses; /* NULL, or the other streams that work queued
+                           * by cudamem used the memory on (pool and async
+                           * managers only): the release waits for them */
     PyObject *weakreflist;
 } cm_mem;
+
+/* The streams, other than its own, on which cudamem queued work that
+ * uses one allocation (cm_mem.uses): each handle with a strong reference
+ * to the object it came from (NULL for the default streams), so that the
+ * handle is still valid when the release records an event on it. */
+typedef struct cm_uses {
+    int n;
+    int cap;
+    struct {
+        CUstream handle;
+        PyObject *obj;
+    } s[];
+} cm_uses;
+
+/* Note that work just queued on stream h (obj: the object h came from,
+ * or NULL for a default stream) uses the memory that owner (a device
+ * array's gpu_data: a DeviceAllocation, a device array it views, or
+ * anything else) keeps alive.  Only allocations of the pool and async
+ * managers made for another stream record it; the others return at
+ * once.  GIL held.  0, or -1 with MemoryError. */
+int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
 /* What a queued release does. */
 enum {
@@ -488,8 +519,15 @@ enum {
     CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
     CM_REL_POOL,          /* a block back to the context's pool */
     CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
-    CM_REL_IPC_POOL       /* an imported pool allocation (ipc.c's record)
+    CM_REL_IPC_POOL,      /* an imported pool allocation (ipc.c's record)
                            * let go: cuMemFree once unused */
+    CM_REL_POOL_SYNC,     /* a pool block whose streams could not be
+                           * recorded (released on a driver callback
+                           * thread): the flush waits for the context,
+                           * then the block is free for any stream */
+    CM_REL_ASYNC_SYNC     /* the same for the async manager: the flush
+                           * waits for the context, then cuMemFreeAsync
+                           * on the default stream */
 };
 
 /* Queue the release of a driver resource of ctx: memory on its memory
@@ -533,6 +571,11 @@ PyObject *cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *ptr);
  * the default manager and plugins ignore it. */
 PyObject *cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
                           CUdeviceptr *ptr);
+/* The same for work on the stream that stream_obj names (a Stream, an
+ * object with __cuda_stream__, or 0/None/False for the default stream):
+ * the DeviceAllocation keeps stream_obj alive until its release. */
+PyObject *cm_mem_alloc_for(cm_context *ctx, size_t size,
+                           PyObject *stream_obj, CUdeviceptr *ptr);
 
 /* ------------------------------------------------------------------ */
 /* pool.c: the built-in pool and async managers                        */
@@ -558,6 +601,25 @@ CUresult cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
  * the GIL.  No exception is set. */
 CUresult cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
                          CUstream stream);
+/* Before the release of pool block blk (in use; ctx current, GIL
+ * held): record an event on each of the n streams, and on own unless it
+ * is a default stream, so that the block is handed out again only once
+ * all of them have completed (own: the stream it was allocated for).
+ * Never raises: a block whose event cannot be recorded is never reused
+ * (trim() gives its segment back). */
+void cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
+                    const CUstream *streams, int n);
+/* For the async manager: the stream (*on, the pool's own) on which a
+ * free follows the work queued so far on own and on each of the n
+ * streams, without making any of them wait for another.  ctx current;
+ * CUresult. */
+CUresult cm_pool_async_join(cm_context *ctx, CUstream own,
+                            const CUstream *streams, int n, CUstream *on);
+/* Stream h of ctx is about to be destroyed by cudamem: free pool blocks
+ * that wait for it to reach their release get an event recorded on it
+ * now, while the handle is valid.  ctx current, with or without the
+ * GIL; never raises. */
+void cm_pool_stream_gone(cm_context *ctx, CUstream h);
 /* Give every wholly free pooled byte back to the driver (the async
  * manager waits for the context first); 0, or -1 with an exception. */
 int cm_pool_trim(cm_context *ctx);
@@ -810,6 +872,9 @@ int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
  * 1 with the address of its first element in *ptr, else 0.  The fast
  * path for kernel arguments; never raises. */
 int cm_devicearray_pointer(PyObject *o, CUdeviceptr *ptr);
+/* Whether o is a device array: 1 with what keeps its memory alive (its
+ * gpu_data, borrowed) in *owner, else 0.  Never raises. */
+int cm_devicearray_owner(PyObject *o, PyObject **owner);
 /* The Context of a device array's memory (borrowed; NULL when empty or
  * unknown).  o must be a device array. */
 cm_context *cm_devicearray_context(PyObject *o);

@@ -804,6 +804,20 @@ cm_context_live(cm_context **out)
     return n;
 }
 
+int
+cm_context_gen_live(unsigned long gen)
+{
+    int i;
+
+    for (i = 0; i < CM_MAX_DEVICES && i < cm_ndev; i++) {
+        if (cm_ctxs[i] != NULL && cm_ctxs[i]->alive
+            && cm_ctxs[i]->gen == gen) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Pop every context of the calling thread. */
 static int
 cm_context_pop_all(void)

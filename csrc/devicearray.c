@@ -1293,7 +1293,8 @@ cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
             Py_DECREF(a);
             return NULL;
         }
-        a->gpu_data = cm_mem_alloc(ctx, (size_t)a->alloc_size, &base);
+        a->gpu_data = cm_mem_alloc_for(ctx, (size_t)a->alloc_size,
+                                       a->stream, &base);
         if (a->gpu_data == NULL) {
             Py_DECREF(a);
             return NULL;
@@ -1388,19 +1389,62 @@ cm_da_dealloc(PyObject *self)
 }
 
 /* The effective stream of a call: the stream argument if truthy, else
- * the array's bound stream.  1 (async on *h), 0 (synchronous) or -1. */
+ * the array's bound stream.  1 (async on *h), 0 (synchronous) or -1.
+ * *obj (when obj is not NULL) gets the object the stream came from
+ * (borrowed). */
 static int
-cm_effective_stream(PyObject *arg, PyObject *bound, CUstream *h)
+cm_effective_stream_obj(PyObject *arg, PyObject *bound, CUstream *h,
+                        PyObject **obj)
 {
     int r;
 
     if (arg != NULL) {
         r = cm_stream_resolve(arg, h);
         if (r != 0) {
+            if (obj != NULL) {
+                *obj = arg;
+            }
             return r;
         }
     }
+    if (obj != NULL) {
+        *obj = bound;
+    }
     return cm_stream_resolve(bound, h);
+}
+
+static int
+cm_effective_stream(PyObject *arg, PyObject *bound, CUstream *h)
+{
+    return cm_effective_stream_obj(arg, bound, h, NULL);
+}
+
+/* Note that async work just queued on h (from stream object sobj) used
+ * a's memory, so that its release waits for it (cm_mem_note_use); a
+ * no-op for synchronous work, which has completed.  0 or -1. */
+static int
+cm_da_used_on(cm_da *a, int async, CUstream h, PyObject *sobj)
+{
+    uintptr_t v = (uintptr_t)h;
+
+    if (!async || a->gpu_data == NULL) {
+        return 0;
+    }
+    if (v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
+        || v == (uintptr_t)CU_STREAM_PER_THREAD) {
+        sobj = NULL;
+    }
+    return cm_mem_note_use(a->gpu_data, h, sobj);
+}
+
+int
+cm_devicearray_owner(PyObject *o, PyObject **owner)
+{
+    if (!cm_da_check(o)) {
+        return 0;
+    }
+    *owner = ((cm_da *)o)->gpu_data;
+    return 1;
 }
 
 /* The stream a view made with a stream argument is bound to. */
@@ -1900,11 +1944,12 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     cm_view dv;
     cm_view sv;
     PyObject *src;
+    PyObject *sobj = NULL;
     CUstream h;
     int async;
     int rc = -1;
 
-    async = cm_effective_stream(stream, self->stream, &h);
+    async = cm_effective_stream_obj(stream, self->stream, &h, &sobj);
     if (async < 0) {
         return -1;
     }
@@ -1941,6 +1986,10 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         }
         if (s->ctx != NULL && self->ctx != NULL && s->ctx != self->ctx) {
             rc = cm_copy_across(self, s, h, async);
+            if (cm_da_used_on(s, async, h, sobj) < 0
+                || cm_da_used_on(self, async, h, sobj) < 0) {
+                rc = -1;
+            }
             goto out_src;
         }
         cm_da_view(s, &sv);
@@ -1950,6 +1999,11 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_da_view(self, &dv);
     rc = cm_copy(&dv, &sv, h, async);
+    if (cm_da_used_on(self, async, h, sobj) < 0
+        || (cm_da_check(src)
+            && cm_da_used_on((cm_da *)src, async, h, sobj) < 0)) {
+        rc = -1;
+    }
 out_src:
     Py_DECREF(src);
     return rc;
@@ -2047,11 +2101,13 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     PyArrayObject *dst;
     cm_view dv;
     cm_view sv;
+    PyObject *sobj = NULL;
     CUstream h;
     int async;
 
-    async = cm_effective_stream(stream, self->stream, &h);
-    if (async < 0 || cm_da_activate(self) < 0) {
+    async = cm_effective_stream_obj(stream, self->stream, &h, &sobj);
+    if (async < 0 || cm_da_activate(self) < 0
+        || cm_da_used_on(self, async, h, sobj) < 0) {
         return NULL;
     }
     if (ary == NULL || ary == Py_None) {
@@ -2581,6 +2637,120 @@ cm_assign_by_kernel(const cm_view *lhs, int dst_type, CUdeviceptr src,
  * dimension, 0 where it broadcasts): one upload of the compact host
  * value into a temporary device buffer, then the kernel.  The temporary's
  * free is deferred, so it outlives the kernel. */
+/* ------------------------------------------------------------------ */
+/* Host values of asynchronous assignments                             */
+/* ------------------------------------------------------------------ */
+
+/* d[...] = value on a stream must not wait for the stream, yet the host
+ * value (often a temporary) must outlive the copy that reads it.  It is
+ * copied into one of these page-locked buffers, which is handed out
+ * again only once an event recorded after that copy has completed.
+ * Buffers belong to one primary context (gen): those of a context that
+ * was closed or reset went with it and are forgotten without a driver
+ * call.  GIL held throughout. */
+#define CM_HV_SLOTS 32
+#define CM_HV_MAX ((size_t)64 << 20)   /* larger values: synchronous */
+
+typedef struct {
+    unsigned long gen;    /* the context's gen; 0: slot empty */
+    void *buf;            /* cuMemHostAlloc'd */
+    size_t cap;           /* bytes */
+    CUevent ev;           /* recorded after the last copy from buf */
+} cm_hostval;
+
+static cm_hostval cm_hv[CM_HV_SLOTS];
+
+/* A page-locked buffer of at least n bytes of ctx (current) that no
+ * queued copy reads any more, holding a copy of data: its slot index, or
+ * -1 when none can be had (the caller then copies synchronously; no
+ * exception is set). */
+static int
+cm_hostval_take(cm_context *ctx, const void *data, size_t n)
+{
+    int i;
+    int empty = -1;
+    int spare = -1;
+    cm_hostval *v;
+    size_t cap;
+    CUresult rc;
+
+    if (n > CM_HV_MAX || cm_forked) {
+        return -1;
+    }
+    for (i = 0; i < CM_HV_SLOTS; i++) {
+        v = &cm_hv[i];
+        if (v->gen != 0 && v->gen != ctx->gen && !cm_context_gen_live(v->gen)) {
+            v->gen = 0;        /* its context is gone, and the memory */
+        }
+        if (v->gen == 0) {
+            if (empty < 0) {
+                empty = i;
+            }
+            continue;
+        }
+        if (v->gen != ctx->gen
+            || CM_CU_RAW(EventQuery, (v->ev)) != CUDA_SUCCESS) {
+            continue;
+        }
+        if (v->cap >= n) {
+            goto found;
+        }
+        spare = i;
+    }
+    if (empty < 0 && spare < 0) {
+        return -1;
+    }
+    if (empty < 0) {
+        /* An idle buffer too small: replaced by a larger one. */
+        i = spare;
+        v = &cm_hv[i];
+        (void)CM_CU_RAW(EventDestroy, (v->ev));
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFreeHost, (v->buf));
+        Py_END_ALLOW_THREADS
+        v->gen = 0;
+        empty = i;
+    }
+    i = empty;
+    v = &cm_hv[i];
+    for (cap = 4096; cap < n; cap *= 2) {
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = CM_CU_RAW(MemHostAlloc, (&v->buf, cap, 0));
+    Py_END_ALLOW_THREADS
+    if (rc != CUDA_SUCCESS) {
+        return -1;
+    }
+    if (CM_CU_RAW(EventCreate, (&v->ev, CU_EVENT_DISABLE_TIMING))
+        != CUDA_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFreeHost, (v->buf));
+        Py_END_ALLOW_THREADS
+        return -1;
+    }
+    v->cap = cap;
+    v->gen = ctx->gen;
+found:
+    memcpy(cm_hv[i].buf, data, n);
+    return i;
+}
+
+/* The copies from slot i are queued on h: it is reusable once they ran.
+ * 0, or -1 with an exception (then the stream is waited for). */
+static int
+cm_hostval_queued(int i, CUstream h)
+{
+    if (CM_CU(EventRecord, (cm_hv[i].ev, h)) < 0) {
+        PyObject *exc = PyErr_GetRaisedException();
+
+        /* Nothing will say when it is free: let the copy land. */
+        (void)cm_stream_wait(h);
+        PyErr_SetRaisedException(exc);
+        return -1;
+    }
+    return 0;
+}
+
 static int
 cm_assign_broadcast(const cm_view *lhs, PyArrayObject *host,
                     const Py_ssize_t *rstrides, CUstream h, int async)
@@ -2596,15 +2766,27 @@ cm_assign_broadcast(const cm_view *lhs, PyArrayObject *host,
     if (ctx == NULL) {
         return -1;
     }
-    tmp_owner = cm_mem_alloc(ctx, nbytes, &tmp);
+    /* Allocated for h: its release is ordered after the kernel. */
+    tmp_owner = cm_mem_alloc_on(ctx, nbytes, async ? h : NULL, &tmp);
     if (tmp_owner == NULL) {
         return -1;
     }
     if (async) {
-        err = CM_CU(MemcpyHtoDAsync, (tmp, PyArray_DATA(host), nbytes, h));
-        /* The host value may be a temporary: let the upload land. */
-        if (err == 0) {
-            err = cm_stream_wait(h);
+        int slot = cm_hostval_take(ctx, PyArray_DATA(host), nbytes);
+
+        if (slot >= 0) {
+            err = CM_CU(MemcpyHtoDAsync, (tmp, cm_hv[slot].buf, nbytes, h));
+            if (err == 0) {
+                err = cm_hostval_queued(slot, h);
+            }
+        }
+        else {
+            err = CM_CU(MemcpyHtoDAsync, (tmp, PyArray_DATA(host), nbytes,
+                                          h));
+            /* The host value may be a temporary: let the upload land. */
+            if (err == 0) {
+                err = cm_stream_wait(h);
+            }
         }
     }
     else {
@@ -2816,6 +2998,26 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
     rv.ndim = lhs->ndim;
     rv.shape = lhs->shape;
     rv.strides = rstrides;
+    if (async) {
+        /* From a page-locked copy of the value, whose reuse waits for
+         * the stream: no wait here. */
+        cm_context *ctx = cm_context_current();
+        int slot = ctx == NULL ? -1
+                   : cm_hostval_take(ctx, PyArray_DATA(host),
+                                     (size_t)PyArray_NBYTES(host));
+
+        if (ctx == NULL) {
+            goto out_host;
+        }
+        if (slot >= 0) {
+            rv.addr = (uintptr_t)cm_hv[slot].buf;
+            rc = cm_copy(lhs, &rv, h, async);
+            if (cm_hostval_queued(slot, h) < 0) {
+                rc = -1;
+            }
+            goto out_host;
+        }
+    }
     rc = cm_copy(lhs, &rv, h, async);
     /* The host side may be a temporary: let the copy land first. */
     if (rc == 0 && async) {
@@ -2836,12 +3038,13 @@ cm_da_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
     Py_ssize_t strides[NPY_MAXDIMS];
     Py_ssize_t offset;
     cm_view lhs;
+    PyObject *sobj = NULL;
     CUstream h;
     int ndim;
     int all_int;
     int async;
 
-    async = cm_effective_stream(stream, self->stream, &h);
+    async = cm_effective_stream_obj(stream, self->stream, &h, &sobj);
     if (async < 0) {
         return -1;
     }
@@ -2857,6 +3060,12 @@ cm_da_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
     lhs.itemsize = PyDataType_ELSIZE(self->dtype);
     lhs.device = 1;
     if (cm_assign(&lhs, self->dtype, value, h, async) < 0) {
+        return -1;
+    }
+    if (async && (cm_da_used_on(self, async, h, sobj) < 0
+                  || (cm_da_check(value)
+                      && cm_da_used_on((cm_da *)value, async, h, sobj)
+                         < 0))) {
         return -1;
     }
     /* No stream at all: synchronous, as one default-stream sync. */

@@ -1343,6 +1343,18 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                NULL)) < 0) {
         goto out_leave;
     }
+    /* The arrays' releases wait for the kernel (memory.c). */
+    for (i = 0; i < k->nparams; i++) {
+        PyObject *owner = args[i];
+
+        if ((cm_devicearray_owner(args[i], &owner)
+             || Py_IS_TYPE(owner, cm_st->Mem_type))
+            && cm_mem_note_use(owner, l->stream,
+                               l->stream == NULL ? NULL : l->stream_obj)
+               < 0) {
+            goto out_leave;
+        }
+    }
     r = Py_NewRef(Py_None);
 out_leave:
     cm_context_leave(k->module->ctx, prev);

@@ -69,7 +69,9 @@ cm_rel_fn(int kind)
     case CM_REL_MODULE: return "cuModuleUnload";
     case CM_REL_IPC: return "cuIpcCloseMemHandle";
     case CM_REL_POOL: return "cuEventRecord";
+    case CM_REL_POOL_SYNC: return "cuCtxSynchronize";
     case CM_REL_ASYNC: return "cuMemFreeAsync";
+    case CM_REL_ASYNC_SYNC: return "cuMemFreeAsync";
     case CM_REL_IPC_POOL: return "cuMemFree";
     default: return "release";
     }
@@ -82,12 +84,15 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
     switch (it->kind) {
     case CM_REL_POOL:
     case CM_REL_ASYNC:
+    case CM_REL_POOL_SYNC:
+    case CM_REL_ASYNC_SYNC:
         return cm_pool_release(ctx, it->kind, it->handle, it->stream);
     case CM_REL_DEVICE:
         return CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
     case CM_REL_HOST:
         return CM_CU_RAW(MemFreeHost, ((void *)it->handle));
     case CM_REL_STREAM:
+        cm_pool_stream_gone(ctx, (CUstream)it->handle);
         return CM_CU_RAW(StreamDestroy, ((CUstream)it->handle));
     case CM_REL_EVENT:
         return CM_CU_RAW(EventDestroy, ((CUevent)it->handle));
@@ -446,7 +451,8 @@ cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle, size_t size,
 {
     cm_pending *q;
     int memory = kind == CM_REL_DEVICE || kind == CM_REL_POOL
-                 || kind == CM_REL_ASYNC;
+                 || kind == CM_REL_ASYNC || kind == CM_REL_POOL_SYNC
+                 || kind == CM_REL_ASYNC_SYNC;
 
     if (handle == 0 || !ctx->alive || cm_forked) {
         return;
@@ -497,32 +503,174 @@ cm_ctx_init_memory(cm_context *ctx)
 static int
 cm_mem_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    cm_mem *m = (cm_mem *)self;
+    int i;
+
     Py_VISIT(Py_TYPE(self));
-    Py_VISIT(((cm_mem *)self)->ctx);
+    Py_VISIT(m->ctx);
+    Py_VISIT(m->stream_obj);
+    if (m->uses != NULL) {
+        for (i = 0; i < m->uses->n; i++) {
+            Py_VISIT(m->uses->s[i].obj);
+        }
+    }
     return 0;
+}
+
+/* Let go of the streams m's memory was used on. */
+static void
+cm_mem_clear_uses(cm_mem *m)
+{
+    cm_uses *u = m->uses;
+    int i;
+
+    if (u == NULL) {
+        return;
+    }
+    m->uses = NULL;
+    for (i = 0; i < u->n; i++) {
+        Py_XDECREF(u->s[i].obj);
+    }
+    PyMem_Free(u);
+}
+
+/* Order the release of a pool or async allocation after the work queued
+ * on it: by events on the other streams it was used on, and, when the
+ * release waits in the queue, on its own stream too (the handle may be
+ * gone by the flush).  The kind of release to queue, and in *on (set to
+ * the own stream first) the stream an async free is queued on. */
+static int
+cm_mem_order_release(cm_mem *m, CUstream *on)
+{
+    cm_context *ctx = m->ctx;
+    CUstream hs[8];
+    CUstream *v = hs;
+    CUcontext prev;
+    int n = m->uses != NULL ? m->uses->n : 0;
+    int deferred;
+    int i;
+    int kind = m->kind == CM_MM_POOL ? CM_REL_POOL : CM_REL_ASYNC;
+    uintptr_t own = (uintptr_t)m->stream;
+    int own_default = own == 0 || own == (uintptr_t)CU_STREAM_LEGACY
+                      || own == (uintptr_t)CU_STREAM_PER_THREAD;
+
+    if (!ctx->alive || cm_forked || ctx->memq == NULL) {
+        return kind;                 /* nothing will be released */
+    }
+    deferred = ctx->memq->disabled > 0;
+    if (n == 0 && (!deferred || own_default)) {
+        return kind;                 /* the common case: stream order */
+    }
+    if (cm_on_driver_thread()) {
+        /* No driver call here: the flush waits for the context. */
+        return m->kind == CM_MM_POOL ? CM_REL_POOL_SYNC : CM_REL_ASYNC_SYNC;
+    }
+    if (n > (int)(sizeof(hs) / sizeof(hs[0]))) {
+        v = PyMem_Malloc((size_t)n * sizeof(*v));
+        if (v == NULL) {
+            return m->kind == CM_MM_POOL ? CM_REL_POOL_SYNC
+                                         : CM_REL_ASYNC_SYNC;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        v[i] = m->uses->s[i].handle;
+    }
+    if (cm_context_enter(ctx, &prev) < 0) {
+        PyErr_Clear();
+        kind = m->kind == CM_MM_POOL ? CM_REL_POOL_SYNC : CM_REL_ASYNC_SYNC;
+    }
+    else {
+        if (m->kind == CM_MM_POOL) {
+            cm_pool_retire(ctx, m->blk, m->stream, v, n);
+        }
+        else if (cm_pool_async_join(ctx, m->stream, v, n, on)
+                 != CUDA_SUCCESS) {
+            kind = CM_REL_ASYNC_SYNC;
+        }
+        cm_context_leave(ctx, prev);
+    }
+    if (v != hs) {
+        PyMem_Free(v);
+    }
+    return kind;
 }
 
 /* Queue the free once. */
 static void
 cm_mem_release(cm_mem *m)
 {
+    CUstream on;
+    int kind;
+
     if (m->freed) {
         return;
     }
     m->freed = 1;
     switch (m->kind) {
     case CM_MM_POOL:
-        cm_ctx_release_on(m->ctx, CM_REL_POOL, (uintptr_t)m->blk, m->size,
-                          m->stream);
+        on = m->stream;
+        kind = cm_mem_order_release(m, &on);
+        cm_ctx_release_on(m->ctx, kind, (uintptr_t)m->blk, m->size, on);
         break;
     case CM_MM_ASYNC:
-        cm_ctx_release_on(m->ctx, CM_REL_ASYNC, (uintptr_t)m->ptr, m->size,
-                          m->stream);
+        on = m->stream;
+        kind = cm_mem_order_release(m, &on);
+        cm_ctx_release_on(m->ctx, kind, (uintptr_t)m->ptr, m->size, on);
         break;
     default:
         cm_ctx_release(m->ctx, CM_REL_DEVICE, (uintptr_t)m->ptr, m->size);
         break;
     }
+    cm_mem_clear_uses(m);
+    Py_CLEAR(m->stream_obj);
+}
+
+int
+cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
+{
+    cm_mem *m;
+    cm_uses *u;
+    int i;
+
+    if (owner == NULL || !Py_IS_TYPE(owner, cm_st->Mem_type)) {
+        /* A view of another device array (as_cuda_array of one). */
+        if (owner == NULL || !cm_devicearray_owner(owner, &owner)
+            || owner == NULL || !Py_IS_TYPE(owner, cm_st->Mem_type)) {
+            return 0;
+        }
+    }
+    m = (cm_mem *)owner;
+    if ((m->kind != CM_MM_POOL && m->kind != CM_MM_ASYNC) || m->freed
+        || h == m->stream) {
+        return 0;
+    }
+    u = m->uses;
+    if (u != NULL) {
+        for (i = 0; i < u->n; i++) {
+            if (u->s[i].handle == h) {
+                return 0;
+            }
+        }
+    }
+    if (u == NULL || u->n == u->cap) {
+        int cap = u == NULL ? 2 : u->cap * 2;
+        cm_uses *nu = PyMem_Realloc(u, sizeof(*u) + (size_t)cap
+                                       * sizeof(u->s[0]));
+
+        if (nu == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (u == NULL) {
+            nu->n = 0;
+        }
+        nu->cap = cap;
+        m->uses = u = nu;
+    }
+    u->s[u->n].handle = h;
+    u->s[u->n].obj = Py_XNewRef(obj);
+    u->n++;
+    return 0;
 }
 
 static void
@@ -539,6 +687,8 @@ cm_mem_dealloc(PyObject *self)
     if (!Py_IsFinalizing()) {
         cm_mem_release(m);
     }
+    cm_mem_clear_uses(m);
+    Py_CLEAR(m->stream_obj);
     Py_CLEAR(m->ctx);
     tp->tp_free(self);
     Py_DECREF(tp);
@@ -765,7 +915,9 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     m->freed = 0;
     m->kind = ctx->mm_kind;
     m->stream = stream;
+    m->stream_obj = NULL;
     m->blk = blk;
+    m->uses = NULL;
     m->weakreflist = NULL;
     PyObject_GC_Track(m);
     ctx->st_bytes += size;
@@ -795,6 +947,33 @@ cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
     }
     r = cm_mem_alloc_on_run(ctx, size, stream, out);
     cm_context_leave(c, prev);
+    return r;
+}
+
+PyObject *
+cm_mem_alloc_for(cm_context *ctx, size_t size, PyObject *stream_obj,
+                 CUdeviceptr *out)
+{
+    CUstream h = NULL;
+    PyObject *r;
+    int bound = 0;
+
+    if (stream_obj != NULL && (ctx->mm_kind == CM_MM_POOL
+                               || ctx->mm_kind == CM_MM_ASYNC)) {
+        bound = cm_stream_resolve(stream_obj, &h);
+        if (bound < 0) {
+            return NULL;
+        }
+    }
+    r = cm_mem_alloc_on(ctx, size, h, out);
+    if (r != NULL && bound && Py_IS_TYPE(r, cm_st->Mem_type)) {
+        uintptr_t v = (uintptr_t)h;
+
+        if (v != 0 && v != (uintptr_t)CU_STREAM_LEGACY
+            && v != (uintptr_t)CU_STREAM_PER_THREAD) {
+            ((cm_mem *)r)->stream_obj = Py_NewRef(stream_obj);
+        }
+    }
     return r;
 }
 

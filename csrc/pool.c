@@ -100,7 +100,14 @@ struct cm_blk {
     CUevent event;        /* recorded on that stream after the last use,
                            * or NULL */
     uint64_t seq;         /* when the event was recorded (pool order) */
+    CUevent *waits;       /* events on the other streams that used it,
+                           * recorded at its release; it stays pending
+                           * (in no bin) until they have all completed */
+    int nwaits;           /* entries of waits */
+    int any_after;        /* once they have: free for any stream (an
+                           * event of its own stream is among them) */
     int free;             /* in a bin */
+    int pending;          /* on the pool's pending list */
     int bin;              /* which, while free */
 };
 
@@ -124,6 +131,11 @@ struct cm_pool {
     uintptr_t first_stream;  /* the first stream key served */
     int multi_stream;     /* more than one stream key was served */
     uint64_t seq;         /* events recorded so far */
+    cm_blk *pending;      /* released blocks waiting for the events of
+                           * other streams (linked through fnext) */
+    size_t pending_bytes; /* their bytes */
+    int poison;           /* CUDAMEM_POOL_POISON: the byte every block
+                           * handed out is filled with, or -1 */
     CUevent *events;      /* idle events, a stack */
     size_t nevents;       /* used entries */
     size_t capevents;     /* allocated entries */
@@ -136,12 +148,19 @@ struct cm_pool {
     int export_fd;        /* NOTE: GIL; mempool's shareable handle, once
                            * exported, else -1; closed with the pool */
     uint64_t token;       /* names mempool in IPC handles (random) */
+    CUstream side;        /* async: a stream of the pool's own (made on
+                           * first need, never blocking) on which the
+                           * frees of memory that several streams used
+                           * wait for all of them; NULL until then */
 };
 
 /* The built-in kind for new contexts. */
 static int cm_builtin = CM_MM_DEFAULT;
 /* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
 static size_t cm_default_limit;
+/* CUDAMEM_POOL_POISON: the byte pools made from now on fill every block
+ * they hand out with (on the block's stream), or -1 for none. */
+static int cm_pool_poison = -1;
 /* CUDAMEM_ASYNC_RELEASE_THRESHOLD: the async pool's threshold. */
 static cuuint64_t cm_async_threshold = UINT64_MAX;
 
@@ -262,6 +281,40 @@ cm_event_put(cm_pool *p, CUevent e)
         p->capevents = cap;
     }
     p->events[p->nevents++] = e;
+}
+
+/* An idle event recorded on stream h now, or NULL (mutex held). */
+static CUevent
+cm_event_on(cm_pool *p, CUstream h)
+{
+    CUevent e = NULL;
+
+    if (p->nevents > 0) {
+        e = p->events[--p->nevents];
+    }
+    else if (CM_CU_RAW(EventCreate, (&e, CU_EVENT_DISABLE_TIMING))
+             != CUDA_SUCCESS) {
+        return NULL;
+    }
+    if (CM_CU_RAW(EventRecord, (e, h)) != CUDA_SUCCESS) {
+        cm_event_put(p, e);
+        return NULL;
+    }
+    return e;
+}
+
+/* Give b's wait events back (mutex held). */
+static void
+cm_blk_drop_waits(cm_pool *p, cm_blk *b)
+{
+    int i;
+
+    for (i = 0; i < b->nwaits; i++) {
+        cm_event_put(p, b->waits[i]);
+    }
+    free(b->waits);
+    b->waits = NULL;
+    b->nwaits = 0;
 }
 
 /* Record an event on stream key s for block b (which has none). */
@@ -499,7 +552,21 @@ cm_pool_put(cm_pool *p, cm_blk *b)
 {
     cm_blk *n;
 
-    if (p->multi_stream && b->stream != CM_POOL_ANY) {
+    if (b->nwaits > 0) {
+        /* Other streams used it: no stream may have it before their
+         * work is done (cm_pool_settle looks again). */
+        b->pending = 1;
+        b->fprev = NULL;
+        b->fnext = p->pending;
+        if (p->pending != NULL) {
+            p->pending->fprev = b;
+        }
+        p->pending = b;
+        p->pending_bytes += b->size;
+        return;
+    }
+    if (p->multi_stream && b->stream != CM_POOL_ANY
+        && b->stream != CM_POOL_STUCK) {
         cm_event_record(p, b);
     }
     n = b->next;
@@ -535,7 +602,36 @@ cm_pool_settle(cm_pool *p)
     cm_seg *g;
     cm_blk *b;
     cm_blk *n;
+    int i;
 
+    for (b = p->pending; b != NULL; b = n) {
+        n = b->fnext;
+        for (i = 0; i < b->nwaits; i++) {
+            if (CM_CU_RAW(EventQuery, (b->waits[i])) != CUDA_SUCCESS) {
+                break;
+            }
+        }
+        if (i < b->nwaits) {
+            continue;
+        }
+        if (b->fprev != NULL) {
+            b->fprev->fnext = b->fnext;
+        }
+        else {
+            p->pending = b->fnext;
+        }
+        if (b->fnext != NULL) {
+            b->fnext->fprev = b->fprev;
+        }
+        b->pending = 0;
+        p->pending_bytes -= b->size;
+        cm_blk_drop_waits(p, b);
+        if (b->any_after) {
+            b->stream = CM_POOL_ANY;
+            b->any_after = 0;
+        }
+        cm_pool_put(p, b);
+    }
     for (g = p->segs; g != NULL; g = g->next) {
         for (b = g->first; b != NULL; b = b->next) {
             if (b->free && b->event != NULL
@@ -713,6 +809,7 @@ cm_pool_create(cm_context *ctx, int kind)
     p->kind = kind;
     p->limit = cm_default_limit;
     p->first_stream = CM_POOL_ANY;
+    p->poison = cm_pool_poison;
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
         free(p);
         PyErr_NoMemory();
@@ -726,9 +823,20 @@ cm_pool_create(cm_context *ctx, int kind)
         if (err == 0) {
             err = CM_CU(MemPoolSetAttribute,
                         (p->mempool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
-            if (err < 0 && p->shareable) {
-                (void)CM_CU_RAW(MemPoolDestroy, (p->mempool));
-            }
+        }
+        if (err == 0 && p->shareable) {
+            /* Reuse across streams only once the free has completed: the
+             * driver would otherwise make a stream wait for another one
+             * that a host callback may be holding. */
+            int off = 0;
+
+            err = CM_CU(MemPoolSetAttribute,
+                        (p->mempool,
+                         CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                         &off));
+        }
+        if (err < 0 && p->shareable) {
+            (void)CM_CU_RAW(MemPoolDestroy, (p->mempool));
         }
         if (err < 0) {
             pthread_mutex_destroy(&p->mu);
@@ -771,12 +879,15 @@ cm_pool_destroy(cm_context *ctx)
             if (b->free) {
                 cm_event_put(p, b->event);
             }
+            cm_blk_drop_waits(p, b);
             free(b);
         }
         g->first = NULL;
     }
     memset(&p->small, 0, sizeof(p->small));
     memset(&p->large, 0, sizeof(p->large));
+    p->pending = NULL;
+    p->pending_bytes = 0;
     p->reserved = 0;
     p->free_bytes = 0;
     events = p->events;
@@ -811,6 +922,9 @@ cm_pool_destroy(cm_context *ctx)
     if (p->kind == CM_MM_ASYNC && CM_CU_RAW(CtxSynchronize, ())
                                   == CUDA_SUCCESS) {
         (void)CM_CU_RAW(MemPoolTrimTo, (mp, 0));
+    }
+    if (p->side != NULL) {
+        (void)CM_CU_RAW(StreamDestroy, (p->side));
     }
     if (p->shareable) {
         /* Allocations still live go with the context's reset. */
@@ -933,6 +1047,13 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         else {
             rc = CM_CU_RAW(MemAllocAsync, (ptr, size, stream));
         }
+        if (rc == CUDA_SUCCESS && p->poison >= 0) {
+            rc = CM_CU_RAW(MemsetD8Async, (*ptr, (unsigned char)p->poison,
+                                           size, stream));
+            if (rc != CUDA_SUCCESS) {
+                (void)CM_CU_RAW(MemFreeAsync, (*ptr, stream));
+            }
+        }
         Py_END_ALLOW_THREADS
         return rc;
     }
@@ -961,6 +1082,20 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     }
     *ptr = b->ptr;
     *blk = b;
+    if (p->poison >= 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = CM_CU_RAW(MemsetD8Async, (b->ptr, (unsigned char)p->poison,
+                                       b->size, stream));
+        Py_END_ALLOW_THREADS
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_lock(&p->mu);
+            if (!p->dead) {
+                cm_pool_put(p, b);
+            }
+            pthread_mutex_unlock(&p->mu);
+            return rc;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
@@ -970,21 +1105,156 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
 {
     cm_pool *p = ctx->pool;
     cm_blk *b = (cm_blk *)handle;
+    CUresult rc;
 
-    if (p == NULL) {
+    if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
-    if (kind == CM_REL_ASYNC) {
-        return p->dead ? CUDA_SUCCESS
-                       : CM_CU_RAW(MemFreeAsync,
-                                   ((CUdeviceptr)handle, stream));
+    if (kind == CM_REL_POOL_SYNC || kind == CM_REL_ASYNC_SYNC) {
+        /* Released where no stream could be recorded: every stream that
+         * used it is done once the context is. */
+        rc = CM_CU_RAW(CtxSynchronize, ());
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+    }
+    if (kind == CM_REL_ASYNC || kind == CM_REL_ASYNC_SYNC) {
+        return CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
+                                        kind == CM_REL_ASYNC ? stream
+                                                             : NULL));
     }
     pthread_mutex_lock(&p->mu);
     if (!p->dead) {
+        if (kind == CM_REL_POOL_SYNC) {
+            cm_blk_drop_waits(p, b);
+            b->any_after = 0;
+            b->stream = CM_POOL_ANY;
+        }
         cm_pool_put(p, b);
     }
     pthread_mutex_unlock(&p->mu);
     return CUDA_SUCCESS;
+}
+
+/* Whether h names a default stream (always valid, never destroyed). */
+static int
+cm_stream_is_default(CUstream h)
+{
+    uintptr_t v = (uintptr_t)h;
+
+    return v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
+           || v == (uintptr_t)CU_STREAM_PER_THREAD;
+}
+
+/* Append event e to b's waits; 0, or -1 when out of host memory. */
+static int
+cm_blk_add_wait(cm_blk *b, CUevent e)
+{
+    CUevent *w = realloc(b->waits, (size_t)(b->nwaits + 1) * sizeof(*w));
+
+    if (w == NULL) {
+        return -1;
+    }
+    b->waits = w;
+    b->waits[b->nwaits++] = e;
+    return 0;
+}
+
+void
+cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
+               const CUstream *streams, int n)
+{
+    cm_pool *p = ctx->pool;
+    cm_blk *b = blk;
+    CUevent e;
+    int i;
+
+    if (p == NULL || p->kind != CM_MM_POOL) {
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->dead) {
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+    for (i = 0; i <= n; i++) {
+        CUstream h = i < n ? streams[i] : own;
+
+        if (i == n && cm_stream_is_default(own)) {
+            break;
+        }
+        e = cm_event_on(p, h);
+        if (e == NULL || cm_blk_add_wait(b, e) < 0) {
+            /* Nothing can order a later user after that stream: the
+             * block is never handed out again (trim() frees it). */
+            cm_event_put(p, e);
+            cm_blk_drop_waits(p, b);
+            b->stream = CM_POOL_STUCK;
+            b->any_after = 0;
+            pthread_mutex_unlock(&p->mu);
+            return;
+        }
+        if (i == n) {
+            b->any_after = 1;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+CUresult
+cm_pool_async_join(cm_context *ctx, CUstream own, const CUstream *streams,
+                   int n, CUstream *on)
+{
+    cm_pool *p = ctx->pool;
+    CUresult rc = CUDA_SUCCESS;
+    CUevent e;
+    int i;
+
+    if (p == NULL || p->dead) {
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->side == NULL) {
+        rc = CM_CU_RAW(StreamCreate, (&p->side, CU_STREAM_NON_BLOCKING));
+    }
+    for (i = 0; i <= n && rc == CUDA_SUCCESS; i++) {
+        e = cm_event_on(p, i < n ? streams[i] : own);
+        if (e == NULL) {
+            rc = CUDA_ERROR_INVALID_HANDLE;
+            break;
+        }
+        /* The wait takes the event's state now: it may be reused. */
+        rc = CM_CU_RAW(StreamWaitEvent, (p->side, e, 0));
+        cm_event_put(p, e);
+    }
+    *on = p->side;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void
+cm_pool_stream_gone(cm_context *ctx, CUstream h)
+{
+    cm_pool *p = ctx->pool;
+    uintptr_t s = cm_stream_key(h);
+    cm_seg *g;
+    cm_blk *b;
+
+    if (p == NULL || p->kind != CM_MM_POOL || cm_stream_is_default(h)) {
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (!p->dead) {
+        for (g = p->segs; g != NULL; g = g->next) {
+            for (b = g->first; b != NULL; b = b->next) {
+                if (b->free && b->stream == s && b->event == NULL) {
+                    /* Later, the handle may name another stream. */
+                    cm_event_record(p, b);
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 int
@@ -1011,7 +1281,20 @@ cm_pool_trim(cm_context *ctx)
         Py_END_ALLOW_THREADS
         return cm_cu_check(rc, fn);
     }
+    if (p->pending != NULL) {
+        /* Blocks that wait for other streams: their segments may be
+         * wholly free once the device is idle. */
+        Py_BEGIN_ALLOW_THREADS
+        rc = CM_CU_RAW(CtxSynchronize, ());
+        Py_END_ALLOW_THREADS
+        if (rc != CUDA_SUCCESS) {
+            return cm_cu_check(rc, "cuCtxSynchronize");
+        }
+    }
     pthread_mutex_lock(&p->mu);
+    if (p->pending != NULL) {
+        cm_pool_settle(p);
+    }
     cm_pool_collect_free_segs(p, &segs);
     pthread_mutex_unlock(&p->mu);
     if (segs != NULL) {
@@ -1668,6 +1951,9 @@ cm_raw_gate_open_fn(PyObject *mod, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *cm_pool_poison_fn(PyObject *mod, PyObject *arg);
+extern const char cm_pool_poison_doc[];
+
 static PyMethodDef cm_pool_functions[] = {
     {"_set_builtin_manager", cm_set_builtin_fn, METH_O, cm_set_builtin_doc},
     {"_builtin_manager", cm_get_builtin_fn, METH_NOARGS, cm_get_builtin_doc},
@@ -1692,6 +1978,7 @@ static PyMethodDef cm_pool_functions[] = {
     {"_raw_event_record_sync", cm_raw_event_record_sync_fn, METH_VARARGS,
      cm_raw_event_record_sync_doc},
     {"_raw_gate", cm_raw_gate_fn, METH_O, cm_raw_gate_doc},
+    {"_pool_poison", cm_pool_poison_fn, METH_O, cm_pool_poison_doc},
     {"_raw_gate_open", cm_raw_gate_open_fn, METH_O, cm_raw_gate_open_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -1721,11 +2008,65 @@ cm_env_bytes(const char *name, unsigned long long dflt)
     return n;
 }
 
+/* CUDAMEM_POOL_POISON: unset, empty or 0: off; 1: the byte 0xA5; 2 to
+ * 255: that byte.  0, or -1 with ValueError naming the variable. */
+static int
+cm_pool_poison_env(void)
+{
+    const char *v = getenv("CUDAMEM_POOL_POISON");
+    char *end;
+    long n;
+
+    cm_pool_poison = -1;
+    if (v == NULL || v[0] == '\0') {
+        return 0;
+    }
+    n = strtol(v, &end, 0);
+    if (end == v || *end != '\0' || n < 0 || n > 255) {
+        PyErr_Format(PyExc_ValueError,
+                     "CUDAMEM_POOL_POISON must be 0 (off), 1 (the byte "
+                     "0xA5) or a byte value 2..255, not %.100s", v);
+        return -1;
+    }
+    if (n > 0) {
+        cm_pool_poison = n == 1 ? 0xA5 : (int)n;
+    }
+    return 0;
+}
+
+const char cm_pool_poison_doc[] = PyDoc_STR(
+"_pool_poison(byte)\n--\n\n"
+"Set the byte that pool and async managers made from now on fill every "
+"block they hand out with (-1: none; CUDAMEM_POOL_POISON sets it at "
+"import); returns the previous setting.");
+
+static PyObject *
+cm_pool_poison_fn(PyObject *mod, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    int old = cm_pool_poison;
+
+    (void)mod;
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < -1 || n > 255) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the poison byte must be -1 (none) or 0..255");
+        return NULL;
+    }
+    cm_pool_poison = (int)n;
+    return PyLong_FromLong(old);
+}
+
 int
 cm_pool_init(PyObject *mod, cm_state *st)
 {
     (void)st;
     cm_default_limit = (size_t)cm_env_bytes("CUDAMEM_POOL_LIMIT", 0);
+    if (cm_pool_poison_env() < 0) {
+        return -1;
+    }
     cm_async_threshold = (cuuint64_t)cm_env_bytes(
         "CUDAMEM_ASYNC_RELEASE_THRESHOLD", UINT64_MAX);
     return PyModule_AddFunctions(mod, cm_pool_functions);

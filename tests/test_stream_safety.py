@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: MIT
+"""Stream safety of every memory manager: memory is never handed out
+again while work that cudamem enqueued on it, on any stream, is still
+pending.
+
+Each test runs under the four kinds of manager: ``default`` (cuMemAlloc,
+whose free waits for the device), ``pool`` (cudamem's caching
+allocator), ``async`` (the driver's stream-ordered allocator) and an EMM
+plugin.  Streams are held at a known point by gates (host callbacks that
+wait), so that a use-after-free shows as wrong data every time rather
+than by chance.
+"""
+
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cudamem
+from streamutil import Gate
+
+SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
+ISOLATED = os.environ.get("CUDAMEM_TEST_ISOLATED") == "1"
+
+MANAGERS = ["default", "pool", "async", "emm_plugin"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_on_a_gpu(request):
+    # Switching managers resets the primary context, which other
+    # libraries of the test process share on a GPU: there the module runs
+    # in a child process of its own.
+    if request.node.name.startswith("test_module_in_a_child"):
+        return
+    if not (SIMULATOR or ISOLATED):
+        pytest.skip("runs in its own process on a GPU")
+
+
+def test_module_in_a_child_process():
+    if SIMULATOR or ISOLATED:
+        pytest.skip("already in a process of its own")
+    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
+                        "-p", "no:cacheprovider", __file__],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def _deferring_plugin():
+    """An EMM plugin written as numba's own manager is: cuMemAlloc, and
+    frees through its deallocation queue (a cuMemFree waits for the
+    device, so an immediate one would wait for a held gate)."""
+    from cudamem import (GetIpcHandleMixin, HostOnlyCUDAMemoryManager,
+                         MemoryInfo, MemoryPointer, _core)
+
+    class DeferringManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
+        def initialize(self):
+            self.deallocations.memory_capacity = \
+                self.get_memory_info().total
+
+        def memalloc(self, size):
+            ptr = _core._device_alloc(size)
+            dealloc = self.deallocations
+
+            def finalizer():
+                dealloc.add_item(_core._device_free, ptr, size)
+
+            return MemoryPointer(self.context, ptr, size,
+                                 finalizer=finalizer)
+
+        def get_memory_info(self):
+            free, total = self.context.get_memory_info()
+            return MemoryInfo(free=free, total=total)
+
+        @property
+        def interface_version(self):
+            return 1
+
+    return DeferringManager
+
+
+@pytest.fixture(params=MANAGERS)
+def manager(request):
+    cudamem.close()
+    if request.param == "emm_plugin":
+        cudamem.set_memory_manager(_deferring_plugin())
+    else:
+        cudamem.set_memory_manager(request.param)
+    cudamem.current_context()
+    yield request.param
+    gc.collect()
+    if request.param == "emm_plugin":
+        cudamem.current_context().memory_manager.deallocations.clear()
+    cudamem.close()
+    cudamem.set_memory_manager("default")
+
+
+N = 1 << 20
+
+
+def test_freed_while_its_stream_reads_it(manager):
+    """The reproducer of the pool's use-after-free: an array freed while a
+    copy from it is queued on its stream is not handed to another
+    stream's allocation before that copy ran."""
+    s1, s2 = cudamem.stream(), cudamem.stream()
+    a = cudamem.to_device(np.full(N, 7, np.uint8), stream=s1)
+    s1.synchronize()
+    out = cudamem.pinned_array(N, np.uint8)
+    with Gate() as g:
+        g.block(s1)
+        a.copy_to_host(out, stream=s1)
+        del a
+        b = cudamem.device_array(N, np.uint8, stream=s2)
+        b.copy_to_device(np.zeros(N, np.uint8), stream=s2)
+        s2.synchronize()
+    s1.synchronize()
+    assert not g.timed_out, "s2 waited for the held s1"
+    assert (out == 7).all(), manager
+
+
+def test_array_of_one_stream_read_on_another(manager):
+    """An array bound to s1 (or to no stream) read by a copy queued on s3
+    keeps its memory until that copy ran, whichever stream allocates
+    next."""
+    s1, s2, s3 = cudamem.stream(), cudamem.stream(), cudamem.stream()
+    for bound in (s1, 0):
+        a = cudamem.to_device(np.full(N, 5, np.uint8), stream=bound)
+        if bound:
+            bound.synchronize()
+        out = cudamem.pinned_array(N, np.uint8)
+        with Gate() as g:
+            g.block(s3)
+            a.copy_to_host(out, stream=s3)
+            del a
+            # No host waits while the gate is closed: work on the legacy
+            # default stream (the release of an array bound to it, under
+            # the async manager) makes every blocking stream wait for s3.
+            for s in (s1, s2):
+                b = cudamem.device_array(N, np.uint8, stream=s)
+                b.setitem(slice(None), 0, stream=s)
+                del b
+        s1.synchronize()
+        s2.synchronize()
+        s3.synchronize()
+        assert not g.timed_out, "another stream waited for the held s3"
+        assert (out == 5).all(), (manager, bound)
+
+
+def test_setitem_on_another_stream_then_free(manager):
+    """A device-to-device setitem queued on s3 from an array of s1's: the
+    source is not reused before the copy ran."""
+    s1, s2, s3 = cudamem.stream(), cudamem.stream(), cudamem.stream()
+    src = cudamem.to_device(np.full(N, 9, np.uint8), stream=s1)
+    dst = cudamem.device_array(N, np.uint8, stream=s3)
+    s1.synchronize()
+    with Gate() as g:
+        g.block(s3)
+        dst.setitem(slice(None), src, stream=s3)
+        del src
+        b = cudamem.device_array(N, np.uint8, stream=s2)
+        b.copy_to_device(np.zeros(N, np.uint8), stream=s2)
+        s2.synchronize()
+    s3.synchronize()
+    assert not g.timed_out, "s2 waited for the held s3"
+    assert (dst.copy_to_host() == 9).all(), manager
