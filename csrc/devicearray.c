@@ -1531,17 +1531,19 @@ cm_pageable_access(void)
                       ctx->device->handle)) == CUDA_SUCCESS && v != 0;
 }
 
-/* 0 if bytes [start, start + n) (n > 0) that an array made over memory
- * cudamem did not allocate spans may be used by the device: they lie
- * inside one allocation the driver knows, of any kind and from any
- * library (device, managed, page-locked or mapped host memory, IPC
- * mappings), or, where the device reaches pageable memory, inside mapped
- * memory of this process.  Else -1 with ValueError; what names the
- * source for the message.  One pointer query (cuPointerGetAttributes
- * answers for unknown addresses without failing); the driver's range
- * query where it lacks that entry point. */
+/* 0 if memory cudamem did not allocate, that an array spans, may be
+ * used by the device: p, the address given, lies inside an allocation
+ * the driver knows, of any kind and from any library (device, managed,
+ * page-locked or mapped host memory, IPC mappings), and the span, bytes
+ * [p + lo, p + lo + n) (lo <= 0 < n), fits inside it; or, where the
+ * device reaches pageable memory, the span is mapped memory of this
+ * process.  Else -1 with ValueError: what names the address's source,
+ * reach what spans it, for the messages.  One pointer query
+ * (cuPointerGetAttributes answers for unknown addresses without
+ * failing); the driver's range query where that entry point fails. */
 static int
-cm_check_extent(CUdeviceptr start, size_t n, const char *what)
+cm_check_extent(CUdeviceptr p, Py_ssize_t lo, size_t n, const char *what,
+                const char *reach)
 {
     CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                     CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
@@ -1550,15 +1552,16 @@ cm_check_extent(CUdeviceptr start, size_t n, const char *what)
     CUdeviceptr base = 0;
     size_t size = 0;
     void *data[3] = {&type, &base, &size};
+    CUdeviceptr start = p - (CUdeviceptr)(-lo);
     long page;
     uintptr_t first;
     char hex[24];
 
-    if (CM_CU_RAW(PointerGetAttributes, (3, attrs, data, start))
+    if (CM_CU_RAW(PointerGetAttributes, (3, attrs, data, p))
             != CUDA_SUCCESS) {
         /* No answer for unknown memory: check the fit where known. */
         type = 0;
-        if (CM_CU_RAW(MemGetAddressRange, (&base, &size, start))
+        if (CM_CU_RAW(MemGetAddressRange, (&base, &size, p))
                 != CUDA_SUCCESS) {
             return 0;
         }
@@ -1573,7 +1576,7 @@ cm_check_extent(CUdeviceptr start, size_t n, const char *what)
                    == 0) {
             return 0;
         }
-        snprintf(hex, sizeof(hex), "0x%llx", (unsigned long long)start);
+        snprintf(hex, sizeof(hex), "0x%llx", (unsigned long long)p);
         PyErr_Format(PyExc_ValueError,
                      "%s: pointer %s is in no live CUDA allocation "
                      "(never allocated, or freed)", what, hex);
@@ -1583,8 +1586,8 @@ cm_check_extent(CUdeviceptr start, size_t n, const char *what)
                      || start - base > size - n)) {
         snprintf(hex, sizeof(hex), "0x%llx", (unsigned long long)base);
         PyErr_Format(PyExc_ValueError,
-                     "%s reaches outside the allocation it points into "
-                     "(%zu bytes at %s)", what, size, hex);
+                     "%s outside the allocation the pointer is in "
+                     "(%zu bytes at %s)", reach, size, hex);
         return -1;
     }
     return 0;
@@ -1781,9 +1784,10 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
             goto out_dtype;
         }
         /* The view must lie in live memory the device can use. */
-        if (cm_check_extent((CUdeviceptr)(ptr + (unsigned long long)lo),
-                            (size_t)span,
-                            "__cuda_array_interface__ 'data'") < 0) {
+        if (cm_check_extent((CUdeviceptr)ptr, lo, (size_t)span,
+                            "__cuda_array_interface__ 'data'",
+                            "__cuda_array_interface__ 'strides' reach")
+                < 0) {
             goto out_dtype;
         }
     }
@@ -4458,7 +4462,8 @@ cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
         /* Memory cudamem did not allocate must be live device memory. */
         if (span > 0 && PyDataType_ELSIZE(dt) > 0
             && !Py_IS_TYPE(p[4], ST->Mem_type)
-            && cm_check_extent(ptr, (size_t)span, "gpu_data") < 0) {
+            && cm_check_extent(ptr, 0, (size_t)span, "gpu_data",
+                               "the layout over gpu_data reaches") < 0) {
             goto out_dt;
         }
         ptr -= (CUdeviceptr)lo;
