@@ -76,14 +76,19 @@ def signal_name(returncode):
 
 def child_env(**env):
     """The environment of a child: this one, with the repository and
-    tests/ first on PYTHONPATH and faulthandler on, updated by env."""
+    tests/ first on PYTHONPATH and faulthandler on, updated by env (a
+    value of None removes the variable)."""
     e = dict(os.environ)
     path = [str(ROOT), str(HERE)]
     if e.get("PYTHONPATH"):
         path.append(e["PYTHONPATH"])
     e["PYTHONPATH"] = os.pathsep.join(path)
     e["PYTHONFAULTHANDLER"] = "1"
-    e.update({k: str(v) for k, v in env.items()})
+    for k, v in env.items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = str(v)
     return e
 
 
@@ -113,7 +118,8 @@ def run_child(code, *, timeout=120, env=None, args=(), check=True,
         that faulthandler dumps its threads), then killed, and the test
         fails naming the timeout.
     env : dict, optional
-        Variables to set in the child, over ``child_env()``.
+        Variables to set (None: to remove) in the child, over
+        ``child_env()``.
     check : bool
         Fail the test when the child exits with a non-zero status.
     allow_signals : iterable of signal.Signals or str
