@@ -4356,8 +4356,10 @@ PyDoc_STRVAR(cm_from_cai_doc,
 "``config.CUDA_ARRAY_INTERFACE_SYNC`` are both true.\n\n"
 "Notes\n-----\n"
 "cudamem validates the dict: missing version (TypeError), version above\n"
-"3, negative shapes, unknown typestr and strides outside the described\n"
-"data (ValueError).  A structured ``descr`` is honoured.");
+"3, negative shapes, shapes NumPy refuses, unknown typestr, a non-empty\n"
+"array's pointer in no live allocation the driver knows (of any library;\n"
+"a NULL pointer is fine for an empty array) and strides outside the\n"
+"allocation (ValueError).  A structured ``descr`` is honoured.");
 
 static PyObject *
 cm_from_cuda_array_interface(PyObject *mod, PyObject *const *args,
