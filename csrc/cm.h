@@ -137,6 +137,7 @@ PyErr_SetRaisedException(PyObject *exc)
     X(MemHostGetFlags, 2030)            \
     X(MemGetAddressRange, 3020)         \
     X(PointerGetAttribute, 4000)        \
+    X(PointerGetAttributes, 7000)       \
     X(MemcpyHtoD, 3020)                 \
     X(MemcpyDtoH, 3020)                 \
     X(MemcpyDtoD, 3020)                 \
@@ -340,6 +341,14 @@ int cm_sim_inject(int idx, long nth, CUresult code);
 /* Whether h is a stream the simulator has and has not destroyed (its
  * context included).  Simulator backend only. */
 int cm_sim_stream_live(const void *h);
+/* cuLaunchHostFunc(h, fn, data), queued only if each of the nranges
+ * byte ranges [start[i], start[i] + len[i]) (empty ones skipped) lies
+ * inside one live allocation, else CUDA_ERROR_INVALID_VALUE as the
+ * simulator's copies answer; checked and queued atomically.  For the
+ * internal kernels (kernels.c).  Simulator backend only. */
+CUresult cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data,
+                               int nranges, const uintptr_t *start,
+                               const size_t *len);
 
 /* ------------------------------------------------------------------ */
 /* context.c: devices and primary contexts                             */

@@ -22,6 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 /* ------------------------------------------------------------------ */
 /* Layout math                                                         */
 /* ------------------------------------------------------------------ */
@@ -938,7 +941,10 @@ cm_parse_shape_signed(PyObject *obj, Py_ssize_t *shape)
     return cm_parse_shape_ex(obj, shape, 1);
 }
 
-/* Fail with ValueError when size * itemsize overflows. */
+/* Fail with ValueError where NumPy refuses the shape: when the product
+ * of the non-zero extents times itemsize overflows, even if another
+ * extent is 0 (an empty array NumPy could not make cannot be copied
+ * back).  A zero itemsize counts as 1, so that the element count fits. */
 static int
 cm_check_size(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize)
 {
@@ -947,10 +953,8 @@ cm_check_size(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize)
 
     for (i = 0; i < ndim; i++) {
         if (shape[i] == 0) {
-            return 0;
+            continue;
         }
-    }
-    for (i = 0; i < ndim; i++) {
         if (total > PY_SSIZE_T_MAX / shape[i]) {
             PyErr_SetString(PyExc_ValueError,
                             "array is too big; `arr.size * "
@@ -1283,7 +1287,10 @@ cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
     cm_layout_flags(ndim, shape, strides, PyDataType_ELSIZE(dtype), &a->c_contig,
                     &a->f_contig);
     PyObject_GC_Track(a);
-    if (a->size == 0) {
+    if (a->size == 0 || PyDataType_ELSIZE(dtype) == 0) {
+        /* No bytes (no elements, or elements of no size): no memory. */
+        a->alloc_size = 0;
+        a->lo = 0;
         a->gpu_data = Py_NewRef(Py_None);
         return (PyObject *)a;
     }
@@ -1550,6 +1557,86 @@ cm_config_cai_sync(void)
     return r;
 }
 
+/* Whether the current context's device reaches pageable host memory
+ * (HMM or ATS), where any mapped address of the process is device
+ * memory too. */
+static int
+cm_pageable_access(void)
+{
+    cm_context *ctx = cm_context_current();
+    int v = 0;
+
+    if (ctx == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return CM_CU_RAW(DeviceGetAttribute,
+                     (&v, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+                      ctx->device->handle)) == CUDA_SUCCESS && v != 0;
+}
+
+/* 0 if memory cudamem did not allocate, that an array spans, may be
+ * used by the device: p, the address given, lies inside an allocation
+ * the driver knows, of any kind and from any library (device, managed,
+ * page-locked or mapped host memory, IPC mappings), and the span, bytes
+ * [p + lo, p + lo + n) (lo <= 0 < n), fits inside it; or, where the
+ * device reaches pageable memory, the span is mapped memory of this
+ * process.  Else -1 with ValueError: what names the address's source,
+ * reach what spans it, for the messages.  One pointer query
+ * (cuPointerGetAttributes answers for unknown addresses without
+ * failing); the driver's range query where that entry point fails. */
+static int
+cm_check_extent(CUdeviceptr p, Py_ssize_t lo, size_t n, const char *what,
+                const char *reach)
+{
+    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned int type = 0;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    void *data[3] = {&type, &base, &size};
+    CUdeviceptr start = p - (CUdeviceptr)(-lo);
+    long page;
+    uintptr_t first;
+    char hex[24];
+
+    if (CM_CU_RAW(PointerGetAttributes, (3, attrs, data, p))
+            != CUDA_SUCCESS) {
+        /* No answer for unknown memory: check the fit where known. */
+        type = 0;
+        if (CM_CU_RAW(MemGetAddressRange, (&base, &size, p))
+                != CUDA_SUCCESS) {
+            return 0;
+        }
+        type = CU_MEMORYTYPE_DEVICE;
+    }
+    if (type == 0) {
+        page = sysconf(_SC_PAGESIZE);
+        first = (uintptr_t)start & ~(uintptr_t)(page > 0 ? page - 1 : 0);
+        /* msync fails with ENOMEM where a page of the range is unmapped. */
+        if (cm_pageable_access()
+            && msync((void *)first, (size_t)(start - first) + n, MS_ASYNC)
+                   == 0) {
+            return 0;
+        }
+        snprintf(hex, sizeof(hex), "0x%llx", (unsigned long long)p);
+        PyErr_Format(PyExc_ValueError,
+                     "%s: pointer %s is in no live CUDA allocation "
+                     "(never allocated, or freed)", what, hex);
+        return -1;
+    }
+    if (size > 0 && (start < base || n > size
+                     || start - base > size - n)) {
+        snprintf(hex, sizeof(hex), "0x%llx", (unsigned long long)base);
+        PyErr_Format(PyExc_ValueError,
+                     "%s outside the allocation the pointer is in "
+                     "(%zu bytes at %s)", reach, size, hex);
+        return -1;
+    }
+    return 0;
+}
+
 /* A DeviceNDArray view over the memory a CAI dict describes, owned by
  * owner (may be NULL).  Synchronises on the dict's stream when sync and
  * config.CUDA_ARRAY_INTERFACE_SYNC are both true. */
@@ -1727,9 +1814,6 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
     }
     span = cm_layout_span(ndim, shape, strides, PyDataType_ELSIZE(dtype), &lo);
     if (span > 0) {
-        CUdeviceptr base = 0;
-        size_t size = 0;
-
         if (ptr == 0) {
             PyErr_SetString(PyExc_ValueError,
                             "__cuda_array_interface__ 'data' is a NULL "
@@ -1743,15 +1827,11 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
                             "outside the address space");
             goto out_dtype;
         }
-        /* Where the driver knows the allocation, the view must fit. */
-        if (CM_CU_RAW(MemGetAddressRange, (&base, &size, (CUdeviceptr)ptr))
-                == CUDA_SUCCESS && size > 0
-            && (ptr + lo < base
-                || ptr + (unsigned long long)(span + lo) > base + size)) {
-            PyErr_Format(PyExc_ValueError,
-                         "__cuda_array_interface__ 'strides' reach outside "
-                         "the described data (an allocation of %zu bytes)",
-                         size);
+        /* The view must lie in live memory the device can use. */
+        if (cm_check_extent((CUdeviceptr)ptr, lo, (size_t)span,
+                            "__cuda_array_interface__ 'data'",
+                            "__cuda_array_interface__ 'strides' reach")
+                < 0) {
             goto out_dtype;
         }
     }
@@ -4485,8 +4565,10 @@ PyDoc_STRVAR(cm_from_cai_doc,
 "``config.CUDA_ARRAY_INTERFACE_SYNC`` are both true.\n\n"
 "Notes\n-----\n"
 "cudamem validates the dict: missing version (TypeError), version above\n"
-"3, negative shapes, unknown typestr and strides outside the described\n"
-"data (ValueError).  A structured ``descr`` is honoured.");
+"3, negative shapes, shapes NumPy refuses, unknown typestr, a non-empty\n"
+"array's pointer in no live allocation the driver knows (of any library;\n"
+"a NULL pointer is fine for an empty array) and strides outside the\n"
+"allocation (ValueError).  A structured ``descr`` is honoured.");
 
 static PyObject *
 cm_from_cuda_array_interface(PyObject *mod, PyObject *const *args,
@@ -4556,6 +4638,7 @@ cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
     PyObject *p[5];
     PyObject *r = NULL;
     Py_ssize_t lo;
+    Py_ssize_t span;
     CUdeviceptr ptr = 0;
     CUstream h;
     int ndim;
@@ -4582,9 +4665,16 @@ cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
                    < 0) {
             goto out_dt;
         }
-        if (cm_gpu_data_fits(p[4], cm_layout_span(ndim, shape, strides,
-                                                  PyDataType_ELSIZE(dt), &lo))
-                < 0) {
+        span = cm_layout_span(ndim, shape, strides, PyDataType_ELSIZE(dt),
+                              &lo);
+        if (cm_gpu_data_fits(p[4], span) < 0) {
+            goto out_dt;
+        }
+        /* Memory cudamem did not allocate must be live device memory. */
+        if (span > 0 && PyDataType_ELSIZE(dt) > 0
+            && !Py_IS_TYPE(p[4], ST->Mem_type)
+            && cm_check_extent(ptr, 0, (size_t)span, "gpu_data",
+                               "the layout over gpu_data reaches") < 0) {
             goto out_dt;
         }
         ptr -= (CUdeviceptr)lo;

@@ -222,6 +222,73 @@ cm_host_copy_run(void *arg)
     free(c);
 }
 
+/* The bytes one element of a CM_T_* type occupies. */
+static size_t
+cm_elem_size(int t, int itemsize)
+{
+    switch (t) {
+    case CM_T_BYTES: return (size_t)itemsize;
+    case CM_T_BOOL: case CM_T_I8: case CM_T_U8: return 1;
+    case CM_T_I16: case CM_T_U16: case CM_T_F16: return 2;
+    case CM_T_I32: case CM_T_U32: case CM_T_F32: return 4;
+    case CM_T_C128: return 16;
+    default: return 8;
+    }
+}
+
+/* The bytes one side of k touches: [*start, *start + *len), from the
+ * element (0, ..., 0) at p with byte strides st.  0, or -1 when the
+ * range does not fit in the address space. */
+static int
+cm_side_range(const cm_kdesc *k, const long long *st, CUdeviceptr p,
+              size_t elem, uintptr_t *start, size_t *len)
+{
+    long long lo = 0;
+    long long hi = (long long)elem;
+    long long reach;
+    int i;
+
+    for (i = 0; i < k->ndim; i++) {
+        if (__builtin_mul_overflow(k->shape[i] - 1, st[i], &reach)
+            || (reach < 0 ? __builtin_add_overflow(lo, reach, &lo)
+                          : __builtin_add_overflow(hi, reach, &hi))) {
+            return -1;
+        }
+    }
+    if (0ULL - (unsigned long long)lo > p
+        || (unsigned long long)hi - (unsigned long long)lo
+               > UINTPTR_MAX - (p + (unsigned long long)lo)) {
+        return -1;
+    }
+    *start = (uintptr_t)(p + (unsigned long long)lo);
+    *len = (size_t)((unsigned long long)hi - (unsigned long long)lo);
+    return 0;
+}
+
+/* Queue c on the simulator once both of its ranges are known to lie in
+ * live allocations (the driver's answer otherwise); 0 or -1. */
+static int
+cm_host_copy_launch(cm_host_copy *c, CUstream stream)
+{
+    uintptr_t start[2];
+    size_t len[2];
+    CUresult rc;
+
+    if (cm_side_range(&c->k, c->k.ds, (CUdeviceptr)(uintptr_t)c->dst,
+                      cm_elem_size(c->dst_type, c->itemsize), &start[0],
+                      &len[0]) < 0
+        || cm_side_range(&c->k, c->k.ss, (CUdeviceptr)(uintptr_t)c->src,
+                         cm_elem_size(c->src_type, c->itemsize), &start[1],
+                         &len[1]) < 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    else {
+        rc = cm_sim_launch_checked(stream, cm_host_copy_run, c, 2, start,
+                                   len);
+    }
+    return cm_cu_check(rc, "cuLaunchHostFunc");
+}
+
 int
 cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
 {
@@ -276,7 +343,7 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
         c->dst_type = d->dst_type;
         c->src_type = d->src_type;
         c->itemsize = d->itemsize;
-        if (CM_CU(LaunchHostFunc, (stream, cm_host_copy_run, c)) < 0) {
+        if (cm_host_copy_launch(c, stream) < 0) {
             free(c);
             goto out_leave;
         }

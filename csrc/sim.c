@@ -1597,8 +1597,16 @@ sim_stream_new(sim_ctx *c, int kind)
         return NULL;
     }
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    /* Signals belong to the application's threads, not to workers. */
+    /* Signals belong to the application's threads, not to workers; but
+     * a fault in a worker (a host function's bug) must reach the
+     * process's handlers (faulthandler, a sanitizer): were it blocked,
+     * the kernel would kill the process without a word. */
     sigfillset(&all);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGABRT);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     err = pthread_create(&thread, &attr, sim_worker, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -2654,26 +2662,44 @@ sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
     return rc;
 }
 
-static CUresult
-sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
-                        CUdeviceptr ptr)
+/* The size of what the simulator writes for a pointer attribute, or 0
+ * for one it does not model. */
+static size_t
+sim_pointer_attr_size(CUpointer_attribute attribute)
 {
-    sim_alloc *a;
-    CUresult rc = CUDA_SUCCESS;
-    int host, managed;
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        return sizeof(CUcontext);
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        return sizeof(void *);
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        return sizeof(int);
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        return sizeof(CUmemoryPool);
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        return sizeof(unsigned int);
+    default:
+        return 0;
+    }
+}
 
-    SIM_ENTER(PointerGetAttribute);
-    if (data == NULL) {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    sim_lock();
-    a = sim_alloc_find((uintptr_t)ptr);
-    if (a == NULL) {
-        sim_unlock();
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    host = a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_REGISTERED;
-    managed = a->kind == SIM_MEM_MANAGED;
+/* One attribute of ptr, which lies in a (live).  Lock held. */
+static CUresult
+sim_pointer_attr(const sim_alloc *a, void *data,
+                 CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    int host = a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_REGISTERED;
+    int managed = a->kind == SIM_MEM_MANAGED;
+
     /* Booleans are written as unsigned int, the type the driver uses. */
     switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
@@ -2687,12 +2713,10 @@ sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
         *(CUdeviceptr *)data = ptr;
         break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (host || managed) {
-            *(void **)data = (void *)(uintptr_t)ptr;
+        if (!host && !managed) {
+            return CUDA_ERROR_INVALID_VALUE;
         }
-        else {
-            rc = CUDA_ERROR_INVALID_VALUE;
-        }
+        *(void **)data = (void *)(uintptr_t)ptr;
         break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
         *(unsigned long long *)data = a->id;
@@ -2716,10 +2740,70 @@ sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
         *(CUmemoryPool *)data = (CUmemoryPool)(void *)a->pool;
         break;
     default:
-        rc = (int)attribute >= CU_POINTER_ATTRIBUTE_CONTEXT
-             && attribute <= CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
-             ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
-        break;
+        return (int)attribute >= CU_POINTER_ATTRIBUTE_CONTEXT
+               && attribute <= CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
+               ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult
+sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
+                        CUdeviceptr ptr)
+{
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(PointerGetAttribute);
+    if (data == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    a = sim_alloc_find((uintptr_t)ptr);
+    rc = a == NULL ? CUDA_ERROR_INVALID_VALUE
+                   : sim_pointer_attr(a, data, attribute, ptr);
+    sim_unlock();
+    return rc;
+}
+
+/* As the driver's: an address the simulator does not know is no error;
+ * every attribute of it reads as zero (memory type 0: unregistered). */
+static CUresult
+sim_PointerGetAttributes(unsigned int numAttributes,
+                         CUpointer_attribute *attributes, void **data,
+                         CUdeviceptr ptr)
+{
+    sim_alloc *a;
+    CUresult rc = CUDA_SUCCESS;
+    size_t size;
+    unsigned int i;
+
+    SIM_ENTER(PointerGetAttributes);
+    if (numAttributes == 0 || attributes == NULL || data == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (i = 0; i < numAttributes; i++) {
+        if (data[i] == NULL
+            || sim_pointer_attr_size(attributes[i]) == 0) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    sim_lock();
+    a = sim_alloc_find((uintptr_t)ptr);
+    for (i = 0; i < numAttributes && rc == CUDA_SUCCESS; i++) {
+        size = sim_pointer_attr_size(attributes[i]);
+        if (a == NULL) {
+            memset(data[i], 0, size);
+        }
+        else if (attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER
+                 && a->kind != SIM_MEM_HOST && a->kind != SIM_MEM_REGISTERED
+                 && a->kind != SIM_MEM_MANAGED) {
+            /* Device memory has no host address: NULL, not an error. */
+            memset(data[i], 0, size);
+        }
+        else {
+            rc = sim_pointer_attr(a, data[i], attributes[i], ptr);
+        }
     }
     sim_unlock();
     return rc;
@@ -4569,6 +4653,49 @@ sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
     return sim_host_op(hStream, op);
 }
 
+/* cudamem's internal kernels on the simulator: a host function that
+ * reads and writes device memory, queued only once every range it
+ * touches lies inside one live allocation, as a copy's sides must.  The
+ * check and the enqueue share one hold of the lock, and frees wait for
+ * queued work, so the memory outlives the function. */
+CUresult
+cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, int nranges,
+                      const uintptr_t *start, const size_t *len)
+{
+    sim_stream *s;
+    sim_op *op;
+    CUresult rc = CUDA_SUCCESS;
+    int i;
+
+    SIM_ENTER(LaunchHostFunc);
+    if (fn == NULL || nranges < 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    op = sim_op_new(SIM_OP_HOSTFN);
+    if (op == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    op->u.hostfn.fn = fn;
+    op->u.hostfn.data = data;
+    sim_lock();
+    for (i = 0; i < nranges && rc == CUDA_SUCCESS; i++) {
+        if (len[i] > 0 && sim_range(start[i], len[i]) == NULL) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_stream_get(h, &s);
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_enqueue(s, op);
+    }
+    else {
+        sim_op_free(op);
+    }
+    sim_unlock();
+    return rc;
+}
+
 /* ------------------------------------------------------------------ */
 /* Events                                                              */
 /* ------------------------------------------------------------------ */
@@ -5224,6 +5351,7 @@ cm_sim_fill(cm_cu_table *t, int per_thread)
     SIM_FILL(MemHostGetFlags)
     SIM_FILL(MemGetAddressRange)
     SIM_FILL(PointerGetAttribute)
+    SIM_FILL(PointerGetAttributes)
     SIM_FILL(MemcpyHtoD)
     SIM_FILL(MemcpyDtoH)
     SIM_FILL(MemcpyDtoD)

@@ -2,26 +2,21 @@
 """Memory-manager plugins (numba's EMM interface, version 1) and the
 pointer classes they build on."""
 
-import os
 import pathlib
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 import cudamem
+from crashutil import run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
 def run_py(code, **env):
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE), os.environ.get("PYTHONPATH", "")]))
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stdout + p.stderr
+    """(returncode, output) of code in a fresh interpreter; a crash or a
+    hang fails the test (crashutil)."""
+    r = run_child(code, env=env, check=False)
+    return r.returncode, r.output
 
 
 def test_base_manager_needs_a_context():

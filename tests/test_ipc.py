@@ -23,6 +23,7 @@ from cudamem import _core, _ipc
 
 import emm_plugin
 import ipc_child
+from crashutil import run_child
 
 SPAWN = multiprocessing.get_context("spawn")
 HERE = pathlib.Path(__file__).resolve().parent
@@ -30,13 +31,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def run_py(code, **env):
     """Run code in a fresh interpreter (a memory manager applies to the
-    contexts made after it is set); (returncode, output)."""
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stdout + p.stderr
+    contexts made after it is set); (returncode, output).  A crash or a
+    hang fails the test (crashutil)."""
+    r = run_child(code, env=env, check=False)
+    return r.returncode, r.output
 
 
 class Child:

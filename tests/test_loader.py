@@ -3,28 +3,21 @@
 clear CudaSupportError, the simulator is chosen by environment, and a fork
 after initialisation is refused in the child."""
 
-import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 import cudamem
 from cudamem import _core
+from crashutil import run_child
 
 
 def run_py(code, **env):
-    """Run code in a fresh interpreter with env added; (rc, stdout)."""
-    e = dict(os.environ)
-    for k, v in env.items():
-        if v is None:
-            e.pop(k, None)
-        else:
-            e[k] = v
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stdout + p.stderr
+    """Run code in a fresh interpreter with env added (None: removed);
+    (rc, output).  A crash or a hang fails the test (crashutil)."""
+    r = run_child(code, env=env, check=False)
+    return r.returncode, r.output
 
 
 def test_backend_is_reported(simulator):

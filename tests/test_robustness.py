@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from crashutil import run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -1515,14 +1516,10 @@ def run_group(group, timeout=120, env=None):
 
 
 def run_code(src, timeout=60):
-    """Run Python source in a fresh child; (returncode, stdout, stderr)."""
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE.parent)] + [p for p in [e.get("PYTHONPATH")] if p])
-    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", src],
-                       capture_output=True, text=True, timeout=timeout,
-                       env=e)
-    return p.returncode, p.stdout, p.stderr
+    """Run Python source in a fresh child; (returncode, stdout, stderr).
+    A crash or a hang fails the test (crashutil)."""
+    r = run_child(src, timeout=timeout, check=False)
+    return r.returncode, r.stdout, r.stderr
 
 
 def _report(group, rc, out, err):

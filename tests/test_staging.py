@@ -6,9 +6,6 @@ small arrays here; every boundary, layout, dtype, the asynchronous forms,
 concurrent callers, injected failures and the switch-off are checked."""
 
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import pytest
 
 import cudamem as cuda
 from cudamem import _core
+from crashutil import run_child
 
 from test_device_array import DTYPES, sample
 
@@ -26,13 +24,10 @@ CUDA_ERROR_LAUNCH_FAILED = 719
 
 
 def run_py(code, **env):
-    """Run code in a fresh interpreter with env added; (rc, output)."""
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stdout + p.stderr
+    """Run code in a fresh interpreter with env added; (rc, output).  A
+    crash or a hang fails the test (crashutil)."""
+    r = run_child(code, env=env, check=False)
+    return r.returncode, r.output
 
 
 @pytest.fixture
