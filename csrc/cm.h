@@ -403,6 +403,8 @@ typedef struct {
                            * the context is made or memory_manager is
                            * assigned) */
     int mm_builtin;       /* the built-in kind chosen when it was made */
+    int mm_info_busy;     /* NOTE: guarded by the GIL: a plugin's
+                           * get_memory_info is running */
     cm_pool *pool;        /* pool and async managers' state, else NULL;
                            * NOTE: freed only with the Context object */
     cm_pending *memq;     /* strong: the memory manager's release queue */

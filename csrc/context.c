@@ -480,6 +480,7 @@ cm_context_get(int i)
     c->memory_manager = NULL;
     c->mm_kind = CM_MM_DEFAULT;
     c->mm_builtin = CM_MM_DEFAULT;
+    c->mm_info_busy = 0;
     c->pool = NULL;
     c->memq = NULL;
     c->ctxq = NULL;
@@ -930,7 +931,9 @@ cm_context_get_handle(PyObject *self, void *unused)
 
 PyDoc_STRVAR(cm_context_get_memory_info_doc,
 "get_memory_info($self, /)\n--\n\n"
-"(free, total) device memory in bytes, as a MemoryInfo named tuple.");
+"(free, total) device memory in bytes, as a MemoryInfo named tuple: the\n"
+"memory manager's answer for an EMM plugin (the driver's when the\n"
+"plugin's get_memory_info asks its context), else cuMemGetInfo.");
 
 static PyObject *
 cm_context_get_memory_info(PyObject *self, PyObject *unused)
@@ -939,9 +942,17 @@ cm_context_get_memory_info(PyObject *self, PyObject *unused)
     size_t free_b = 0;
     size_t total_b = 0;
     CUcontext prev;
+    PyObject *r;
     int err;
 
     (void)unused;
+    if (c->mm_kind == CM_MM_PLUGIN && c->memory_manager != NULL
+        && !c->mm_info_busy) {
+        c->mm_info_busy = 1;
+        r = PyObject_CallMethod(c->memory_manager, "get_memory_info", NULL);
+        c->mm_info_busy = 0;
+        return r;
+    }
     if (cm_context_enter(c, &prev) < 0) {
         return NULL;
     }

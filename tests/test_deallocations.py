@@ -86,7 +86,10 @@ def test_defer_cleanup_holds_and_nests(ctx, memq):
             memq.clear()  # even an explicit clear does nothing
             assert len(memq) == 1
         assert len(memq) == 1  # the inner exit does not flush
-    assert len(memq) == 0  # the outermost exit applies the thresholds
+    assert len(memq) == 1  # nor the outermost one (numba): no stall there
+    m = ctx.memalloc(1024)
+    del m                  # the next add applies the thresholds
+    assert len(memq) == 0
 
 
 def test_defer_cleanup_exits_on_exception(ctx, memq):

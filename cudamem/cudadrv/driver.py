@@ -167,7 +167,7 @@ def _buffer_extents(mv):
     if arr.size == 0:
         return start, start
     end = start + arr.itemsize
-    for n, st in zip(arr.shape, arr.strides):
+    for n, st in zip(arr.shape, arr.strides, strict=True):
         if st >= 0:
             end += (n - 1) * st
         else:
@@ -211,7 +211,7 @@ def memory_size_from_info(shape, strides, itemsize):
     if any(n == 0 for n in shape):
         return 0
     lo = hi = 0
-    for n, st in zip(shape, strides):
+    for n, st in zip(shape, strides, strict=True):
         if st >= 0:
             hi += (n - 1) * st
         else:
