@@ -251,6 +251,11 @@ class OwnedPointer:
                 pass
 
         weakref.finalize(self, deref)
+        try:
+            # read often: an attribute of its own, as numba's
+            self.device_ctypes_pointer = self._view.device_ctypes_pointer
+        except AttributeError:
+            pass
 
     def __getattr__(self, name):
         return getattr(self._view, name)

@@ -16,6 +16,7 @@ from .._emm import (
 import ctypes
 import functools
 import operator
+import sys
 
 import numpy as np
 
@@ -27,13 +28,14 @@ from .._core import (
     as_cuda_array,
     event_elapsed_time,
 )
-from .._emm import ManagedOwnedPointer, MappedOwnedPointer
+from .._emm import ManagedOwnedPointer, MappedOwnedPointer, set_memory_manager
 from .._errors import CudaAPIError, CudaDriverError, MemoryInfo
 from .._ipc import IpcHandle
 
 __all__ = [
     "AutoFreePointer",
     "BaseCUDAMemoryManager",
+    "CU_STREAM_DEFAULT",
     "Context",
     "CudaAPIError",
     "CudaDriverError",
@@ -46,10 +48,12 @@ __all__ = [
     "MappedMemory",
     "ManagedOwnedPointer",
     "MappedOwnedPointer",
+    "MIN_REQUIRED_CC",
     "MemoryInfo",
     "MemoryPointer",
     "OwnedPointer",
     "PinnedMemory",
+    "SUPPORTS_IPC",
     "Stream",
     "device_ctypes_pointer",
     "device_extents",
@@ -71,7 +75,14 @@ __all__ = [
     "profile_stop",
     "profiling",
     "require_device_memory",
+    "set_memory_manager",
 ]
+
+
+# numba's constants of this module.
+CU_STREAM_DEFAULT = 0
+MIN_REQUIRED_CC = (3, 5)
+SUPPORTS_IPC = sys.platform.startswith("linux")
 
 
 # ---------------------------------------------------------------------------

@@ -255,3 +255,14 @@ def test_get_ipc_handle(driver, context):
     h = context.get_ipc_handle(m)
     assert isinstance(h, driver.IpcHandle)
     assert h.size == 256
+
+
+@pytest.mark.cudamem_only("numba's out-of-memory error names only the "
+                          "driver call and its error code")
+def test_out_of_memory_names_free_and_total(context):
+    total = context.get_memory_info().total
+    with pytest.raises(MemoryError) as info:
+        context.memalloc(total * 4)
+    err = info.value
+    assert err.total == total and err.requested == total * 4
+    assert " of %d bytes free" % total in str(err)
