@@ -157,6 +157,7 @@ def test_error_while_flushing_from_a_dealloc_is_reported(ctx, memq):
 
 
 def test_memory_stats(ctx, memq):
+    ctx.deallocations.clear()    # what earlier tests left (streams, events)
     s0 = cudamem.memory_stats()
     m = ctx.memalloc(3 * MiB)
     s1 = cudamem.memory_stats()

@@ -89,3 +89,18 @@ def raw(cuda):
     from cudamem import _core
 
     return _core._device_alloc, _core._device_free
+
+
+@pytest.fixture(autouse=True)
+def _leave_queues_empty():
+    """Run the deallocations a test leaves pending, so that the tests
+    after it (here and elsewhere in the suite) start from empty queues."""
+    yield
+    if _cuda is None:
+        return
+    import gc
+
+    gc.collect()
+    ctx = _cuda.current_context()
+    ctx.deallocations.clear()
+    ctx.memory_manager.deallocations.clear()
