@@ -85,7 +85,7 @@ def test_set_memory_manager_in_a_fresh_process():
     rc, out = run_target("""
         import gc
         from numba_style_plugin import make_plugin
-        if hasattr(cuda, "_core"):
+        if cuda.__name__ == "cudamem":
             alloc, free = cuda._core._device_alloc, cuda._core._device_free
         else:
             drv = cuda.cudadrv.driver.driver
