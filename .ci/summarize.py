@@ -62,6 +62,10 @@ def main():
     ap.add_argument("--junit", required=True)
     ap.add_argument("--bench", required=True)
     ap.add_argument("--report", required=True)
+    ap.add_argument("--compat-junit", action="append", default=[],
+                    metavar="TARGET=FILE",
+                    help="junit file of a tests/compat run against TARGET "
+                         "(repeatable)")
     a = ap.parse_args()
     report = pathlib.Path(a.report).read_text() if pathlib.Path(
         a.report).exists() else ""
@@ -73,6 +77,11 @@ def main():
         dev.group(1) if dev else "?", dev.group(2) if dev else "?",
         drv.group(1) if drv else "?"))
     print("- tests (`bash .ci/gpu`): %s" % test_counts(a.junit))
+    if a.compat_junit:
+        print("- compat tests (`tests/compat`): %s" % "; ".join(
+            "against %s: %s" % (target, test_counts(path))
+            for target, _, path in (c.partition("=")
+                                    for c in a.compat_junit)))
     for line in bench_lines(a.bench):
         print(line)
     return 0

@@ -407,7 +407,13 @@ typedef struct {
                            * caches of modules loaded in it */
     PyObject *memory_manager;  /* the memory manager object, made on first
                                 * use for the built-in managers */
-    int mm_kind;          /* CM_MM_*, fixed when the context is made */
+    int mm_kind;          /* CM_MM_*: the built-in kind, or CM_MM_PLUGIN
+                           * while memory_manager is a plugin (set when
+                           * the context is made or memory_manager is
+                           * assigned) */
+    int mm_builtin;       /* the built-in kind chosen when it was made */
+    int mm_info_busy;     /* NOTE: guarded by the GIL: a plugin's
+                           * get_memory_info is running */
     cm_pool *pool;        /* pool and async managers' state, else NULL;
                            * NOTE: freed only with the Context object */
     cm_pending *memq;     /* strong: the memory manager's release queue */
@@ -1003,6 +1009,9 @@ int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
 int cm_driver_init(PyObject *mod, cm_state *st);
 int cm_context_init(PyObject *mod, cm_state *st);
 int cm_memory_init(PyObject *mod, cm_state *st);
+/* Let Python code assign attributes on the public types (tests written
+ * for numba patch their methods); called once every type is made.  0. */
+int cm_types_patchable(cm_state *st);
 int cm_pool_init(PyObject *mod, cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 int cm_kernels_init(PyObject *mod, cm_state *st);

@@ -418,6 +418,7 @@ cm_context_make_manager(cm_context *c)
     if (mm == Py_None) {
         Py_DECREF(mm);
         c->mm_kind = cm_mm_builtin_kind();
+        c->mm_builtin = c->mm_kind;
         if (c->mm_kind == CM_MM_DEFAULT) {
             return 0;
         }
@@ -425,6 +426,7 @@ cm_context_make_manager(cm_context *c)
     }
     c->memory_manager = mm;
     c->mm_kind = CM_MM_PLUGIN;
+    c->mm_builtin = CM_MM_DEFAULT;
     return 0;
 }
 
@@ -477,6 +479,8 @@ cm_context_get(int i)
     c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
     c->mm_kind = CM_MM_DEFAULT;
+    c->mm_builtin = CM_MM_DEFAULT;
+    c->mm_info_busy = 0;
     c->pool = NULL;
     c->memq = NULL;
     c->ctxq = NULL;
@@ -941,7 +945,9 @@ cm_context_get_handle(PyObject *self, void *unused)
 
 PyDoc_STRVAR(cm_context_get_memory_info_doc,
 "get_memory_info($self, /)\n--\n\n"
-"(free, total) device memory in bytes, as a MemoryInfo named tuple.");
+"(free, total) device memory in bytes, as a MemoryInfo named tuple: the\n"
+"memory manager's answer for an EMM plugin (the driver's when the\n"
+"plugin's get_memory_info asks its context), else cuMemGetInfo.");
 
 static PyObject *
 cm_context_get_memory_info(PyObject *self, PyObject *unused)
@@ -950,9 +956,17 @@ cm_context_get_memory_info(PyObject *self, PyObject *unused)
     size_t free_b = 0;
     size_t total_b = 0;
     CUcontext prev;
+    PyObject *r;
     int err;
 
     (void)unused;
+    if (c->mm_kind == CM_MM_PLUGIN && c->memory_manager != NULL
+        && !c->mm_info_busy) {
+        c->mm_info_busy = 1;
+        r = PyObject_CallMethod(c->memory_manager, "get_memory_info", NULL);
+        c->mm_info_busy = 0;
+        return r;
+    }
     if (cm_context_enter(c, &prev) < 0) {
         return NULL;
     }
@@ -1066,6 +1080,58 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
         }
     }
     return Py_NewRef(c->memory_manager);
+}
+
+/* memory_manager = value, as numba's tests do on a live context: the
+ * next allocation goes to value.  cudamem._emm._manager_kind checks
+ * value and names its kind: "plugin", or that of a built-in manager of
+ * this context, which must be the kind the context was made with. */
+static int
+cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
+{
+    static const char *const names[] = {"default", "pool", "async"};
+    static const int kinds[] = {CM_MM_DEFAULT, CM_MM_POOL, CM_MM_ASYNC};
+    cm_context *c = (cm_context *)self;
+    PyObject *m;
+    PyObject *kind;
+    int mm = -1;
+    size_t i;
+
+    (void)unused;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError,
+                        "cannot delete memory_manager");
+        return -1;
+    }
+    m = PyImport_ImportModule("cudamem._emm");
+    if (m == NULL) {
+        return -1;
+    }
+    kind = PyObject_CallMethod(m, "_manager_kind", "OO", self, value);
+    Py_DECREF(m);
+    if (kind == NULL) {
+        return -1;
+    }
+    if (PyUnicode_Check(kind)
+        && PyUnicode_CompareWithASCIIString(kind, "plugin") == 0) {
+        mm = CM_MM_PLUGIN;
+    }
+    for (i = 0; PyUnicode_Check(kind) && i < 3; i++) {
+        if (PyUnicode_CompareWithASCIIString(kind, names[i]) == 0) {
+            mm = kinds[i];
+        }
+    }
+    Py_DECREF(kind);
+    if (mm != CM_MM_PLUGIN && mm != c->mm_builtin) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a built-in memory manager can only be given back "
+                        "to the context it belongs to, of the kind the "
+                        "context was made with");
+        return -1;
+    }
+    c->mm_kind = mm;
+    Py_XSETREF(c->memory_manager, Py_NewRef(value));
+    return 0;
 }
 
 PyDoc_STRVAR(cm_context_push_doc,
@@ -1257,8 +1323,10 @@ static PyGetSetDef cm_context_getset[] = {
      "The queue of pending stream, event and module destroys.", NULL},
     {"_memory_deallocations", cm_context_get_memq, NULL,
      "The queue of pending memory frees (its memory manager's).", NULL},
-    {"memory_manager", cm_context_get_memory_manager, NULL,
-     "The context's memory manager.", NULL},
+    {"memory_manager", cm_context_get_memory_manager,
+     cm_context_set_memory_manager,
+     "The context's memory manager; assigning an EMM plugin object sends "
+     "the allocations that follow to it.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1837,7 +1905,31 @@ cm_profile_fn(PyObject *mod, PyObject *start)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_address_range_doc,
+"_address_range(address, /)\n--\n\n"
+"(base, size) of the device allocation that contains address, in the\n"
+"current context (made if needed): cuMemGetAddressRange.");
+
+static PyObject *
+cm_address_range_fn(PyObject *mod, PyObject *arg)
+{
+    unsigned long long a = PyLong_AsUnsignedLongLong(arg);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+
+    (void)mod;
+    if (a == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (cm_context_current() == NULL
+        || CM_CU(MemGetAddressRange, (&base, &size, (CUdeviceptr)a)) < 0) {
+        return NULL;
+    }
+    return Py_BuildValue("(Kn)", (unsigned long long)base, (Py_ssize_t)size);
+}
+
 static PyMethodDef cm_context_functions[] = {
+    {"_address_range", cm_address_range_fn, METH_O, cm_address_range_doc},
     {"_synchronize_all", cm_synchronize_all_fn, METH_O,
      cm_synchronize_all_doc},
     {"_memcpy_peer", cm_memcpy_peer_fn, METH_VARARGS, cm_memcpy_peer_doc},
@@ -1881,4 +1973,29 @@ cm_context_init(PyObject *mod, cm_state *st)
         return -1;
     }
     return PyModule_AddFunctions(mod, cm_context_functions);
+}
+
+int
+cm_types_patchable(cm_state *st)
+{
+    /* Code written for numba replaces methods on its classes
+     * (unittest.mock.patch.object(Stream, "synchronize")); numba's are
+     * Python classes.  Clearing the flag after creation costs nothing
+     * on the hot paths: attribute lookups are cached per type version
+     * either way, and only an assignment invalidates the cache. */
+    PyTypeObject *const types[] = {
+        st->Device_type, st->Context_type, st->Mem_type, st->Pending_type,
+        st->DeviceNDArrayBase_type, st->DeviceNDArray_type,
+        st->DeviceRecord_type, st->HostMem_type, st->HostRegistration_type,
+        st->Stream_type, st->Event_type, st->Module_type, st->Kernel_type,
+    };
+    size_t i;
+
+    for (i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (types[i] != NULL) {
+            types[i]->tp_flags &= ~Py_TPFLAGS_IMMUTABLETYPE;
+            PyType_Modified(types[i]);
+        }
+    }
+    return 0;
 }

@@ -4724,6 +4724,38 @@ cm_da_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
     return r;
 }
 
+/* DeviceRecord(dtype, stream=0, gpu_data=None): the DeviceNDArray
+ * constructor with shape and strides (). */
+static PyObject *
+cm_rec_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"dtype", "stream", "gpu_data", NULL};
+    PyObject *stack[5];
+    PyObject *dtype;
+    PyObject *stream = cm_zero;
+    PyObject *gpu_data = Py_None;
+    PyObject *empty;
+    PyObject *r;
+
+    (void)tp;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO:DeviceRecord", kwlist,
+                                     &dtype, &stream, &gpu_data)) {
+        return NULL;
+    }
+    empty = PyTuple_New(0);
+    if (empty == NULL) {
+        return NULL;
+    }
+    stack[0] = empty;
+    stack[1] = empty;
+    stack[2] = dtype;
+    stack[3] = stream;
+    stack[4] = gpu_data;
+    r = cm_da_vectorcall((PyObject *)ST->DeviceRecord_type, stack, 5, NULL);
+    Py_DECREF(empty);
+    return r;
+}
+
 static PyObject *
 cm_da_sq_item(PyObject *self, Py_ssize_t i)
 {
@@ -4905,12 +4937,15 @@ static PyMethodDef cm_rec_methods[] = {
 };
 
 PyDoc_STRVAR(cm_rec_doc,
-"A structured scalar (0-d record) in device memory.  Indexing by field\n"
+"DeviceRecord(dtype, stream=0, gpu_data=None)\n--\n\n"
+"A structured scalar (0-d record) in device memory: new memory, or the\n"
+"first ``dtype.itemsize`` bytes of ``gpu_data``.  Indexing by field\n"
 "name reads a host scalar, a nested record view or a subarray view;\n"
 "assignment writes the field.");
 
 static PyType_Slot cm_rec_slots[] = {
     {Py_tp_doc, (void *)cm_rec_doc},
+    {Py_tp_new, cm_rec_new},
     {Py_tp_dealloc, cm_da_dealloc},
     {Py_tp_traverse, cm_da_traverse},
     {Py_tp_clear, cm_da_clear},
@@ -4924,8 +4959,7 @@ static PyType_Spec cm_rec_spec = {
     .name = "cudamem.DeviceRecord",
     .basicsize = sizeof(cm_da),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
-             | Py_TPFLAGS_IMMUTABLETYPE
-             | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+             | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = cm_rec_slots,
 };
 
@@ -5029,11 +5063,16 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
     if (st->DeviceNDArrayBase_type == NULL) {
         return -1;
     }
-    /* No __cuda_memory__ / __cuda_ndarray__ class attributes: numba reads
-     * them as "one of numba's own arrays" and reaches into its internals,
-     * so a numba kernel would refuse a cudamem array.  Without them numba
-     * kernels take cudamem arrays through the CUDA Array Interface;
-     * cudamem itself recognises its arrays by type. */
+    /* numba's class attributes: code written for numba tests them
+     * (is_device_memory).  numba-cuda's kernels type arguments through
+     * the CUDA Array Interface, which cudamem's arrays export. */
+    if (PyDict_SetItemString(st->DeviceNDArrayBase_type->tp_dict,
+                             "__cuda_memory__", Py_True) < 0
+        || PyDict_SetItemString(st->DeviceNDArrayBase_type->tp_dict,
+                                "__cuda_ndarray__", Py_True) < 0) {
+        return -1;
+    }
+    PyType_Modified(st->DeviceNDArrayBase_type);
     st->DeviceNDArray_type = cm_make_type(mod, &cm_da_spec,
                                           st->DeviceNDArrayBase_type);
     if (st->DeviceNDArray_type == NULL) {

@@ -2460,6 +2460,64 @@ cm_pool_default_cap(void)
     return cap;
 }
 
+/* ------------------------------------------------------------------ */
+/* HostBuffer: the buffer side of the Python pointer classes           */
+/* ------------------------------------------------------------------ */
+
+/* Make a type from spec and add it to mod; 0 or -1. */
+static int
+cm_add_type(PyObject *mod, PyType_Spec *spec)
+{
+    PyObject *tp = PyType_FromModuleAndSpec(mod, spec, NULL);
+    int r;
+
+    if (tp == NULL) {
+        return -1;
+    }
+    r = PyModule_AddObjectRef(mod, strchr(spec->name, '.') + 1, tp);
+    Py_DECREF(tp);
+    return r;
+}
+
+/* A base class whose instances export a writable buffer over the host
+ * bytes [self._buffer_address, + self.size): numba's PinnedMemory,
+ * MappedMemory and ManagedMemory (cudamem/_emm.py) and their owned
+ * proxies derive from it, so that np.ndarray(buffer=ptr) and
+ * memoryview(ptr) work on every supported Python (PEP 688's __buffer__
+ * needs 3.12).  The object must keep the memory alive. */
+static int
+cm_hbuf_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    uintptr_t addr = 0;
+    uintptr_t size = 0;
+
+    if (cm_pointer_attr(self, "_buffer_address", &addr) < 0
+        || cm_pointer_attr(self, "size", &size) < 0) {
+        return -1;
+    }
+    if (size > (uintptr_t)PY_SSIZE_T_MAX || (addr == 0 && size != 0)) {
+        PyErr_SetString(PyExc_BufferError,
+                        "host buffer has no memory or an invalid size");
+        return -1;
+    }
+    return PyBuffer_FillInfo(view, self, (void *)addr, (Py_ssize_t)size, 0,
+                             flags);
+}
+
+static PyType_Slot cm_hbuf_slots[] = {
+    {Py_tp_doc, (void *)"Base of the host-visible pointer classes: a "
+                        "buffer over _buffer_address and size."},
+    {Py_bf_getbuffer, cm_hbuf_getbuffer},
+    {0, NULL},
+};
+
+static PyType_Spec cm_hbuf_spec = {
+    .name = "cudamem._HostBuffer",
+    .basicsize = sizeof(PyObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = cm_hbuf_slots,
+};
+
 int
 cm_hostmem_init(PyObject *mod, cm_state *st)
 {
@@ -2498,6 +2556,9 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
         || PyModule_AddObjectRef(mod, "HostRegistration",
                                  (PyObject *)st->HostRegistration_type)
            < 0) {
+        return -1;
+    }
+    if (cm_add_type(mod, &cm_hbuf_spec) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(mod, cm_hostmem_functions);

@@ -328,8 +328,9 @@ cm_pending_clear(PyObject *self, PyObject *unused)
 
 PyDoc_STRVAR(cm_pending_disable_doc,
 "_disable($self, delta, /)\n--\n\n"
-"Raise (delta=1) or lower (delta=-1) the defer_cleanup() depth.  On "
-"leaving the outermost level, flush if a threshold is passed.");
+"Raise (delta=1) or lower (delta=-1) the defer_cleanup() depth.  The "
+"thresholds apply again at the next add (the pool and async managers' "
+"queues: on leaving the outermost level).");
 
 static PyObject *
 cm_pending_disable(PyObject *self, PyObject *arg)
@@ -350,8 +351,14 @@ cm_pending_disable(PyObject *self, PyObject *arg)
         return NULL;
     }
     q->disabled += (int)d;
-    if (q->disabled == 0 && cm_pending_over(q)
-        && cm_pending_flush(q) < 0) {
+    /* As in numba, leaving the outermost level leaves the queue as it
+     * is: the thresholds apply at the next add, so a block that ends a
+     * hot loop does not stall on frees.  Returning blocks to the pool
+     * and async managers never waits, so their queues still apply the
+     * thresholds here. */
+    if (q->disabled == 0 && q->has_byte_limit
+        && (q->ctx->mm_kind == CM_MM_POOL || q->ctx->mm_kind == CM_MM_ASYNC)
+        && cm_pending_over(q) && cm_pending_flush(q) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;

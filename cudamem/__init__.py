@@ -96,6 +96,7 @@ from ._errors import (
     MemoryInfo,
 )
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
+from . import _lower  # noqa: F401  (numba's Context and pointer methods)
 from ._kernel import DeviceSymbol
 from ._hostmem import ManagedNDArray, MappedNDArray
 # numba.cuda's accidental exports (its api.py has no __all__), which code

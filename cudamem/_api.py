@@ -36,6 +36,9 @@ class _DeviceContextManager:
         return getattr(self._device, name)
 
     def __enter__(self):
+        attached = getattr(_attached, "context", None)
+        if attached is not None and attached.device.id != self._id:
+            raise RuntimeError("Cannot switch CUDA-context.")
         _core._push_device(self._id)
 
     def __exit__(self, exc_type, exc, tb):
@@ -77,6 +80,11 @@ class _DeviceList:
                 items = self._items
         return items
 
+    @property
+    def lst(self):
+        """The list of devices (context managers), as numba names it."""
+        return self._list
+
     def __len__(self):
         return len(self._list)
 
@@ -110,13 +118,26 @@ def list_devices():
     return gpus
 
 
+# The context a require_context function runs in, per thread.
+_attached = threading.local()
+
+
 def require_context(fn):
-    """Decorator: run ``fn`` with a primary context current on the thread."""
+    """Decorator: run ``fn`` with a primary context current on the thread.
+
+    ``fn`` cannot switch contexts: entering ``gpus[j]`` of another device
+    in its body raises ``RuntimeError("Cannot switch CUDA-context.")``.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        _core.current_context()
-        return fn(*args, **kwargs)
+        ctx = _core.current_context()
+        old = getattr(_attached, "context", None)
+        _attached.context = ctx
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _attached.context = old
 
     return wrapper
 

@@ -65,7 +65,25 @@ def _address(pointer):
 # ---------------------------------------------------------------------------
 
 
-class MemoryPointer:
+class _PointerType(type):
+    """The metaclass of the pointer classes: cudamem's own memory owners
+    (DeviceAllocation, HostAllocation: C types) are instances of the
+    pointer class whose interface they have, as numba's objects are."""
+
+    def __instancecheck__(cls, obj):
+        if type.__instancecheck__(cls, obj):
+            return True
+        match = cls.__dict__.get("_c_owner_kinds")
+        if match is None:
+            return False
+        if isinstance(obj, _core.DeviceAllocation):
+            return "device" in match
+        if isinstance(obj, _core.HostAllocation):
+            return obj.kind in match
+        return False
+
+
+class MemoryPointer(metaclass=_PointerType):
     """Device memory that a memory manager hands out.
 
     ``finalizer``, if given, runs once: on ``free()`` or when this object
@@ -74,6 +92,7 @@ class MemoryPointer:
     """
 
     __cuda_memory__ = True
+    _c_owner_kinds = ("device", "mapped", "managed")
 
     def __init__(self, context, pointer, size, owner=None, finalizer=None):
         self.context = context
@@ -134,6 +153,7 @@ class MemoryPointer:
                 raise RuntimeError("non-empty slice into empty slice")
             base = 0
         elif start < 0 or start + size > self.size:
+            # numba does not check; a view outside the memory is a bug
             raise ValueError("view [%d, %d) outside a pointer of %d bytes"
                              % (start, start + size, self.size))
         else:
@@ -147,16 +167,19 @@ class MemoryPointer:
 class AutoFreePointer(MemoryPointer):
     """Memory freed when its last owner (``own()`` proxy or view) goes."""
 
+    _c_owner_kinds = ("device",)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.refct -= 1
 
 
-class MappedMemory(AutoFreePointer):
+class MappedMemory(AutoFreePointer, _core._HostBuffer):
     """Mapped (zero-copy) host memory: ``host_pointer`` for the host,
     ``device_pointer`` for the device; a buffer over the host bytes."""
 
     __cuda_memory__ = True
+    _c_owner_kinds = ("mapped",)
 
     def __init__(self, context, pointer, size, owner=None, finalizer=None):
         self.host_pointer = _address(pointer)
@@ -164,46 +187,44 @@ class MappedMemory(AutoFreePointer):
         devptr = _core._host_device_pointer(self.host_pointer)
         super().__init__(context, devptr, size, finalizer=finalizer)
         self.handle = self.host_pointer
-        self._buf = (ctypes.c_byte * size).from_address(self.host_pointer)
+        self._buffer_address = self.host_pointer
 
     def own(self):
         return MappedOwnedPointer(weakref.proxy(self))
 
-    def __buffer__(self, flags):
-        return memoryview(self._buf)
 
+class PinnedMemory(MemoryPointer, _core._HostBuffer):
+    """Page-locked host memory: a buffer over its bytes; not device
+    memory (``__cuda_memory__`` is False)."""
 
-class PinnedMemory(MemoryPointer):
-    """Page-locked host memory (not device memory)."""
+    __cuda_memory__ = False
+    _c_owner_kinds = ("pinned",)
 
     def __init__(self, context, pointer, size, owner=None, finalizer=None):
         self.owned = owner
         self.host_pointer = _address(pointer)
         super().__init__(context, pointer, size, finalizer=finalizer)
         self.handle = self.host_pointer
-        self._buf = (ctypes.c_byte * size).from_address(self.host_pointer)
+        self._buffer_address = self.host_pointer
 
     def own(self):
         return self
 
-    def __buffer__(self, flags):
-        return memoryview(self._buf)
 
+class ManagedMemory(AutoFreePointer, _core._HostBuffer):
+    """Managed (unified) memory: one address for host and device; a
+    buffer over its bytes."""
 
-class ManagedMemory(AutoFreePointer):
-    """Managed (unified) memory: one address for host and device."""
+    _c_owner_kinds = ("managed",)
 
     def __init__(self, context, pointer, size, owner=None, finalizer=None):
         self.owned = owner
         super().__init__(context, pointer, size, finalizer=finalizer)
         self.handle = self.device_pointer
-        self._buf = (ctypes.c_byte * size).from_address(self.device_pointer)
+        self._buffer_address = self.device_pointer
 
     def own(self):
         return MappedOwnedPointer(weakref.proxy(self))
-
-    def __buffer__(self, flags):
-        return memoryview(self._buf)
 
 
 class OwnedPointer:
@@ -230,16 +251,21 @@ class OwnedPointer:
                 pass
 
         weakref.finalize(self, deref)
+        try:
+            # read often: an attribute of its own, as numba's
+            self.device_ctypes_pointer = self._view.device_ctypes_pointer
+        except AttributeError:
+            pass
 
     def __getattr__(self, name):
         return getattr(self._view, name)
 
 
-class MappedOwnedPointer(OwnedPointer):
+class MappedOwnedPointer(OwnedPointer, _core._HostBuffer):
     """An owned pointer over host-visible memory, usable as a buffer."""
 
-    def __buffer__(self, flags):
-        return self._view.__buffer__(flags)
+
+ManagedOwnedPointer = MappedOwnedPointer
 
 
 # ---------------------------------------------------------------------------
@@ -618,18 +644,26 @@ def _manager_for(context):
     return mm
 
 
-@contextlib.contextmanager
-def defer_cleanup():
-    """Hold every deallocation of the current context until the outermost
-    block exits; nestable.
+def _manager_kind(context, mm):
+    """Called from C when ``context.memory_manager = mm``: "plugin" for an
+    EMM plugin object, else the kind of a built-in manager of
+    ``context``."""
+    if isinstance(mm, DefaultMemoryManager):
+        if mm.context != context:
+            raise ValueError("this built-in memory manager belongs to "
+                             "another context")
+        if isinstance(mm, AsyncMemoryManager):
+            return "async"
+        return "pool" if isinstance(mm, PoolMemoryManager) else "default"
+    if isinstance(mm, type) or not callable(getattr(mm, "memalloc", None)):
+        raise TypeError("memory_manager must be a memory manager object "
+                        "(an instance of an EMM plugin class), not %s"
+                        % type(mm).__name__)
+    return "plugin"
 
-    Both queues are held: memory frees and stream / event / module
-    destroys, and a plugin manager's own ``defer_cleanup()`` as well.
-    Unregistering host memory pinned by ``pinned()`` or ``mapped()`` still
-    happens at once.  On leaving the outermost block the thresholds apply
-    again, so a queue that grew past them is flushed then.
-    """
-    ctx = _core.current_context()
+
+@contextlib.contextmanager
+def _defer_cleanup(ctx):
     mq = ctx._memory_deallocations
     cq = ctx.deallocations
     mm = ctx.memory_manager
@@ -647,3 +681,18 @@ def defer_cleanup():
             cq._disable(-1)
     finally:
         mq._disable(-1)
+
+
+def defer_cleanup():
+    """Hold every deallocation of the current context until the outermost
+    block exits; nestable.
+
+    Both queues are held: memory frees and stream / event / module
+    destroys, and a plugin manager's own ``defer_cleanup()`` as well.
+    Unregistering host memory pinned by ``pinned()`` or ``mapped()`` still
+    happens at once.  As in numba, leaving the block frees nothing by
+    itself: the queue's thresholds apply again at the next deallocation
+    (the pool and async managers, whose releases never wait, apply them
+    on leaving).
+    """
+    return _defer_cleanup(_core.current_context())

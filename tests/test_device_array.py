@@ -60,9 +60,8 @@ def test_device_array_attributes(ctx, dtype):
     assert d.nbytes == d.alloc_size == 12 * dt.itemsize
     assert d.flags == {"C_CONTIGUOUS": True, "F_CONTIGUOUS": False}
     assert d.is_c_contiguous() and not d.is_f_contiguous()
-    # not numba's own array: numba kernels take it through the CAI
-    assert not hasattr(d, "__cuda_ndarray__")
-    assert not hasattr(d, "__cuda_memory__")
+    # numba's class attributes (numba-cuda's kernels use the CAI)
+    assert d.__cuda_ndarray__ is True and d.__cuda_memory__ is True
     assert cuda.to_device(d) is d
     assert d.stream == 0
     assert d.as_cuda_arg() is d.gpu_data

@@ -119,7 +119,7 @@ def test_host_only_manager_host_memory():
         pm = mm.memhostalloc(4096)
         assert isinstance(pm, cudamem.PinnedMemory)
         assert pm.own() is pm
-        a = np.frombuffer(pm._buf, dtype=np.uint8)
+        a = np.frombuffer(pm, dtype=np.uint8)    # a buffer
         a[:] = 7
         mapped = mm.memhostalloc(4096, mapped=True)
         assert mapped.device_pointer != 0

@@ -13,17 +13,29 @@ from .._emm import (
     OwnedPointer,
     PinnedMemory,
 )
+import ctypes
+import functools
 import operator
+import sys
 
 import numpy as np
 
-from .._core import DeviceNDArray, DeviceNDArrayBase, as_cuda_array
+from .. import _core
+from .._api import profile_start, profile_stop, profiling
+from .._core import (
+    DeviceNDArray,
+    DeviceNDArrayBase,
+    as_cuda_array,
+    event_elapsed_time,
+)
+from .._emm import ManagedOwnedPointer, MappedOwnedPointer, set_memory_manager
 from .._errors import CudaAPIError, CudaDriverError, MemoryInfo
 from .._ipc import IpcHandle
 
 __all__ = [
     "AutoFreePointer",
     "BaseCUDAMemoryManager",
+    "CU_STREAM_DEFAULT",
     "Context",
     "CudaAPIError",
     "CudaDriverError",
@@ -34,16 +46,193 @@ __all__ = [
     "IpcHandle",
     "ManagedMemory",
     "MappedMemory",
+    "ManagedOwnedPointer",
+    "MappedOwnedPointer",
+    "MIN_REQUIRED_CC",
     "MemoryInfo",
     "MemoryPointer",
     "OwnedPointer",
     "PinnedMemory",
+    "SUPPORTS_IPC",
     "Stream",
+    "device_ctypes_pointer",
+    "device_extents",
+    "device_memory_depends",
+    "device_memory_size",
     "device_memset",
+    "device_pointer",
     "device_to_device",
     "device_to_host",
+    "event_elapsed_time",
+    "get_version",
+    "host_memory_extents",
+    "host_memory_size",
+    "host_pointer",
     "host_to_device",
+    "is_device_memory",
+    "memory_size_from_info",
+    "profile_start",
+    "profile_stop",
+    "profiling",
+    "require_device_memory",
+    "set_memory_manager",
 ]
+
+
+# numba's constants of this module.
+CU_STREAM_DEFAULT = 0
+MIN_REQUIRED_CC = (3, 5)
+SUPPORTS_IPC = sys.platform.startswith("linux")
+
+
+# ---------------------------------------------------------------------------
+# numba's pointer helpers
+# ---------------------------------------------------------------------------
+
+
+def is_device_memory(obj):
+    """Whether ``obj`` is device memory: a truthy ``__cuda_memory__``
+    (device arrays, mapped and managed memory, MemoryPointers)."""
+    try:
+        return bool(obj.__cuda_memory__)
+    except AttributeError:
+        return False
+
+
+def require_device_memory(obj):
+    """Raise unless ``obj`` is device memory (``is_device_memory``)."""
+    if not is_device_memory(obj):
+        raise Exception("Not a CUDA memory object.")
+
+
+def device_ctypes_pointer(obj):
+    """The device address of ``obj`` (device memory) as a ctypes integer;
+    ``c_void_p(0)`` for None."""
+    if obj is None:
+        return ctypes.c_void_p(0)
+    require_device_memory(obj)
+    return obj.device_ctypes_pointer
+
+
+def device_pointer(obj):
+    """The device address of ``obj`` (device memory) as an int, or None
+    for NULL."""
+    return device_ctypes_pointer(obj).value
+
+
+def device_extents(devmem):
+    """``(start, end)`` addresses of the whole allocation that contains
+    ``devmem``'s memory (cuMemGetAddressRange), not of a view's part."""
+    ptr = device_ctypes_pointer(devmem).value or 0
+    base, size = _core._address_range(ptr)
+    return base, base + size
+
+
+def device_memory_size(devmem):
+    """Bytes of ``devmem``: its ``_cuda_memsize_``, else the size of the
+    allocation that contains it (cached on the object where it can be)."""
+    sz = getattr(devmem, "_cuda_memsize_", None)
+    if sz is None:
+        s, e = device_extents(devmem)
+        sz = e - s
+        try:
+            devmem._cuda_memsize_ = sz
+        except AttributeError:
+            pass
+    return sz
+
+
+def device_memory_depends(devmem, *objs):
+    """Record that ``devmem`` refers to ``objs`` (a list in its
+    ``_depends_`` attribute, where it has one)."""
+    getattr(devmem, "_depends_", []).extend(objs)
+
+
+def _datetime_as_int(obj):
+    dtype = getattr(obj, "dtype", None)
+    if dtype is not None and dtype.char in "Mm":
+        return obj.view(np.int64)
+    return obj
+
+
+def host_pointer(obj, readonly=False):
+    """The address of host buffer ``obj`` (an int is returned as is);
+    unless ``readonly``, the buffer must be writable (NumPy scalars and
+    records are read as their bytes)."""
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, np.generic):
+        obj = np.asarray(obj)
+    elif not readonly and memoryview(obj).readonly:
+        raise BufferError("host buffer is read-only")
+    return host_memory_extents(obj)[0]
+
+
+def _buffer_extents(mv):
+    """(start, end) byte addresses a buffer (a memoryview or an ndarray)
+    spans, strides counted."""
+    arr = np.asarray(mv)
+    if arr.dtype.hasobject:
+        raise TypeError("object buffers have no host extent")
+    start = end = arr.__array_interface__["data"][0]
+    if arr.size == 0:
+        return start, start
+    end = start + arr.itemsize
+    for n, st in zip(arr.shape, arr.strides, strict=True):
+        if st >= 0:
+            end += (n - 1) * st
+        else:
+            start += (n - 1) * st
+    return start, end
+
+
+def host_memory_extents(obj):
+    """``(start, end)`` addresses of host buffer ``obj`` (half open)."""
+    obj = _datetime_as_int(obj)
+    if isinstance(obj, np.ndarray):
+        return _buffer_extents(obj)
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        # ctypes objects whose format NumPy cannot read
+        addr = ctypes.addressof(obj)
+        return addr, addr + ctypes.sizeof(obj)
+    try:
+        return _buffer_extents(mv)
+    except (TypeError, ValueError, NotImplementedError):
+        raw = mv.cast("B") if mv.contiguous else None
+        if raw is None:
+            raise
+        addr = np.frombuffer(raw, np.uint8).ctypes.data
+        return addr, addr + mv.nbytes
+
+
+def host_memory_size(obj):
+    """Bytes host buffer ``obj`` spans."""
+    s, e = host_memory_extents(obj)
+    return e - s
+
+
+@functools.cache
+def memory_size_from_info(shape, strides, itemsize):
+    """Bytes spanned by an array of this ``shape``, ``strides`` (bytes)
+    and ``itemsize``."""
+    if len(shape) != len(strides):
+        raise ValueError("shape and strides differ in length")
+    if any(n == 0 for n in shape):
+        return 0
+    lo = hi = 0
+    for n, st in zip(shape, strides, strict=True):
+        if st >= 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return hi - lo + itemsize
+
+
+def get_version():
+    """The driver's CUDA version as a ``(major, minor)`` tuple."""
+    return _core.driver_version()
 
 
 # numba's byte-copy helpers of its driver module, which code written for

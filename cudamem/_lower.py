@@ -1,0 +1,354 @@
+# SPDX-License-Identifier: MIT
+"""numba.cuda's lower layer on cudamem's objects: the ``Context`` methods
+and the ``MemoryPointer`` interface of the memory owners.
+
+Why Python, and why here: these calls are made by code written for
+numba's driver layer (tests, EMM plugins, libraries that allocate raw
+memory), never on a per-element or per-copy path, and each is a few
+lines over what the C extension already does.  ``Context``,
+``DeviceAllocation`` and ``HostAllocation`` are C types that accept
+attribute assignment (numba's are Python classes, and code written for
+numba patches them), so the methods are attached to them once, when
+cudamem is imported; the hot paths (allocation, copies, arrays) stay in
+C and never look at these attributes.
+"""
+
+import contextlib
+import ctypes
+import operator
+import weakref
+
+import numpy as np
+
+from . import _core
+from ._emm import (
+    MappedMemory,
+    ManagedMemory,
+    MemoryPointer,
+    OwnedPointer,
+    MappedOwnedPointer,
+    PinnedMemory,
+    _AllocationsDict,
+    _address,
+    _defer_cleanup,
+    CU_MEMHOSTREGISTER_DEVICEMAP,
+)
+from ._errors import CudaDriverError
+
+__all__ = []
+
+Context = _core.Context
+DeviceAllocation = _core.DeviceAllocation
+HostAllocation = _core.HostAllocation
+
+
+# ---------------------------------------------------------------------------
+# The MemoryPointer interface of DeviceAllocation and HostAllocation
+# ---------------------------------------------------------------------------
+#
+# numba counts the holders of an allocation in ``refct``: 1 for the memory
+# object itself, one more for every ``own()`` proxy and view alive.  In
+# cudamem those hold a strong reference to the owner, so the count only
+# reports them; the memory goes when the owner object does.
+
+_holds = weakref.WeakKeyDictionary()
+
+
+def _get_refct(self):
+    return _holds.get(self, 1)
+
+
+def _set_refct(self, value):
+    _holds[self] = operator.index(value)
+
+
+def _own(self):
+    """A proxy that counts as one more holder of this memory (pinned
+    memory: the object itself, as in numba)."""
+    if isinstance(self, HostAllocation):
+        if self.kind == "pinned":
+            return self
+        return MappedOwnedPointer(self)
+    return OwnedPointer(self)
+
+
+def _view(self, start, stop=None):
+    """A pointer to bytes [start, stop) of this memory that keeps it
+    alive; numba's RuntimeErrors for a negative size and for a non-empty
+    view of NULL memory, ValueError for one outside the memory."""
+    start = operator.index(start)
+    size = self.size - start if stop is None else operator.index(stop) - start
+    base = self.device_pointer_value
+    if not base:
+        if size != 0:
+            raise RuntimeError("non-empty slice into empty slice")
+        return OwnedPointer(self, MemoryPointer(self.context, 0, 0,
+                                                owner=self))
+    if size < 0:
+        raise RuntimeError("size cannot be negative")
+    if start < 0 or start + size > self.size:
+        raise ValueError("view [%d, %d) outside a pointer of %d bytes"
+                         % (start, start + size, self.size))
+    view = MemoryPointer(self.context, base + start, size, owner=self)
+    return OwnedPointer(self, view)
+
+
+def _memset(self, byte, count=None, stream=0):
+    """Set ``count`` bytes (default: all) to ``byte``: cuMemsetD8, or
+    cuMemsetD8Async on a truthy ``stream``."""
+    count = self.size if count is None else operator.index(count)
+    if not 0 <= count <= self.size:
+        raise ValueError("memset of %d bytes on memory of %d bytes"
+                         % (count, self.size))
+    if count:
+        _core._memset(self.device_pointer, byte, count, stream)
+
+
+def _device_ctypes_pointer(self):
+    return ctypes.c_size_t(self.device_pointer)
+
+
+def _host_cuda_memory(self):
+    return self.kind != "pinned"
+
+
+def _host_device_ctypes_pointer(self):
+    if self.kind == "pinned":
+        raise AttributeError("pinned memory has no device pointer")
+    return ctypes.c_size_t(self.device_pointer)
+
+
+def _host_buffer_address(self):
+    return self.host_pointer
+
+
+DeviceAllocation.__cuda_memory__ = True
+DeviceAllocation.refct = property(_get_refct, _set_refct,
+                                  doc="numba's count of holders.")
+DeviceAllocation.owner = property(lambda self: self,
+                                  doc="What keeps the memory alive: self.")
+DeviceAllocation.is_managed = True
+DeviceAllocation.device_ctypes_pointer = property(
+    _device_ctypes_pointer, doc="The device address as ctypes.c_size_t.")
+DeviceAllocation._cuda_memsize_ = property(lambda self: self.size)
+DeviceAllocation.own = _own
+DeviceAllocation.view = _view
+DeviceAllocation.memset = _memset
+
+HostAllocation.__cuda_memory__ = property(
+    _host_cuda_memory, doc="True for mapped and managed memory.")
+HostAllocation.refct = property(_get_refct, _set_refct,
+                                doc="numba's count of holders.")
+HostAllocation.is_managed = True
+HostAllocation.owned = property(lambda self: None)
+HostAllocation.device_ctypes_pointer = property(
+    _host_device_ctypes_pointer,
+    doc="The device address as ctypes.c_size_t (mapped, managed).")
+HostAllocation._cuda_memsize_ = property(lambda self: self.size)
+HostAllocation._buffer_address = property(_host_buffer_address)
+HostAllocation.own = _own
+HostAllocation.view = _view
+HostAllocation.memset = _memset
+
+
+# ---------------------------------------------------------------------------
+# Context methods
+# ---------------------------------------------------------------------------
+
+_ctx_allocations = weakref.WeakKeyDictionary()
+
+
+def _allocations(self):
+    """The pointer objects this context's own ``memhostalloc``,
+    ``mempin`` and ``memallocmanaged`` keep alive (numba's ``allocations``),
+    by address."""
+    d = _ctx_allocations.get(self)
+    if d is None:
+        d = _ctx_allocations[self] = _AllocationsDict()
+    return d
+
+
+@contextlib.contextmanager
+def _current(ctx):
+    """Make ``ctx`` current for the block (pushed, then popped)."""
+    ctx.push()
+    try:
+        yield
+    finally:
+        ctx.pop()
+
+
+def _builtin(ctx):
+    """Whether ``ctx`` uses a built-in manager (not an EMM plugin)."""
+    from ._emm import DefaultMemoryManager
+
+    return isinstance(ctx.memory_manager, DefaultMemoryManager)
+
+
+def _tracked(ctx, cls, ptr, size, holder, owner=None):
+    """A ``cls`` pointer at ``ptr`` whose finalizer lets go of ``holder``
+    (a HostAllocation, whose memory then goes to the deferred queue), kept
+    in the context's ``allocations`` until then."""
+    allocs = _allocations(ctx)
+    keep = [holder]
+
+    def finalizer():
+        allocs.pop(ptr, None)
+        keep.clear()
+
+    mem = cls(ctx, ptr, size, owner=owner, finalizer=finalizer)
+    if cls is not PinnedMemory:
+        allocs[ptr] = mem
+    return mem
+
+
+def _ctx_memhostalloc(self, bytesize, mapped=False, portable=False,
+                      wc=False):
+    """Page-locked host memory of ``bytesize`` bytes (cuMemHostAlloc):
+    a MappedMemory (owned proxy) when ``mapped``, else a PinnedMemory;
+    both are buffers over the bytes.  From the memory manager."""
+    if not _builtin(self):
+        return self.memory_manager.memhostalloc(bytesize, mapped, portable,
+                                                wc)
+    n = operator.index(bytesize)
+    with _current(self):
+        if mapped or portable or wc:
+            ary = _core.mapped_array(n, np.uint8, portable=bool(portable),
+                                     wc=bool(wc))
+        else:
+            ary = _core.pinned_array(n, np.uint8)
+    holder = ary.base
+    if mapped:
+        return _tracked(self, MappedMemory, holder.host_pointer, n,
+                        holder).own()
+    return _tracked(self, PinnedMemory, holder.host_pointer, n, holder)
+
+
+def _ctx_mempin(self, owner, pointer, size, mapped=False):
+    """Page-lock ``size`` bytes of host memory at ``pointer`` (owned by
+    ``owner``) with cuMemHostRegister: a MappedMemory (owned proxy) when
+    ``mapped``, else a PinnedMemory.  Unregistered at once when the
+    object goes."""
+    if mapped and not self.device.CAN_MAP_HOST_MEMORY:
+        raise CudaDriverError("%s cannot map host memory" % self.device)
+    if not _builtin(self):
+        return self.memory_manager.mempin(owner, pointer, size, mapped)
+    ptr = _address(pointer)
+    n = operator.index(size)
+    with _current(self):
+        _core._host_register(ptr, n,
+                             CU_MEMHOSTREGISTER_DEVICEMAP if mapped else 0)
+    allocs = _allocations(self)
+
+    def finalizer():
+        allocs.pop(ptr, None)
+        _core._host_unregister(ptr)
+
+    if mapped:
+        with _current(self):
+            mem = MappedMemory(self, ptr, n, owner=owner,
+                               finalizer=finalizer)
+        allocs[ptr] = mem
+        return mem.own()
+    return PinnedMemory(self, ptr, n, owner=owner, finalizer=finalizer)
+
+
+def _ctx_memallocmanaged(self, bytesize, attach_global=True):
+    """Managed memory of ``bytesize`` bytes (cuMemAllocManaged): a
+    ManagedMemory (owned proxy), a buffer over the bytes."""
+    if not _builtin(self):
+        return self.memory_manager.memallocmanaged(bytesize, attach_global)
+    n = operator.index(bytesize)
+    with _current(self):
+        ary = _core.managed_array(n, np.uint8,
+                                  attach_global=bool(attach_global))
+    holder = ary.base
+    return _tracked(self, ManagedMemory, holder.device_pointer, n,
+                    holder).own()
+
+
+def _ctx_get_ipc_handle(self, memory):
+    """An IpcHandle of ``memory`` (allocated in this context), from the
+    memory manager."""
+    return self.memory_manager.get_ipc_handle(memory)
+
+
+def _ctx_open_ipc_handle(self, handle, size):
+    """Map another process's memory (an IPC handle's bytes) of ``size``
+    bytes into this context: a MemoryPointer, unmapped when its owner
+    goes."""
+    from ._ipc import _handle_bytes
+
+    mapping = _core._ipc_open(self, _handle_bytes(handle),
+                              operator.index(size))
+    return MemoryPointer(weakref.proxy(self), mapping.device_pointer, size,
+                         owner=mapping)
+
+
+def _ctx_create_stream(self):
+    """A new stream of this context (cudamem.stream() in it)."""
+    with _current(self):
+        return _core.stream()
+
+
+def _ctx_create_external_stream(self, ptr):
+    """A Stream over a stream handle made elsewhere (not destroyed by
+    cudamem)."""
+    if not isinstance(ptr, int):
+        raise TypeError("ptr for external stream must be an int")
+    with _current(self):
+        return _core.external_stream(ptr)
+
+
+def _ctx_create_event(self, timing=True):
+    """A new event of this context; ``timing=False`` disables timing."""
+    with _current(self):
+        return _core.event(timing)
+
+
+def _ctx_get_default_stream(self):
+    """The default stream (handle 0)."""
+    return _core.default_stream()
+
+
+def _ctx_get_legacy_default_stream(self):
+    """The legacy default stream (CU_STREAM_LEGACY)."""
+    return _core.legacy_default_stream()
+
+
+def _ctx_get_per_thread_default_stream(self):
+    """The per-thread default stream (CU_STREAM_PER_THREAD)."""
+    return _core.per_thread_default_stream()
+
+
+def _ctx_prepare_for_use(self):
+    """Initialise the memory manager (any number of times)."""
+    self.memory_manager.initialize()
+
+
+def _ctx_defer_cleanup(self):
+    """Hold this context's deallocations for the block (nestable); see
+    cudamem.defer_cleanup."""
+    return _defer_cleanup(self)
+
+
+for _name, _fn in [
+    ("memhostalloc", _ctx_memhostalloc),
+    ("mempin", _ctx_mempin),
+    ("memallocmanaged", _ctx_memallocmanaged),
+    ("get_ipc_handle", _ctx_get_ipc_handle),
+    ("open_ipc_handle", _ctx_open_ipc_handle),
+    ("create_stream", _ctx_create_stream),
+    ("create_external_stream", _ctx_create_external_stream),
+    ("create_event", _ctx_create_event),
+    ("get_default_stream", _ctx_get_default_stream),
+    ("get_legacy_default_stream", _ctx_get_legacy_default_stream),
+    ("get_per_thread_default_stream", _ctx_get_per_thread_default_stream),
+    ("prepare_for_use", _ctx_prepare_for_use),
+    ("defer_cleanup", _ctx_defer_cleanup),
+]:
+    _fn.__name__ = _name
+    _fn.__qualname__ = "Context." + _name
+    setattr(Context, _name, _fn)
+Context.allocations = property(_allocations, doc=_allocations.__doc__)
+del _name, _fn
