@@ -2728,17 +2728,25 @@ cm_assign_by_kernel(const cm_view *lhs, int dst_type, CUdeviceptr src,
  * Buffers belong to one primary context (gen): those of a context that
  * was closed or reset went with it and are forgotten without a driver
  * call.  GIL held throughout. */
-#define CM_HV_SLOTS 32
+#define CM_HV_SLOTS 1024                /* at most this many buffers */
+#define CM_HV_SCAN 16                  /* idle ones looked for per call */
 #define CM_HV_MAX ((size_t)64 << 20)   /* larger values: synchronous */
+#define CM_HV_TOTAL ((size_t)256 << 20) /* the most all buffers hold */
 
 typedef struct {
     unsigned long gen;    /* the context's gen; 0: slot empty */
-    void *buf;            /* cuMemHostAlloc'd */
+    void *buf;            /* cuMemHostAlloc'd, mapped */
+    CUdeviceptr dptr;     /* its address on the device */
     size_t cap;           /* bytes */
     CUevent ev;           /* recorded after the last copy from buf */
 } cm_hostval;
 
-static cm_hostval cm_hv[CM_HV_SLOTS];
+static cm_hostval *cm_hv;      /* cm_hv_n slots, grown on need */
+static int cm_hv_n;
+static int cm_hv_next;         /* where the next search starts: the slot
+                                * after the last one used, the oldest in a
+                                * stream's order */
+static size_t cm_hv_bytes;     /* bytes the buffers hold */
 
 /* A page-locked buffer of at least n bytes of ctx (current) that no
  * queued copy reads any more, holding a copy of data: its slot index, or
@@ -2748,6 +2756,7 @@ static int
 cm_hostval_take(cm_context *ctx, const void *data, size_t n)
 {
     int i;
+    int k;
     int empty = -1;
     int spare = -1;
     cm_hostval *v;
@@ -2757,10 +2766,13 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     if (n > CM_HV_MAX || cm_forked) {
         return -1;
     }
-    for (i = 0; i < CM_HV_SLOTS; i++) {
+    for (k = 0; k < cm_hv_n && k < CM_HV_SCAN; k++) {
+        i = (cm_hv_next + k) % cm_hv_n;
         v = &cm_hv[i];
-        if (v->gen != 0 && v->gen != ctx->gen && !cm_context_gen_live(v->gen)) {
+        if (v->gen != 0 && v->gen != ctx->gen
+            && !cm_context_gen_live(v->gen)) {
             v->gen = 0;        /* its context is gone, and the memory */
+            cm_hv_bytes -= v->cap;
         }
         if (v->gen == 0) {
             if (empty < 0) {
@@ -2777,6 +2789,17 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         }
         spare = i;
     }
+    if (empty < 0 && cm_hv_n < CM_HV_SLOTS
+        && cm_hv_bytes + n <= CM_HV_TOTAL) {
+        cm_hostval *nv = PyMem_Realloc(cm_hv, (size_t)(cm_hv_n + 1)
+                                              * sizeof(*nv));
+
+        if (nv != NULL) {
+            cm_hv = nv;
+            empty = cm_hv_n++;
+            cm_hv[empty].gen = 0;
+        }
+    }
     if (empty < 0 && spare < 0) {
         return -1;
     }
@@ -2789,6 +2812,7 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         (void)CM_CU_RAW(MemFreeHost, (v->buf));
         Py_END_ALLOW_THREADS
         v->gen = 0;
+        cm_hv_bytes -= v->cap;
         empty = i;
     }
     i = empty;
@@ -2796,9 +2820,18 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     for (cap = 4096; cap < n; cap *= 2) {
     }
     Py_BEGIN_ALLOW_THREADS
-    rc = CM_CU_RAW(MemHostAlloc, (&v->buf, cap, 0));
+    rc = CM_CU_RAW(MemHostAlloc, (&v->buf, cap,
+                                  CU_MEMHOSTALLOC_DEVICEMAP
+                                  | CU_MEMHOSTALLOC_PORTABLE));
     Py_END_ALLOW_THREADS
     if (rc != CUDA_SUCCESS) {
+        return -1;
+    }
+    if (CM_CU_RAW(MemHostGetDevicePointer, (&v->dptr, v->buf, 0))
+        != CUDA_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFreeHost, (v->buf));
+        Py_END_ALLOW_THREADS
         return -1;
     }
     if (CM_CU_RAW(EventCreate, (&v->ev, CU_EVENT_DISABLE_TIMING))
@@ -2810,8 +2843,10 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     }
     v->cap = cap;
     v->gen = ctx->gen;
+    cm_hv_bytes += cap;
 found:
     memcpy(cm_hv[i].buf, data, n);
+    cm_hv_next = (i + 1) % cm_hv_n;
     return i;
 }
 
@@ -2846,27 +2881,30 @@ cm_assign_broadcast(const cm_view *lhs, PyArrayObject *host,
     if (ctx == NULL) {
         return -1;
     }
+    if (async) {
+        /* The kernel reads the value from a mapped page-locked copy whose
+         * reuse waits for the stream: no allocation, no wait. */
+        int slot = cm_hostval_take(ctx, PyArray_DATA(host), nbytes);
+
+        if (slot >= 0) {
+            rc = cm_assign_by_kernel(lhs, t, cm_hv[slot].dptr, rstrides, t,
+                                     h, async);
+            if (cm_hostval_queued(slot, h) < 0) {
+                rc = -1;
+            }
+            return rc;
+        }
+    }
     /* Allocated for h: its release is ordered after the kernel. */
     tmp_owner = cm_mem_alloc_on(ctx, nbytes, async ? h : NULL, &tmp);
     if (tmp_owner == NULL) {
         return -1;
     }
     if (async) {
-        int slot = cm_hostval_take(ctx, PyArray_DATA(host), nbytes);
-
-        if (slot >= 0) {
-            err = CM_CU(MemcpyHtoDAsync, (tmp, cm_hv[slot].buf, nbytes, h));
-            if (err == 0) {
-                err = cm_hostval_queued(slot, h);
-            }
-        }
-        else {
-            err = CM_CU(MemcpyHtoDAsync, (tmp, PyArray_DATA(host), nbytes,
-                                          h));
-            /* The host value may be a temporary: let the upload land. */
-            if (err == 0) {
-                err = cm_stream_wait(h);
-            }
+        err = CM_CU(MemcpyHtoDAsync, (tmp, PyArray_DATA(host), nbytes, h));
+        /* The host value may be a temporary: let the upload land. */
+        if (err == 0) {
+            err = cm_stream_wait(h);
         }
     }
     else {

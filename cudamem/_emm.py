@@ -510,6 +510,21 @@ class PoolMemoryManager(DefaultMemoryManager):
     when it was freed has completed.  Frees return blocks to the pool at
     once, except inside ``defer_cleanup()``, which queues them on
     ``deallocations`` like the default manager's frees.
+
+    Stream safety: a device array is allocated for the stream it is bound
+    to (``device_array(..., stream=s)``, ``to_device(..., stream=s)``).
+    Work that cudamem queues on it on another stream (a copy, a setitem or
+    a kernel launch with ``stream=s3``) is remembered, and the block is
+    handed out again only once that work has completed, whatever stream
+    asks for it next.  What cudamem cannot see is work another library
+    queues on the memory after receiving its address through
+    ``__cuda_array_interface__`` or DLPack: there the consumer's side of
+    the protocol (the interface's ``stream`` entry, ``__dlpack__(stream=)``)
+    is the point of synchronisation, as in numba, and the memory must
+    outlive that work (keep the array alive, or synchronise, before
+    dropping it).  ``CUDAMEM_POOL_POISON=1`` fills every block handed out
+    with the byte 0xA5 (on its stream), so that a use after free reads
+    wrong bytes instead of stale right ones.
     """
 
     def trim(self):
@@ -549,6 +564,11 @@ class AsyncMemoryManager(PoolMemoryManager):
     manager's; where the device cannot make such a pool (``shareable`` is
     False), the manager uses the device's default pool with
     cuMemAllocAsync, and exports raise CudaAPIError saying why.
+
+    Memory used on streams other than its own (see PoolMemoryManager) is
+    freed on a stream of the manager's own that first waits for each of
+    them, so no user stream is made to wait for another; the pool does
+    not let the driver add such waits for reuse either.
 
     ``trim()`` waits for the context, then trims the driver's pool to 0;
     ``limit`` caps the bytes allocated through this manager;

@@ -52,3 +52,29 @@ class CountingManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
 
 
 _numba_memory_manager = CountingManager
+
+
+class DeferringManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
+    """A plugin written as numba's own manager is: cuMemAlloc, and frees
+    through its deallocation queue (an immediate cuMemFree would wait for
+    the device, and so for a stream that a test holds)."""
+
+    def initialize(self):
+        self.deallocations.memory_capacity = self.get_memory_info().total
+
+    def memalloc(self, size):
+        ptr = _core._device_alloc(size)
+        dealloc = self.deallocations
+
+        def finalizer():
+            dealloc.add_item(_core._device_free, ptr, size)
+
+        return MemoryPointer(self.context, ptr, size, finalizer=finalizer)
+
+    def get_memory_info(self):
+        free, total = self.context.get_memory_info()
+        return MemoryInfo(free=free, total=total)
+
+    @property
+    def interface_version(self):
+        return 1

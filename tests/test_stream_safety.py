@@ -49,44 +49,12 @@ def test_module_in_a_child_process():
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
 
 
-def _deferring_plugin():
-    """An EMM plugin written as numba's own manager is: cuMemAlloc, and
-    frees through its deallocation queue (a cuMemFree waits for the
-    device, so an immediate one would wait for a held gate)."""
-    from cudamem import (GetIpcHandleMixin, HostOnlyCUDAMemoryManager,
-                         MemoryInfo, MemoryPointer, _core)
-
-    class DeferringManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
-        def initialize(self):
-            self.deallocations.memory_capacity = \
-                self.get_memory_info().total
-
-        def memalloc(self, size):
-            ptr = _core._device_alloc(size)
-            dealloc = self.deallocations
-
-            def finalizer():
-                dealloc.add_item(_core._device_free, ptr, size)
-
-            return MemoryPointer(self.context, ptr, size,
-                                 finalizer=finalizer)
-
-        def get_memory_info(self):
-            free, total = self.context.get_memory_info()
-            return MemoryInfo(free=free, total=total)
-
-        @property
-        def interface_version(self):
-            return 1
-
-    return DeferringManager
-
-
 @pytest.fixture(params=MANAGERS)
 def manager(request):
     cudamem.close()
     if request.param == "emm_plugin":
-        cudamem.set_memory_manager(_deferring_plugin())
+        import emm_plugin
+        cudamem.set_memory_manager(emm_plugin.DeferringManager)
     else:
         cudamem.set_memory_manager(request.param)
     cudamem.current_context()
@@ -166,3 +134,29 @@ def test_setitem_on_another_stream_then_free(manager):
     s3.synchronize()
     assert not g.timed_out, "s2 waited for the held s3"
     assert (dst.copy_to_host() == 9).all(), manager
+
+
+def test_pinned_pool_buffer_not_reused_while_a_copy_is_queued():
+    """A pooled page-locked buffer freed while a copy into it is queued on
+    a held stream is not handed to the next pinned_array."""
+    from cudamem import _core
+
+    _core._pinned_pool_enable(True)
+    try:
+        s1 = cudamem.stream()
+        d = cudamem.to_device(np.full(N, 3, np.uint8))
+        a = cudamem.pinned_array(N, np.uint8)
+        with Gate() as g:
+            g.block(s1)
+            d.copy_to_host(a, stream=s1)
+            pa = a.ctypes.data
+            del a
+            b = cudamem.pinned_array(N, np.uint8)
+            assert b.ctypes.data != pa
+            b[:] = 0
+        s1.synchronize()
+        assert not g.timed_out
+        assert (b == 0).all()
+    finally:
+        _core._pinned_pool_enable(False)
+        cudamem.pinned_pool_trim()

@@ -684,8 +684,12 @@ def test_stream_dropped_by_its_callback_is_not_reused(ctx, kept):
     s = cuda.stream()
     h = s.handle
     w = weakref.ref(s)
-    s.add_callback(lambda st, status, a: None)
+    go = threading.Event()
+    # The callback waits until the test has let go of s: were it to run
+    # (and its record go) first, the last reference would be the test's.
+    s.add_callback(lambda st, status, a: go.wait(GATE_TIMEOUT))
     del s                   # the callback's record holds the last reference
+    go.set()
     ctx.synchronize()
     # The record is let go just after the callback returns, on the
     # callback's thread, which may be a moment after synchronize().
