@@ -266,7 +266,7 @@ def _fill_held(cuda, calls=64, rounds=9):
         s = cuda.stream()
         d = cuda.device_array(256, np.float32, stream=s)
         go = threading.Event()
-        s.add_callback(lambda st, status, arg: go.wait(30))
+        s.add_callback(lambda st, status, arg, go=go: go.wait(30))
         try:
             for _ in range(calls):
                 t0 = time.perf_counter()
