@@ -228,12 +228,15 @@ typedef struct cm_state {
     PyTypeObject *IpcArrayHandleBase_type;
     /* cudamem._ipc's IpcHandle, IpcArrayHandle (subclasses of the two
      * types above), _RawHandle and _export_array, and cudamem._emm's
-     * MemoryPointer, fetched on the first export */
+     * MemoryPointer, fetched on the first export (or open) */
     PyObject *IpcHandle;
     PyObject *IpcArrayHandle;
     PyObject *IpcRawHandle;
     PyObject *ipc_export_array;
     PyObject *MemoryPointer;
+    /* cudamem._ipc's _IpcPointer (an IpcMemory and a MemoryPointer): the
+     * type of what an open makes, fetched with the above */
+    PyObject *IpcPointer;
 
     PyTypeObject *HostMem_type;
     PyTypeObject *HostRegistration_type;
@@ -1037,6 +1040,9 @@ PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
 CUresult cm_ipc_pool_release(uintptr_t imp);
 /* The same for an import whose context was closed: no driver call. */
 void cm_ipc_pool_drop(uintptr_t imp);
+/* 1 if o is an IpcMemory (what IpcHandle.open gives) that was closed,
+ * else 0.  Never raises. */
+int cm_ipc_mem_closed(PyObject *o);
 /* ctx is being closed (still alive, GIL held): free what it still
  * imports from other processes' pools and destroy those pools.  Never
  * raises. */

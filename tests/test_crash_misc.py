@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: MIT
+"""Uses that used to crash the process or give raw driver errors: arrays
+over a closed IPC mapping, the IPC export of freed memory, arrays of a
+finished ``mapped()`` / ``pinned()`` block, the out-of-memory error of every
+allocation kind, and the range checks of the tunables.  Whatever could
+crash runs in a child process (``run_child``), so a crash is reported as a
+failure naming the signal."""
+
+import json
+import os
+import pathlib
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import cudamem as cuda
+from cudamem import _core
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def run_child(code, stdin=b"", timeout=120, **env):
+    """Run code in a fresh interpreter; its stdout.  A child killed by a
+    signal, or exiting non-zero, fails the test, naming the signal."""
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    e.update(env)
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                       input=stdin, env=e, capture_output=True,
+                       timeout=timeout)
+    out = p.stdout.decode(errors="replace")
+    err = p.stderr.decode(errors="replace")
+    if p.returncode < 0:
+        pytest.fail("the child process was killed by %s\n%s%s"
+                    % (signal.Signals(-p.returncode).name, out, err[-3000:]))
+    if p.returncode != 0:
+        pytest.fail("the child process exited with %d\n%s%s"
+                    % (p.returncode, out, err[-3000:]))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Arrays over a closed IPC mapping
+# ---------------------------------------------------------------------------
+
+# Opens the pickled IpcArrayHandle from stdin, closes it and tries every
+# use of the array (and of views made before and after the close); prints
+# {use: [exception type, message]} as JSON.
+IPC_USES = r"""
+import json, pickle, sys
+import numpy as np
+import cudamem as cuda
+
+h = pickle.loads(sys.stdin.buffer.read())
+arr = h.open()
+before = arr[2:]
+alias = cuda.as_cuda_array(arr)
+first = float(arr.copy_to_host()[0])
+h.close()
+try:
+    kernel = cuda.compile(
+        'extern "C" __global__ void f(double *x) { x[threadIdx.x] = 7; }'
+    ).get_function("f")
+except cuda.CudaSupportError:
+    kernel = None
+
+uses = {
+    "read": lambda: arr.copy_to_host(),
+    "write": lambda: arr.__setitem__(slice(None), 7.0),
+    "fill": lambda: arr[1:3].__setitem__(slice(None), 7.0),
+    "reshape_T": lambda: arr.reshape(3, 4).T,
+    "view_before": lambda: before.copy_to_host(),
+    "view_before_write": lambda: before.__setitem__(slice(None), 1.0),
+    "view_after": lambda: arr[1:],
+    "as_cuda_array_view": lambda: alias.copy_to_host(),
+    "copy_to_device": lambda: arr.copy_to_device(np.zeros(12)),
+    "device_to_device": lambda: cuda.device_array(12).copy_to_device(arr),
+    "cai": lambda: arr.__cuda_array_interface__,
+    "dlpack": lambda: arr.__dlpack__(),
+    "get_ipc_handle": lambda: arr.get_ipc_handle(),
+    "device_pointer": lambda: arr.gpu_data.device_pointer,
+}
+if kernel is not None:
+    uses["kernel_arg"] = lambda: kernel[1, 12](arr)
+out = {"first": first}
+for name, use in uses.items():
+    try:
+        use()
+        out[name] = None
+    except Exception as e:
+        out[name] = [type(e).__name__, str(e)]
+print(json.dumps(out))
+"""
+
+
+def test_ipc_array_after_close_raises_value_error(ctx):
+    a = cuda.to_device(np.arange(12.0))
+    h = a.get_ipc_handle()
+    out = json.loads(run_child(IPC_USES, stdin=pickle.dumps(h)))
+    assert out.pop("first") == 0.0
+    for name, got in out.items():
+        assert got is not None, "%s of a closed IPC array worked" % name
+        assert got[0] == "ValueError", (name, got)
+        if name == "kernel_arg":
+            assert "kernel argument 0" in got[1], got
+        elif name == "device_pointer":
+            assert "closed" in got[1], got
+        else:
+            assert "IPC handle was closed" in got[1], (name, got)
+    # The exporter's memory is untouched by the child's writes.
+    np.testing.assert_array_equal(a.copy_to_host(), np.arange(12.0))
+
+
+def test_ipc_open_pointer_is_a_memory_pointer(ctx):
+    # What open() gives is both the mapping and a MemoryPointer at the
+    # exported view, as numba's open gives a MemoryPointer.
+    a = cuda.to_device(np.arange(12.0))
+    h = a[3:].get_ipc_handle()
+    out = run_child(r"""
+        import pickle, sys
+        import numpy as np
+        import cudamem as cuda
+        from cudamem import _core
+        h = pickle.loads(sys.stdin.buffer.read())
+        ptr = h.ipc_handle.open(_core.current_context())
+        assert isinstance(ptr, cuda.MemoryPointer), type(ptr)
+        assert isinstance(ptr, _core.IpcMemory), type(ptr)
+        assert ptr.size == 72 and ptr.owner is ptr and not ptr.closed
+        v = ptr.view(8)
+        assert v.size == 64 and v.device_pointer == ptr.device_pointer + 8
+        arr = cuda.DeviceNDArray((9,), (8,), np.float64, gpu_data=ptr)
+        print(arr.copy_to_host().tolist())
+        h.ipc_handle.close()
+        assert ptr.closed
+        try:
+            arr.copy_to_host()
+        except ValueError as e:
+            print("ValueError", e)
+    """, stdin=pickle.dumps(h))
+    lines = out.splitlines()
+    assert lines[0] == str(np.arange(3.0, 12.0).tolist())
+    assert lines[1].startswith("ValueError") and "closed" in lines[1]
+
+
+# ---------------------------------------------------------------------------
+# The IPC export of freed memory
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_get_ipc_handle_of_freed_memory_raises(ctx, view):
+    d = cuda.to_device(np.arange(10.0))
+    v = d[2:]
+    d.gpu_data.free()
+    with pytest.raises(ValueError, match="freed"):
+        (v if view else d).get_ipc_handle()
+    with pytest.raises(ValueError, match="freed"):
+        cuda.as_cuda_array(d)
