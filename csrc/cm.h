@@ -1004,6 +1004,9 @@ int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
 /* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
  * the driver (pinned() / mapped()).  Call without the GIL. */
 int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
+/* hostmem.c: 1 if o is a HostRegistration (the gpu_data of mapped()'s
+ * device arrays) that was closed, else 0.  Never raises. */
+int cm_hostreg_closed(PyObject *o);
 
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */

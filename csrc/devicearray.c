@@ -1140,8 +1140,8 @@ cm_owner_ptr(PyObject *owner, CUdeviceptr *p)
 
 /* 0 if a's memory is still allocated; -1 with ValueError when its
  * DeviceAllocation (or that of the array it views, as as_cuda_array
- * makes) was freed with free(), or its IPC mapping (IpcMemory) was
- * closed. */
+ * makes) was freed with free(), its IPC mapping (IpcMemory) was
+ * closed, or its mapped() registration was closed. */
 static int
 cm_da_alive(cm_da *a)
 {
@@ -1160,6 +1160,12 @@ cm_da_alive(cm_da *a)
             PyErr_SetString(PyExc_ValueError,
                             "the array's device memory was unmapped "
                             "(its IPC handle was closed)");
+            return -1;
+        }
+        if (g != NULL && cm_hostreg_closed(g)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "the array's host memory is no longer mapped "
+                            "(its mapped() block has ended)");
             return -1;
         }
         if (g == NULL || !Py_IS_TYPE(g, ST->Mem_type)) {

@@ -1635,6 +1635,13 @@ typedef struct {
     int closed;               /* NOTE: set once, before unregistering */
 } cm_hostreg;
 
+int
+cm_hostreg_closed(PyObject *o)
+{
+    return Py_IS_TYPE(o, ST->HostRegistration_type)
+           && ((cm_hostreg *)o)->closed;
+}
+
 static int
 cm_reg_traverse(PyObject *self, visitproc visit, void *arg)
 {

@@ -161,3 +161,95 @@ def test_get_ipc_handle_of_freed_memory_raises(ctx, view):
         (v if view else d).get_ipc_handle()
     with pytest.raises(ValueError, match="freed"):
         cuda.as_cuda_array(d)
+
+
+# ---------------------------------------------------------------------------
+# Arrays of a finished mapped() / pinned() block
+# ---------------------------------------------------------------------------
+
+MAPPED_AFTER = r"""
+import json
+import numpy as np
+import cudamem as cuda
+from cudamem import _core
+
+h = np.zeros(8)
+with cuda.mapped(h) as m:
+    m[:] = 1.0
+    before = m[2:]
+two = [np.zeros(4), np.ones(4)]
+with cuda.mapped(*two, stream=cuda.stream()) as ms:
+    pass
+try:
+    kernel = cuda.compile(
+        'extern "C" __global__ void f(double *x) { x[threadIdx.x] = 7; }'
+    ).get_function("f")
+except cuda.CudaSupportError:
+    kernel = None
+uses = {
+    "write": lambda: m.__setitem__(slice(None), 7.0),
+    "read": lambda: m.copy_to_host(),
+    "copy_to_device": lambda: m.copy_to_device(np.full(8, 5.0)),
+    "view_before": lambda: before.copy_to_host(),
+    "view_after": lambda: m[1:],
+    "reshape_T": lambda: m.reshape(2, 4).T,
+    "cai": lambda: m.__cuda_array_interface__,
+    "dlpack": lambda: m.__dlpack__(),
+    "as_cuda_array": lambda: cuda.as_cuda_array(m),
+    "device_to_device": lambda: cuda.device_array(8).copy_to_device(m),
+    "second_of_two": lambda: ms[1].copy_to_host(),
+}
+if kernel is not None:
+    uses["kernel_arg"] = lambda: kernel[1, 8](m)
+out = {}
+for name, use in uses.items():
+    try:
+        use()
+        out[name] = None
+    except Exception as e:
+        out[name] = [type(e).__name__, str(e)]
+out["host"] = h.tolist()
+print(json.dumps(out))
+"""
+
+
+def test_mapped_array_after_the_block_raises_value_error():
+    out = json.loads(run_child(MAPPED_AFTER))
+    # The host array is ordinary memory again, and nothing wrote into it.
+    assert out.pop("host") == [1.0] * 8
+    for name, got in out.items():
+        assert got is not None, "%s after mapped() exited worked" % name
+        assert got[0] == "ValueError", (name, got)
+        if name == "kernel_arg":
+            assert "kernel argument 0" in got[1], got
+        else:
+            assert "no longer mapped" in got[1], (name, got)
+
+
+def test_pinned_arrays_stay_ordinary_memory_after_the_block(ctx):
+    # pinned() yields None; what survives it is the host array, which
+    # keeps working (as pageable memory), also for asynchronous copies
+    # queued inside the block and completed after it.
+    h = np.zeros(1 << 16)
+    d = cuda.to_device(np.arange(1 << 16, dtype=np.float64))
+    s = cuda.stream()
+    for _ in range(3):
+        with cuda.pinned(h) as p:
+            assert p is None
+            d.copy_to_host(h, stream=s)
+        s.synchronize()
+        np.testing.assert_array_equal(h, np.arange(1 << 16))
+        h[:] = 0
+    d.copy_to_host(h, stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(h, np.arange(1 << 16))
+    # The registration object, if one is kept, refuses its device side.
+    reg = _core._register_arrays((h,), False)
+    reg.close()
+    with pytest.raises(ValueError, match="registration is closed"):
+        reg.device_arrays()
+    reg = _core._register_arrays((h,), True)
+    m = reg.device_arrays()[0]
+    reg.close()
+    with pytest.raises(ValueError, match="no longer mapped"):
+        m.copy_to_host()
