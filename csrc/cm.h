@@ -527,6 +527,19 @@ typedef struct cm_uses {
  * once.  GIL held.  0, or -1 with MemoryError. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
+/* What the free and total attributes of an out-of-memory error count. */
+enum {
+    CM_OOM_DEVICE = 0,    /* device memory (device and managed arrays) */
+    CM_OOM_HOST           /* the host's RAM (pinned and mapped arrays) */
+};
+
+/* Raise CudaOutOfMemoryError for a failed allocation of size bytes in
+ * ctx by fn (rc the driver's answer), with the attributes requested,
+ * free, total, pending_bytes, pool_reserved and largest_free_block, all
+ * repeated in the message.  where: CM_OOM_*. */
+void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
+                     const char *fn, int where);
+
 /* What a queued release does. */
 enum {
     CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */

@@ -341,6 +341,14 @@ cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
             return -1;
         }
     }
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* The same error, and attributes, as device_array's. */
+        cm_raise_oom_at(ctx, rc, size,
+                        kind == CM_HM_MANAGED ? "cuMemAllocManaged"
+                                              : "cuMemHostAlloc",
+                        kind == CM_HM_MANAGED ? CM_OOM_DEVICE : CM_OOM_HOST);
+        return -1;
+    }
     return cm_raise_cu(rc, kind == CM_HM_MANAGED ? "cuMemAllocManaged"
                                                  : "cuMemHostAlloc");
 }

@@ -253,3 +253,79 @@ def test_pinned_arrays_stay_ordinary_memory_after_the_block(ctx):
     reg.close()
     with pytest.raises(ValueError, match="no longer mapped"):
         m.copy_to_host()
+
+
+# ---------------------------------------------------------------------------
+# Out-of-memory errors of every allocation kind
+# ---------------------------------------------------------------------------
+
+OOM_ATTRS = ("requested", "free", "total", "pending_bytes", "pool_reserved",
+             "largest_free_block")
+
+OOM_KINDS = r"""
+import json, os
+import numpy as np
+import cudamem as cuda
+
+huge = int(os.environ["HUGE"])
+kinds = {
+    "device_array": lambda: cuda.device_array(huge, dtype=np.uint8),
+    "managed_array": lambda: cuda.managed_array(huge, dtype=np.uint8),
+    "pinned_array": lambda: cuda.pinned_array(huge, dtype=np.uint8),
+    "mapped_array": lambda: cuda.mapped_array(huge, dtype=np.uint8),
+}
+out = {}
+for name, alloc in kinds.items():
+    try:
+        alloc()
+        out[name] = None
+    except Exception as e:
+        out[name] = {
+            "mro": [c.__name__ for c in type(e).__mro__],
+            "msg": str(e),
+            "attrs": {k: getattr(e, k, "MISSING") for k in %r},
+        }
+    # The process goes on: a small allocation of the same kind works.
+    kinds[name] = None
+    small = {"device_array": cuda.device_array,
+             "managed_array": cuda.managed_array,
+             "pinned_array": cuda.pinned_array,
+             "mapped_array": cuda.mapped_array}[name](16)
+    assert small.shape == (16,)
+print(json.dumps(out))
+""" % (OOM_ATTRS,)
+
+
+@pytest.mark.parametrize("manager", ["default", "pool", "async"])
+def test_oom_error_of_every_allocation_kind(manager):
+    # On the simulator a small device makes device and managed memory
+    # run out; an absurd size makes page-locked host memory run out (the
+    # simulator's mmap fails, as the driver's cuMemHostAlloc does).
+    env = {"CUDAMEM_MEMORY_MANAGER": manager, "HUGE": str(1 << 56)}
+    if os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "", "false"):
+        env["CUDAMEM_SIM_MEMORY"] = str(64 << 20)
+    out = json.loads(run_child(OOM_KINDS, **env))
+    for kind, got in out.items():
+        assert got is not None, "%s of 2**56 bytes worked" % kind
+        assert got["mro"][:3] == ["CudaOutOfMemoryError", "CudaAPIError",
+                                  "CudaDriverError"], (kind, got)
+        assert "MemoryError" in got["mro"], (kind, got)
+        attrs = got["attrs"]
+        assert "MISSING" not in attrs.values(), (kind, attrs)
+        assert attrs["requested"] >= 1 << 56, (kind, attrs)
+        assert 0 <= attrs["free"] <= attrs["total"], (kind, attrs)
+        assert attrs["total"] > 0, (kind, attrs)
+        assert attrs["pending_bytes"] >= 0 and attrs["pool_reserved"] >= 0
+        # The message repeats them.
+        assert "%d bytes requested" % attrs["requested"] in got["msg"], got
+        assert "of %d bytes free" % attrs["total"] in got["msg"], got
+        where = ("in host memory" if kind in ("pinned_array", "mapped_array")
+                 else "on device 0")
+        assert where in got["msg"], (kind, got["msg"])
+    # free / total: device memory for device and managed arrays, host
+    # memory for pinned and mapped ones.
+    assert (out["managed_array"]["attrs"]["total"]
+            == out["device_array"]["attrs"]["total"])
+    host_total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for kind in ("pinned_array", "mapped_array"):
+        assert out[kind]["attrs"]["total"] == host_total, out[kind]
