@@ -38,6 +38,7 @@
 #include "cm.h"
 
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -2539,7 +2540,11 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
     const char *v = getenv("CUDAMEM_PINNED_POOL");
     int i;
 
-    cm_hpool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+    /* A flag, as cudamem.config checks it: 1/0, true/false, yes/no,
+     * on/off. */
+    cm_hpool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0
+                  && strcasecmp(v, "false") != 0 && strcasecmp(v, "no") != 0
+                  && strcasecmp(v, "off") != 0;
     cm_hpool_cap = cm_pool_default_cap();
     if (cm_reg_lock == NULL) {
         cm_reg_lock = PyThread_allocate_lock();

@@ -1138,11 +1138,11 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
  * environment variable (read at import) and its _staging_config keyword:
  *
  *   CUDAMEM_STAGING_THRESHOLD  threshold  0 .. 1 TiB      (default 4 MiB)
- *   CUDAMEM_STAGING_CHUNK      chunk      4 KiB .. 1 GiB  (default 8 MiB)
+ *   CUDAMEM_STAGING_CHUNK      chunk      4 KiB .. 64 MiB (default 8 MiB)
  *   CUDAMEM_STAGING_BUFFERS    buffers    2 .. 16         (default 3)
  *   CUDAMEM_STAGING_THREADS    threads    0 .. 256        (default: the
  *                                         CPUs, at most 8)
- *   (keyword only)             part       64 .. 1 GiB     (default 256 KiB)
+ *   (keyword only)             part       64 .. 64 MiB    (default 256 KiB)
  *   CUDAMEM_STAGING_RAMP       ramp       0 .. 6          (default 0)
  *   CUDAMEM_STAGING_SPIN       spin       0 .. 100000 us  (default 50 with
  *                                         twice as many CPUs as threads,
@@ -1153,7 +1153,9 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
  * in the environment are digits with an optional K, M or G (powers of
  * 1024, "KiB"/"KB" spellings too).  A value outside its range raises
  * ValueError naming the variable (or keyword) and the range: a chunk of
- * one byte made a 4 MiB copy take most of a minute. */
+ * one byte made a 4 MiB copy take most of a minute, and each transfer
+ * holds up to buffers x chunk bytes of page-locked staging memory (1 GiB
+ * chunks took seconds to allocate for a 4 MiB copy). */
 typedef struct {
     const char *env;          /* the variable, or NULL (keyword only) */
     const char *kw;           /* the _staging_config keyword */
@@ -1170,11 +1172,11 @@ enum {
 static const cm_stg_range cm_stg_ranges[CM_R_N] = {
     {"CUDAMEM_STAGING_THRESHOLD", "threshold", 0, 1ULL << 40,
      "0 to 1 TiB (1099511627776) bytes"},
-    {"CUDAMEM_STAGING_CHUNK", "chunk", 4096, 1ULL << 30,
-     "4 KiB (4096) to 1 GiB (1073741824) bytes"},
+    {"CUDAMEM_STAGING_CHUNK", "chunk", 4096, 1ULL << 26,
+     "4 KiB (4096) to 64 MiB (67108864) bytes"},
     {"CUDAMEM_STAGING_BUFFERS", "buffers", 2, CM_STG_MAXBUF, "2 to 16"},
     {"CUDAMEM_STAGING_THREADS", "threads", 0, 256, "0 to 256"},
-    {NULL, "part", 64, 1ULL << 30, "64 to 1073741824 bytes"},
+    {NULL, "part", 64, 1ULL << 26, "64 to 67108864 bytes"},
     {"CUDAMEM_STAGING_RAMP", "ramp", 0, CM_STG_MAXRAMP, "0 to 6"},
     {"CUDAMEM_STAGING_SPIN", "spin", 0, 100000,
      "0 to 100000 microseconds"},
@@ -1336,8 +1338,8 @@ PyDoc_STRVAR(cm_staging_config_doc,
 "--\n\n"
 "Set the staging pipeline's tunables given (the rest stay) and return\n"
 "them all as a dict.  Worker threads are only ever added.  Ranges:\n"
-"threshold 0 to 2**40 bytes, chunk 4096 to 2**30, buffers 2 to 16,\n"
-"threads 0 to 256, part 64 to 2**30, ramp 0 to 6, spin 0 to 100000\n"
+"threshold 0 to 2**40 bytes, chunk 4096 to 2**26, buffers 2 to 16,\n"
+"threads 0 to 256, part 64 to 2**26, ramp 0 to 6, spin 0 to 100000\n"
 "(microseconds); a value outside raises ValueError naming it.");
 
 static PyObject *

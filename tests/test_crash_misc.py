@@ -329,3 +329,161 @@ def test_oom_error_of_every_allocation_kind(manager):
     host_total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     for kind in ("pinned_array", "mapped_array"):
         assert out[kind]["attrs"]["total"] == host_total, out[kind]
+
+
+# ---------------------------------------------------------------------------
+# Tunables: every one has a range, and a value outside it is a ValueError
+# naming it
+# ---------------------------------------------------------------------------
+
+
+def import_error(**env):
+    """What ``import cudamem`` (and a first use) says under env: "ok", or
+    the exception's type and message."""
+    return run_child(r"""
+        try:
+            import numpy as np
+            import cudamem as cuda
+            cuda.to_device(np.arange(1 << 19, dtype=np.float64))
+            print("ok")
+        except Exception as e:
+            print("%s: %s" % (type(e).__name__, e))
+    """, timeout=60, **env).strip()
+
+
+@pytest.mark.parametrize("name, value, expect", [
+    ("CUDAMEM_STAGING_CHUNK", "0", "4 KiB (4096) to 64 MiB"),
+    ("CUDAMEM_STAGING_CHUNK", "1", "4 KiB (4096) to 64 MiB"),
+    ("CUDAMEM_STAGING_CHUNK", "65M", "4 KiB (4096) to 64 MiB"),
+    ("CUDAMEM_STAGING_CHUNK", "8Q", "4 KiB (4096) to 64 MiB"),
+    ("CUDAMEM_STAGING_THRESHOLD", "-5", "0 to 1 TiB"),
+    ("CUDAMEM_STAGING_BUFFERS", "1", "2 to 16"),
+    ("CUDAMEM_STAGING_BUFFERS", "17", "2 to 16"),
+    ("CUDAMEM_STAGING_THREADS", "1000", "0 to 256"),
+    ("CUDAMEM_STAGING_RAMP", "7", "0 to 6"),
+    ("CUDAMEM_STAGING_SPIN", "100001", "0 to 100000 microseconds"),
+    ("CUDAMEM_STAGING", "maybe", "1/0, true/false"),
+    ("CUDAMEM_STAGING_NT", "2", "1/0, true/false"),
+    ("CUDAMEM_STAGING_HUGE", "x", "1/0, true/false"),
+    ("CUDAMEM_MAX_PENDING_DEALLOCS_COUNT", "-1", "0 to 2147483647"),
+    ("NUMBA_CUDA_MAX_PENDING_DEALLOCS_COUNT", "ten", "0 to 2147483647"),
+    ("CUDAMEM_MAX_PENDING_DEALLOCS_RATIO", "1.5", "0.0 to 1.0"),
+    ("CUDAMEM_STREAM_CACHE_SIZE", "17", "0 to 16"),
+    ("CUDAMEM_ARRAY_INTERFACE_SYNC", "sometimes", "1/0, true/false"),
+    ("CUDAMEM_PER_THREAD_DEFAULT_STREAM", "2", "1/0, true/false"),
+    ("CUDAMEM_WARN_ON_IMPLICIT_COPY", "y", "1/0, true/false"),
+    ("CUDAMEM_PINNED_POOL", "2", "1/0, true/false"),
+    ("CUDAMEM_POOL_LIMIT", "4X", "0 to 9223372036854775807"),
+    ("CUDAMEM_POOL_LIMIT", "-1", "0 to 9223372036854775807"),
+    ("CUDAMEM_ASYNC_RELEASE_THRESHOLD", "99999999999G",
+     "0 to 18446744073709551615"),
+    ("CUDAMEM_SIM_DEVICES", "0", "1 to 16"),
+    ("CUDAMEM_SIM_MEMORY", "1000", "1048576 (1 MiB) to 2**50"),
+    ("CUDAMEM_SIM_DELAY_US", "-1", "0 to 60000000"),
+    ("CUDAMEM_SIM_NO_PEER", "0-0", "pairs of distinct devices"),
+])
+def test_environment_tunable_out_of_range(name, value, expect):
+    out = import_error(**{name: value})
+    assert out.startswith("ValueError: %s=%s is not valid" % (name, value)), \
+        out
+    assert expect in out, out
+
+
+@pytest.mark.parametrize("env", [
+    {"CUDAMEM_STAGING_CHUNK": "4K", "CUDAMEM_STAGING_THRESHOLD": "0"},
+    {"CUDAMEM_STAGING_CHUNK": "64MiB", "CUDAMEM_STAGING_BUFFERS": "2",
+     "CUDAMEM_STAGING_RAMP": "6", "CUDAMEM_STAGING_SPIN": "100000",
+     "CUDAMEM_STAGING_THREADS": "0"},
+    {"CUDAMEM_STAGING_BUFFERS": "16", "CUDAMEM_STAGING_THREADS": "256",
+     "CUDAMEM_STAGING_THRESHOLD": "1024G"},
+    {"CUDAMEM_STAGING": "off", "CUDAMEM_STAGING_NT": "yes",
+     "CUDAMEM_STAGING_HUGE": "False"},
+    {"CUDAMEM_MAX_PENDING_DEALLOCS_COUNT": "0",
+     "CUDAMEM_MAX_PENDING_DEALLOCS_RATIO": "1",
+     "CUDAMEM_STREAM_CACHE_SIZE": "0", "CUDAMEM_PINNED_POOL": "off",
+     "CUDAMEM_POOL_LIMIT": "4M", "CUDAMEM_ASYNC_RELEASE_THRESHOLD": "0"},
+])
+def test_environment_tunables_at_their_bounds(env):
+    assert import_error(**env) == "ok"
+
+
+def test_staging_chunk_of_one_byte_is_refused_not_slow(ctx):
+    # It was clamped to one byte: a 4 MiB to_device took most of a minute.
+    old = _core._staging_config()
+    try:
+        for chunk in (0, 1, 4095, (64 << 20) + 1, -1, 2 ** 70):
+            with pytest.raises(ValueError, match=r"_staging_config\(chunk="):
+                _core._staging_config(chunk=chunk)
+        assert _core._staging_config() == old
+        c = _core._staging_config(chunk=4096, threshold=1)
+        assert c["chunk"] == 4096
+        h = np.arange(1 << 19, dtype=np.float64)       # 4 MiB
+        np.testing.assert_array_equal(cuda.to_device(h).copy_to_host(), h)
+    finally:
+        _core._staging_config(**old)
+
+
+@pytest.mark.parametrize("kw, expect", [
+    ({"threshold": -1}, "0 to 1 TiB"),
+    ({"threshold": 2 ** 41}, "0 to 1 TiB"),
+    ({"buffers": 1}, "2 to 16"),
+    ({"buffers": 17}, "2 to 16"),
+    ({"threads": 257}, "0 to 256"),
+    ({"part": 63}, "64 to 67108864"),
+    ({"part": (64 << 20) + 1}, "64 to 67108864"),
+    ({"ramp": 7}, "0 to 6"),
+    ({"spin": 100001}, "0 to 100000 microseconds"),
+])
+def test_staging_config_keyword_out_of_range(ctx, kw, expect):
+    old = _core._staging_config()
+    with pytest.raises(ValueError, match=r"_staging_config\(%s=" % next(
+            iter(kw))) as e:
+        _core._staging_config(**kw)
+    assert expect in str(e.value)
+    assert _core._staging_config() == old        # nothing was changed
+
+
+def test_run_time_setters_check_their_range(ctx, monkeypatch):
+    from cudamem import config
+
+    for name, bad in [("CUDA_DEALLOCS_COUNT", -1),
+                      ("CUDA_DEALLOCS_COUNT", 2 ** 31),
+                      ("CUDA_DEALLOCS_RATIO", -0.1),
+                      ("CUDA_DEALLOCS_RATIO", 1.5),
+                      ("CUDA_DEALLOCS_RATIO", "lots"),
+                      ("CUDA_STREAM_CACHE_SIZE", 17)]:
+        before = getattr(config, name)
+        with pytest.raises(ValueError, match=name):
+            setattr(config, name, bad)
+        assert getattr(config, name) == before
+    monkeypatch.setattr(config, "CUDA_DEALLOCS_COUNT", 0)
+    monkeypatch.setattr(config, "CUDA_DEALLOCS_RATIO", 1.0)
+    assert (config.CUDA_DEALLOCS_COUNT, config.CUDA_DEALLOCS_RATIO) == (0, 1.0)
+
+
+def test_pool_limit_and_release_threshold_check_their_range():
+    out = run_child(r"""
+        import cudamem as cuda
+        for manager in ("pool", "async"):
+            cuda.set_memory_manager(manager)
+            mm = cuda.current_context(0).memory_manager
+            for bad in (-1, 2 ** 63):
+                try:
+                    mm.limit = bad
+                    print(manager, "limit", bad, "accepted")
+                except ValueError as e:
+                    print(manager, "limit ValueError", e)
+            mm.limit = 0
+            if manager == "async":
+                for bad in (-1, 2 ** 64):
+                    try:
+                        mm.release_threshold = bad
+                        print("release_threshold", bad, "accepted")
+                    except ValueError as e:
+                        print("release_threshold ValueError", e)
+            cuda.close()
+    """)
+    lines = out.splitlines()
+    assert len(lines) == 6, out
+    for line in lines:
+        assert "ValueError" in line and "must be from 0 to" in line, line
