@@ -1475,6 +1475,9 @@ static PyObject *
 cm_staging_trim_fn(PyObject *mod, PyObject *unused)
 {
     cm_sbuf *drop;
+    cm_context *live[CM_MAX_DEVICES];
+    unsigned long gen[CM_STG_DEVICES];
+    int n;
     int d;
 
     (void)mod;
@@ -1482,12 +1485,26 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
     if (cm_driver_ensure() < 0) {
         return NULL;
     }
+    /* The generation of each device's live context: buffers of an
+     * earlier one (closed, or reset) went with it, events included. */
+    memset(gen, 0, sizeof(gen));
+    n = cm_context_live(live);
+    for (d = 0; d < n; d++) {
+        if (live[d]->device->id >= 0
+            && live[d]->device->id < CM_STG_DEVICES) {
+            gen[live[d]->device->id] = live[d]->gen;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&cm_stg_mu);
     drop = NULL;
     for (d = 0; d < CM_STG_DEVICES; d++) {
         cm_scache *c = &cm_caches[d];
 
+        if (c->free != NULL && (gen[d] == 0 || c->gen != gen[d])) {
+            (void)cm_cache_of_locked(d, gen[d]);
+            continue;
+        }
         while (c->free != NULL) {
             cm_sbuf *b = c->free;
 

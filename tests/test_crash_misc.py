@@ -421,6 +421,29 @@ def test_staging_chunk_of_one_byte_is_refused_not_slow(ctx):
         np.testing.assert_array_equal(cuda.to_device(h).copy_to_host(), h)
     finally:
         _core._staging_config(**old)
+        cuda.synchronize()
+        _core._staging_trim()
+
+
+def test_staging_trim_after_close():
+    # The cached staging buffers of a closed context went with it (their
+    # events too): trimming them must not destroy those events again,
+    # which aborted the simulator ("not a live event").
+    out = run_child(r"""
+        import numpy as np
+        import cudamem as cuda
+        from cudamem import _core
+        h = np.arange(1 << 20, dtype=np.float64)
+        cuda.to_device(h)
+        assert _core._staging_stats()["buffers"] > 0
+        cuda.close()
+        _core._staging_trim()
+        assert _core._staging_stats()["buffers"] == 0
+        np.testing.assert_array_equal(cuda.to_device(h).copy_to_host(), h)
+        _core._staging_trim()
+        print(_core._staging_stats()["buffers"])
+    """)
+    assert out.strip() == "0"
 
 
 @pytest.mark.parametrize("kw, expect", [
