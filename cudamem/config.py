@@ -27,6 +27,7 @@ CUDAMEM_MEMORY_MANAGER                  default, pool, async default
 CUDAMEM_PINNED_POOL                     flag                 off
 CUDAMEM_POOL_LIMIT                      size 0 .. 2**63-1    0 (none)
 CUDAMEM_ASYNC_RELEASE_THRESHOLD         size 0 .. 2**64-1    2**64-1
+CUDAMEM_POOL_POISON (checked by _core)  integer 0 .. 255     0 (off)
 CUDAMEM_SIM_DEVICES                     integer 1 .. 16      1
 CUDAMEM_SIM_MEMORY                      integer 2**20 ..     1 GiB
                                         2**50 (bytes)
