@@ -228,12 +228,15 @@ typedef struct cm_state {
     PyTypeObject *IpcArrayHandleBase_type;
     /* cudamem._ipc's IpcHandle, IpcArrayHandle (subclasses of the two
      * types above), _RawHandle and _export_array, and cudamem._emm's
-     * MemoryPointer, fetched on the first export */
+     * MemoryPointer, fetched on the first export (or open) */
     PyObject *IpcHandle;
     PyObject *IpcArrayHandle;
     PyObject *IpcRawHandle;
     PyObject *ipc_export_array;
     PyObject *MemoryPointer;
+    /* cudamem._ipc's _IpcPointer (an IpcMemory and a MemoryPointer): the
+     * type of what an open makes, fetched with the above */
+    PyObject *IpcPointer;
 
     PyTypeObject *HostMem_type;
     PyTypeObject *HostRegistration_type;
@@ -523,6 +526,19 @@ typedef struct cm_uses {
  * managers made for another stream record it; the others return at
  * once.  GIL held.  0, or -1 with MemoryError. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
+
+/* What the free and total attributes of an out-of-memory error count. */
+enum {
+    CM_OOM_DEVICE = 0,    /* device memory (device and managed arrays) */
+    CM_OOM_HOST           /* the host's RAM (pinned and mapped arrays) */
+};
+
+/* Raise CudaOutOfMemoryError for a failed allocation of size bytes in
+ * ctx by fn (rc the driver's answer), with the attributes requested,
+ * free, total, pending_bytes, pool_reserved and largest_free_block, all
+ * repeated in the message.  where: CM_OOM_*. */
+void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
+                     const char *fn, int where);
 
 /* What a queued release does. */
 enum {
@@ -1001,6 +1017,9 @@ int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
 /* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
  * the driver (pinned() / mapped()).  Call without the GIL. */
 int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
+/* hostmem.c: 1 if o is a HostRegistration (the gpu_data of mapped()'s
+ * device arrays) that was closed, else 0.  Never raises. */
+int cm_hostreg_closed(PyObject *o);
 
 /* ------------------------------------------------------------------ */
 /* init functions, called from module exec in this order               */
@@ -1037,6 +1056,9 @@ PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
 CUresult cm_ipc_pool_release(uintptr_t imp);
 /* The same for an import whose context was closed: no driver call. */
 void cm_ipc_pool_drop(uintptr_t imp);
+/* 1 if o is an IpcMemory (what IpcHandle.open gives) that was closed,
+ * else 0.  Never raises. */
+int cm_ipc_mem_closed(PyObject *o);
 /* ctx is being closed (still alive, GIL held): free what it still
  * imports from other processes' pools and destroy those pools.  Never
  * raises. */

@@ -1140,7 +1140,8 @@ cm_owner_ptr(PyObject *owner, CUdeviceptr *p)
 
 /* 0 if a's memory is still allocated; -1 with ValueError when its
  * DeviceAllocation (or that of the array it views, as as_cuda_array
- * makes) was freed with free(). */
+ * makes) was freed with free(), its IPC mapping (IpcMemory) was
+ * closed, or its mapped() registration was closed. */
 static int
 cm_da_alive(cm_da *a)
 {
@@ -1152,10 +1153,21 @@ cm_da_alive(cm_da *a)
         return 0;
     }
     if (!Py_IS_TYPE(g, ST->Mem_type)) {
-        if (!cm_da_check(g)) {
-            return 0;
+        if (cm_da_check(g)) {
+            g = ((cm_da *)g)->gpu_data;
         }
-        g = ((cm_da *)g)->gpu_data;
+        if (g != NULL && cm_ipc_mem_closed(g)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "the array's device memory was unmapped "
+                            "(its IPC handle was closed)");
+            return -1;
+        }
+        if (g != NULL && cm_hostreg_closed(g)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "the array's host memory is no longer mapped "
+                            "(its mapped() block has ended)");
+            return -1;
+        }
         if (g == NULL || !Py_IS_TYPE(g, ST->Mem_type)) {
             return 0;
         }
@@ -2431,6 +2443,10 @@ cm_da_get_cai(PyObject *self, void *unused)
     int r;
 
     (void)unused;
+    /* Freed or unmapped memory is not handed to other libraries. */
+    if (cm_da_alive(a) < 0) {
+        return NULL;
+    }
     d = PyDict_New();
     if (d == NULL) {
         return NULL;

@@ -38,6 +38,7 @@
 #include "cm.h"
 
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -340,6 +341,14 @@ cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
         if (cm_make_room(ctx) < 0) {
             return -1;
         }
+    }
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* The same error, and attributes, as device_array's. */
+        cm_raise_oom_at(ctx, rc, size,
+                        kind == CM_HM_MANAGED ? "cuMemAllocManaged"
+                                              : "cuMemHostAlloc",
+                        kind == CM_HM_MANAGED ? CM_OOM_DEVICE : CM_OOM_HOST);
+        return -1;
     }
     return cm_raise_cu(rc, kind == CM_HM_MANAGED ? "cuMemAllocManaged"
                                                  : "cuMemHostAlloc");
@@ -1635,6 +1644,13 @@ typedef struct {
     int closed;               /* NOTE: set once, before unregistering */
 } cm_hostreg;
 
+int
+cm_hostreg_closed(PyObject *o)
+{
+    return Py_IS_TYPE(o, ST->HostRegistration_type)
+           && ((cm_hostreg *)o)->closed;
+}
+
 static int
 cm_reg_traverse(PyObject *self, visitproc visit, void *arg)
 {
@@ -2524,7 +2540,11 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
     const char *v = getenv("CUDAMEM_PINNED_POOL");
     int i;
 
-    cm_hpool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+    /* A flag, as cudamem.config checks it: 1/0, true/false, yes/no,
+     * on/off. */
+    cm_hpool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0
+                  && strcasecmp(v, "false") != 0 && strcasecmp(v, "no") != 0
+                  && strcasecmp(v, "off") != 0;
     cm_hpool_cap = cm_pool_default_cap();
     if (cm_reg_lock == NULL) {
         cm_reg_lock = PyThread_allocate_lock();

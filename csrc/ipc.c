@@ -31,10 +31,14 @@
  *   attribute says which kind it is;
  * - IpcMemory, the owner of one imported mapping: opened with
  *   cuIpcOpenMemHandle (made by _ipc_open), or a memory-pool import (made
- *   by _ipc_open_pool).  Arrays over the mapping hold it through their
- *   gpu_data.  close() unmaps at once (cuIpcCloseMemHandle, or cuMemFree
- *   of the import) and is idempotent; otherwise dealloc queues the close
- *   on its context's memory queue, like a free;
+ *   by _ipc_open_pool).  What they make is an instance of
+ *   cudamem._ipc._IpcPointer, a subclass that is also a MemoryPointer,
+ *   and is the gpu_data of the arrays over the mapping, so that an
+ *   array's use tests the closed flag as it tests a DeviceAllocation's
+ *   freed flag (ValueError once closed).  close() unmaps at once
+ *   (cuIpcCloseMemHandle, or cuMemFree of the import) and is idempotent;
+ *   otherwise dealloc queues the close on its context's memory queue,
+ *   like a free;
  * - the memory-pool imports of this process: one import of a pool per
  *   importing context and exporter's pool, one import of an allocation
  *   per context and export, counted by the IpcMemory objects over it (the
@@ -63,9 +67,12 @@
 typedef struct {
     PyObject_HEAD
     cm_context *ctx;      /* strong: the context it was opened in */
-    CUdeviceptr ptr;      /* the mapped address */
-    size_t size;          /* bytes the opener asked for */
-    int closed;           /* NOTE: set once, before the close is issued */
+    CUdeviceptr ptr;      /* the mapped address (the allocation's base) */
+    size_t off;           /* where the opener's bytes start past ptr */
+    size_t size;          /* bytes the opener uses, from ptr + off */
+    int closed;           /* NOTE: set once, before the close is issued;
+                           * arrays over the memory test it before each
+                           * use (cm_ipc_mem_closed) */
     void *imp;            /* a memory-pool import (cm_iptr, counted), or
                            * NULL for a cuIpcOpenMemHandle mapping */
     PyObject *weakreflist;
@@ -261,6 +268,13 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 /* IpcMemory                                                           */
 /* ------------------------------------------------------------------ */
 
+int
+cm_ipc_mem_closed(PyObject *o)
+{
+    return PyObject_TypeCheck(o, cm_st->IpcMemory_type)
+           && ((cm_ipcmem *)o)->closed;
+}
+
 static int
 cm_ipcmem_check_open(cm_ipcmem *m)
 {
@@ -271,12 +285,64 @@ cm_ipcmem_check_open(cm_ipcmem *m)
     return 0;
 }
 
+static int cm_ipc_classes(void);
+
+/* The two non-negative sizes of an open: size, and offset (0 when
+ * absent).  0, or -1 with an exception. */
+static int
+cm_ipc_sizes(PyObject *size_arg, PyObject *off_arg, Py_ssize_t *size,
+             Py_ssize_t *off)
+{
+    *off = 0;
+    *size = PyNumber_AsSsize_t(size_arg, PyExc_OverflowError);
+    if (*size == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (off_arg != NULL) {
+        *off = PyNumber_AsSsize_t(off_arg, PyExc_OverflowError);
+        if (*off == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    if (*size < 0 || *off < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "size and offset must not be negative, got %zd and %zd",
+                     *size, *off);
+        return -1;
+    }
+    return 0;
+}
+
+/* A new IpcMemory (an instance of cudamem._ipc._IpcPointer) over the
+ * mapping at p of ctx, showing size bytes from p + off; imp as for the
+ * field.  NULL with an exception (the mapping is then the caller's). */
+static cm_ipcmem *
+cm_ipcmem_new(cm_context *ctx, CUdeviceptr p, Py_ssize_t off,
+              Py_ssize_t size, void *imp)
+{
+    PyTypeObject *tp = (PyTypeObject *)cm_st->IpcPointer;
+    /* tp_alloc zeroes the object and tracks it */
+    cm_ipcmem *m = (cm_ipcmem *)tp->tp_alloc(tp, 0);
+
+    if (m == NULL) {
+        return NULL;
+    }
+    m->ctx = (cm_context *)Py_NewRef(ctx);
+    m->ptr = p;
+    m->off = (size_t)off;
+    m->size = (size_t)size;
+    m->closed = 0;
+    m->imp = imp;
+    return m;
+}
+
 PyDoc_STRVAR(cm_ipc_open_doc,
-"_ipc_open(context, handle, size, /)\n--\n\n"
+"_ipc_open(context, handle, size, offset=0, /)\n--\n\n"
 "Map the memory that handle (64 bytes from another process's\n"
 "cuIpcGetMemHandle) names into context, with lazy peer access: a new\n"
-"IpcMemory whose device_pointer is the allocation's base.  size is the\n"
-"number of bytes the caller will use, for its size attribute.");
+"IpcMemory (a cudamem._ipc._IpcPointer) whose device_pointer is offset\n"
+"bytes past the allocation's base and whose size is size, the bytes the\n"
+"caller will use from there.");
 
 static PyObject *
 cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -284,28 +350,24 @@ cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     cm_context *ctx;
     Py_buffer view;
     Py_ssize_t size;
+    Py_ssize_t off;
     CUipcMemHandle h;
     CUdeviceptr p = 0;
     cm_ipcmem *m;
     int err;
 
     (void)mod;
-    if (nargs != 3) {
+    if (nargs != 3 && nargs != 4) {
         PyErr_Format(PyExc_TypeError,
-                     "_ipc_open() takes 3 arguments (%zd given)", nargs);
+                     "_ipc_open() takes 3 or 4 arguments (%zd given)",
+                     nargs);
         return NULL;
     }
     ctx = cm_ipc_context_arg(args[0]);
-    if (ctx == NULL) {
-        return NULL;
-    }
-    size = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
-    if (size == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "size must not be negative, got %zd",
-                     size);
+    if (ctx == NULL
+        || cm_ipc_sizes(args[2], nargs == 4 ? args[3] : NULL, &size, &off)
+               < 0
+        || cm_ipc_classes() < 0) {
         return NULL;
     }
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
@@ -328,19 +390,12 @@ cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (err < 0) {
         return NULL;
     }
-    m = PyObject_GC_New(cm_ipcmem, cm_st->IpcMemory_type);
+    m = cm_ipcmem_new(ctx, p, off, size, NULL);
     if (m == NULL) {
         /* The mapping is still ours to undo. */
         (void)CM_CU_RAW(IpcCloseMemHandle, (p));
         return NULL;
     }
-    m->ctx = (cm_context *)Py_NewRef(ctx);
-    m->ptr = p;
-    m->size = (size_t)size;
-    m->closed = 0;
-    m->imp = NULL;
-    m->weakreflist = NULL;
-    PyObject_GC_Track(m);
     return (PyObject *)m;
 }
 
@@ -348,8 +403,9 @@ PyDoc_STRVAR(cm_ipcmem_close_doc,
 "close($self, /)\n--\n\n"
 "Unmap now (cuIpcCloseMemHandle, or cuMemFree of a memory-pool import\n"
 "once no other open of it in this context remains).  Arrays over the\n"
-"mapping are dead afterwards: using them raises CudaAPIError.  A second\n"
-"call does nothing.");
+"mapping are dead afterwards: using them (copies, kernels, views, CAI\n"
+"and DLPack exports, IPC export) raises ValueError.  A second call does\n"
+"nothing.");
 
 static PyObject *
 cm_ipcmem_close(PyObject *self, PyObject *unused)
@@ -401,7 +457,7 @@ cm_ipcmem_get_ptr(PyObject *self, void *unused)
     if (cm_ipcmem_check_open(m) < 0) {
         return NULL;
     }
-    return PyLong_FromUnsignedLongLong(m->ptr);
+    return PyLong_FromUnsignedLongLong(m->ptr + m->off);
 }
 
 static PyObject *
@@ -466,7 +522,8 @@ cm_ipcmem_dealloc(PyObject *self)
 
 static PyGetSetDef cm_ipcmem_getset[] = {
     {"device_pointer", cm_ipcmem_get_ptr, NULL,
-     "The mapped address, as an int (ValueError once closed).", NULL},
+     "The address of the opener's bytes in the mapping, as an int "
+     "(ValueError once closed).", NULL},
     {"handle", cm_ipcmem_get_ptr, NULL, "The same as device_pointer.",
      NULL},
     {"size", cm_ipcmem_get_size, NULL, "The bytes the opener uses.", NULL},
@@ -508,7 +565,7 @@ static PyType_Slot cm_ipcmem_slots[] = {
 static PyType_Spec cm_ipcmem_spec = {
     .name = "cudamem.IpcMemory",
     .basicsize = sizeof(cm_ipcmem),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE
              | Py_TPFLAGS_IMMUTABLETYPE
              | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = cm_ipcmem_slots,
@@ -922,14 +979,14 @@ err_unref_pool:
 }
 
 PyDoc_STRVAR(cm_ipc_open_pool_doc,
-"_ipc_open_pool(context, handle, size, pool, source, /)\n--\n\n"
+"_ipc_open_pool(context, handle, size, pool, source, offset=0, /)\n--\n\n"
 "Import into context the allocation of another process's memory pool\n"
 "that handle (64 bytes of cuMemPoolExportPointer) names; pool is the\n"
 "pool's shareable handle as that process holds it, (pid, fd, token),\n"
 "and source the ordinal here of the pool's device.  A new IpcMemory\n"
-"whose device_pointer is the allocation's base; size is the number of\n"
-"bytes the caller will use.  Another open of the same export in the\n"
-"same context shares the import.");
+"whose device_pointer is offset bytes past the allocation's base and\n"
+"whose size is size, as for _ipc_open.  Another open of the same export\n"
+"in the same context shares the import.");
 
 static PyObject *
 cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -937,6 +994,7 @@ cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     cm_context *ctx;
     Py_buffer view;
     Py_ssize_t size;
+    Py_ssize_t off;
     unsigned char data[CU_IPC_HANDLE_SIZE];
     long pid;
     int fd;
@@ -946,23 +1004,17 @@ cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     cm_ipcmem *m;
 
     (void)mod;
-    if (nargs != 5) {
+    if (nargs != 5 && nargs != 6) {
         PyErr_Format(PyExc_TypeError,
-                     "_ipc_open_pool() takes 5 arguments (%zd given)",
+                     "_ipc_open_pool() takes 5 or 6 arguments (%zd given)",
                      nargs);
         return NULL;
     }
     ctx = cm_ipc_context_arg(args[0]);
-    if (ctx == NULL) {
-        return NULL;
-    }
-    size = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
-    if (size == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "size must not be negative, got %zd",
-                     size);
+    if (ctx == NULL
+        || cm_ipc_sizes(args[2], nargs == 6 ? args[5] : NULL, &size, &off)
+               < 0
+        || cm_ipc_classes() < 0) {
         return NULL;
     }
     if (!PyTuple_Check(args[3])) {
@@ -1004,7 +1056,7 @@ cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (imp == NULL) {
         return NULL;
     }
-    m = PyObject_GC_New(cm_ipcmem, cm_st->IpcMemory_type);
+    m = cm_ipcmem_new(ctx, imp->ptr, off, size, imp);
     if (m == NULL) {
         /* The import is still ours to undo. */
         PyObject *exc = PyErr_GetRaisedException();
@@ -1015,13 +1067,6 @@ cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetRaisedException(exc);
         return NULL;
     }
-    m->ctx = (cm_context *)Py_NewRef(ctx);
-    m->ptr = imp->ptr;
-    m->size = (size_t)size;
-    m->closed = 0;
-    m->imp = imp;
-    m->weakreflist = NULL;
-    PyObject_GC_Track(m);
     return (PyObject *)m;
 }
 
@@ -1082,12 +1127,12 @@ cm_ipc_no_attr(PyObject *self, const char *name)
 static int
 cm_ipc_classes(void)
 {
-    static const char *const names[5] = {
-        "MemoryPointer", "_RawHandle", "_export_array", "IpcArrayHandle",
-        "IpcHandle",
+    static const char *const names[6] = {
+        "MemoryPointer", "_RawHandle", "_export_array", "_IpcPointer",
+        "IpcArrayHandle", "IpcHandle",
     };
-    PyObject **slots[5];
-    PyObject *got[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject **slots[6];
+    PyObject *got[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
     PyObject *mod;
     int i;
 
@@ -1097,37 +1142,41 @@ cm_ipc_classes(void)
     slots[0] = &cm_st->MemoryPointer;
     slots[1] = &cm_st->IpcRawHandle;
     slots[2] = &cm_st->ipc_export_array;
-    slots[3] = &cm_st->IpcArrayHandle;
-    slots[4] = &cm_st->IpcHandle;
+    slots[3] = &cm_st->IpcPointer;
+    slots[4] = &cm_st->IpcArrayHandle;
+    slots[5] = &cm_st->IpcHandle;
     mod = PyImport_ImportModule("cudamem._ipc");
     if (mod == NULL) {
         return -1;
     }
-    for (i = 0; i < 5; i++) {
+    for (i = 0; i < 6; i++) {
         got[i] = PyObject_GetAttrString(mod, names[i]);
         if (got[i] == NULL) {
             goto err_drop_fetched;
         }
     }
     if (!PyType_Check(got[3]) || !PyType_Check(got[4])
-        || !PyType_IsSubtype((PyTypeObject *)got[3],
-                             cm_st->IpcArrayHandleBase_type)
+        || !PyType_Check(got[5])
+        || !PyType_IsSubtype((PyTypeObject *)got[3], cm_st->IpcMemory_type)
         || !PyType_IsSubtype((PyTypeObject *)got[4],
+                             cm_st->IpcArrayHandleBase_type)
+        || !PyType_IsSubtype((PyTypeObject *)got[5],
                              cm_st->IpcHandleBase_type)) {
         PyErr_SetString(PyExc_TypeError,
-                        "cudamem._ipc's IpcHandle and IpcArrayHandle must "
-                        "subclass cudamem._core's handle bases");
+                        "cudamem._ipc's _IpcPointer, IpcHandle and "
+                        "IpcArrayHandle must subclass cudamem._core's "
+                        "IpcMemory and handle bases");
         goto err_drop_fetched;
     }
     Py_DECREF(mod);
     /* IpcHandle last: it says the others are there. */
-    for (i = 0; i < 5; i++) {
+    for (i = 0; i < 6; i++) {
         Py_XSETREF(*slots[i], got[i]);
     }
     return 0;
 
 err_drop_fetched:
-    for (i = 0; i < 5; i++) {
+    for (i = 0; i < 6; i++) {
         Py_XDECREF(got[i]);
     }
     Py_DECREF(mod);
@@ -1565,7 +1614,9 @@ cm_ipc_export_array(PyObject *self)
     cm_ipcah *ah;
     int i;
 
-    if (cm_ipc_classes() < 0) {
+    /* Memory that was freed, or an IPC mapping that was closed, has
+     * nothing to share: ValueError, as for every other use. */
+    if (cm_da_activate_ctx(self) < 0 || cm_ipc_classes() < 0) {
         return NULL;
     }
     (void)cm_da_describe(self, &d);

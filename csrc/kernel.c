@@ -1151,7 +1151,8 @@ cm_arg_access(cm_kernel *k, int i, cm_context *owner)
 
 /* 0 if argument i, a cudamem allocation or device array, still has its
  * memory: not freed with free() (nor the allocation of the array it
- * views), its context not closed; else -1 with ValueError. */
+ * views), no closed IPC mapping or mapped() registration, its context
+ * not closed; else -1 with ValueError. */
 static int
 cm_arg_alive(int i, PyObject *o)
 {
@@ -1165,6 +1166,10 @@ cm_arg_alive(int i, PyObject *o)
             if (((cm_mem *)g)->freed || !((cm_mem *)g)->ctx->alive) {
                 r = -1;
             }
+            break;
+        }
+        if (cm_ipc_mem_closed(g) || cm_hostreg_closed(g)) {
+            r = -1;
             break;
         }
         if (!cm_devicearray_pointer(g, &(CUdeviceptr){0})) {

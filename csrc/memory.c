@@ -30,6 +30,7 @@
 #include "cm.h"
 
 #include <string.h>
+#include <unistd.h>
 
 /* Settings read by every queue at use; config changes them at run time. */
 static long cm_cfg_count = 10;         /* CUDA_DEALLOCS_COUNT */
@@ -720,18 +721,44 @@ cm_set_attr_steal(PyObject *exc, const char *name, PyObject *v)
 static void
 cm_raise_oom(cm_context *ctx, CUresult rc, size_t size)
 {
+    cm_raise_oom_at(ctx, rc, size, cm_pool_alloc_fn(ctx), CM_OOM_DEVICE);
+}
+
+void
+cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
+                int where)
+{
     size_t free_b = 0;
     size_t total_b = 0;
     size_t reserved = 0;
     size_t pool_free = 0;
     long long largest = -1;
-    const char *fn = cm_pool_alloc_fn(ctx);
+    long pages;
+    long avail;
+    long psize;
     char lbuf[32];
+    char wbuf[64];
     PyObject *exc;
     PyObject *msg;
 
-    (void)CM_CU_RAW(MemGetInfo, (&free_b, &total_b));
-    cm_pool_stats(ctx, &reserved, &pool_free, &largest);
+    if (where == CM_OOM_HOST) {
+        /* Page-locked memory comes from the host's RAM; no pool of
+         * cudamem's holds it once the retry has trimmed the cache. */
+        pages = sysconf(_SC_PHYS_PAGES);
+        avail = sysconf(_SC_AVPHYS_PAGES);
+        psize = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && avail >= 0 && psize > 0) {
+            total_b = (size_t)pages * (size_t)psize;
+            free_b = (size_t)avail * (size_t)psize;
+        }
+        snprintf(wbuf, sizeof(wbuf), "in host memory");
+    }
+    else {
+        /* Device and managed memory both come from the device's. */
+        (void)CM_CU_RAW(MemGetInfo, (&free_b, &total_b));
+        cm_pool_stats(ctx, &reserved, &pool_free, &largest);
+        snprintf(wbuf, sizeof(wbuf), "on device %d", ctx->device->id);
+    }
     cm_raise_cu(rc, fn);
     exc = PyErr_GetRaisedException();
     if (exc == NULL) {
@@ -745,10 +772,10 @@ cm_raise_oom(cm_context *ctx, CUresult rc, size_t size)
     }
     msg = PyUnicode_FromFormat(
         "Call to %s results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
-        "requested, %zu of %zu bytes free on device %d, %zu bytes in "
+        "requested, %zu of %zu bytes free %s, %zu bytes in "
         "pending frees, %zu bytes held in pools (%zu of them free), "
         "largest free pooled block %s",
-        fn, size, free_b, total_b, ctx->device->id, ctx->memq->bytes,
+        fn, size, free_b, total_b, wbuf, ctx->memq->bytes,
         reserved, pool_free, lbuf);
     if (msg == NULL
         || PyObject_SetAttrString(exc, "msg", msg) < 0

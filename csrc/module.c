@@ -35,6 +35,7 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->IpcRawHandle);
     Py_VISIT(st->ipc_export_array);
     Py_VISIT(st->MemoryPointer);
+    Py_VISIT(st->IpcPointer);
     Py_VISIT(st->HostMem_type);
     Py_VISIT(st->HostRegistration_type);
     Py_VISIT(st->MappedNDArray);
@@ -77,6 +78,7 @@ cm_module_clear(PyObject *mod)
     Py_CLEAR(st->IpcRawHandle);
     Py_CLEAR(st->ipc_export_array);
     Py_CLEAR(st->MemoryPointer);
+    Py_CLEAR(st->IpcPointer);
     Py_CLEAR(st->HostMem_type);
     Py_CLEAR(st->HostRegistration_type);
     Py_CLEAR(st->MappedNDArray);

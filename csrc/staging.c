@@ -38,10 +38,12 @@
  */
 #include "cm.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -1132,72 +1134,175 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
 /* Configuration and statistics                                        */
 /* ------------------------------------------------------------------ */
 
-/* A size from the environment: digits with an optional K, M or G
- * (powers of 1024); dflt when unset or malformed. */
-static size_t
-cm_env_size(const char *name, size_t dflt)
+/* The accepted range of each numeric tunable, the same for its
+ * environment variable (read at import) and its _staging_config keyword:
+ *
+ *   CUDAMEM_STAGING_THRESHOLD  threshold  0 .. 1 TiB      (default 4 MiB)
+ *   CUDAMEM_STAGING_CHUNK      chunk      4 KiB .. 64 MiB (default 8 MiB)
+ *   CUDAMEM_STAGING_BUFFERS    buffers    2 .. 16         (default 3)
+ *   CUDAMEM_STAGING_THREADS    threads    0 .. 256        (default: the
+ *                                         CPUs, at most 8)
+ *   (keyword only)             part       64 .. 64 MiB    (default 256 KiB)
+ *   CUDAMEM_STAGING_RAMP       ramp       0 .. 6          (default 0)
+ *   CUDAMEM_STAGING_SPIN       spin       0 .. 100000 us  (default 50 with
+ *                                         twice as many CPUs as threads,
+ *                                         else 0)
+ *
+ * and the flags CUDAMEM_STAGING (default on), CUDAMEM_STAGING_NT (off)
+ * and CUDAMEM_STAGING_HUGE (on): 1/0, true/false, yes/no, on/off.  Sizes
+ * in the environment are digits with an optional K, M or G (powers of
+ * 1024, "KiB"/"KB" spellings too).  A value outside its range raises
+ * ValueError naming the variable (or keyword) and the range: a chunk of
+ * one byte made a 4 MiB copy take most of a minute, and each transfer
+ * holds up to buffers x chunk bytes of page-locked staging memory (1 GiB
+ * chunks took seconds to allocate for a 4 MiB copy). */
+typedef struct {
+    const char *env;          /* the variable, or NULL (keyword only) */
+    const char *kw;           /* the _staging_config keyword */
+    unsigned long long lo;    /* least accepted value */
+    unsigned long long hi;    /* greatest accepted value */
+    const char *range;        /* the range, as the error says it */
+} cm_stg_range;
+
+enum {
+    CM_R_THRESHOLD, CM_R_CHUNK, CM_R_BUFFERS, CM_R_THREADS, CM_R_PART,
+    CM_R_RAMP, CM_R_SPIN, CM_R_N
+};
+
+static const cm_stg_range cm_stg_ranges[CM_R_N] = {
+    {"CUDAMEM_STAGING_THRESHOLD", "threshold", 0, 1ULL << 40,
+     "0 to 1 TiB (1099511627776) bytes"},
+    {"CUDAMEM_STAGING_CHUNK", "chunk", 4096, 1ULL << 26,
+     "4 KiB (4096) to 64 MiB (67108864) bytes"},
+    {"CUDAMEM_STAGING_BUFFERS", "buffers", 2, CM_STG_MAXBUF, "2 to 16"},
+    {"CUDAMEM_STAGING_THREADS", "threads", 0, 256, "0 to 256"},
+    {NULL, "part", 64, 1ULL << 26, "64 to 67108864 bytes"},
+    {"CUDAMEM_STAGING_RAMP", "ramp", 0, CM_STG_MAXRAMP, "0 to 6"},
+    {"CUDAMEM_STAGING_SPIN", "spin", 0, 100000,
+     "0 to 100000 microseconds"},
+};
+
+/* ValueError: value v of tunable r is out of its range. */
+static int
+cm_stg_range_error(const cm_stg_range *r, int env, const char *v)
 {
-    const char *s = getenv(name);
+    if (env) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s=%s is not valid: expected %s", r->env, v, r->range);
+    }
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "_staging_config(%s=%s) is out of range: expected %s",
+                     r->kw, v, r->range);
+    }
+    return -1;
+}
+
+/* Tunable r from the environment into *out (left alone when unset or
+ * empty): digits with an optional K, M or G (powers of 1024), in r's
+ * range.  0, or -1 with ValueError naming the variable. */
+static int
+cm_env_size(const cm_stg_range *r, unsigned long long *out)
+{
+    const char *s = getenv(r->env);
+    const char *p;
     char *end;
     unsigned long long v;
+    int shift = 0;
 
     if (s == NULL || *s == '\0') {
-        return dflt;
+        return 0;
     }
-    v = strtoull(s, &end, 10);
-    if (end == s) {
-        return dflt;
+    for (p = s; *p == ' '; p++) {
+    }
+    if (*p < '0' || *p > '9') {
+        return cm_stg_range_error(r, 1, s);
+    }
+    errno = 0;
+    v = strtoull(p, &end, 10);
+    if (errno != 0) {
+        return cm_stg_range_error(r, 1, s);
     }
     switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
     default: break;
     }
-    if (*end == 'i' || *end == 'I') {
+    if (shift && (*end == 'i' || *end == 'I')) {
         end++;
     }
     if (*end == 'b' || *end == 'B') {
         end++;
     }
-    return *end == '\0' ? (size_t)v : dflt;
+    if (*end != '\0' || v > (r->hi >> shift)) {
+        return cm_stg_range_error(r, 1, s);
+    }
+    v <<= shift;
+    if (v < r->lo) {
+        return cm_stg_range_error(r, 1, s);
+    }
+    *out = v;
+    return 0;
 }
 
-/* Clamp the tunables to what the pipeline supports. */
-static void
-cm_cfg_clamp(cm_stg_cfg *c)
+/* A flag from the environment into *out (left alone when unset or
+ * empty).  0, or -1 with ValueError naming the variable. */
+static int
+cm_env_flag(const char *name, int *out)
 {
-    if (c->chunk < 1) {
-        c->chunk = 1;
+    static const char *const on[] = {"1", "true", "yes", "on"};
+    static const char *const off[] = {"0", "false", "no", "off"};
+    const char *s = getenv(name);
+    size_t i;
+
+    if (s == NULL || *s == '\0') {
+        return 0;
     }
-    if (c->buffers < 2) {
-        c->buffers = 2;
+    for (i = 0; i < sizeof(on) / sizeof(on[0]); i++) {
+        if (strcasecmp(s, on[i]) == 0) {
+            *out = 1;
+            return 0;
+        }
+        if (strcasecmp(s, off[i]) == 0) {
+            *out = 0;
+            return 0;
+        }
     }
-    if (c->buffers > CM_STG_MAXBUF) {
-        c->buffers = CM_STG_MAXBUF;
+    PyErr_Format(PyExc_ValueError,
+                 "%s=%s is not valid: expected 1/0, true/false, yes/no or "
+                 "on/off", name, s);
+    return -1;
+}
+
+/* Where each numeric tunable lives in a cm_stg_cfg, as an unsigned long
+ * long for reading (get) or writing (put). */
+static unsigned long long
+cm_cfg_get(const cm_stg_cfg *c, int i)
+{
+    switch (i) {
+    case CM_R_THRESHOLD: return c->threshold;
+    case CM_R_CHUNK: return c->chunk;
+    case CM_R_BUFFERS: return (unsigned long long)c->buffers;
+    case CM_R_THREADS: return (unsigned long long)c->threads;
+    case CM_R_PART: return c->part;
+    case CM_R_RAMP: return (unsigned long long)c->ramp;
+    default: return (unsigned long long)c->spin;
     }
-    if (c->threads < 0) {
-        c->threads = 0;
-    }
-    if (c->threads > 256) {
-        c->threads = 256;
-    }
-    if (c->part < 1) {
-        c->part = 1;
-    }
-    if (c->ramp < 0) {
-        c->ramp = 0;
-    }
-    if (c->ramp > CM_STG_MAXRAMP) {
-        c->ramp = CM_STG_MAXRAMP;
-    }
-    c->nt = c->nt != 0;
-    c->huge = c->huge != 0;
-    if (c->spin < 0) {
-        c->spin = 0;
-    }
-    if (c->spin > 100000) {
-        c->spin = 100000;             /* 0.1 s */
+}
+
+static void
+cm_cfg_put(cm_stg_cfg *c, int i, unsigned long long v)
+{
+    /* v is in the tunable's range, so it fits its field. */
+    switch (i) {
+    case CM_R_THRESHOLD: c->threshold = (size_t)v; break;
+    case CM_R_CHUNK: c->chunk = (size_t)v; break;
+    case CM_R_BUFFERS: c->buffers = (int)v; break;
+    case CM_R_THREADS: c->threads = (int)v; break;
+    case CM_R_PART: c->part = (size_t)v; break;
+    case CM_R_RAMP: c->ramp = (int)v; break;
+    default: c->spin = (int)v; break;
     }
 }
 
@@ -1232,7 +1337,10 @@ PyDoc_STRVAR(cm_staging_config_doc,
 "                nt=None, spin=None, huge=None)\n"
 "--\n\n"
 "Set the staging pipeline's tunables given (the rest stay) and return\n"
-"them all as a dict.  Worker threads are only ever added.");
+"them all as a dict.  Worker threads are only ever added.  Ranges:\n"
+"threshold 0 to 2**40 bytes, chunk 4096 to 2**26, buffers 2 to 16,\n"
+"threads 0 to 256, part 64 to 2**26, ramp 0 to 6, spin 0 to 100000\n"
+"(microseconds); a value outside raises ValueError naming it.");
 
 static PyObject *
 cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
@@ -1272,32 +1380,37 @@ cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
         }
         c.huge = i;
     }
+    /* keywords 1-6 and 8 are the numeric tunables, in cm_stg_ranges'
+     * order */
     for (i = 1; i < 9; i++) {
-        if (i == 7) {
+        const cm_stg_range *r;
+        int ri = i < 7 ? i - 1 : CM_R_SPIN;
+        PyObject *repr;
+
+        if (i == 7 || v[i] == NULL || v[i] == Py_None) {
             continue;
         }
-        if (v[i] == NULL || v[i] == Py_None) {
-            continue;
-        }
-        n = PyLong_AsSsize_t(v[i]);
+        r = &cm_stg_ranges[ri];
+        n = PyNumber_AsSsize_t(v[i], NULL);
         if (n == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                return NULL;
+            }
+            PyErr_Clear();
+            n = -1;     /* out of range either way */
+        }
+        if (n < 0 || (unsigned long long)n < r->lo
+            || (unsigned long long)n > r->hi) {
+            repr = PyObject_Repr(v[i]);
+            if (repr == NULL) {
+                return NULL;
+            }
+            (void)cm_stg_range_error(r, 0, PyUnicode_AsUTF8(repr));
+            Py_DECREF(repr);
             return NULL;
         }
-        if (n < 0) {
-            PyErr_Format(PyExc_ValueError, "%s must be >= 0", kwlist[i]);
-            return NULL;
-        }
-        switch (i) {
-        case 1: c.threshold = (size_t)n; break;
-        case 2: c.chunk = (size_t)n; break;
-        case 3: c.buffers = n > INT_MAX ? INT_MAX : (int)n; break;
-        case 4: c.threads = n > INT_MAX ? INT_MAX : (int)n; break;
-        case 5: c.part = (size_t)n; break;
-        case 6: c.ramp = n > INT_MAX ? INT_MAX : (int)n; break;
-        default: c.spin = n > INT_MAX ? INT_MAX : (int)n; break;
-        }
+        cm_cfg_put(&c, ri, (unsigned long long)n);
     }
-    cm_cfg_clamp(&c);
     cm_cfg_set(&c);
     return cm_cfg_dict();
 }
@@ -1362,6 +1475,9 @@ static PyObject *
 cm_staging_trim_fn(PyObject *mod, PyObject *unused)
 {
     cm_sbuf *drop;
+    cm_context *live[CM_MAX_DEVICES];
+    unsigned long gen[CM_STG_DEVICES];
+    int n;
     int d;
 
     (void)mod;
@@ -1369,12 +1485,26 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
     if (cm_driver_ensure() < 0) {
         return NULL;
     }
+    /* The generation of each device's live context: buffers of an
+     * earlier one (closed, or reset) went with it, events included. */
+    memset(gen, 0, sizeof(gen));
+    n = cm_context_live(live);
+    for (d = 0; d < n; d++) {
+        if (live[d]->device->id >= 0
+            && live[d]->device->id < CM_STG_DEVICES) {
+            gen[live[d]->device->id] = live[d]->gen;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&cm_stg_mu);
     drop = NULL;
     for (d = 0; d < CM_STG_DEVICES; d++) {
         cm_scache *c = &cm_caches[d];
 
+        if (c->free != NULL && (gen[d] == 0 || c->gen != gen[d])) {
+            (void)cm_cache_of_locked(d, gen[d]);
+            continue;
+        }
         while (c->free != NULL) {
             cm_sbuf *b = c->free;
 
@@ -1421,9 +1551,10 @@ int
 cm_staging_init(PyObject *mod, cm_state *st)
 {
     static int atfork_done;
-    const char *e = getenv("CUDAMEM_STAGING");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     cm_stg_cfg c = cm_cfg;
+    unsigned long long u;
+    int i;
 
     (void)st;
     if (!atfork_done) {
@@ -1435,24 +1566,31 @@ cm_staging_init(PyObject *mod, cm_state *st)
     }
     /* On unless switched off: on the H200 it moves pageable memory at
      * 32-48 GB/s where the driver's own path gives 7-15 (issue 10). */
-    c.enabled = e == NULL || !(strcmp(e, "0") == 0 || strcmp(e, "false") == 0
-                               || strcmp(e, "off") == 0);
-    c.threshold = cm_env_size("CUDAMEM_STAGING_THRESHOLD", c.threshold);
-    c.chunk = cm_env_size("CUDAMEM_STAGING_CHUNK", c.chunk);
-    c.buffers = (int)cm_env_size("CUDAMEM_STAGING_BUFFERS",
-                                 (size_t)c.buffers);
+    if (cm_env_flag("CUDAMEM_STAGING", &c.enabled) < 0) {
+        return -1;
+    }
     c.threads = ncpu > 0 && ncpu < 8 ? (int)ncpu : 8;
-    c.threads = (int)cm_env_size("CUDAMEM_STAGING_THREADS",
-                                 (size_t)c.threads);
+    for (i = 0; i < CM_R_N; i++) {
+        if (i == CM_R_SPIN || cm_stg_ranges[i].env == NULL) {
+            continue;
+        }
+        u = cm_cfg_get(&c, i);
+        if (cm_env_size(&cm_stg_ranges[i], &u) < 0) {
+            return -1;
+        }
+        cm_cfg_put(&c, i, u);
+    }
     /* Polling before sleeping pays where the workers have cores to
      * themselves (the H200 machine, a virtual one, wakes a sleeping
      * thread slowly); with fewer cores it would steal them. */
     c.spin = ncpu >= 2 * (long)c.threads ? 50 : 0;
-    c.ramp = (int)cm_env_size("CUDAMEM_STAGING_RAMP", (size_t)c.ramp);
-    c.nt = (int)cm_env_size("CUDAMEM_STAGING_NT", (size_t)c.nt);
-    c.spin = (int)cm_env_size("CUDAMEM_STAGING_SPIN", (size_t)c.spin);
-    c.huge = (int)cm_env_size("CUDAMEM_STAGING_HUGE", (size_t)c.huge);
-    cm_cfg_clamp(&c);
+    u = (unsigned long long)c.spin;
+    if (cm_env_size(&cm_stg_ranges[CM_R_SPIN], &u) < 0
+        || cm_env_flag("CUDAMEM_STAGING_NT", &c.nt) < 0
+        || cm_env_flag("CUDAMEM_STAGING_HUGE", &c.huge) < 0) {
+        return -1;
+    }
+    c.spin = (int)u;
     cm_cfg_set(&c);
     return PyModule_AddFunctions(mod, cm_staging_methods);
 }

@@ -300,7 +300,9 @@ def pinned(*arylist):
     numba fails with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED when the
     same memory is pinned twice (nested blocks, overlapping arrays);
     cudamem counts registrations per page range, so nesting and overlap
-    work and the pages are unregistered when the last block exits.
+    work and the pages are unregistered when the last block exits.  After
+    the block the arrays are ordinary (pageable) host memory and keep
+    working, also for asynchronous copies.
     """
     reg = _core._register_arrays(arylist, False)
     try:
@@ -314,7 +316,14 @@ def mapped(*arylist, **kws):
     """Map the memory of NumPy arrays into the device's address space for
     the duration of the block and yield their device views
     (DeviceNDArray, bound to ``stream``): one array, or a list when
-    several were given.  Unmapped on exit, at once."""
+    several were given.  Unmapped on exit, at once.
+
+    Notes
+    -----
+    After the block the device views (and their views) are dead: using
+    them (copies, assignment, kernels, CAI and DLPack exports) raises
+    ValueError, where numba writes into the host array or fails in the
+    driver.  The host arrays stay ordinary host memory."""
     assert not kws or "stream" in kws, "Only accept 'stream' as keyword."
     stream = kws.get("stream", 0)
     reg = _core._register_arrays(arylist, True)

@@ -539,7 +539,8 @@ class PoolMemoryManager(DefaultMemoryManager):
 
     @limit.setter
     def limit(self, value):
-        _core._pool_limit(self.context, int(value))
+        _core._pool_limit(self.context,
+                          _check_int("limit", value, 0, 2 ** 63 - 1))
 
     def stats(self):
         """A dict: reserved_bytes, free_bytes, largest_free_block,
@@ -550,6 +551,15 @@ class PoolMemoryManager(DefaultMemoryManager):
         """Run the pending frees, then trim."""
         super().reset()
         self.trim()
+
+
+def _check_int(name, value, lo, hi):
+    """value as an int in [lo, hi] (bytes), else ValueError naming it."""
+    v = operator.index(value)
+    if not lo <= v <= hi:
+        raise ValueError("%s must be from %d to %d bytes, got %d"
+                         % (name, lo, hi, v))
+    return v
 
 
 class AsyncMemoryManager(PoolMemoryManager):
@@ -588,7 +598,9 @@ class AsyncMemoryManager(PoolMemoryManager):
 
     @release_threshold.setter
     def release_threshold(self, value):
-        _core._async_release_threshold(self.context, int(value))
+        _core._async_release_threshold(
+            self.context, _check_int("release_threshold", value, 0,
+                                     2 ** 64 - 1))
 
 
 # ---------------------------------------------------------------------------

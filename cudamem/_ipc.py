@@ -155,6 +155,25 @@ def _layout(shape, dtype, strides):
 # ---------------------------------------------------------------------------
 
 
+class _IpcPointer(_core.IpcMemory, MemoryPointer):
+    """What an open gives: the imported mapping (``_core.IpcMemory``,
+    whose ``device_pointer`` and ``size`` are the exported view's) with
+    MemoryPointer's methods.  Arrays over it hold it as their
+    ``gpu_data``: once ``close()`` has unmapped it, every use of them
+    (copies, kernels, views, CAI and DLPack exports) raises ValueError, as
+    after ``DeviceAllocation.free()``.  Made in C only."""
+
+    # What MemoryPointer.__init__ would set: no finalizer, its own owner.
+    _owner = None
+    _finalizer = None
+    is_managed = False
+    refct = 1
+
+    @property
+    def _cuda_memsize_(self):
+        return self.size
+
+
 class _DirectOpen:
     """An open made with cuIpcOpenMemHandle in the importing context."""
 
@@ -170,16 +189,17 @@ class _DirectOpen:
             raise ValueError("IpcHandle is already opened")
         pool = p.pool
         if pool is None:
-            self.mapping = _core._ipc_open(context, p.handle,
-                                           p.offset + p.size)
+            self.mapping = _core._ipc_open(context, p.handle, p.size,
+                                           p.offset)
         else:
             # The pool's device, where its memory is: others need access.
             src = (context.device.id if p.source_info is None
                    else _find_device(p.source_info))
             self.mapping = _core._ipc_open_pool(
-                context, p.handle, p.offset + p.size, pool, src)
-        return MemoryPointer(context, self.mapping.device_pointer + p.offset,
-                             p.size, owner=self.mapping)
+                context, p.handle, p.size, pool, src, p.offset)
+        # The mapping itself (an _IpcPointer) at the view: arrays over it
+        # see its close.
+        return self.mapping
 
     def close(self):
         if self.mapping is None:

@@ -5,9 +5,49 @@ Read from the environment at import: a ``CUDAMEM_*`` spelling wins over
 the ``NUMBA_*`` one.  The values are consulted at each use, so code (and
 tests) may change them at run time, e.g.
 ``cudamem.config.CUDA_ARRAY_INTERFACE_SYNC = False``.
+
+Every tunable has a range; a value outside it (in the environment, read
+at import, or assigned here at run time) raises ValueError naming the
+variable and the range, rather than being clamped or ignored:
+
+======================================  ===================  ============
+Variable (``NUMBA_*`` spelling too)     Accepted             Default
+======================================  ===================  ============
+CUDAMEM_MAX_PENDING_DEALLOCS_COUNT      integer 0 .. 2**31-1 10
+CUDAMEM_MAX_PENDING_DEALLOCS_RATIO      number 0.0 .. 1.0    0.2
+CUDAMEM_STREAM_CACHE_SIZE               integer 0 .. 16      16
+CUDAMEM_ARRAY_INTERFACE_SYNC            flag                 on
+CUDAMEM_PER_THREAD_DEFAULT_STREAM       flag                 off
+CUDAMEM_WARN_ON_IMPLICIT_COPY           flag                 on
+CUDAMEM_DISABLE_CUDA                    flag                 off (on for
+                                                             32-bit)
+CUDAMEM_SIMULATOR (NUMBA_ENABLE_CUDASIM)  flag               off
+CUDAMEM_MEMORY_MANAGER                  default, pool, async default
+                                        or a plugin module
+CUDAMEM_PINNED_POOL                     flag                 off
+CUDAMEM_POOL_LIMIT                      size 0 .. 2**63-1    0 (none)
+CUDAMEM_ASYNC_RELEASE_THRESHOLD         size 0 .. 2**64-1    2**64-1
+CUDAMEM_POOL_POISON (checked by _core)  integer 0 .. 255     0 (off)
+CUDAMEM_SIM_DEVICES                     integer 1 .. 16      1
+CUDAMEM_SIM_MEMORY                      integer 2**20 ..     1 GiB
+                                        2**50 (bytes)
+CUDAMEM_SIM_DELAY_US                    integer 0 .. 6e7     0
+CUDAMEM_SIM_NO_PEER                     "all", or pairs      none
+                                        "0-1,2-3" of 0 .. 15
+======================================  ===================  ============
+
+A flag is 1/0, true/false, yes/no or on/off (any case); a size is digits
+with an optional K, M or G (powers of 1024).  The staging pipeline's
+variables (``CUDAMEM_STAGING*``) are checked by ``cudamem._core`` at
+import with the same rule; their ranges are in the README.  Paths
+(``CUDAMEM_DRIVER_LIBRARY``, ``CUDAMEM_NVRTC_LIBRARY``,
+``CUDAMEM_CACHE_DIR``) are taken as given.  At run time,
+``PoolMemoryManager.limit`` takes 0 .. 2**63-1 and
+``AsyncMemoryManager.release_threshold`` 0 .. 2**64-1.
 """
 
 import os
+import re
 import struct
 import sys
 import types
@@ -26,40 +66,128 @@ __all__ = [
     "ENABLE_CUDASIM",
 ]
 
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+_SIZE = re.compile(r"\s*(\d+)\s*([KMG]?)(I?B)?\s*", re.IGNORECASE)
+_SHIFT = {"": 0, "K": 10, "M": 20, "G": 30}
+
+
+def _flag(value, name="value"):
+    """A flag: 1/0, true/false, yes/no, on/off (any case)."""
+    if isinstance(value, bool):
+        return value
+    got = _FLAGS.get(str(value).strip().lower())
+    if got is None:
+        raise ValueError("%s=%s is not valid: expected 1/0, true/false, "
+                         "yes/no or on/off" % (name, value))
+    return got
+
+
+def _integer(lo, hi, what=None):
+    """A converter to an int in [lo, hi]."""
+    what = what or "an integer from %d to %d" % (lo, hi)
+
+    def convert(value, name="value"):
+        try:
+            if isinstance(value, str):
+                v = int(value.strip(), 10)
+            elif isinstance(value, (bool, float)):
+                raise TypeError
+            else:
+                v = int(value)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or not lo <= v <= hi:
+            raise ValueError("%s=%s is not valid: expected %s"
+                             % (name, value, what))
+        return v
+    return convert
+
+
+def _number(lo, hi):
+    """A converter to a float in [lo, hi]."""
+
+    def convert(value, name="value"):
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or not lo <= v <= hi:
+            raise ValueError("%s=%s is not valid: expected a number from "
+                             "%s to %s" % (name, value, lo, hi))
+        return v
+    return convert
+
+
+def _size(lo, hi):
+    """A converter of a byte count (digits with an optional K, M or G) to
+    an int in [lo, hi]."""
+
+    def convert(value, name="value"):
+        m = _SIZE.fullmatch(value) if isinstance(value, str) else None
+        v = None
+        if m is not None:
+            v = int(m.group(1)) << _SHIFT[m.group(2).upper()]
+        if v is None or not lo <= v <= hi:
+            raise ValueError("%s=%s is not valid: expected a size from %d "
+                             "to %d bytes (digits with an optional K, M or "
+                             "G)" % (name, value, lo, hi))
+        return v
+    return convert
+
+
+def _no_peer(value, name="CUDAMEM_SIM_NO_PEER"):
+    """CUDAMEM_SIM_NO_PEER: "all", or pairs of device ordinals."""
+    if value.strip() == "all":
+        return value
+    for pair in value.split(","):
+        m = re.fullmatch(r"\s*(\d+)-(\d+)\s*", pair)
+        if (m is None or int(m.group(1)) > 15 or int(m.group(2)) > 15
+                or m.group(1) == m.group(2)):
+            raise ValueError("%s=%s is not valid: expected \"all\" or "
+                             "pairs of distinct devices 0 to 15, as "
+                             "\"0-1,2-3\"" % (name, value))
+    return value
+
+
+_DEALLOCS_COUNT = _integer(0, 2 ** 31 - 1)
+_DEALLOCS_RATIO = _number(0.0, 1.0)
+_STREAM_CACHE_SIZE = _integer(0, 16)
+
 
 def _env(names, convert, default):
-    """The first of ``names`` set in the environment, converted, else
-    ``default``."""
+    """The first of ``names`` set in the environment, converted (and
+    checked: ValueError naming it), else ``default``."""
     for name in names:
         value = os.environ.get(name)
         if value is not None and value != "":
-            return convert(value)
+            return convert(value, name)
     return default
 
 
-def _flag(value):
-    return bool(int(value)) if value.strip().isdigit() else (
-        value.strip().lower() in ("true", "yes", "on"))
+def _str(value, name=None):
+    return value
 
 
 CUDA_DEALLOCS_COUNT = _env(
     ("CUDAMEM_MAX_PENDING_DEALLOCS_COUNT",
-     "NUMBA_CUDA_MAX_PENDING_DEALLOCS_COUNT"), int, 10)
+     "NUMBA_CUDA_MAX_PENDING_DEALLOCS_COUNT"), _DEALLOCS_COUNT, 10)
 CUDA_DEALLOCS_RATIO = _env(
     ("CUDAMEM_MAX_PENDING_DEALLOCS_RATIO",
-     "NUMBA_CUDA_MAX_PENDING_DEALLOCS_RATIO"), float, 0.2)
+     "NUMBA_CUDA_MAX_PENDING_DEALLOCS_RATIO"), _DEALLOCS_RATIO, 0.2)
 CUDA_ARRAY_INTERFACE_SYNC = _env(
     ("CUDAMEM_ARRAY_INTERFACE_SYNC", "NUMBA_CUDA_ARRAY_INTERFACE_SYNC"),
     _flag, True)
 CUDA_MEMORY_MANAGER = _env(
-    ("CUDAMEM_MEMORY_MANAGER", "NUMBA_CUDA_MEMORY_MANAGER"), str, "default")
+    ("CUDAMEM_MEMORY_MANAGER", "NUMBA_CUDA_MEMORY_MANAGER"), _str,
+    "default")
 CUDA_PER_THREAD_DEFAULT_STREAM = _env(
     ("CUDAMEM_PER_THREAD_DEFAULT_STREAM",
      "NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM"), _flag, False)
 # cudamem only: how many idle dropped streams each context keeps for
 # stream() to hand out again (0 to 16; 0 destroys every dropped stream).
 CUDA_STREAM_CACHE_SIZE = _env(
-    ("CUDAMEM_STREAM_CACHE_SIZE",), int, 16)
+    ("CUDAMEM_STREAM_CACHE_SIZE",), _STREAM_CACHE_SIZE, 16)
 CUDA_WARN_ON_IMPLICIT_COPY = _env(
     ("CUDAMEM_WARN_ON_IMPLICIT_COPY", "NUMBA_CUDA_WARN_ON_IMPLICIT_COPY"),
     _flag, True)
@@ -69,6 +197,18 @@ DISABLE_CUDA = _env(
 ENABLE_CUDASIM = _env(
     ("CUDAMEM_SIMULATOR", "NUMBA_ENABLE_CUDASIM"), _flag, False)
 
+# Read in C (at import, or when the driver loads); checked here, at
+# import, so that a bad value is not silently replaced by the default.
+_env(("CUDAMEM_PINNED_POOL",), _flag, False)
+_env(("CUDAMEM_POOL_LIMIT",), _size(0, 2 ** 63 - 1), 0)
+_env(("CUDAMEM_ASYNC_RELEASE_THRESHOLD",), _size(0, 2 ** 64 - 1), 0)
+_env(("CUDAMEM_SIM_DEVICES",), _integer(1, 16), 1)
+_env(("CUDAMEM_SIM_MEMORY",), _integer(
+    2 ** 20, 2 ** 50, "a byte count from 1048576 (1 MiB) to 2**50, in "
+    "digits"), 0)
+_env(("CUDAMEM_SIM_DELAY_US",), _integer(0, 60000000), 0)
+_env(("CUDAMEM_SIM_NO_PEER",), _no_peer, None)
+
 
 class _Config(types.ModuleType):
     """Pushes the settings the C layer reads on every release into it, so
@@ -77,6 +217,10 @@ class _Config(types.ModuleType):
     def __setattr__(self, name, value):
         if name == "CUDA_STREAM_CACHE_SIZE":
             _core._set_stream_cache_size(int(value))   # checks the range
+        elif name == "CUDA_DEALLOCS_COUNT":
+            value = _DEALLOCS_COUNT(value, name)
+        elif name == "CUDA_DEALLOCS_RATIO":
+            value = _DEALLOCS_RATIO(value, name)
         super().__setattr__(name, value)
         if name in ("CUDA_DEALLOCS_COUNT", "CUDA_DEALLOCS_RATIO"):
             _core._set_dealloc_config(int(self.CUDA_DEALLOCS_COUNT),
