@@ -352,3 +352,41 @@ for _name, _fn in [
     setattr(Context, _name, _fn)
 Context.allocations = property(_allocations, doc=_allocations.__doc__)
 del _name, _fn
+
+
+# numba-cuda (0.30 and later) launches its kernels on an argument that
+# says __cuda_memory__ through the argument's _strided_memory_view_shim: an
+# object with the pointer, shape, dtype, size and a layout (strides in
+# bytes and contiguity flags).  Device arrays give one, so that numba
+# kernels take cudamem arrays directly.
+
+class _Layout:
+    __slots__ = ("strides_in_bytes", "is_contiguous_c", "is_contiguous_f",
+                 "is_contiguous_any")
+
+    def __init__(self, strides, c, f):
+        self.strides_in_bytes = strides
+        self.is_contiguous_c = c
+        self.is_contiguous_f = f
+        self.is_contiguous_any = c or f
+
+
+class _MemoryView:
+    __slots__ = ("ptr", "shape", "dtype", "size", "_layout")
+
+    def __init__(self, ary):
+        self.ptr = ary.device_ctypes_pointer.value or 0
+        self.shape = ary.shape
+        self.dtype = ary.dtype
+        self.size = ary.size
+        self._layout = _Layout(ary.strides, ary.is_c_contiguous(),
+                               ary.is_f_contiguous())
+
+
+def _strided_memory_view_shim(self):
+    return _MemoryView(self)
+
+
+_core.DeviceNDArrayBase._strided_memory_view_shim = property(
+    _strided_memory_view_shim,
+    doc="The array as numba-cuda's kernel launcher reads it.")

@@ -10,8 +10,10 @@ are skipped for numba.  Without numba the numba run skips everything.
 """
 
 import os
+import warnings
 
 import numpy as np
+
 import pytest
 
 TARGET = os.environ.get("CUDAMEM_COMPAT_TARGET", "cudamem")
@@ -26,8 +28,12 @@ if NUMBA:
     if not hasattr(np, "row_stack"):   # numba-cuda still names it
         np.row_stack = np.vstack
     try:
-        from numba import cuda as _cuda
-        import numba.cuda.cudadrv.driver  # noqa: F401
+        # numba's import warns about NumPy deprecations, which the
+        # suite's filterwarnings would turn into errors.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from numba import cuda as _cuda
+            import numba.cuda.cudadrv.driver  # noqa: F401
     except Exception as e:  # noqa: BLE001 - any failure: skip the run
         _cuda = None
         _why_not = "numba.cuda is not importable: %s: %s" % (
@@ -48,6 +54,10 @@ def pytest_collection_modifyitems(config, items):
             continue
         if _cuda is None:
             item.add_marker(pytest.mark.skip(reason=_why_not))
+        elif NUMBA:
+            # numba's own warnings (deprecations, performance hints) are
+            # not what these tests check
+            item.add_marker(pytest.mark.filterwarnings("ignore"))
             continue
         mark = item.get_closest_marker("cudamem_only")
         if NUMBA and mark is not None:
