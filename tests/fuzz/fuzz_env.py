@@ -6,8 +6,9 @@ stream, a pool allocation, deferred frees.
 
 Each input is a process, so this harness runs slowly (a few executions a
 second).  A child must exit 0 (the value works) or exit with a Python
-exception of an expected type -- ValueError / TypeError naming the
-variable, RuntimeError (numba's "Failed to use memory manager from ..."),
+exception of an expected type -- ValueError / TypeError /
+OverflowError (better: naming the variable), RuntimeError (numba's
+"Failed to use memory manager from ..."),
 CudaSupportError (a disabled or missing driver), MemoryError,
 CudaAPIError for an allocator limit -- within the time limit.  A signal,
 another exception, or a hang (over 10 s) is a finding.
@@ -54,7 +55,8 @@ try:
         cuda.device_array(100)
     cuda.synchronize()
 except Exception as e:
-    ok = ("ValueError", "TypeError", "MemoryError", "RuntimeError",
+    ok = ("ValueError", "TypeError", "OverflowError", "MemoryError",
+          "RuntimeError",
           "CudaSupportError", "CudaAPIError", "CudaOutOfMemoryError")
     if type(e).__name__ not in ok:
         raise

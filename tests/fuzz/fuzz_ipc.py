@@ -135,10 +135,12 @@ def from_pickle(fdp):
     data = mutate(fdp, raw)
     try:
         # The pickle's own framing first: a length field that points past
-        # the end makes the unpickler allocate it whole (CPython's, not
-        # cudamem's, business), which pickletools refuses without doing.
-        for _ in pickletools.genops(data):
-            pass
+        # the end makes the unpickler allocate it whole, and a memo index
+        # makes it grow its memo that far (CPython's business, not
+        # cudamem's); pickletools reads both without allocating.
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("PUT", "BINPUT", "LONG_BINPUT") and arg > 4096:
+                return  # the unpickler grows its memo to the index
     except Exception:
         return
     try:
