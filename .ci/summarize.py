@@ -66,6 +66,8 @@ def main():
                     metavar="TARGET=FILE",
                     help="junit file of a tests/compat run against TARGET "
                          "(repeatable)")
+    ap.add_argument("--sanitize", default=None,
+                    help="the line .ci/sanitize wrote (absent: no stage)")
     a = ap.parse_args()
     report = pathlib.Path(a.report).read_text() if pathlib.Path(
         a.report).exists() else ""
@@ -82,6 +84,10 @@ def main():
             "against %s: %s" % (target, test_counts(path))
             for target, _, path in (c.partition("=")
                                     for c in a.compat_junit)))
+    if a.sanitize and pathlib.Path(a.sanitize).exists():
+        line = pathlib.Path(a.sanitize).read_text().strip()
+        if line:
+            print(line)
     for line in bench_lines(a.bench):
         print(line)
     return 0

@@ -473,8 +473,13 @@ cm_kernel_make(cm_module *m, PyObject *name, cm_kernel **out)
         cm_param *dv = NULL;
         int n = 0;
         size_t total = 0;
+        /* The PTX's signature gives the count, so only indices that exist
+         * are asked for (an index past the last is an API error, which
+         * tools such as compute-sanitizer report); without the PTX, ask
+         * until the driver says the index is past the end. */
+        int count = found ? k->nparams : -1;
 
-        for (i = 0;; i++) {
+        for (i = 0; count < 0 || i < count; i++) {
             size_t off;
             size_t sz;
             cm_param *nv;
