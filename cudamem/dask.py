@@ -33,8 +33,9 @@ import sys
 
 import numpy as np
 
+# (CudamemPlugin is made on first access: a star import must not load
+# distributed.)
 __all__ = [
-    "CudamemPlugin",
     "cuda_deserialize_array",
     "cuda_serialize_array",
     "dask_deserialize_array",
