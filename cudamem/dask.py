@@ -78,7 +78,11 @@ def _contiguous(x, kind):
         return x, "C"
     if x.flags.f_contiguous:
         return x, "F"
-    return np.ascontiguousarray(x), "C"
+    # A copy of the same kind, so that its device frame stays mapped or
+    # managed memory.
+    out = _host_kind({"kind": kind, "order": "C"}, x.dtype, x.shape)
+    out[...] = x
+    return out, "C"
 
 
 def _header(x, kind, order):
