@@ -1082,4 +1082,13 @@ int cm_dlpack_init(PyObject *mod, cm_state *st);
 int cm_hostmem_init(PyObject *mod, cm_state *st);
 int cm_staging_init(PyObject *mod, cm_state *st);
 
+/* interop.c: allocations other libraries hold through cudamem.  The
+ * bytes each library holds on ctx's device, with "cudamem" for the rest
+ * of ctx's allocated bytes: a new dict, or NULL. */
+PyObject *cm_interop_by_client(cm_context *ctx);
+/* Set exc.by_client and, when a library holds memory, name the holders
+ * in exc.msg; 0, or -1 with an exception. */
+int cm_interop_oom_note(cm_context *ctx, PyObject *exc);
+int cm_interop_init(PyObject *mod, cm_state *st);
+
 #endif /* CM_H */

@@ -789,7 +789,8 @@ cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
         || cm_set_attr_steal(exc, "largest_free_block",
                              largest < 0 ? Py_NewRef(Py_None)
                                          : PyLong_FromLongLong(largest))
-           < 0) {
+           < 0
+        || (where != CM_OOM_HOST && cm_interop_oom_note(ctx, exc) < 0)) {
         Py_XDECREF(msg);
         Py_DECREF(exc);
         return;
@@ -1147,7 +1148,9 @@ PyDoc_STRVAR(cm_memory_stats_doc,
 "A dict of allocation statistics for the device (default: the current "
 "one): allocated_bytes, peak_allocated_bytes, allocation_count, "
 "total_allocations, pending_free_count, pending_free_bytes, "
-"pool_reserved_bytes, pool_free_bytes, pinned_bytes, manager.");
+"pool_reserved_bytes, pool_free_bytes, pinned_bytes, manager, by_client "
+"(the bytes each library holds through cudamem.interop's adapters, "
+"\"cudamem\" for the rest).");
 
 static PyObject *
 cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
@@ -1183,7 +1186,7 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     default: name = "default"; break;
     }
     return Py_BuildValue(
-        "{snsnsnsnsnsnsnsnsnss}",
+        "{snsnsnsnsnsnsnsnsnsssN}",
         "allocated_bytes", (Py_ssize_t)ctx->st_bytes,
         "peak_allocated_bytes", (Py_ssize_t)ctx->st_peak,
         "allocation_count", (Py_ssize_t)ctx->st_count,
@@ -1193,7 +1196,8 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         "pool_reserved_bytes", (Py_ssize_t)reserved,
         "pool_free_bytes", (Py_ssize_t)pool_free,
         "pinned_bytes", (Py_ssize_t)ctx->st_pinned,
-        "manager", name);
+        "manager", name,
+        "by_client", cm_interop_by_client(ctx));
 }
 
 /* Make sure a context is current; the raw helpers below run in it. */

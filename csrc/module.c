@@ -183,6 +183,10 @@ cm_module_exec(PyObject *mod)
         cm_st = NULL;
         return -1;
     }
+    if (cm_interop_init(mod, st) < 0) {
+        cm_st = NULL;
+        return -1;
+    }
     return 0;
 }
 

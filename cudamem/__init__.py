@@ -108,6 +108,22 @@ from .cudadrv import driver as driver
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # numba's plugin class and the optional modules, loaded on first use:
+    # importing cudamem never imports numba, CuPy, PyTorch or Dask (so
+    # NumbaManager stays out of __all__: a star import would load numba).
+    if name == "NumbaManager":
+        from .numba_plugin import NumbaManager
+
+        return NumbaManager
+    if name in ("interop", "dask", "numba_plugin"):
+        import importlib
+
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
 __all__ = [
     "AsyncMemoryManager",
     "AutoFreePointer",
@@ -194,3 +210,8 @@ __all__ = [
     "synchronize",
     "to_device",
 ]
+
+# Registers cudamem's arrays with Dask's sizeof and distributed's
+# serialisers, now if they are loaded or right after they are; it
+# imports neither.
+from . import dask as _dask  # noqa: E402, F401

@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: MIT
+"""cudamem.interop and cudamem.dask: other libraries' allocations through
+cudamem's pool, and DeviceNDArrays moving between Dask workers.
+
+Rows (the cudamem column is the library under cudamem's adapter, the
+library's own column its own allocator):
+
+- ``cupy.empty(256) [use_with_cupy]``: CuPy's allocate-and-drop;
+- ``torch.empty(256) [use_with_torch]``: PyTorch's; the adapter must be
+  installed before PyTorch's first allocation, so cudamem's timing comes
+  from a subprocess (as the ``[pool]`` rows of ops_alloc do);
+- ``numba device_array(256) [plugin]``: numba's, the plugin named by
+  NUMBA_CUDA_MEMORY_MANAGER in a subprocess;
+- ``peak reserved MiB, mixed``: a workload that uses CuPy, then PyTorch,
+  then numba (each phase drops its arrays before the next), measured as
+  device memory in use at the end over the start (cuMemGetInfo), in MiB
+  printed in the microsecond cells: cudamem = all three through cudamem's
+  pool; each library's column = that library's phase alone on its own
+  allocator; the driver column = the mixed workload without adapters;
+- ``dask TCP 256 MiB``: one transfer between two worker processes of a
+  LocalCluster (TCP, host frames) of a DeviceNDArray (cudamem column)
+  against a NumPy array of the same size (driver column), in GB/s.
+
+Every adapter row runs in a subprocess started with
+CUDAMEM_MEMORY_MANAGER=pool.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import harness
+
+HERE = pathlib.Path(__file__).resolve().parent
+N = 256
+MIB = 1 << 20
+DASK_BYTES = 256 * MIB
+
+
+# ---------------------------------------------------------------------------
+# Subprocess measurements
+# ---------------------------------------------------------------------------
+
+
+def _measure(which, repeats=31):
+    """Run in a subprocess: time one allocate-and-drop under an adapter
+    (which: cupy, torch, numba); (median, p10, p90)."""
+    if which == "cupy":
+        import cupy
+
+        from cudamem import interop
+
+        interop.use_with_cupy()
+
+        def fn():
+            cupy.empty(N, dtype=cupy.float32)
+    elif which == "torch":
+        import torch
+
+        from cudamem import interop
+
+        interop.use_with_torch()
+
+        def fn():
+            torch.empty(N, device="cuda")
+    elif which == "numba":
+        import numpy as np
+        from numba import cuda
+
+        if not hasattr(np, "row_stack"):
+            np.row_stack = np.vstack
+
+        def fn():
+            cuda.device_array(N, dtype=np.float32)
+    else:
+        raise ValueError(which)
+    return harness.time_callable(fn, repeats=repeats)
+
+
+def _used():
+    import cudamem
+
+    free, total = cudamem.current_context().get_memory_info()
+    return total - free
+
+
+def _mixed(mode):
+    """Run in a subprocess: MiB of device memory in use after a workload
+    (mode: "adapters", "native", or one library's name alone)."""
+    import gc
+
+    import cudamem
+
+    base = _used()
+    libs = ("cupy", "torch", "numba") if mode in ("adapters", "native") \
+        else (mode,)
+    if mode == "adapters":
+        from cudamem import interop
+
+        interop.use_with_torch()
+        interop.use_with_cupy()
+    if "torch" in libs:
+        import torch
+    if "cupy" in libs:
+        import cupy
+    if "numba" in libs:
+        import numpy as np
+        from numba import cuda
+
+        if not hasattr(np, "row_stack"):
+            np.row_stack = np.vstack
+    sizes = [64 * MIB, 32 * MIB, 16 * MIB, 8 * MIB, MIB, 256 * 1024]
+    for lib in libs:
+        keep = []
+        for rnd in range(4):
+            for s in sizes:
+                if lib == "cupy":
+                    keep.append(cupy.empty(s, dtype=cupy.uint8))
+                elif lib == "torch":
+                    keep.append(torch.empty(s, dtype=torch.uint8,
+                                            device="cuda"))
+                else:
+                    keep.append(cuda.device_array(s, dtype=np.uint8))
+            if rnd % 2:
+                keep = keep[len(keep) // 2:]
+        del keep
+        gc.collect()
+    cudamem.synchronize()
+    return (_used() - base) / MIB
+
+
+def _child(func, arg, env):
+    code = ("import sys, json; sys.path.insert(0, %r); sys.path.insert(0, "
+            "%r); import ops_interop; print(json.dumps(ops_interop.%s(%r)))"
+            % (str(HERE.parent), str(HERE), func, arg))
+    e = dict(os.environ, CUDAMEM_MEMORY_MANAGER="pool")
+    e.update(env)
+    p = subprocess.run([sys.executable, "-c", code], env=e,
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        lines = p.stderr.strip().splitlines() or ["failed"]
+        last = lines[-1]
+        if "ModuleNotFoundError" in last or "ImportError" in last:
+            raise harness.Skip(last)
+        raise RuntimeError(last)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _adapter(which, env=None):
+    def factory(cm):
+        return harness.Measured(_child("_measure", which, env or {}))
+
+    return factory
+
+
+def _mib(mode, env=None):
+    def factory(lib):
+        v = _child("_mixed", mode, env or {}) * 1e-6   # printed as MiB
+        return harness.Measured((v, v, v))
+
+    return factory
+
+
+# ---------------------------------------------------------------------------
+# The libraries' own allocators, in this process
+# ---------------------------------------------------------------------------
+
+
+def _cupy(cp):
+    return lambda: cp.empty(N, dtype=cp.float32)
+
+
+def _torch(torch):
+    return lambda: torch.empty(N, device="cuda")
+
+
+def _numba(cuda):
+    import numpy as np
+
+    return lambda: cuda.device_array(N, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Dask
+# ---------------------------------------------------------------------------
+
+
+def _dask_transfer(kind, repeats=3):
+    """Seconds for one transfer of a 256 MiB array between two workers of
+    a LocalCluster (TCP); kind "cudamem" or "numpy"."""
+    try:
+        from distributed import Client, LocalCluster, wait
+    except ImportError as e:
+        raise harness.Skip("distributed is not installed") from e
+
+    def make(kind, nbytes, seed):
+        import numpy as np
+
+        a = np.full(nbytes // 8, float(seed))
+        if kind == "numpy":
+            return a
+        import cudamem
+
+        return cudamem.to_device(a)
+
+    def touch(a):
+        return a.shape
+
+    times = []
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                      dashboard_address=None) as lc, Client(lc) as client:
+        w0, w1 = sorted(client.scheduler_info()["workers"])
+        for seed in range(repeats + 1):
+            x = client.submit(make, kind, DASK_BYTES, seed, workers=[w0])
+            wait(x)
+            t0 = time.perf_counter()
+            y = client.submit(touch, x, workers=[w1])
+            wait(y)
+            dt = time.perf_counter() - t0
+            if seed:
+                times.append(dt)
+            del x, y
+    times.sort()
+    return harness.Measured((times[len(times) // 2], times[0], times[-1]))
+
+
+def _dask_cudamem(cm):
+    return _dask_transfer("cudamem")
+
+
+def _dask_numpy(core):
+    return _dask_transfer("numpy")
+
+
+NUMBA_PLUGIN = {"NUMBA_CUDA_MEMORY_MANAGER": "cudamem.numba_plugin"}
+
+OPS = [
+    {"name": "cupy.empty(256) [use_with_cupy]",
+     "impls": {"cudamem": _adapter("cupy"), "cupy": _cupy}},
+    {"name": "torch.empty(256) [use_with_torch]",
+     "impls": {"cudamem": _adapter("torch"), "torch": _torch}},
+    {"name": "numba device_array(256) [plugin]",
+     "impls": {"cudamem": _adapter("numba", NUMBA_PLUGIN),
+               "numba": _numba}},
+    {"name": "peak reserved MiB, mixed",
+     "impls": {"cudamem": _mib("adapters", NUMBA_PLUGIN),
+               "numba": _mib("numba"), "cupy": _mib("cupy"),
+               "torch": _mib("torch"), "driver": _mib("native")}},
+    {"name": "dask TCP 256 MiB (drv: NumPy)", "bytes": DASK_BYTES,
+     "impls": {"cudamem": _dask_cudamem, "driver": _dask_numpy}},
+]
