@@ -469,6 +469,20 @@ cm_hm_clear(PyObject *self)
     return 0;
 }
 
+/* Record the free of m's memory at host in the history. */
+static void
+cm_hm_hist_free(cm_hostmem *m, uintptr_t host)
+{
+    static const int kinds[] = {CM_HIST_PINNED, CM_HIST_MAPPED,
+                                CM_HIST_MANAGED};
+
+    if (host != 0 && m->plugin_mem == NULL) {
+        cm_hist_record(CM_HIST_FREE, kinds[m->kind], m->ctx, 0,
+                       m->kind == CM_HM_MANAGED ? (uintptr_t)m->dptr : host,
+                       m->size);
+    }
+}
+
 /* Hand the memory back once: to the pool, or to the context's queue. */
 static void
 cm_hm_release(cm_hostmem *m)
@@ -478,6 +492,9 @@ cm_hm_release(cm_hostmem *m)
 
     m->host = 0;
     cm_hm_unlink(m);
+    if (__builtin_expect(cm_hist_on, 0)) {
+        cm_hm_hist_free(m, host);
+    }
     if (m->rescue != NULL) {
         /* The context went; the memory is an anonymous mapping now. */
         cm_hm_unrescue(m);
@@ -644,6 +661,8 @@ cm_hm_alloc_default(cm_hostmem *m)
             }
             m->block = b;
             m->host = (uintptr_t)b->host;
+            cm_hist_note(CM_HIST_ALLOC, CM_HIST_PINNED, ctx, 0, m->host,
+                         m->size);
             return 0;
         }
     }
@@ -659,6 +678,7 @@ cm_hm_alloc_default(cm_hostmem *m)
         if (ctx->st_bytes > ctx->st_peak) {
             ctx->st_peak = ctx->st_bytes;
         }
+        cm_hist_note(CM_HIST_ALLOC, CM_HIST_MANAGED, ctx, 0, addr, m->size);
         return 0;
     }
     if (m->kind == CM_HM_MAPPED) {
@@ -671,6 +691,9 @@ cm_hm_alloc_default(cm_hostmem *m)
     }
     m->host = addr;
     ctx->st_pinned += m->size;
+    cm_hist_note(CM_HIST_ALLOC, m->kind == CM_HM_MAPPED ? CM_HIST_MAPPED
+                                                        : CM_HIST_PINNED,
+                 ctx, 0, addr, m->size);
     return 0;
 }
 
