@@ -609,7 +609,7 @@ def write_plot(res, path):
               "pageable-staged": ":"}
     markers = {"cudamem": "o", "driver": "s", "numba": "^", "cupy": "v",
                "torch": "D"}
-    for ax, direction in zip(axes, DIRECTIONS):
+    for ax, direction in zip(axes, DIRECTIONS, strict=True):
         for lib in res["libraries"]:
             for method in METHODS:
                 pts = sorted((r["size"], r["gbps"]) for r in res["bandwidth"]
