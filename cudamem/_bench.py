@@ -485,6 +485,7 @@ def run(quick=False, compare=False, progress=False, max_size=None,
                     finally:
                         pair.close()
             del bufs
+            cudamem.pinned_pool_trim()     # keep no GiB of pinned memory
         _staging(True)
         for lib in libs:
             bar.step("%s latency" % lib)

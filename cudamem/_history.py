@@ -155,7 +155,10 @@ def memory_snapshot():
     Notes
     -----
     Not in numba.cuda.  For every device, the device blocks of ``live``
-    (with its managed ones) add up to ``stats['allocated_bytes']``.
+    (with its managed ones) add up to ``stats['allocated_bytes']``.  The
+    live allocations are found among the objects the garbage collector
+    tracks, so a snapshot of a large program takes some milliseconds;
+    memory of a plugin memory manager is not listed.
     """
     state = _core._history_state()
     now_wall = time.time()
