@@ -1091,4 +1091,44 @@ PyObject *cm_interop_by_client(cm_context *ctx);
 int cm_interop_oom_note(cm_context *ctx, PyObject *exc);
 int cm_interop_init(PyObject *mod, cm_state *st);
 
+/* ------------------------------------------------------------------ */
+/* history.c: the memory history                                       */
+/* ------------------------------------------------------------------ */
+
+/* What a history event records (cm_hist_note's action and kind). */
+enum {
+    CM_HIST_ALLOC = 0,    /* memory handed to a user */
+    CM_HIST_FREE,         /* memory given back by its owner */
+    CM_HIST_OOM           /* an allocation failed: out of memory */
+};
+enum {
+    CM_HIST_DEVICE = 0,   /* device memory (a DeviceAllocation) */
+    CM_HIST_PINNED,       /* page-locked host memory */
+    CM_HIST_MAPPED,       /* page-locked host memory mapped to devices */
+    CM_HIST_MANAGED       /* managed memory */
+};
+
+/* NOTE: guarded by the GIL.  Whether the history records. */
+extern int cm_hist_on;
+/* Record one event (GIL held; never raises).  Call via cm_hist_note. */
+void cm_hist_record(int action, int kind, cm_context *ctx, uintptr_t stream,
+                    uintptr_t addr, size_t size);
+
+/* The hook of the allocation and free paths: one branch while off. */
+static inline void
+cm_hist_note(int action, int kind, cm_context *ctx, uintptr_t stream,
+             uintptr_t addr, size_t size)
+{
+    if (__builtin_expect(cm_hist_on, 0)) {
+        cm_hist_record(action, kind, ctx, stream, addr, size);
+    }
+}
+
+int cm_history_init(PyObject *mod, cm_state *st);
+/* pool.c: the segments of ctx's pool manager, a list of dicts (base,
+ * size, small, blocks: a list of (address, size, state) with state
+ * 'used', 'free' or 'pending'); an empty list for other managers.  A
+ * new reference, or NULL with an exception. */
+PyObject *cm_pool_segments(cm_context *ctx);
+
 #endif /* CM_H */

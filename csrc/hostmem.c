@@ -24,11 +24,17 @@
  *   call are registered as one range; an array that only partly overlaps
  *   a range registered by an enclosing block gets the rest registered
  *   separately, and a single copy across that seam is refused.
- * - The pinned pool (opt-in: CUDAMEM_PINNED_POOL=1): per device, free
- *   lists of page-locked blocks in power-of-two size classes.  A returned
- *   block gets an event recorded on the legacy default stream, which
- *   completes after all work issued before it to the context's blocking
- *   streams; a block is reused only once that event has completed.
+ * - The pinned pool (on unless CUDAMEM_PINNED_POOL=0): per device, free
+ *   lists of page-locked blocks in power-of-two size classes, keeping at
+ *   most CUDAMEM_PINNED_POOL_LIMIT free bytes (default: the smaller of
+ *   1 GiB and 1/16 of the host's memory).  A returned block gets an
+ *   event recorded on the legacy default stream, which completes after
+ *   all work issued before it to the context's blocking streams; a block
+ *   is reused only once that event has completed.  Work on non-blocking
+ *   streams is not ordered before that event: whoever queued it there
+ *   synchronises before dropping the array.  The free blocks are given
+ *   back by pinned_pool_trim(), when an allocation runs out of host
+ *   memory, and at close().
  *
  * Locking: the GIL guards the owners, the pool and the statistics.  The
  * registry has its own lock, taken only with the GIL released; it is held
@@ -40,7 +46,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 /* What a HostAllocation holds. */
@@ -239,9 +244,10 @@ cm_hpool_give(cm_context *ctx, cm_hblock *b)
 }
 
 /* Free every free block of ctx's pool now (GIL released around the
- * frees).  0, or -1 with the first driver error raised. */
+ * frees); closing: ctx is being closed (no longer alive, its handle
+ * still valid).  0, or -1 with the first driver error raised. */
 static int
-cm_hpool_trim(cm_context *ctx)
+cm_hpool_trim_as(cm_context *ctx, int closing)
 {
     cm_hpool *p = cm_hpool_of(ctx);
     cm_hblock *list = NULL;
@@ -252,7 +258,7 @@ cm_hpool_trim(cm_context *ctx)
     int pushed;
     int c;
 
-    if (p == NULL || !ctx->alive) {
+    if (p == NULL || (!ctx->alive && !closing) || cm_forked) {
         return 0;
     }
     for (c = 0; c < CM_POOL_CLASSES; c++) {
@@ -290,6 +296,12 @@ cm_hpool_trim(cm_context *ctx)
     cm_ctx_leave(pushed);
     Py_END_ALLOW_THREADS
     return cm_cu_check(rc, fn);
+}
+
+static int
+cm_hpool_trim(cm_context *ctx)
+{
+    return cm_hpool_trim_as(ctx, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -469,6 +481,20 @@ cm_hm_clear(PyObject *self)
     return 0;
 }
 
+/* Record the free of m's memory at host in the history. */
+static void
+cm_hm_hist_free(cm_hostmem *m, uintptr_t host)
+{
+    static const int kinds[] = {CM_HIST_PINNED, CM_HIST_MAPPED,
+                                CM_HIST_MANAGED};
+
+    if (host != 0 && m->plugin_mem == NULL) {
+        cm_hist_record(CM_HIST_FREE, kinds[m->kind], m->ctx, 0,
+                       m->kind == CM_HM_MANAGED ? (uintptr_t)m->dptr : host,
+                       m->size);
+    }
+}
+
 /* Hand the memory back once: to the pool, or to the context's queue. */
 static void
 cm_hm_release(cm_hostmem *m)
@@ -478,6 +504,9 @@ cm_hm_release(cm_hostmem *m)
 
     m->host = 0;
     cm_hm_unlink(m);
+    if (__builtin_expect(cm_hist_on, 0)) {
+        cm_hm_hist_free(m, host);
+    }
     if (m->rescue != NULL) {
         /* The context went; the memory is an anonymous mapping now. */
         cm_hm_unrescue(m);
@@ -626,7 +655,15 @@ cm_hm_alloc_default(cm_hostmem *m)
                 size_t sz = (size_t)1 << (c + CM_POOL_MIN_SHIFT);
 
                 if (cm_raw_alloc(ctx, CM_HM_PINNED, sz, 0, &addr) < 0) {
-                    return -1;
+                    if (sz == m->size
+                        || !PyErr_ExceptionMatches(
+                               ST->CudaOutOfMemoryError)) {
+                        return -1;
+                    }
+                    /* The rounded size did not fit: the exact one may,
+                     * outside the pool. */
+                    PyErr_Clear();
+                    goto unpooled;
                 }
                 b = PyMem_RawMalloc(sizeof(*b));
                 if (b == NULL) {
@@ -644,9 +681,12 @@ cm_hm_alloc_default(cm_hostmem *m)
             }
             m->block = b;
             m->host = (uintptr_t)b->host;
+            cm_hist_note(CM_HIST_ALLOC, CM_HIST_PINNED, ctx, 0, m->host,
+                         m->size);
             return 0;
         }
     }
+unpooled:
     if (cm_raw_alloc(ctx, m->kind, m->size, m->flags, &addr) < 0) {
         return -1;
     }
@@ -659,6 +699,7 @@ cm_hm_alloc_default(cm_hostmem *m)
         if (ctx->st_bytes > ctx->st_peak) {
             ctx->st_peak = ctx->st_bytes;
         }
+        cm_hist_note(CM_HIST_ALLOC, CM_HIST_MANAGED, ctx, 0, addr, m->size);
         return 0;
     }
     if (m->kind == CM_HM_MAPPED) {
@@ -671,6 +712,9 @@ cm_hm_alloc_default(cm_hostmem *m)
     }
     m->host = addr;
     ctx->st_pinned += m->size;
+    cm_hist_note(CM_HIST_ALLOC, m->kind == CM_HM_MAPPED ? CM_HIST_MAPPED
+                                                        : CM_HIST_PINNED,
+                 ctx, 0, addr, m->size);
     return 0;
 }
 
@@ -760,6 +804,11 @@ cm_hostmem_context_save(cm_context *ctx)
     int pushed;
     int tries;
 
+    /* The pool's free blocks go first (the reset would free their memory
+     * too, unless another user keeps the primary context). */
+    if (cm_hpool_trim_as(ctx, 1) < 0) {
+        PyErr_WriteUnraisable((PyObject *)ctx);
+    }
     for (m = cm_hm_live; m != NULL && n == 0; m = m->next) {
         n += cm_hm_same_primary(m->ctx, ctx) && m->rescue == NULL;
     }
@@ -1207,8 +1256,8 @@ PyDoc_STRVAR(cm_pinned_array_doc,
 "the memory is released when the last array using it goes.\n\n"
 "Notes\n-----\n"
 "numba does not retry after out-of-memory here; cudamem flushes its\n"
-"pending frees and retries once.  With CUDAMEM_PINNED_POOL=1 the memory\n"
-"comes from the pinned pool.");
+"pending frees and retries once.  The memory comes from the pinned pool\n"
+"(CUDAMEM_PINNED_POOL=0 turns it off); see pinned_pool_stats.");
 
 static PyObject *
 cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
@@ -2461,17 +2510,35 @@ static PyMethodDef cm_hostmem_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The pool's default limit: 1 GiB of free blocks, at most half of a
- * finite RLIMIT_MEMLOCK. */
+/* The pool's limit on free bytes: CUDAMEM_PINNED_POOL_LIMIT (bytes, with
+ * an optional K, M or G suffix: powers of 1024), else the smaller of
+ * 1 GiB and 1/16 of the host's physical memory.  (The driver pins
+ * cuMemHostAlloc memory itself: RLIMIT_MEMLOCK does not bound it.) */
 static size_t
 cm_pool_default_cap(void)
 {
+    const char *v = getenv("CUDAMEM_PINNED_POOL_LIMIT");
     size_t cap = (size_t)1 << 30;
-    struct rlimit rl;
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long psize = sysconf(_SC_PAGESIZE);
+    unsigned long long n;
+    char *end;
 
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
-        && (size_t)rl.rlim_cur / 2 < cap) {
-        cap = (size_t)rl.rlim_cur / 2;
+    if (v != NULL && v[0] >= '0' && v[0] <= '9') {
+        n = strtoull(v, &end, 10);
+        switch (*end) {
+        case 'k': case 'K': n <<= 10; end++; break;
+        case 'm': case 'M': n <<= 20; end++; break;
+        case 'g': case 'G': n <<= 30; end++; break;
+        default: break;
+        }
+        if (*end == '\0') {
+            return (size_t)n;
+        }
+    }
+    if (pages > 0 && psize > 0
+        && (size_t)pages / 16 * (size_t)psize < cap) {
+        cap = (size_t)pages / 16 * (size_t)psize;
     }
     return cap;
 }
@@ -2541,10 +2608,11 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
     int i;
 
     /* A flag, as cudamem.config checks it: 1/0, true/false, yes/no,
-     * on/off. */
-    cm_hpool_on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0
-                  && strcasecmp(v, "false") != 0 && strcasecmp(v, "no") != 0
-                  && strcasecmp(v, "off") != 0;
+     * on/off; unset or empty: on. */
+    cm_hpool_on = v == NULL || v[0] == '\0'
+                  || (strcmp(v, "0") != 0 && strcasecmp(v, "false") != 0
+                      && strcasecmp(v, "no") != 0
+                      && strcasecmp(v, "off") != 0);
     cm_hpool_cap = cm_pool_default_cap();
     if (cm_reg_lock == NULL) {
         cm_reg_lock = PyThread_allocate_lock();

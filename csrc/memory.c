@@ -614,6 +614,8 @@ cm_mem_release(cm_mem *m)
         return;
     }
     m->freed = 1;
+    cm_hist_note(CM_HIST_FREE, CM_HIST_DEVICE, m->ctx, (uintptr_t)m->stream,
+                 (uintptr_t)m->ptr, m->size);
     switch (m->kind) {
     case CM_MM_POOL:
         on = m->stream;
@@ -759,6 +761,9 @@ cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
         cm_pool_stats(ctx, &reserved, &pool_free, &largest);
         snprintf(wbuf, sizeof(wbuf), "on device %d", ctx->device->id);
     }
+    cm_hist_note(CM_HIST_OOM, where == CM_OOM_HOST ? CM_HIST_PINNED
+                                                   : CM_HIST_DEVICE,
+                 ctx, 0, 0, size);
     cm_raise_cu(rc, fn);
     exc = PyErr_GetRaisedException();
     if (exc == NULL) {
@@ -961,6 +966,8 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     if (ctx->st_bytes > ctx->st_peak) {
         ctx->st_peak = ctx->st_bytes;
     }
+    cm_hist_note(CM_HIST_ALLOC, CM_HIST_DEVICE, ctx, (uintptr_t)stream,
+                 (uintptr_t)p, size);
     *out = p;
     return (PyObject *)m;
 }

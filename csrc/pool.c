@@ -1464,6 +1464,114 @@ cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
     pthread_mutex_unlock(&p->mu);
 }
 
+/* One block as cm_pool_segments copies it out (mutex held). */
+typedef struct {
+    int seg;              /* index of its segment */
+    CUdeviceptr ptr;
+    size_t size;
+    int state;            /* 0 used, 1 free, 2 pending */
+} cm_blk_view;
+
+PyObject *
+cm_pool_segments(cm_context *ctx)
+{
+    static const char *const states[] = {"used", "free", "pending"};
+    cm_pool *p = ctx->pool;
+    cm_blk_view *v = NULL;
+    CUdeviceptr *base = NULL;
+    size_t *size = NULL;
+    int *small = NULL;
+    size_t nb = 0;
+    size_t nt;
+    size_t ns = 0;
+    size_t i;
+    cm_seg *g;
+    cm_blk *b;
+    PyObject *list;
+    PyObject *blocks = NULL;
+
+    list = PyList_New(0);
+    if (list == NULL || p == NULL || p->dead || p->kind != CM_MM_POOL) {
+        return list;
+    }
+    /* Copied out under the mutex, turned into objects after it. */
+    pthread_mutex_lock(&p->mu);
+    for (g = p->segs; g != NULL; g = g->next) {
+        ns++;
+        for (b = g->first; b != NULL; b = b->next) {
+            nb++;
+        }
+    }
+    v = malloc((nb > 0 ? nb : 1) * sizeof(*v));
+    base = malloc((ns > 0 ? ns : 1) * sizeof(*base));
+    size = malloc((ns > 0 ? ns : 1) * sizeof(*size));
+    small = malloc((ns > 0 ? ns : 1) * sizeof(*small));
+    if (v != NULL && base != NULL && size != NULL && small != NULL) {
+        nb = 0;
+        ns = 0;
+        for (g = p->segs; g != NULL; g = g->next, ns++) {
+            base[ns] = g->base;
+            size[ns] = g->size;
+            small[ns] = g->small;
+            for (b = g->first; b != NULL; b = b->next, nb++) {
+                v[nb].seg = (int)ns;
+                v[nb].ptr = b->ptr;
+                v[nb].size = b->size;
+                v[nb].state = b->free ? 1 : b->pending ? 2 : 0;
+            }
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (v == NULL || base == NULL || size == NULL || small == NULL) {
+        PyErr_NoMemory();
+        goto err_free;
+    }
+    nt = nb;
+    for (i = 0, nb = 0; i < ns; i++) {
+        PyObject *d;
+        int r;
+
+        blocks = PyList_New(0);
+        if (blocks == NULL) {
+            goto err_free;
+        }
+        for (; nb < nt && v[nb].seg == (int)i; nb++) {
+            PyObject *t = Py_BuildValue("(Kns)",
+                                        (unsigned long long)v[nb].ptr,
+                                        (Py_ssize_t)v[nb].size,
+                                        states[v[nb].state]);
+
+            if (t == NULL || PyList_Append(blocks, t) < 0) {
+                Py_XDECREF(t);
+                goto err_free;
+            }
+            Py_DECREF(t);
+        }
+        d = Py_BuildValue("{sKsnsOsO}", "base", (unsigned long long)base[i],
+                          "size", (Py_ssize_t)size[i], "small",
+                          small[i] ? Py_True : Py_False, "blocks", blocks);
+        Py_CLEAR(blocks);
+        r = d == NULL ? -1 : PyList_Append(list, d);
+        Py_XDECREF(d);
+        if (r < 0) {
+            goto err_free;
+        }
+    }
+    free(v);
+    free(base);
+    free(size);
+    free(small);
+    return list;
+err_free:
+    Py_XDECREF(blocks);
+    Py_DECREF(list);
+    free(v);
+    free(base);
+    free(size);
+    free(small);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ */
 /* Module-level functions                                              */
 /* ------------------------------------------------------------------ */

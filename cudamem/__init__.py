@@ -95,6 +95,7 @@ from ._errors import (
     CudaSupportError,
     MemoryInfo,
 )
+from ._history import dump_snapshot, memory_history, memory_snapshot
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
 from . import _lower  # noqa: F401  (numba's Context and pointer methods)
 from ._kernel import DeviceSymbol
@@ -171,6 +172,7 @@ __all__ = [
     "device_array",
     "device_array_like",
     "driver_version",
+    "dump_snapshot",
     "enable_peer_access",
     "event",
     "event_elapsed_time",
@@ -191,6 +193,8 @@ __all__ = [
     "mapped",
     "mapped_array",
     "mapped_array_like",
+    "memory_history",
+    "memory_snapshot",
     "memory_stats",
     "open_ipc_array",
     "per_thread_default_stream",

@@ -66,7 +66,29 @@ class CudaAPIError(CudaDriverError):
 
 
 class CudaOutOfMemoryError(CudaAPIError, MemoryError):
-    """CUDA_ERROR_OUT_OF_MEMORY: a CudaAPIError that is also a MemoryError."""
+    """CUDA_ERROR_OUT_OF_MEMORY: a CudaAPIError that is also a MemoryError.
+
+    ``dump(path)`` writes a memory snapshot with what the error reported
+    (the input of ``python -m cudamem memviz``).
+    """
+
+    def dump(self, path):
+        """Write ``cudamem.memory_snapshot()``, taken now, with this
+        error's figures under ``oom``, to ``path`` as JSON; the path.
+
+        The arrays alive at the failure normally still are while the
+        error is handled; turn on ``cudamem.memory_history`` beforehand
+        to have the events (and stacks) that led to it.
+        """
+        from ._history import dump_snapshot, memory_snapshot
+
+        snap = memory_snapshot()
+        oom = {"message": str(self), "fn": self.fn}
+        for name in ("requested", "free", "total", "pending_bytes",
+                     "pool_reserved", "largest_free_block"):
+            oom[name] = getattr(self, name, None)
+        snap["oom"] = oom
+        return dump_snapshot(path, snap)
 
 
 class CompileError(Exception):

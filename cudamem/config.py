@@ -24,7 +24,9 @@ CUDAMEM_DISABLE_CUDA                    flag                 off (on for
 CUDAMEM_SIMULATOR (NUMBA_ENABLE_CUDASIM)  flag               off
 CUDAMEM_MEMORY_MANAGER                  default, pool, async default
                                         or a plugin module
-CUDAMEM_PINNED_POOL                     flag                 off
+CUDAMEM_PINNED_POOL                     flag                 on
+CUDAMEM_PINNED_POOL_LIMIT               size 0 .. 2**63-1    min(1 GiB,
+                                                             RAM / 16)
 CUDAMEM_POOL_LIMIT                      size 0 .. 2**63-1    0 (none)
 CUDAMEM_ASYNC_RELEASE_THRESHOLD         size 0 .. 2**64-1    2**64-1
 CUDAMEM_POOL_POISON (checked by _core)  integer 0 .. 255     0 (off)
@@ -199,7 +201,8 @@ ENABLE_CUDASIM = _env(
 
 # Read in C (at import, or when the driver loads); checked here, at
 # import, so that a bad value is not silently replaced by the default.
-_env(("CUDAMEM_PINNED_POOL",), _flag, False)
+_env(("CUDAMEM_PINNED_POOL",), _flag, True)
+_env(("CUDAMEM_PINNED_POOL_LIMIT",), _size(0, 2 ** 63 - 1), 0)
 _env(("CUDAMEM_POOL_LIMIT",), _size(0, 2 ** 63 - 1), 0)
 _env(("CUDAMEM_ASYNC_RELEASE_THRESHOLD",), _size(0, 2 ** 64 - 1), 0)
 _env(("CUDAMEM_SIM_DEVICES",), _integer(1, 16), 1)

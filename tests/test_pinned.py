@@ -453,13 +453,23 @@ def test_pool_from_the_environment():
     assert "True True" in out
 
 
-def test_pool_is_off_by_default():
+def test_pool_is_on_by_default():
     rc, out = run_py("""
         import cudamem
         print(cudamem.pinned_array(10).base.pooled)
         """, CUDAMEM_PINNED_POOL="")
     assert rc == 0, out
-    assert "False" in out
+    assert "True" in out
+
+
+def test_pool_off_from_the_environment():
+    rc, out = run_py("""
+        import cudamem
+        print(cudamem.pinned_array(10).base.pooled,
+              cudamem.pinned_pool_stats()["enabled"])
+        """, CUDAMEM_PINNED_POOL="0")
+    assert rc == 0, out
+    assert "False False" in out
 
 
 # --------------------------------------------------------------------------

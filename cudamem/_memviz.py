@@ -1,0 +1,357 @@
+# SPDX-License-Identifier: MIT
+"""``python -m cudamem memviz``: draw a memory snapshot.
+
+Reads the JSON that ``cudamem.dump_snapshot`` (or ``err.dump`` of an
+out-of-memory error) writes and makes either one self-contained HTML page
+(every picture is inline SVG drawn here, with a little inline script for
+hover details; nothing is fetched from the network) or a PNG timeline
+with matplotlib.
+
+The page holds: the timeline of live bytes per kind of memory, device and
+stream, rebuilt from the history's events; the pool manager's segments as
+a fragmentation map (used, free and pending blocks to scale); the largest
+live allocations with the stacks that made them; and, for an
+out-of-memory snapshot, what the error reported.  The series drawn are
+also embedded as JSON (``<script id="memviz-data">``) for tools.
+"""
+
+import html
+import json
+import time
+
+__all__ = ["load", "series", "write_html", "write_png"]
+
+MAX_POINTS = 4000   # per series; past it, the peaks of time buckets
+
+
+def load(path):
+    """The snapshot dict in a JSON file; ValueError if it is not one."""
+    with open(path, encoding="utf-8") as f:
+        snap = json.load(f)
+    if (not isinstance(snap, dict) or "history" not in snap
+            or "live" not in snap):
+        raise ValueError("not a cudamem memory snapshot (no 'history' and "
+                         "'live' keys)")
+    return snap
+
+
+def _series_key(kind, device, stream, multi_device):
+    name = kind
+    if stream:
+        name += " stream 0x%x" % stream
+    if multi_device:
+        name += " (device %d)" % device
+    return name
+
+
+def _decimate(points):
+    if len(points) <= MAX_POINTS:
+        return points
+    t0, t1 = points[0][0], points[-1][0]
+    width = (t1 - t0) / (MAX_POINTS // 2) or 1.0
+    out = [points[0]]
+    bucket = None
+    best = None
+    for t, v in points[1:-1]:
+        b = int((t - t0) / width)
+        if b != bucket:
+            if best is not None:
+                out.append(best)
+            bucket, best = b, (t, v)
+        elif v > best[1]:
+            best = (t, v)
+    if best is not None:
+        out.append(best)
+    out.append(points[-1])
+    return out
+
+
+def series(snap):
+    """The live bytes over time of each kind/device/stream, rebuilt from
+    the history: {name: [(seconds since the first event, bytes), ...]},
+    plus 'total'.  Each series starts at what was already live when the
+    record begins (what is live at the snapshot less the net of the
+    events recorded)."""
+    entries = [e for e in snap["history"]["entries"]
+               if e["action"] in ("alloc", "free")]
+    devices = {e["device"] for e in entries}
+    devices |= {b["device"] for b in snap["live"]}
+    multi = len(devices) > 1
+
+    def key(kind, device, stream):
+        return _series_key(kind, device, stream if kind == "device" else 0,
+                           multi)
+
+    final = {}
+    for b in snap["live"]:
+        k = key(b["kind"], b["device"], b.get("stream") or 0)
+        final[k] = final.get(k, 0) + b["size"]
+    net = {}
+    for e in entries:
+        k = key(e["kind"], e["device"], e["stream"])
+        d = e["size"] if e["action"] == "alloc" else -e["size"]
+        net[k] = net.get(k, 0) + d
+    names = sorted(set(final) | set(net))
+    t_first = entries[0]["time"] if entries else snap.get("time", 0.0)
+    t_end = snap.get("time", t_first)
+    level = {k: max(final.get(k, 0) - net.get(k, 0), 0) for k in names}
+    out = {k: [(0.0, level[k])] for k in names}
+    total = [(0.0, sum(level.values()))]
+    tot = total[0][1]
+    for e in entries:
+        k = key(e["kind"], e["device"], e["stream"])
+        d = e["size"] if e["action"] == "alloc" else -e["size"]
+        level[k] = max(level[k] + d, 0)
+        tot = max(tot + d, 0)
+        t = e["time"] - t_first
+        out[k].append((t, level[k]))
+        total.append((t, tot))
+    end = max(t_end - t_first, total[-1][0])
+    for k in names:
+        out[k].append((end, out[k][-1][1]))
+    total.append((end, total[-1][1]))
+    out = {k: _decimate(v) for k, v in out.items()}
+    out["total"] = _decimate(total)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# HTML
+
+_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;
+border-bottom:1px solid #ddd}th{background:#f4f4f4}
+td.l,th.l{text-align:left}.sim{color:#b00;font-weight:bold}
+svg text{font:11px sans-serif}.legend span{margin-right:14px}
+.sw{display:inline-block;width:12px;height:12px;margin-right:4px;
+vertical-align:middle}#tip{position:fixed;background:#ffe;border:1px
+solid #999;padding:2px 6px;pointer-events:none;display:none;font-size:12px}
+pre{margin:2px 0;font-size:12px}details{margin:0}
+"""
+
+_JS = """
+(function(){var tip=document.getElementById('tip');
+document.querySelectorAll('[data-tip]').forEach(function(el){
+el.addEventListener('mousemove',function(ev){tip.textContent=
+el.getAttribute('data-tip');tip.style.left=(ev.clientX+12)+'px';
+tip.style.top=(ev.clientY+12)+'px';tip.style.display='block';});
+el.addEventListener('mouseleave',function(){tip.style.display='none';});
+});})();
+"""
+
+
+def _fmt_bytes(n):
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else (
+                "%.1f %s" % (n, unit))
+        n /= 1024
+    return "%d B" % n
+
+
+def _e(s):
+    return html.escape(str(s), quote=True)
+
+
+def _timeline_svg(ser):
+    w, h, left, bottom, top, right = 900, 320, 70, 30, 10, 10
+    names = [k for k in ser if k != "total"] + ["total"]
+    t_max = max((pts[-1][0] for pts in ser.values() if pts), default=1.0)
+    t_max = t_max or 1.0
+    y_max = max((v for pts in ser.values() for _, v in pts), default=1)
+    y_max = y_max or 1
+    pw, ph = w - left - right, h - top - bottom
+
+    def x(t):
+        return left + pw * t / t_max
+
+    def y(v):
+        return top + ph - ph * v / y_max
+
+    parts = ['<svg id="timeline" xmlns="http://www.w3.org/2000/svg" '
+             'width="%d" height="%d" viewBox="0 0 %d %d">' % (w, h, w, h)]
+    parts.append('<rect x="%d" y="%d" width="%d" height="%d" fill="#fafafa" '
+                 'stroke="#ccc"/>' % (left, top, pw, ph))
+    for i in range(5):
+        v = y_max * i / 4
+        parts.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" '
+                     'stroke="#eee"/>' % (left, left + pw, y(v), y(v)))
+        parts.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>'
+                     % (left - 4, y(v) + 4, _e(_fmt_bytes(v))))
+    for i in range(5):
+        t = t_max * i / 4
+        parts.append('<text x="%.1f" y="%d" text-anchor="middle">%.3g s'
+                     '</text>' % (x(t), h - 10, t))
+    legend = []
+    for i, k in enumerate(names):
+        pts = ser[k]
+        color = "#000" if k == "total" else _COLORS[i % len(_COLORS)]
+        d = []
+        prev = None
+        for t, v in pts:
+            if prev is not None:
+                d.append("L%.1f,%.1f" % (x(t), y(prev)))
+            d.append(("M" if prev is None else "L")
+                     + "%.1f,%.1f" % (x(t), y(v)))
+            prev = v
+        peak = max(v for _, v in pts)
+        parts.append(
+            '<path class="series" data-series="%s" data-tip="%s: peak %s" '
+            'd="%s" fill="none" stroke="%s" stroke-width="%s"/>'
+            % (_e(k), _e(k), _e(_fmt_bytes(peak)), " ".join(d), color,
+               "2" if k == "total" else "1.5"))
+        legend.append('<span><i class="sw" style="background:%s"></i>%s'
+                      '</span>' % (color, _e(k)))
+    parts.append("</svg>")
+    return "".join(parts), '<div class="legend">%s</div>' % "".join(legend)
+
+
+def _segments_svg(dev):
+    segs = dev.get("segments") or []
+    if not segs:
+        return ""
+    w, row, left = 900, 22, 170
+    h = row * len(segs) + 10
+    biggest = max(s["size"] for s in segs)
+    colors = {"used": "#d62728", "free": "#2ca02c", "pending": "#ff7f0e"}
+    parts = ['<svg class="segments" data-device="%d" '
+             'xmlns="http://www.w3.org/2000/svg" width="%d" height="%d">'
+             % (dev["device"], w, h)]
+    for i, s in enumerate(segs):
+        y = 5 + i * row
+        scale = (w - left - 10) / biggest
+        parts.append('<text x="4" y="%d">0x%x %s</text>'
+                     % (y + 14, s["base"], _e(_fmt_bytes(s["size"]))))
+        for addr, size, state in s["blocks"]:
+            bx = left + (addr - s["base"]) * scale
+            bw = max(size * scale, 1.0)
+            parts.append(
+                '<rect class="block %s" x="%.1f" y="%d" width="%.1f" '
+                'height="%d" fill="%s" stroke="#fff" stroke-width="0.5" '
+                'data-tip="0x%x %s %s"/>'
+                % (state, bx, y, bw, row - 6, colors.get(state, "#999"),
+                   addr, _e(_fmt_bytes(size)), state))
+    parts.append("</svg>")
+    legend = "".join('<span><i class="sw" style="background:%s"></i>%s'
+                     '</span>' % (c, s) for s, c in colors.items())
+    return "".join(parts) + '<div class="legend">%s</div>' % legend
+
+
+def _stack_html(stack):
+    if not stack:
+        return "<i>no stack recorded</i>"
+    lines = "\n".join("%s:%d in %s" % (f["filename"], f["line"],
+                                        f["function"]) for f in stack)
+    return "<details><summary>%s:%d in %s</summary><pre>%s</pre>" \
+           "</details>" % (_e(stack[0]["filename"]), stack[0]["line"],
+                           _e(stack[0]["function"]), _e(lines))
+
+
+def render_html(snap):
+    """The page for a snapshot, as a str."""
+    ser = series(snap)
+    hist = snap["history"]
+    sim = snap.get("backend") != "driver"
+    when = time.strftime("%Y-%m-%d %H:%M:%S",
+                         time.localtime(snap.get("time", 0)))
+    out = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
+           "<title>cudamem memory snapshot</title>",
+           "<style>%s</style></head><body>" % _CSS,
+           "<h1>cudamem memory snapshot</h1>",
+           "<p>taken %s on the %s backend%s. History: %s, %d events "
+           "recorded, %d dropped (ring of %d)%s.</p>" % (
+               _e(when), _e(snap.get("backend")),
+               ' <span class="sim">(SIMULATED: CPU simulator)</span>'
+               if sim else "",
+               "on" if hist["enabled"] else "off", hist["recorded"],
+               hist["dropped"], hist["max_entries"],
+               ", with stacks" if hist["stacks"] else "")]
+    oom = snap.get("oom")
+    if oom:
+        out.append('<h2>Out of memory</h2><p id="oom">%s</p>'
+                   % _e(oom.get("message", "")))
+    out.append("<h2>Devices</h2><table><tr><th class=l>device</th>"
+               "<th class=l>manager</th><th>allocated</th><th>peak</th>"
+               "<th>allocations</th><th>pool reserved</th><th>pool free"
+               "</th><th>pinned</th></tr>")
+    for d in snap.get("devices", []):
+        st = d["stats"]
+        out.append("<tr><td class=l>%d</td><td class=l>%s</td><td>%s</td>"
+                   "<td>%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s"
+                   "</td></tr>" % (
+                       d["device"], _e(d["manager"]),
+                       _fmt_bytes(st["allocated_bytes"]),
+                       _fmt_bytes(st["peak_allocated_bytes"]),
+                       st["allocation_count"],
+                       _fmt_bytes(st["pool_reserved_bytes"]),
+                       _fmt_bytes(st["pool_free_bytes"]),
+                       _fmt_bytes(st["pinned_bytes"])))
+    out.append("</table>")
+    svg, legend = _timeline_svg(ser)
+    out.append("<h2>Live bytes over time</h2>")
+    if len(hist["entries"]) == 0:
+        out.append("<p>No history recorded: call "
+                   "<code>cudamem.memory_history(True)</code> before the "
+                   "allocations of interest.</p>")
+    out.append(svg + legend)
+    frag = [_segments_svg(d) for d in snap.get("devices", [])]
+    frag = [f for f in frag if f]
+    out.append("<h2>Pool segments</h2>")
+    out.append("".join(frag) if frag else
+               "<p>No pool segments (the pool manager is not in use).</p>")
+    out.append("<h2>Largest live allocations</h2><table id=\"largest\"><tr>"
+               "<th>size</th><th class=l>kind</th><th>device</th>"
+               "<th class=l>stream</th><th class=l>address</th>"
+               "<th class=l>allocated at</th></tr>")
+    for b in snap["live"][:50]:
+        out.append("<tr><td>%s</td><td class=l>%s</td><td>%d</td>"
+                   "<td class=l>%s</td><td class=l>0x%x</td><td class=l>%s"
+                   "</td></tr>" % (
+                       _fmt_bytes(b["size"]), _e(b["kind"]), b["device"],
+                       "0x%x" % b["stream"] if b.get("stream") else
+                       "default", b["address"], _stack_html(b.get("stack"))))
+    out.append("</table>")
+    data = json.dumps({"series": ser}).replace("</", "<\\/")
+    out.append('<script type="application/json" id="memviz-data">%s'
+               '</script>' % data)
+    out.append('<div id="tip"></div><script>%s</script></body></html>'
+               % _JS)
+    return "\n".join(out)
+
+
+def write_html(snap, path):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_html(snap))
+
+
+def write_png(snap, path):
+    """A static timeline of live bytes per series (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ser = series(snap)
+    fig, ax = plt.subplots(figsize=(11, 5))
+    for k, pts in ser.items():
+        ax.step([p[0] for p in pts], [p[1] / 2**20 for p in pts],
+                where="post", label=k,
+                linewidth=2 if k == "total" else 1.2,
+                color="black" if k == "total" else None)
+    ax.set_xlabel("seconds since the first recorded event")
+    ax.set_ylabel("live MiB")
+    title = "cudamem memory timeline"
+    if snap.get("backend") != "driver":
+        title += " (SIMULATED)"
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

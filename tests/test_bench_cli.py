@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: MIT
+"""``python -m cudamem``: the default report, ``bench`` and its outputs."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudamem import _bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args, timeout=300, **env):
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    e.update(env)
+    return subprocess.run([sys.executable, "-m", "cudamem", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=e)
+
+
+def test_no_arguments_is_the_report():
+    p = cli()
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("cudamem ")
+    assert "backend: " in p.stdout
+    assert "devices: " in p.stdout
+
+
+def test_unknown_option():
+    p = cli("bench", "--frobnicate")
+    assert p.returncode == 2
+    assert "unrecognized arguments: --frobnicate" in p.stderr
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    p = cli("bench", "--quick", "--json", str(out), "--max-size",
+            str(1 << 20))
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p, json.loads(out.read_text())
+
+
+def test_quick_json_schema(quick):
+    p, res = quick
+    for key, typ in (("schema", int), ("cudamem_version", str),
+                     ("backend", str), ("simulated", bool), ("quick", bool),
+                     ("device", dict), ("libraries", list), ("sizes", list),
+                     ("repeats", int), ("bandwidth", list),
+                     ("latency", list), ("elapsed_s", float)):
+        assert isinstance(res[key], typ), key
+    assert res["schema"] == _bench.SCHEMA_VERSION
+    assert res["quick"] is True
+    assert res["simulated"] == (res["backend"] != "driver")
+    assert res["libraries"][:2] == ["cudamem", "driver"]
+    assert res["sizes"] == [4096, 65536, 1 << 20]
+    assert set(res["device"]) >= {"id", "name", "total_memory"}
+    rows = {(r["library"], r["method"], r["direction"], r["size"]): r
+            for r in res["bandwidth"]}
+    for size in res["sizes"]:
+        for method in _bench.METHODS:
+            for direction in _bench.DIRECTIONS:
+                r = rows[("cudamem", method, direction, size)]
+                assert r["gbps"] > 0 and r["seconds"] > 0
+                assert r["gbps_p10"] <= r["gbps"] * 1.0001 <= \
+                    r["gbps_p90"] * 1.0002
+                want = (2 if direction == "bidir" else 1) * size
+                assert r["gbps"] == pytest.approx(want / r["seconds"] / 1e9)
+                # The bare driver has no staging pipeline.
+                assert (("driver", method, direction, size) in rows) == \
+                    (method != "pageable-staged")
+    ops = {(r["library"], r["op"]): r for r in res["latency"]}
+    for lib in ("cudamem", "driver"):
+        for op in _bench.LATENCY_OPS:
+            assert ops[(lib, op)]["us"] > 0
+    pinned = [r["gbps"] for r in res["bandwidth"]
+              if r["method"] == "pinned" and r["direction"] == "htod"
+              and r["library"] in ("cudamem", "driver")]
+    assert res["pcie_limit_gbps"] == max(pinned)
+
+
+def test_quick_table(quick):
+    p, res = quick
+    out = p.stdout
+    assert "Bandwidth, GB/s" in out
+    assert "pageable-staged htod" in out
+    assert "Latency, microseconds per call" in out
+    assert "pinned_array" in out
+    if res["simulated"]:
+        assert "(simulated" in out.splitlines()[0]
+    assert "figures written to" in out
+
+
+def test_plot(tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        p = cli("bench", "--quick", "--plot", str(tmp_path / "b.png"))
+        assert p.returncode == 2
+        assert "pip install 'cudamem[plot]'" in p.stderr
+        pytest.skip("matplotlib is not installed")
+    png = tmp_path / "bench.png"
+    p = cli("bench", "--quick", "--max-size", str(1 << 16), "--plot",
+            str(png))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plain_progress(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.progress", None)
+    buf = io.StringIO()
+    bar = _bench._Progress(4, True, buf)
+    for i in range(4):
+        bar.step("step %d" % i)
+    bar.close()
+    text = buf.getvalue()
+    assert "\r[#######" in text and " 25% step 0" in text
+    assert "100% step 3" in text
+    assert text.endswith("\r")
+
+
+def test_progress_off_writes_nothing():
+    buf = io.StringIO()
+    bar = _bench._Progress(3, False, buf)
+    bar.step("x")
+    bar.close()
+    assert buf.getvalue() == ""
+
+
+def test_sizes():
+    assert _bench._sizes(False, False) == [4096 << (2 * i)
+                                           for i in range(10)]
+    assert _bench._sizes(False, False)[-1] == 1 << 30
+    assert _bench._sizes(True, False)[-1] == 256 << 20
+    assert max(_bench._sizes(False, True)) <= 16 << 20
