@@ -722,7 +722,7 @@ typedef struct {
 /* The stream handle a CUDA Array Interface export names for s: the
  * default stream (handle 0) is spelled 1 (legacy) or 2 (per-thread),
  * matching the default-stream mode, since the interface forbids 0
- * (API.md Q2). */
+ * (docs/api.md#default-streams). */
 static inline uintptr_t
 cm_stream_cai_handle(const cm_stream *s)
 {
@@ -942,8 +942,9 @@ PyObject *cm_da_wrap(int ndim, const Py_ssize_t *shape,
 /* dlpack.c: DLPack export and import                                  */
 /* ------------------------------------------------------------------ */
 
-/* DLPack device types of the arrays cudamem exports (API.md, section 14):
- * device memory, mapped / pinned host memory, managed memory. */
+/* DLPack device types cudamem exchanges (docs/api.md#dlpack): device
+ * memory (what its arrays export), pinned / mapped host memory and
+ * managed memory (also accepted on import). */
 #define CM_DLDEV_CUDA 2
 #define CM_DLDEV_CUDA_HOST 3
 #define CM_DLDEV_CUDA_MANAGED 13

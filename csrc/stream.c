@@ -174,10 +174,10 @@ cm_python_leave(void)
 }
 
 /* Release a stream or event handle of ctx through the context's queue of
- * pending destroys (API.md 9): it is destroyed when the queue flushes,
- * never on a driver callback thread, where the driver forbids API calls.
- * A dead context or a forked child frees nothing.  GIL held; never
- * fails. */
+ * pending destroys (docs/api.md#deferred-deallocation): it is destroyed
+ * when the queue flushes, never on a driver callback thread, where the
+ * driver forbids API calls.  A dead context or a forked child frees
+ * nothing.  GIL held; never fails. */
 static int
 cm_handle_release(cm_context *ctx, int is_event, void *handle)
 {
@@ -1514,7 +1514,7 @@ cm_event_dealloc(PyObject *self)
 }
 
 /* Resolve an Event method's stream argument: None and 0 are handle 0
- * (API.md Q11).  0, or -1 with TypeError. */
+ * (docs/api.md#stream-arguments).  0, or -1 with TypeError. */
 static int
 cm_event_stream_arg(PyObject *obj, CUstream *h)
 {

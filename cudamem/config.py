@@ -41,7 +41,7 @@ CUDAMEM_SIM_NO_PEER                     "all", or pairs      none
 A flag is 1/0, true/false, yes/no or on/off (any case); a size is digits
 with an optional K, M or G (powers of 1024).  The staging pipeline's
 variables (``CUDAMEM_STAGING*``) are checked by ``cudamem._core`` at
-import with the same rule; their ranges are in the README.  Paths
+import with the same rule; their ranges are in docs/performance.md.  Paths
 (``CUDAMEM_DRIVER_LIBRARY``, ``CUDAMEM_NVRTC_LIBRARY``,
 ``CUDAMEM_CACHE_DIR``) are taken as given.  At run time,
 ``PoolMemoryManager.limit`` takes 0 .. 2**63-1 and

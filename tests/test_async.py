@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """asyncio: Stream.async_done() and `await event`, through the GIL-free
-completion path (API.md §4, §14)."""
+completion path (docs/api.md#asyncio)."""
 
 import asyncio
 import gc

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Devices and primary contexts (API.md 2.5 and 8)."""
+"""Devices and primary contexts (docs/api.md#devices-and-contexts)."""
 
 import re
 import subprocess
@@ -66,7 +66,7 @@ def test_memory_info_tracks_allocations(ctx):
     m = ctx.memalloc(64 << 20)
     free1, _ = ctx.get_memory_info()
     assert free1 <= free0 - (64 << 20)
-    del m  # the free is deferred (API.md 9) ...
+    del m  # the free is deferred (docs/api.md#deferred-deallocation) ...
     assert len(ctx.memory_manager.deallocations) == 1
     ctx.memory_manager.deallocations.clear()  # ... until the queue flushes
     free2, _ = ctx.get_memory_info()

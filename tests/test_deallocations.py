@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""Deferred deallocation (API.md 9): the two queues per context, their
-thresholds, defer_cleanup(), the out-of-memory flush-and-retry, errors
-while flushing, and memory_stats()."""
+"""Deferred deallocation (docs/api.md#deferred-deallocation): the two
+queues per context, their thresholds, defer_cleanup(), the out-of-memory
+flush-and-retry, errors while flushing, and memory_stats()."""
 
 import os
 import subprocess

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Events: creation, record / wait / query / synchronize, timing and the
-driver's errors (API.md §2.3, §4, Q11)."""
+driver's errors (docs/api.md#streams-and-events, #stream-arguments)."""
 
 import gc
 import time
@@ -48,7 +48,7 @@ def test_event_argument_errors(ctx):
 
 @pytest.mark.parametrize("stream_arg", [None, 0])
 def test_record_and_wait_accept_none_and_zero(ctx, stream_arg):
-    """API.md Q11: None means 0 everywhere."""
+    """None means 0 everywhere (docs/api.md#stream-arguments)."""
     ev = cuda.event()
     ev.record(stream_arg)
     ev.record(stream=stream_arg)

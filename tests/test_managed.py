@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Managed (unified) memory (API.md 2.1, 3.7, 9, 13 Q4): managed_array,
+"""Managed (unified) memory (docs/api.md#host-memory): managed_array,
 ManagedNDArray as a NumPy array and a device array, prefetch() and
 advise()."""
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Mapped (zero-copy) host memory (API.md 2.1, 3.7, 9, 13 Q3 Q4):
+"""Mapped (zero-copy) host memory (docs/api.md#host-memory):
 mapped_array / mapped_array_like, MappedNDArray as a NumPy array and a
 device array at once, and the mapped() registration."""
 
@@ -207,7 +207,8 @@ def test_mapped_many_and_stream(ctx):
     with cudamem.mapped(a, b, stream=s) as ds:
         assert isinstance(ds, list) and len(ds) == 2
         assert ds[0].strides == a.strides and ds[1].stream is s
-        # bound to s, so the copy is asynchronous on s (API.md 0.1)
+        # bound to s, so the copy is asynchronous on s
+        # (docs/api.md#effective-stream)
         h = ds[0].copy_to_host(stream=0)
         cudamem.synchronize()
         np.testing.assert_array_equal(h, a)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Page-locked host memory (API.md 2.1, 9, 13 Q12, 14 "Registration"):
+"""Page-locked host memory (docs/api.md#host-memory, #registration):
 pinned_array / pinned_array_like, the pinned() registration, the pinned
 pool, and transfers from pinned memory."""
 

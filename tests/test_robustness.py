@@ -2,7 +2,7 @@
 """Adversarial sweep of the public API: bad types, shapes, dtypes,
 strides and sizes, closed contexts, raising or lying dunder methods,
 re-entrant callbacks.  Every case must end in a Python exception (of the
-type numba raises, where API.md names one) or, where marked, in a
+type numba raises, see docs/api.md#errors) or, where marked, in a
 result; never in a crash, a hang, a SystemError or a leak.
 
 The cases run in child processes, one per group, each printing a line

@@ -131,9 +131,10 @@ def ctxq(ctx, monkeypatch):
 ])
 def test_destroy_is_queued_and_its_failure_raised_by_clear(ctxq, make,
                                                            name):
-    """Streams and events go to the context's queue (API.md 9); a failing
-    destroy surfaces from the flush that runs it, with the driver's name,
-    and the queue is usable afterwards."""
+    """Streams and events go to the context's queue
+    (docs/api.md#deferred-deallocation); a failing destroy surfaces from
+    the flush that runs it, with the driver's name, and the queue is
+    usable afterwards."""
     obj = make()
     w = weakref.ref(obj)
     del obj

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Streams: factories, identity and protocol views, ordering, callbacks,
-dropped streams, stream arguments, and the GIL (API.md §2.3, §4)."""
+dropped streams, stream arguments, and the GIL
+(docs/api.md#streams-and-events)."""
 
 import gc
 import os
@@ -177,7 +178,7 @@ def test_auto_synchronize_yields_and_syncs(stream):
 
 
 def test_auto_synchronize_on_exception(stream):
-    """API.md Q6: the exit action runs in `finally`."""
+    """The exit action runs in `finally` (docs/api.md#exit-actions)."""
     ran = []
     gate = Gate()
     # Opened from another thread only once the body has raised, so the
