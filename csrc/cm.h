@@ -885,6 +885,10 @@ typedef struct {
 void cm_layout_flags(int ndim, const Py_ssize_t *shape,
                      const Py_ssize_t *strides, Py_ssize_t itemsize,
                      int *c_contig, int *f_contig);
+/* 0 when NumPy could make an array of that layout (its size and byte
+ * span fit in Py_ssize_t), else -1 with NumPy's ValueError. */
+int cm_layout_check(int ndim, const Py_ssize_t *shape,
+                    const Py_ssize_t *strides, Py_ssize_t itemsize);
 /* The byte span of a layout (0 when empty) and, in *lo, the offset of its
  * lowest byte from the first logical element (<= 0). */
 Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,

@@ -967,6 +967,17 @@ cm_check_size(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize)
     return 0;
 }
 
+static int cm_check_span(int ndim, const Py_ssize_t *shape,
+                         const Py_ssize_t *strides, Py_ssize_t itemsize);
+
+int
+cm_layout_check(int ndim, const Py_ssize_t *shape,
+                const Py_ssize_t *strides, Py_ssize_t itemsize)
+{
+    return cm_check_size(ndim, shape, itemsize) < 0
+           || cm_check_span(ndim, shape, strides, itemsize) < 0 ? -1 : 0;
+}
+
 /* 0 if the byte span of a layout fits in Py_ssize_t (so that
  * cm_layout_span cannot overflow), else -1 with ValueError. */
 static int
@@ -3512,7 +3523,11 @@ cm_da_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (order == 'A') {
         order = a->f_contig ? 'F' : 'C';
     }
-    cm_layout_compact(ndim, shape, PyDataType_ELSIZE(a->dtype), order == 'F', strides);
+    /* numba's rule: order is the layout of the view over the same bytes
+     * (a C array's order='F' reshape reads them in Fortran order), not
+     * NumPy's reading order. */
+    cm_layout_compact(ndim, shape, PyDataType_ELSIZE(a->dtype), order == 'F',
+                      strides);
     return cm_da_subview(a, ST->DeviceNDArray_type, ndim, shape, strides,
                          a->dtype, 0, NULL);
 }

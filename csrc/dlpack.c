@@ -805,6 +805,10 @@ cm_dl_consume(PyObject *cap)
                         "non-empty tensor");
         goto err_dtype;
     }
+    /* A tensor refused is left to its producer: check all first. */
+    if (cm_layout_check(t->ndim, shape, strides, itemsize) < 0) {
+        goto err_dtype;
+    }
     /* Take the tensor: from here the owner deletes it. */
     if (PyCapsule_SetName(cap, mv != NULL ? CM_DL_NAME_V_USED
                                           : CM_DL_NAME_USED) < 0) {

@@ -456,3 +456,19 @@ def test_setitem_record_rows(ctx):
     out = d.copy_to_host()
     assert out[1]["a"] == 5 and out[1]["c"]["y"] == 4
     assert out[0]["a"] == 0
+
+
+
+def test_reshape_order_is_the_layout_of_the_view():
+    """numba's rule, kept: reshape(order=) lays the new shape over the same
+    bytes in that order (no copy), where NumPy reads the elements in that
+    order."""
+    h = np.arange(6.0).reshape(2, 3)
+    d = cuda.to_device(h)
+    r = d.reshape(6, order="F")
+    assert r.device_ctypes_pointer.value == d.device_ctypes_pointer.value
+    np.testing.assert_array_equal(r.copy_to_host(), np.arange(6.0))
+    f = d.reshape((3, 2), order="F")
+    assert f.strides == (8, 24)
+    np.testing.assert_array_equal(
+        f.copy_to_host(), np.arange(6.0).reshape((3, 2), order="F"))

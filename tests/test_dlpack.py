@@ -757,3 +757,18 @@ def test_torch_cupy_chain(ctx):
     d = cuda.to_device(np.arange(6, dtype=np.float32))
     a = cp.from_dlpack(torch.from_dlpack(cuda.from_dlpack(d)))
     assert a.data.ptr == ptr(d)
+
+
+def test_tensor_too_big_for_numpy_is_left_to_its_producer(ctx):
+    """A tensor refused for its size is refused before it is taken: the
+    capsule keeps its name and the producer's deleter runs once, when the
+    capsule goes."""
+    p = Producer(cuda.device_array(4, np.uint8), shape=(1, 4, 2**62, 1))
+    cap = p.__dlpack__(max_version=(1, 0))
+    with pytest.raises(ValueError, match="too big"):
+        cuda.from_dlpack(cap)
+    assert capsule_name(cap) == "dltensor_versioned"
+    assert p.deleted == 0
+    del cap
+    gc.collect()
+    assert p.deleted == 1

@@ -77,6 +77,8 @@ def test_memory_stats_has_every_client(ctx):
 
 @pytest.mark.parametrize("client", interop.CLIENTS)
 def test_client_alloc_is_counted_until_dropped(ctx, client):
+    # Earlier tests' arrays must not be freed in the middle of this one.
+    gc.collect()
     before = by_client()
     own = cudamem.device_array(1000, dtype=np.uint8)
     a = interop.client_alloc(3 * KiB, client)

@@ -180,6 +180,11 @@ def check_alloc(fdp):
         return
     elif ref is not None:
         assert r.shape == ref.shape, (r.shape, ref.shape)
+        if zero_itemsize(dtype):
+            # numba's rule, kept: the dtype is np.dtype(dtype) as given
+            # ('S' is S0); NumPy's array functions make it one wide
+            assert r.dtype == np.dtype(dtype), (r.dtype, dtype)
+            return
         assert r.dtype == ref.dtype, (r.dtype, ref.dtype)
         if ref.size > 1 and order in ("C", "F"):
             assert r.strides == ref.strides, (r.strides, ref.strides)
@@ -232,9 +237,12 @@ def check_reshape_view(fdp):
             ref = h.reshape(newshape, order=order)
         except Exception as e:
             ref, ref_err = None, e
-        if known(order == "F" and h.ndim > 1 and h.size > 1
-                 and not h.flags.f_contiguous):
-            return  # FINDINGS.md 7: a C array's F-order reshape is a view
+        if h.size > 1 and (
+                (order == "F" and not h.flags.f_contiguous)
+                or (order == "C" and not h.flags.c_contiguous)):
+            # numba's rule (FINDINGS.md 7): the order is the layout of a
+            # view over the same bytes, not NumPy's reading order
+            return
         try:
             r = d.reshape(newshape, order=order)
         except CLEAN as e:
