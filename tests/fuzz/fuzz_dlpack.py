@@ -212,6 +212,10 @@ def check_result(r, made, ptr):
         got = r.copy_to_host()
     except EXPECTED:
         return  # layouts numba cannot copy
+    if r.size * item > 1 << 24:
+        # zero strides over a huge shape: the copy is a view of its span,
+        # too big to compare element by element
+        return
     hb = np.frombuffer(base().copy_to_host().tobytes(), np.uint8)
     want = np.lib.stride_tricks.as_strided(
         hb[p - ptr:], shape=r.shape + (item,), strides=r.strides + (1,))
