@@ -12,6 +12,16 @@
  * Locking: the registries are only touched with the GIL held.  Retaining a
  * primary context releases the GIL, so after it the registry is checked
  * again and a context made meanwhile by another thread wins.
+ *
+ * Closing a device (close() on the main thread, Device.reset()) against
+ * other threads: the device is marked resetting, its Context dead (from
+ * then on every object of it raises ValueError before any driver call),
+ * and the closer waits, GIL released, until no driver call made with the
+ * GIL released is in flight (cm_driver_calls), so that none is still
+ * using a stream, event or allocation of the context when the driver
+ * destroys them.  Until the reset is over, a thread that needs the
+ * device's context waits (GIL released) instead of retaining the primary
+ * context being reset, which would give it a context destroyed under it.
  */
 #include "cm.h"
 #include "devattrs.h"
@@ -25,6 +35,46 @@ static int cm_ndev = -1;                      /* device count, once known */
 static cm_device *cm_devs[CM_MAX_DEVICES];    /* strong, made on demand */
 static cm_context *cm_ctxs[CM_MAX_DEVICES];   /* strong, while retained */
 static unsigned long cm_ctx_gen;              /* last cm_context.gen */
+/* NOTE: guarded by the GIL.  [i]: device i is being closed or reset. */
+static unsigned char cm_resetting[CM_MAX_DEVICES];
+
+long cm_driver_calls;
+
+/* Let other threads run for a moment; the GIL is released by the caller. */
+static void
+cm_context_nap(void)
+{
+    struct timespec ts = {0, 200000};
+
+    (void)nanosleep(&ts, NULL);
+}
+
+/* Wait, GIL released, while another thread closes or resets device i. */
+static void
+cm_context_wait_reset(int i)
+{
+    while (cm_resetting[i]) {
+        Py_BEGIN_ALLOW_THREADS
+        cm_context_nap();
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* Wait, GIL released, until no driver call made with the GIL released is
+ * in flight in any thread.  Called with the closing context already dead,
+ * so that no new call on its objects starts; calls of other contexts are
+ * short, and only need to be seen at zero once. */
+static void
+cm_context_quiesce(void)
+{
+    while (__atomic_load_n(&cm_driver_calls, __ATOMIC_SEQ_CST) != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        while (__atomic_load_n(&cm_driver_calls, __ATOMIC_SEQ_CST) != 0) {
+            cm_context_nap();
+        }
+        Py_END_ALLOW_THREADS
+    }
+}
 
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
@@ -295,7 +345,12 @@ PyDoc_STRVAR(cm_device_reset_doc,
 "reset($self, /)\n--\n\n"
 "Release and reset this device's primary context.  Every array, stream "
 "and event made in it becomes invalid; the next call that needs the "
-"device starts a fresh context.");
+"device starts a fresh context.\n\n"
+"Safe against other threads: calls they have in flight on the device "
+"finish first; afterwards their streams, events, device arrays and "
+"kernels of the old context raise ValueError (or CudaAPIError), while "
+"pinned, mapped and managed arrays stay valid as ordinary host memory. "
+"Frees of the old context's objects are dropped without a word.");
 
 static PyObject *
 cm_device_reset(PyObject *self, PyObject *unused)
@@ -441,6 +496,8 @@ cm_context_get(int i)
     size_t total = 0;
     int err;
 
+again:
+    cm_context_wait_reset(i);
     if (cm_ctxs[i] != NULL) {
         return cm_ctxs[i];
     }
@@ -455,6 +512,12 @@ cm_context_get(int i)
         return NULL;
     }
     CM_CU_NOGIL(err, DevicePrimaryCtxRetain, (&h, d->handle));
+    if (err == 0 && cm_resetting[i]) {
+        /* A close began meanwhile: what was retained is the context it
+         * is about to reset.  Give it back and wait for the fresh one. */
+        (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        goto again;
+    }
     if (err < 0 || CM_CU(DeviceTotalMem, (&total, d->handle)) < 0) {
         if (err == 0) {
             (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
@@ -533,7 +596,11 @@ cm_context_current(void)
     int i;
     int n;
 
-    if (cm_driver_ensure() < 0 || CM_CU(CtxGetCurrent, (&cur)) < 0) {
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+again:
+    if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
         return NULL;
     }
     /* A context destroyed while current here (Device.reset(), another
@@ -578,6 +645,13 @@ cm_context_current(void)
                              (void *)cur);
             }
             return NULL;
+        }
+        if (c->handle != cur
+            && CM_CU_RAW(CtxGetDevice, (&dev))
+                   == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+            /* cur was being closed by another thread, which has now
+             * destroyed it: pop it, as above. */
+            goto again;
         }
         if (c->handle != cur) {
             PyErr_Format(PyExc_RuntimeError,
@@ -842,7 +916,8 @@ cm_context_pop_all(void)
     }
 }
 
-/* Forget device i's context: release and reset its primary context. */
+/* Forget device i's context: release and reset its primary context.
+ * Another thread's reset of the device in progress is waited for. */
 static int
 cm_context_release_device(int i)
 {
@@ -850,10 +925,22 @@ cm_context_release_device(int i)
     CUdevice h;
     int err = 0;
 
+    if (cm_on_driver_thread()) {
+        /* Calls in flight may be waiting for this very callback. */
+        PyErr_SetString(PyExc_RuntimeError,
+                        "a device cannot be closed or reset from a stream "
+                        "callback: the driver forbids CUDA calls there");
+        return -1;
+    }
+    if (cm_resetting[i]) {
+        cm_context_wait_reset(i);
+        return 0;
+    }
     if (cm_ctxs[i] == NULL) {
         return 0;
     }
     c = cm_ctxs[i];
+    cm_resetting[i] = 1;
     /* What is queued, and what its pool holds, is given back before the
      * context goes. */
     if (cm_ctx_flush(c) < 0) {
@@ -863,6 +950,8 @@ cm_context_release_device(int i)
     cm_pool_destroy(c);
     cm_ctxs[i] = NULL;
     c->alive = 0;
+    /* Calls other threads began on its objects end before it goes. */
+    cm_context_quiesce();
     /* Dead, c keeps no more streams; those it kept go while its primary
      * context is still retained. */
     cm_stream_cache_clear(c);
@@ -884,6 +973,7 @@ cm_context_release_device(int i)
         CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
     }
     cm_hostmem_context_restore(c);
+    cm_resetting[i] = 0;
     Py_DECREF(c);
     return err;
 }

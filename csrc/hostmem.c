@@ -335,14 +335,23 @@ cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
         void *hp = NULL;
         CUdeviceptr dp = 0;
 
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         if (kind == CM_HM_MANAGED) {
             rc = CM_CU_RAW(MemAllocManaged, (&dp, size, flags));
         }
         else {
             rc = CM_CU_RAW(MemHostAlloc, (&hp, size, flags));
         }
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
+        if (rc == CUDA_SUCCESS && !ctx->alive) {
+            /* Another thread closed the context meanwhile: the memory is
+             * its, and goes (or went) with it, never to be freed here. */
+            PyErr_Format(PyExc_ValueError,
+                         "the context of device %d was closed or reset "
+                         "while this memory was being allocated",
+                         ctx->device->id);
+            return -1;
+        }
         if (rc == CUDA_SUCCESS) {
             *addr = kind == CM_HM_MANAGED ? (uintptr_t)dp : (uintptr_t)hp;
             return 0;

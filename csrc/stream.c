@@ -904,7 +904,7 @@ cm_future_after(PyObject *loop, cm_context *ctx, CUstream h,
     w->result = Py_NewRef(result);
     w->status = CUDA_SUCCESS;
     n = NULL;
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     if (wait_event == NULL) {
         rc = cm_hostcall_enqueue(h, &w->hc, &fn);
     }
@@ -921,7 +921,7 @@ cm_future_after(PyObject *loop, cm_context *ctx, CUstream h,
             (void)CM_CU_RAW(StreamDestroy, (helper));
         }
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         cm_raise_cu(rc, fn);
         goto err_free_waiter;
@@ -1159,9 +1159,9 @@ cm_stream_add_callback_run(PyObject *self, PyObject *const *args,
     }
     /* The GIL is released: a callback already running may be waiting for
      * it while the driver holds locks this enqueue needs. */
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = cm_hostcall_enqueue(h, &pc->hc, &fn);
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         if (s->ctx != NULL) {
             s->ctx->pycalls--;
@@ -1874,9 +1874,9 @@ cm_stream_make(unsigned int flags)
     }
     s = (cm_stream *)cm_stream_new(ctx, h, CM_STREAM_USER, NULL);
     if (s == NULL) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         (void)CM_CU_RAW(StreamDestroy, (h));
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         return NULL;
     }
     s->flags = flags;
