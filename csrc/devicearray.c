@@ -723,9 +723,9 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
         return cm_copy_staged(dst, src, src->device ? src : dst, stream,
                               async);
     }
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = cm_pieces_run(&j, &p, stream, async, &fn);
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     return cm_cu_check(rc, fn);
 }
 

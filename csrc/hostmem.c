@@ -43,6 +43,8 @@
  */
 #include "cm.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
@@ -745,9 +747,114 @@ typedef struct {
     cm_hostmem *m;
 } cm_hspan;
 
-/* NOTE: guarded by the GIL.  Runs saved, waiting for the reset to end. */
+/* NOTE: guarded by the GIL.  Runs saved, waiting for the reset to end.
+ * While the window below is open, the fault handler reads the first
+ * cm_hr_npending entries (published with release stores). */
 static cm_hrescue **cm_hr_pending;
 static Py_ssize_t cm_hr_npending;
+
+/* Other threads may touch these pages without the GIL all along (NumPy
+ * releases it around its loops, a[:] = 1 included).  From the save to the
+ * restore the runs are read-only, then unmapped by the reset: a thread
+ * that faults on one meanwhile waits in cm_hr_fault until the restore has
+ * put the pages back, then its access is retried.  Any other fault goes
+ * to the handler that was there before.  Atomics only. */
+static int cm_hr_window;              /* 1 from save to restore */
+static int cm_hr_in_fault;            /* threads inside cm_hr_fault */
+static struct sigaction cm_hr_old_segv;
+static struct sigaction cm_hr_old_bus;
+
+/* Whether address p is in a run being saved and restored. */
+static int
+cm_hr_in_window(uintptr_t p)
+{
+    Py_ssize_t n = __atomic_load_n(&cm_hr_npending, __ATOMIC_ACQUIRE);
+    Py_ssize_t i;
+
+    for (i = 0; i < n; i++) {
+        const cm_hrescue *r = cm_hr_pending[i];
+
+        if (p >= r->start && p - r->start < r->len) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void
+cm_hr_fault(int sig, siginfo_t *si, void *uc)
+{
+    struct sigaction *old = sig == SIGBUS ? &cm_hr_old_bus
+                                          : &cm_hr_old_segv;
+    struct timespec ts = {0, 50000};
+    int saved_errno = errno;
+    int wait;
+
+    (void)__atomic_fetch_add(&cm_hr_in_fault, 1, __ATOMIC_SEQ_CST);
+    wait = si != NULL && si->si_code > 0
+           && __atomic_load_n(&cm_hr_window, __ATOMIC_SEQ_CST)
+           && cm_hr_in_window((uintptr_t)si->si_addr);
+    while (wait && __atomic_load_n(&cm_hr_window, __ATOMIC_SEQ_CST)) {
+        (void)nanosleep(&ts, NULL);
+    }
+    (void)__atomic_fetch_sub(&cm_hr_in_fault, 1, __ATOMIC_SEQ_CST);
+    errno = saved_errno;
+    if (wait) {
+        return;     /* the pages are back: the access is retried */
+    }
+    if (old->sa_flags & SA_SIGINFO) {
+        if (old->sa_sigaction != NULL) {
+            old->sa_sigaction(sig, si, uc);
+            return;
+        }
+    }
+    else if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) {
+        old->sa_handler(sig);
+        return;
+    }
+    /* The default action: the access faults again and kills. */
+    (void)signal(sig, SIG_DFL);
+}
+
+/* Put cm_hr_fault in front of the SIGSEGV and SIGBUS handlers, unless it
+ * is there already (a handler installed since, faulthandler's say, is
+ * chained to). */
+static void
+cm_hr_install(void)
+{
+    struct sigaction sa;
+    struct sigaction cur;
+    int sigs[2] = {SIGSEGV, SIGBUS};
+    struct sigaction *olds[2] = {&cm_hr_old_segv, &cm_hr_old_bus};
+    int k;
+
+    for (k = 0; k < 2; k++) {
+        if (sigaction(sigs[k], NULL, &cur) != 0
+            || ((cur.sa_flags & SA_SIGINFO)
+                && cur.sa_sigaction == cm_hr_fault)) {
+            continue;
+        }
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_sigaction = cm_hr_fault;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        *olds[k] = cur;
+        (void)sigaction(sigs[k], &sa, NULL);
+    }
+}
+
+/* Close the window: faulting threads retry, and once none is left in the
+ * handler the runs may be freed. */
+static void
+cm_hr_close_window(void)
+{
+    struct timespec ts = {0, 50000};
+
+    __atomic_store_n(&cm_hr_window, 0, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&cm_hr_in_fault, __ATOMIC_SEQ_CST) != 0) {
+        (void)nanosleep(&ts, NULL);
+    }
+}
 
 static int
 cm_hspan_cmp(const void *x, const void *y)
@@ -781,12 +888,17 @@ cm_hr_save_run(cm_hspan *sp, Py_ssize_t i, Py_ssize_t j)
         PyMem_RawFree(r);
         return;
     }
-    memcpy(r->save, (void *)r->start, r->len);
     r->refs = j - i;
     for (k = i; k < j; k++) {
         sp[k].m->rescue = r;
     }
-    cm_hr_pending[cm_hr_npending++] = r;
+    cm_hr_pending[cm_hr_npending] = r;
+    __atomic_store_n(&cm_hr_npending, cm_hr_npending + 1, __ATOMIC_RELEASE);
+    /* Writers without the GIL now wait for the restore (a mapping of the
+     * driver's that refuses this just keeps its late writes out of the
+     * copy). */
+    (void)mprotect((void *)r->start, r->len, PROT_READ);
+    memcpy(r->save, (void *)r->start, r->len);
 }
 
 /* Whether an owner of context a loses its memory when closing context b
@@ -869,6 +981,8 @@ cm_hostmem_context_save(cm_context *ctx)
         }
     }
     qsort(sp, (size_t)n, sizeof(*sp), cm_hspan_cmp);
+    cm_hr_install();
+    __atomic_store_n(&cm_hr_window, 1, __ATOMIC_SEQ_CST);
     for (i = 0; i < n; i = j) {
         uintptr_t end = sp[i].b;
 
@@ -878,7 +992,13 @@ cm_hostmem_context_save(cm_context *ctx)
         cm_hr_save_run(sp, i, j);
     }
     PyMem_RawFree(sp);
-    return cm_hr_npending > 0;
+    if (cm_hr_npending == 0) {
+        cm_hr_close_window();
+        PyMem_RawFree(cm_hr_pending);
+        cm_hr_pending = NULL;
+        return 0;
+    }
+    return 1;
 }
 
 void
@@ -887,15 +1007,16 @@ cm_hostmem_context_restore(cm_context *ctx)
     Py_ssize_t i;
 
     (void)ctx;
+    if (cm_hr_pending == NULL) {
+        return;
+    }
+    /* First every run goes back, then the window closes: a thread
+     * waiting in the fault handler retries only once all are back. */
     for (i = 0; i < cm_hr_npending; i++) {
         cm_hrescue *r = cm_hr_pending[i];
         void *p;
-        cm_hostmem *m;
 
         if (r->refs == 0) {
-            /* Its arrays went while the context was being reset. */
-            (void)munmap(r->save, r->len);
-            PyMem_RawFree(r);
             continue;
         }
         p = mmap((void *)r->start, r->len, PROT_READ | PROT_WRITE,
@@ -911,9 +1032,25 @@ cm_hostmem_context_restore(cm_context *ctx)
         }
         /* Something is still mapped there (the driver kept the memory),
          * or a kernel without MAP_FIXED_NOREPLACE put it elsewhere: the
-         * owners keep what is there. */
+         * owners keep what is there, writable again. */
         if (p != MAP_FAILED) {
             (void)munmap(p, r->len);
+        }
+        (void)mprotect((void *)r->start, r->len, PROT_READ | PROT_WRITE);
+    }
+    cm_hr_close_window();
+    for (i = 0; i < cm_hr_npending; i++) {
+        cm_hrescue *r = cm_hr_pending[i];
+        cm_hostmem *m;
+
+        if (r->refs == 0) {
+            /* Its arrays went while the context was being reset. */
+            (void)munmap(r->save, r->len);
+            PyMem_RawFree(r);
+            continue;
+        }
+        if (r->save == NULL) {
+            continue;   /* back in place */
         }
         (void)munmap(r->save, r->len);
         for (m = cm_hm_live; m != NULL; m = m->next) {

@@ -167,7 +167,7 @@ cm_pending_flush(cm_pending *q)
         return 0;
     }
     h = q->ctx->handle;
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS || cur != h) {
         rc = CM_CU_RAW(CtxPushCurrent, (h));
         pushed = rc == CUDA_SUCCESS;
@@ -179,7 +179,7 @@ cm_pending_flush(cm_pending *q)
     if (pushed) {
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     if (rc == CUDA_SUCCESS) {
         PyMem_Free(items);
         return 0;
@@ -236,9 +236,9 @@ cm_pending_add(cm_pending *q, int kind, uintptr_t handle, size_t size,
             cm_pending_item it = {kind, handle, size, stream};
             CUresult rc;
 
-            Py_BEGIN_ALLOW_THREADS
+            CM_DRIVER_BEGIN_NOGIL
             rc = cm_rel_run(q->ctx, &it);
-            Py_END_ALLOW_THREADS
+            CM_DRIVER_END_NOGIL
             (void)rc;
             return;
         }
@@ -858,9 +858,9 @@ cm_mm_try(cm_context *ctx, size_t size, CUstream stream, CUdeviceptr *p,
         return cm_pool_alloc(ctx, size, stream, p, blk);
     }
     *blk = NULL;
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(MemAlloc, (p, size));
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     return rc;
 }
 

@@ -992,13 +992,13 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
         }
     }
     Py_INCREF(ctx);
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(MemAlloc, (&base, want));
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && want != exact) {
         want = exact;
         rc = CM_CU_RAW(MemAlloc, (&base, want));
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         Py_DECREF(ctx);
         return rc;
@@ -1039,7 +1039,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         *blk = NULL;
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         if (p->shareable) {
             rc = CM_CU_RAW(MemAllocFromPoolAsync,
                            (ptr, size, p->mempool, stream));
@@ -1054,7 +1054,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
                 (void)CM_CU_RAW(MemFreeAsync, (*ptr, stream));
             }
         }
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         return rc;
     }
     size = cm_round(size, CM_POOL_ROUND);
