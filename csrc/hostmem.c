@@ -747,9 +747,7 @@ typedef struct {
     cm_hostmem *m;
 } cm_hspan;
 
-/* NOTE: guarded by the GIL.  Runs saved, waiting for the reset to end.
- * While the window below is open, the fault handler reads the first
- * cm_hr_npending entries (published with release stores). */
+/* NOTE: guarded by the GIL.  Runs saved, waiting for the reset to end. */
 static cm_hrescue **cm_hr_pending;
 static Py_ssize_t cm_hr_npending;
 
@@ -757,24 +755,36 @@ static Py_ssize_t cm_hr_npending;
  * releases it around its loops, a[:] = 1 included).  From the save to the
  * restore the runs are read-only, then unmapped by the reset: a thread
  * that faults on one meanwhile waits in cm_hr_fault until the restore has
- * put the pages back, then its access is retried.  Any other fault goes
- * to the handler that was there before.  Atomics only. */
+ * put the pages back, then its access is retried.  A fault taken during
+ * the window whose handler runs only after it closed is retried once.
+ * Any other fault goes to the handler that was there before.  The
+ * handler touches atomics, the published ranges and its thread's own
+ * last retry only. */
+typedef struct {
+    Py_ssize_t n;             /* runs */
+    uintptr_t *start;         /* [k]: first byte of run k */
+    size_t *len;              /* [k]: its bytes */
+} cm_hr_ranges;
+
+static cm_hr_ranges *cm_hr_win;       /* the last window's runs */
 static int cm_hr_window;              /* 1 from save to restore */
+static unsigned long cm_hr_serial;    /* windows opened so far */
 static int cm_hr_in_fault;            /* threads inside cm_hr_fault */
 static struct sigaction cm_hr_old_segv;
 static struct sigaction cm_hr_old_bus;
+/* The access this thread last retried: (address, window). */
+static __thread uintptr_t cm_hr_retried_addr
+    __attribute__((tls_model("initial-exec")));
+static __thread unsigned long cm_hr_retried_serial
+    __attribute__((tls_model("initial-exec")));
 
-/* Whether address p is in a run being saved and restored. */
 static int
-cm_hr_in_window(uintptr_t p)
+cm_hr_in_ranges(const cm_hr_ranges *w, uintptr_t p)
 {
-    Py_ssize_t n = __atomic_load_n(&cm_hr_npending, __ATOMIC_ACQUIRE);
-    Py_ssize_t i;
+    Py_ssize_t k;
 
-    for (i = 0; i < n; i++) {
-        const cm_hrescue *r = cm_hr_pending[i];
-
-        if (p >= r->start && p - r->start < r->len) {
+    for (k = 0; w != NULL && k < w->n; k++) {
+        if (p >= w->start[k] && p - w->start[k] < w->len[k]) {
             return 1;
         }
     }
@@ -788,19 +798,32 @@ cm_hr_fault(int sig, siginfo_t *si, void *uc)
                                           : &cm_hr_old_segv;
     struct timespec ts = {0, 50000};
     int saved_errno = errno;
-    int wait;
+    uintptr_t p = si != NULL ? (uintptr_t)si->si_addr : 0;
+    unsigned long serial;
+    int retry = 0;
 
     (void)__atomic_fetch_add(&cm_hr_in_fault, 1, __ATOMIC_SEQ_CST);
-    wait = si != NULL && si->si_code > 0
-           && __atomic_load_n(&cm_hr_window, __ATOMIC_SEQ_CST)
-           && cm_hr_in_window((uintptr_t)si->si_addr);
-    while (wait && __atomic_load_n(&cm_hr_window, __ATOMIC_SEQ_CST)) {
-        (void)nanosleep(&ts, NULL);
+    serial = __atomic_load_n(&cm_hr_serial, __ATOMIC_SEQ_CST);
+    if (si != NULL && si->si_code > 0
+        && cm_hr_in_ranges(__atomic_load_n(&cm_hr_win, __ATOMIC_SEQ_CST),
+                           p)) {
+        if (__atomic_load_n(&cm_hr_window, __ATOMIC_SEQ_CST)) {
+            while (__atomic_load_n(&cm_hr_window, __ATOMIC_SEQ_CST)) {
+                (void)nanosleep(&ts, NULL);
+            }
+            retry = 1;
+        }
+        else {
+            retry = cm_hr_retried_addr != p
+                    || cm_hr_retried_serial != serial;
+        }
+        cm_hr_retried_addr = p;
+        cm_hr_retried_serial = serial;
     }
     (void)__atomic_fetch_sub(&cm_hr_in_fault, 1, __ATOMIC_SEQ_CST);
     errno = saved_errno;
-    if (wait) {
-        return;     /* the pages are back: the access is retried */
+    if (retry) {
+        return;     /* the pages are back: the access runs again */
     }
     if (old->sa_flags & SA_SIGINFO) {
         if (old->sa_sigaction != NULL) {
@@ -843,17 +866,63 @@ cm_hr_install(void)
     }
 }
 
-/* Close the window: faulting threads retry, and once none is left in the
- * handler the runs may be freed. */
+/* Wait until no thread is inside the fault handler. */
 static void
-cm_hr_close_window(void)
+cm_hr_drain_faults(void)
 {
     struct timespec ts = {0, 50000};
 
-    __atomic_store_n(&cm_hr_window, 0, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&cm_hr_in_fault, __ATOMIC_SEQ_CST) != 0) {
         (void)nanosleep(&ts, NULL);
     }
+}
+
+/* Open the window over the runs that spans sp[0..n) (sorted) merge into
+ * (GIL held): 0, or -1 when
+ * memory is short (nothing is saved then). */
+static int
+cm_hr_open_window(const cm_hspan *sp, Py_ssize_t n)
+{
+    cm_hr_ranges *w = PyMem_RawMalloc(sizeof(*w));
+    cm_hr_ranges *old;
+    Py_ssize_t i;
+    Py_ssize_t j;
+
+    if (w == NULL) {
+        return -1;
+    }
+    w->n = 0;
+    w->start = PyMem_RawMalloc((size_t)n * sizeof(*w->start));
+    w->len = PyMem_RawMalloc((size_t)n * sizeof(*w->len));
+    if (w->start == NULL || w->len == NULL) {
+        PyMem_RawFree(w->start);
+        PyMem_RawFree(w->len);
+        PyMem_RawFree(w);
+        return -1;
+    }
+    for (i = 0; i < n; i = j) {
+        uintptr_t end = sp[i].b;
+
+        for (j = i + 1; j < n && sp[j].a <= end; j++) {
+            end = sp[j].b > end ? sp[j].b : end;
+        }
+        w->start[w->n] = sp[i].a;
+        w->len[w->n] = end - sp[i].a;
+        w->n++;
+    }
+    cm_hr_install();
+    old = __atomic_exchange_n(&cm_hr_win, w, __ATOMIC_SEQ_CST);
+    (void)__atomic_fetch_add(&cm_hr_serial, 1, __ATOMIC_SEQ_CST);
+    /* A handler still reading the old ranges is done before they go (and
+     * none waits while the window is shut). */
+    cm_hr_drain_faults();
+    __atomic_store_n(&cm_hr_window, 1, __ATOMIC_SEQ_CST);
+    if (old != NULL) {
+        PyMem_RawFree(old->start);
+        PyMem_RawFree(old->len);
+        PyMem_RawFree(old);
+    }
+    return 0;
 }
 
 static int
@@ -892,8 +961,7 @@ cm_hr_save_run(cm_hspan *sp, Py_ssize_t i, Py_ssize_t j)
     for (k = i; k < j; k++) {
         sp[k].m->rescue = r;
     }
-    cm_hr_pending[cm_hr_npending] = r;
-    __atomic_store_n(&cm_hr_npending, cm_hr_npending + 1, __ATOMIC_RELEASE);
+    cm_hr_pending[cm_hr_npending++] = r;
     /* Writers without the GIL now wait for the restore (a mapping of the
      * driver's that refuses this just keeps its late writes out of the
      * copy). */
@@ -981,8 +1049,12 @@ cm_hostmem_context_save(cm_context *ctx)
         }
     }
     qsort(sp, (size_t)n, sizeof(*sp), cm_hspan_cmp);
-    cm_hr_install();
-    __atomic_store_n(&cm_hr_window, 1, __ATOMIC_SEQ_CST);
+    if (cm_hr_open_window(sp, n) < 0) {
+        PyMem_RawFree(sp);
+        PyMem_RawFree(cm_hr_pending);
+        cm_hr_pending = NULL;
+        return 0;
+    }
     for (i = 0; i < n; i = j) {
         uintptr_t end = sp[i].b;
 
@@ -993,7 +1065,8 @@ cm_hostmem_context_save(cm_context *ctx)
     }
     PyMem_RawFree(sp);
     if (cm_hr_npending == 0) {
-        cm_hr_close_window();
+        __atomic_store_n(&cm_hr_window, 0, __ATOMIC_SEQ_CST);
+        cm_hr_drain_faults();
         PyMem_RawFree(cm_hr_pending);
         cm_hr_pending = NULL;
         return 0;
@@ -1038,7 +1111,8 @@ cm_hostmem_context_restore(cm_context *ctx)
         }
         (void)mprotect((void *)r->start, r->len, PROT_READ | PROT_WRITE);
     }
-    cm_hr_close_window();
+    /* Threads waiting in the fault handler retry now. */
+    __atomic_store_n(&cm_hr_window, 0, __ATOMIC_SEQ_CST);
     for (i = 0; i < cm_hr_npending; i++) {
         cm_hrescue *r = cm_hr_pending[i];
         cm_hostmem *m;
