@@ -637,6 +637,15 @@ again:
                 break;
             }
         }
+        if (i < n && cm_resetting[i]) {
+            /* Another thread is closing the context current here, maybe
+             * in the middle of this thread's operation: a fresh context
+             * must not take over its pointers. */
+            PyErr_Format(PyExc_ValueError,
+                         "the context of device %d was closed or reset "
+                         "by another thread", i);
+            return NULL;
+        }
         if (i == n || (c = cm_context_get(i)) == NULL) {
             if (!PyErr_Occurred()) {
                 PyErr_Format(PyExc_RuntimeError,

@@ -1,0 +1,295 @@
+# SPDX-License-Identifier: MIT
+"""close() and Device.reset() while other threads use every kind of object.
+
+Each scenario runs in a child process: worker threads hammer one kind of
+object while the main thread closes (or resets) the device again and
+again.  Whatever the timing, the child must not crash, hang or abort;
+the only errors the workers may see are ValueError (an object of a closed
+context) and CudaAPIError (a call that met the reset); nothing may be
+reported as "Exception ignored"; and host memory written by a worker
+reads back as written, across the resets.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SIM = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "", "false")
+
+# How long the workers hammer, per scenario (seconds).
+HAMMER_S = float(os.environ.get("CUDAMEM_CLOSE_THREADS_SECONDS", "1.0"))
+# The child's own limit; a hang is reported as such.
+TIMEOUT_S = 120
+
+CHILD = r'''
+import json
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+import cudamem as cuda
+from cudamem import CudaAPIError
+
+scenario, closer, seconds, check_data = sys.argv[1:5]
+seconds = float(seconds)
+check_data = check_data == "1"
+stop = threading.Event()
+lock = threading.Lock()
+seen = {}          # "ExceptionType" -> count
+unexpected = []    # tracebacks of anything else
+counts = {}        # worker -> iterations
+succeeded = {}     # worker -> iterations that raised nothing
+
+
+def note(kind):
+    with lock:
+        seen[kind] = seen.get(kind, 0) + 1
+
+
+def streams(i):
+    s = cuda.stream()
+    s.synchronize()
+    s.query()
+    if i % 4 == 0:
+        done = []
+        s.add_callback(lambda st, status, arg: done.append(arg), i)
+        s.synchronize()
+
+
+def events(i):
+    s = cuda.stream()
+    a = cuda.event()
+    b = cuda.event()
+    a.record(s)
+    b.record(s)
+    b.synchronize()
+    a.query()
+    a.elapsed_time(b)
+    e = cuda.event(timing=False)
+    e.record()
+    e.synchronize()
+
+
+def device_arrays(i):
+    h = np.arange(512, dtype=np.float64) + i
+    d = cuda.to_device(h)
+    assert (d.copy_to_host() == h).all()
+    d[3] = 7.0
+    e = cuda.device_array(256, dtype=np.int32)
+    s = cuda.stream()
+    d2 = cuda.to_device(h, stream=s)
+    d2.copy_to_host(stream=s)
+    s.synchronize()
+    del e
+
+
+def kernels(i):
+    d = cuda.device_array((16, 32), dtype=np.float32)
+    d[:] = 1.0
+    t = d.T.copy_to_host()
+    assert t.shape == (32, 16)
+
+
+def host_check(a, v):
+    # a is host memory: once written it reads back as written, whatever
+    # close() did meanwhile.
+    a[:] = v
+    if check_data and not (a == v).all():
+        raise AssertionError("host memory lost a write")
+
+
+def pinned(i):
+    a = cuda.pinned_array(1 << 16)
+    host_check(a, i)
+    d = cuda.to_device(a)
+    d.copy_to_host(a)
+
+
+def mapped(i):
+    a = cuda.mapped_array(1 << 16)
+    host_check(a, i)
+    d = cuda.to_device(a)
+    d.copy_to_host()
+
+
+def managed(i):
+    a = cuda.managed_array(1 << 16)
+    host_check(a, i)
+
+
+def old_host(i, arrays=[]):
+    # Host arrays made once, written by this thread across many resets.
+    if not arrays:
+        arrays.extend([cuda.pinned_array(1 << 15), cuda.mapped_array(1 << 15),
+                       cuda.managed_array(1 << 15)])
+    for a in arrays:
+        host_check(a, i)
+
+
+WORKERS = {
+    "streams": [streams, streams],
+    "events": [events, events],
+    "device_arrays": [device_arrays, device_arrays],
+    "kernels": [kernels, kernels],
+    "pinned": [pinned, pinned],
+    "mapped": [mapped, mapped],
+    "managed": [managed, managed],
+    "old_host": [old_host, pinned],
+    "mixed": [streams, events, device_arrays, kernels, pinned, mapped,
+              managed],
+}[scenario]
+
+
+def work(k, fn):
+    i = 0
+    ok = 0
+    while not stop.is_set():
+        i += 1
+        try:
+            fn(i)
+            ok += 1
+        except (ValueError, CudaAPIError) as exc:
+            note(type(exc).__name__)
+        except Exception:
+            with lock:
+                unexpected.append(traceback.format_exc())
+            return
+    counts["%s-%d" % (fn.__name__, k)] = i
+    succeeded["%s-%d" % (fn.__name__, k)] = ok
+
+
+def close_once():
+    if closer == "close":
+        cuda.close()
+    else:
+        cuda.get_current_device().reset()
+
+
+cuda.to_device(np.zeros(4))   # the first context, before the threads
+threads = [threading.Thread(target=work, args=(k, fn))
+           for k, fn in enumerate(WORKERS)]
+for t in threads:
+    t.start()
+closes = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    close_once()
+    closes += 1
+    time.sleep(0.002 * (closes % 3))
+stop.set()
+for t in threads:
+    t.join()
+close_once()
+
+# Everything works again afterwards, in a new thread as on this one.
+def after():
+    h = np.arange(10.0)
+    assert (cuda.to_device(h).copy_to_host() == h).all()
+    s = cuda.stream()
+    s.synchronize()
+    e = cuda.event()
+    e.record(s)
+    e.synchronize()
+
+after()
+t = threading.Thread(target=after)
+t.start()
+t.join()
+print(json.dumps({"closes": closes, "seen": seen, "unexpected": unexpected,
+                  "counts": counts, "succeeded": succeeded}))
+'''
+
+
+def _signal_name(rc):
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return "signal %d" % -rc
+
+
+def run_scenario(scenario, closer, seconds=HAMMER_S):
+    """Run the child; return its summary, failing on a crash or hang."""
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    cmd = [sys.executable, "-c", textwrap.dedent(CHILD), scenario, closer,
+           str(seconds), "1" if SIM else "0"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                           timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail("%s/%s hung (no exit in %d s); stderr:\n%s"
+                    % (scenario, closer, TIMEOUT_S,
+                       (exc.stderr or b"")[-3000:]))
+    if p.returncode < 0:
+        pytest.fail("%s/%s killed by %s; stderr:\n%s"
+                    % (scenario, closer, _signal_name(p.returncode),
+                       p.stderr[-3000:]))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Exception ignored" not in p.stderr, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["unexpected"] == [], "\n".join(out["unexpected"])
+    assert set(out["seen"]) <= {"ValueError", "CudaAPIError"}, out["seen"]
+    return out
+
+
+SCENARIOS = ["streams", "events", "device_arrays", "kernels", "pinned",
+             "mapped", "managed", "old_host", "mixed"]
+
+
+def check_progress(out):
+    assert out["closes"] > 5
+    # Every worker went round (none was stuck), and the work succeeded
+    # between the resets, not only failed.
+    assert out["counts"] and all(n > 0 for n in out["counts"].values())
+    assert sum(out["succeeded"].values()) > 0, out
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_close_while_threads_work(scenario):
+    check_progress(run_scenario(scenario, "close"))
+
+
+@pytest.mark.parametrize("scenario", ["streams", "old_host", "mixed"])
+def test_device_reset_while_threads_work(scenario):
+    check_progress(run_scenario(scenario, "reset"))
+
+
+def test_close_of_idle_objects_is_quiet():
+    """Objects of a closed context dropped later free nothing and say
+    nothing; used, they raise ValueError."""
+    code = textwrap.dedent(r'''
+        import numpy as np
+        import cudamem as cuda
+        objs = []
+        for _ in range(50):
+            objs.append((cuda.stream(), cuda.event(),
+                         cuda.to_device(np.ones(100)),
+                         cuda.device_array(10)))
+        s, e, d, _ = objs[0]
+        cuda.close()
+        for call in (s.synchronize, e.synchronize, d.copy_to_host,
+                     lambda: e.record(s)):
+            try:
+                call()
+            except ValueError:
+                pass
+            else:
+                raise SystemExit("no ValueError from %r" % call)
+        del objs, s, e, d
+        import gc
+        gc.collect()
+        cuda.close()
+        print("ok")
+    ''')
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "ok"
+    assert "Exception ignored" not in p.stderr, p.stderr
