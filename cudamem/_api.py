@@ -196,9 +196,22 @@ def close():
     at the same addresses.  Mapped and managed arrays of a closed context
     have no device side: their device operations raise ``ValueError``, as
     do streams of a closed context.  Memory of an EMM plugin is the
-    plugin's, and is not kept.  Other threads may use the arrays during
-    ``close()``; one that allocates host memory at the same time may get
-    memory of the context being closed, which is lost with it.
+    plugin's, and is not kept.
+
+    Other threads may go on working during ``close()`` (or
+    ``Device.reset()``); numba leaves this undefined, cudamem never
+    crashes:
+
+    - driver calls they have in flight finish before the reset, and a
+      thread that needs the device meanwhile waits for the fresh context;
+    - afterwards their streams, events, device arrays and kernels of the
+      closed context raise ``ValueError``; an operation caught in the
+      middle of the reset raises ``ValueError`` or ``CudaAPIError``;
+    - pinned, mapped and managed arrays stay valid host memory, also for a
+      thread reading or writing them without the GIL (NumPy releases it)
+      while the reset runs: it waits until the pages are back; an
+      allocation of host memory caught by the reset raises ``ValueError``;
+    - frees of objects of the closed context are dropped without a word.
     """
     _core._close(threading.current_thread() is threading.main_thread())
 
