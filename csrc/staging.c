@@ -1076,7 +1076,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
     j->gen = ctx->gen;
     cm_workers_grow(cfg.threads);
 
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(CtxGetCurrent, (&j->ctx));
     j->fn = "cuCtxGetCurrent";
     if (rc == CUDA_SUCCESS
@@ -1116,7 +1116,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
         cm_nchunks_all += j->nchunks;
         pthread_mutex_unlock(&cm_stg_mu);
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
 
     {
         const char *fn = j->fn;

@@ -91,6 +91,23 @@ def device_arrays(i):
     del e
 
 
+def staged(i):
+    # Large pageable copies take the staging pipeline.
+    h = np.full(1 << 20, float(i))
+    d = cuda.to_device(h)
+    out = d.copy_to_host()
+    assert (out == h).all()
+
+
+def registered(i, h=np.zeros(1 << 14)):
+    with cuda.pinned(h):
+        d = cuda.to_device(h)
+        d.copy_to_host(h)
+    with cuda.mapped(h) as m:
+        m[:] = i
+        cuda.to_device(m).copy_to_host(h)
+
+
 def kernels(i):
     d = cuda.device_array((16, 32), dtype=np.float32)
     d[:] = 1.0
@@ -143,8 +160,10 @@ WORKERS = {
     "mapped": [mapped, mapped],
     "managed": [managed, managed],
     "old_host": [old_host, pinned],
+    "staged": [staged, staged],
+    "registered": [registered, device_arrays],
     "mixed": [streams, events, device_arrays, kernels, pinned, mapped,
-              managed],
+              managed, staged, registered],
 }[scenario]
 
 
@@ -239,8 +258,9 @@ def run_scenario(scenario, closer, seconds=HAMMER_S):
     return out
 
 
-SCENARIOS = ["streams", "events", "device_arrays", "kernels", "pinned",
-             "mapped", "managed", "old_host", "mixed"]
+SCENARIOS = ["streams", "events", "device_arrays", "staged", "kernels",
+             "pinned", "mapped", "managed", "old_host", "registered",
+             "mixed"]
 
 
 def check_progress(out):
