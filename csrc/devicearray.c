@@ -2846,11 +2846,11 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     v = &cm_hv[i];
     for (cap = 4096; cap < n; cap *= 2) {
     }
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(MemHostAlloc, (&v->buf, cap,
                                   CU_MEMHOSTALLOC_DEVICEMAP
                                   | CU_MEMHOSTALLOC_PORTABLE));
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         return -1;
     }

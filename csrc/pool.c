@@ -1083,10 +1083,10 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     *ptr = b->ptr;
     *blk = b;
     if (p->poison >= 0) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         rc = CM_CU_RAW(MemsetD8Async, (b->ptr, (unsigned char)p->poison,
                                        b->size, stream));
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         if (rc != CUDA_SUCCESS) {
             pthread_mutex_lock(&p->mu);
             if (!p->dead) {

@@ -12,12 +12,9 @@ reads back as written, across the resets.
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from crashutil import run_child
 
 SIM = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "", "false")
 
@@ -227,30 +224,11 @@ print(json.dumps({"closes": closes, "seen": seen, "unexpected": unexpected,
 '''
 
 
-def _signal_name(rc):
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return "signal %d" % -rc
-
-
 def run_scenario(scenario, closer, seconds=HAMMER_S):
-    """Run the child; return its summary, failing on a crash or hang."""
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
-    cmd = [sys.executable, "-c", textwrap.dedent(CHILD), scenario, closer,
-           str(seconds), "1" if SIM else "0"]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                           timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail("%s/%s hung (no exit in %d s); stderr:\n%s"
-                    % (scenario, closer, TIMEOUT_S,
-                       (exc.stderr or b"")[-3000:]))
-    if p.returncode < 0:
-        pytest.fail("%s/%s killed by %s; stderr:\n%s"
-                    % (scenario, closer, _signal_name(p.returncode),
-                       p.stderr[-3000:]))
-    assert p.returncode == 0, p.stderr[-3000:]
+    """Run the child (a crash or hang fails the test, naming the signal
+    or the timeout); return its summary."""
+    p = run_child(CHILD, timeout=TIMEOUT_S,
+                  args=(scenario, closer, seconds, "1" if SIM else "0"))
     assert "Exception ignored" not in p.stderr, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["unexpected"] == [], "\n".join(out["unexpected"])
@@ -284,7 +262,7 @@ def test_device_reset_while_threads_work(scenario):
 def test_close_of_idle_objects_is_quiet():
     """Objects of a closed context dropped later free nothing and say
     nothing; used, they raise ValueError."""
-    code = textwrap.dedent(r'''
+    code = r'''
         import numpy as np
         import cudamem as cuda
         objs = []
@@ -307,9 +285,7 @@ def test_close_of_idle_objects_is_quiet():
         gc.collect()
         cuda.close()
         print("ok")
-    ''')
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=TIMEOUT_S)
-    assert p.returncode == 0, p.stderr[-3000:]
+    '''
+    p = run_child(code, timeout=TIMEOUT_S)
     assert p.stdout.strip() == "ok"
     assert "Exception ignored" not in p.stderr, p.stderr
