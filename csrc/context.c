@@ -35,8 +35,10 @@ static int cm_ndev = -1;                      /* device count, once known */
 static cm_device *cm_devs[CM_MAX_DEVICES];    /* strong, made on demand */
 static cm_context *cm_ctxs[CM_MAX_DEVICES];   /* strong, while retained */
 static unsigned long cm_ctx_gen;              /* last cm_context.gen */
-/* NOTE: guarded by the GIL.  [i]: device i is being closed or reset. */
+/* NOTE: guarded by the GIL.  [i]: device i is being closed or reset, by
+ * the thread cm_resetter[i]. */
 static unsigned char cm_resetting[CM_MAX_DEVICES];
+static unsigned long cm_resetter[CM_MAX_DEVICES];
 
 long cm_driver_calls;
 
@@ -49,15 +51,23 @@ cm_context_nap(void)
     (void)nanosleep(&ts, NULL);
 }
 
-/* Wait, GIL released, while another thread closes or resets device i. */
-static void
+/* Wait, GIL released, while another thread closes or resets device i;
+ * -1 with ValueError when the caller is that thread (code run by the
+ * reset itself, a plugin's say, asking for the device's context). */
+static int
 cm_context_wait_reset(int i)
 {
+    if (cm_resetting[i] && cm_resetter[i] == PyThread_get_thread_ident()) {
+        PyErr_Format(PyExc_ValueError,
+                     "the context of device %d is being closed", i);
+        return -1;
+    }
     while (cm_resetting[i]) {
         Py_BEGIN_ALLOW_THREADS
         cm_context_nap();
         Py_END_ALLOW_THREADS
     }
+    return 0;
 }
 
 /* Wait, GIL released, until no driver call made with the GIL released is
@@ -497,7 +507,9 @@ cm_context_get(int i)
     int err;
 
 again:
-    cm_context_wait_reset(i);
+    if (cm_context_wait_reset(i) < 0) {
+        return NULL;
+    }
     if (cm_ctxs[i] != NULL) {
         return cm_ctxs[i];
     }
@@ -942,7 +954,11 @@ cm_context_release_device(int i)
         return -1;
     }
     if (cm_resetting[i]) {
-        cm_context_wait_reset(i);
+        /* Another thread's reset is waited for; this thread's own, in
+         * progress further up the stack, is left to finish. */
+        if (cm_context_wait_reset(i) < 0) {
+            PyErr_Clear();
+        }
         return 0;
     }
     if (cm_ctxs[i] == NULL) {
@@ -950,6 +966,7 @@ cm_context_release_device(int i)
     }
     c = cm_ctxs[i];
     cm_resetting[i] = 1;
+    cm_resetter[i] = PyThread_get_thread_ident();
     /* What is queued, and what its pool holds, is given back before the
      * context goes. */
     if (cm_ctx_flush(c) < 0) {
