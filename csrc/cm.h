@@ -293,34 +293,43 @@ cm_cu_check(CUresult rc, const char *fn)
     cm_cu_check(cm_cu.fn ? cm_cu.fn args : cm_cu_missing, "cu" #fn)
 
 /* Driver calls made with the GIL released and not yet back with it:
- * close() and Device.reset() wait, GIL released, until none is left before
- * they destroy a context, so that no call in flight uses a stream, event
- * or memory of it meanwhile.  Changed with atomics; a call counts from
- * before it releases the GIL until after it has taken the GIL back, so
- * what the caller does with the result before its next release of the
- * GIL (linking a new owner, checking that its context is still alive)
- * also happens before the reset. */
-extern long cm_driver_calls;
+ * close() and Device.reset() wait, GIL released, until none that began
+ * before the context was marked dead is left before they destroy it, so
+ * that no call in flight uses a stream, event or memory of it meanwhile.
+ * A call counts in cm_driver_calls[its epoch's parity] from before it
+ * releases the GIL until after it has taken the GIL back, so what the
+ * caller does with the result before its next release of the GIL
+ * (linking a new owner, checking that its context is still alive) also
+ * happens before the reset.  The closer moves cm_driver_epoch on (GIL
+ * held) and waits for the old parity's count to drain, which calls begun
+ * later do not hold up.  Changed with atomics. */
+extern long cm_driver_calls[2];
+extern unsigned long cm_driver_epoch;
 
-static inline void
+static inline int
 cm_driver_call_begin(void)
 {
-    (void)__atomic_fetch_add(&cm_driver_calls, 1, __ATOMIC_SEQ_CST);
+    int e = (int)(__atomic_load_n(&cm_driver_epoch, __ATOMIC_SEQ_CST) & 1);
+
+    (void)__atomic_fetch_add(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
+    return e;
 }
 
 static inline void
-cm_driver_call_end(void)
+cm_driver_call_end(int e)
 {
-    (void)__atomic_fetch_sub(&cm_driver_calls, 1, __ATOMIC_SEQ_CST);
+    (void)__atomic_fetch_sub(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
 }
 
 /* Py_BEGIN/END_ALLOW_THREADS around driver calls, counted as above. */
 #define CM_DRIVER_BEGIN_NOGIL                                          \
-    cm_driver_call_begin();                                            \
-    Py_BEGIN_ALLOW_THREADS
+    {                                                                  \
+        int cm_epoch_ = cm_driver_call_begin();                        \
+        Py_BEGIN_ALLOW_THREADS
 #define CM_DRIVER_END_NOGIL                                            \
-    Py_END_ALLOW_THREADS                                               \
-    cm_driver_call_end();
+        Py_END_ALLOW_THREADS                                           \
+        cm_driver_call_end(cm_epoch_);                                 \
+    }
 
 /* The same with the GIL released around the call; err gets 0 or -1. */
 #define CM_CU_NOGIL(err, fn, args)                                     \

@@ -17,9 +17,9 @@
  * other threads: the device is marked resetting, its Context dead (from
  * then on every object of it raises ValueError before any driver call),
  * and the closer waits, GIL released, until no driver call made with the
- * GIL released is in flight (cm_driver_calls), so that none is still
- * using a stream, event or allocation of the context when the driver
- * destroys them.  Until the reset is over, a thread that needs the
+ * GIL released that began before is in flight (cm_driver_calls), so that
+ * none is still using a stream, event or allocation of the context when
+ * the driver destroys them.  Until the reset is over, a thread that needs the
  * device's context waits (GIL released) instead of retaining the primary
  * context being reset, which would give it a context destroyed under it.
  */
@@ -40,7 +40,8 @@ static unsigned long cm_ctx_gen;              /* last cm_context.gen */
 static unsigned char cm_resetting[CM_MAX_DEVICES];
 static unsigned long cm_resetter[CM_MAX_DEVICES];
 
-long cm_driver_calls;
+long cm_driver_calls[2];
+unsigned long cm_driver_epoch;
 
 /* Let other threads run for a moment; the GIL is released by the caller. */
 static void
@@ -70,20 +71,24 @@ cm_context_wait_reset(int i)
     return 0;
 }
 
-/* Wait, GIL released, until no driver call made with the GIL released is
- * in flight in any thread.  Called with the closing context already dead,
- * so that no new call on its objects starts; calls of other contexts are
- * short, and only need to be seen at zero once. */
+/* Wait, GIL released, until every driver call made with the GIL released
+ * that began before now has ended, in any thread.  Called with the
+ * closing context already dead, so that no new call on its objects
+ * starts; calls begun later, of other contexts, are not waited for. */
 static void
 cm_context_quiesce(void)
 {
-    while (__atomic_load_n(&cm_driver_calls, __ATOMIC_SEQ_CST) != 0) {
-        Py_BEGIN_ALLOW_THREADS
-        while (__atomic_load_n(&cm_driver_calls, __ATOMIC_SEQ_CST) != 0) {
-            cm_context_nap();
-        }
-        Py_END_ALLOW_THREADS
+    int e = (int)(__atomic_fetch_add(&cm_driver_epoch, 1, __ATOMIC_SEQ_CST)
+                  & 1);
+
+    if (__atomic_load_n(&cm_driver_calls[e], __ATOMIC_SEQ_CST) == 0) {
+        return;
     }
+    Py_BEGIN_ALLOW_THREADS
+    while (__atomic_load_n(&cm_driver_calls[e], __ATOMIC_SEQ_CST) != 0) {
+        cm_context_nap();
+    }
+    Py_END_ALLOW_THREADS
 }
 
 /* ------------------------------------------------------------------ */

@@ -242,7 +242,7 @@ SCENARIOS = ["streams", "events", "device_arrays", "staged", "kernels",
 
 
 def check_progress(out):
-    assert out["closes"] > 5
+    assert out["closes"] >= 5
     # Every worker went round (none was stuck), and the work succeeded
     # between the resets, not only failed.
     assert out["counts"] and all(n > 0 for n in out["counts"].values())
