@@ -1092,11 +1092,16 @@ cm_hostmem_context_restore(cm_context *ctx)
         if (r->refs == 0) {
             continue;
         }
-        p = mmap((void *)r->start, r->len, PROT_READ | PROT_WRITE,
+        /* Claimed inaccessible first, so that a thread reaching these
+         * pages before the copy is in place faults and waits rather than
+         * seeing (or writing into) fresh zero pages; the copy then
+         * replaces the claim in one step. */
+        p = mmap((void *)r->start, r->len, PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
         if (p == (void *)r->start) {
             if (mremap(r->save, r->len, r->len,
                        MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+                (void)mprotect(p, r->len, PROT_READ | PROT_WRITE);
                 memcpy(p, r->save, r->len);
                 (void)munmap(r->save, r->len);
             }
