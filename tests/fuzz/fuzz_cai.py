@@ -155,6 +155,10 @@ def check_result(fdp, r, desc, ptr):
         return
     if ext is None or dtype.hasobject:
         return
+    if r.size * dtype.itemsize > 1 << 24:
+        # zero strides over a huge shape: its host copy is a view of the
+        # span, too big to compare element by element
+        return
     hb = base().copy_to_host()
     want = np.lib.stride_tricks.as_strided(
         hb[p - ptr:].view(np.uint8), shape=r.shape, strides=r.strides)
