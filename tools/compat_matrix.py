@@ -52,12 +52,21 @@ JIT_MODULES = (
     "numba.cuda.cgutils", "numba.cuda.ufuncs", "numba.cuda.utils",
     "numba.cuda.testing", "numba.cuda.tests", "numba.cuda.cloudpickle",
     "numba.cuda.cpython", "numba.cuda.typeconv",
+    # numba's type objects (int32, float64, void, optional, ...) name
+    # types in JIT signatures; cffi support (ffi) is for JIT code too
+    "numba.core", "numba.np", "numba.misc", "numba.cuda.cffi",
 )
 JIT_REASON = ("JIT: belongs to kernels numba compiles from Python; "
               "cudamem's kernels are CUDA C (cudamem.compile, Kernel)")
 
 # Names cudamem deliberately lacks, and why.
 REASONS = {
+    "api": "numba's module that holds the public functions; cudamem "
+           "exports the same functions at the top level",
+    "locks": "a lock numba's compiler takes; cudamem compiles nothing "
+             "from Python",
+    "flags": "numba's compiler flags (JIT)",
+    "ffi": JIT_REASON, "ffi_forced_object": JIT_REASON,
     # numba.cuda namespace
     "jit": JIT_REASON, "declare_device": JIT_REASON, "grid": JIT_REASON,
     "gridsize": JIT_REASON, "shared": JIT_REASON, "local": JIT_REASON,

@@ -54,11 +54,11 @@ def pytest_collection_modifyitems(config, items):
             continue
         if _cuda is None:
             item.add_marker(pytest.mark.skip(reason=_why_not))
-        elif NUMBA:
+            continue
+        if NUMBA:
             # numba's own warnings (deprecations, performance hints) are
             # not what these tests check
             item.add_marker(pytest.mark.filterwarnings("ignore"))
-            continue
         mark = item.get_closest_marker("cudamem_only")
         if NUMBA and mark is not None:
             reason = mark.args[0] if mark.args else "cudamem only"
