@@ -73,6 +73,7 @@ typedef struct {
     int static_smem;       /* static __shared__ bytes */
     int smem_optin;        /* device: shared bytes per block, opted in */
     int dyn_limit;         /* the kernel's current dynamic shared limit */
+    int launched;          /* launched once (its code is loaded) */
     PyObject *weakreflist;
 } cm_kernel;
 
@@ -412,6 +413,7 @@ cm_kernel_make(cm_module *m, PyObject *name, cm_kernel **out)
     k->symbol = sym;
     sym = NULL;
     k->fn = NULL;
+    k->launched = 0;
     k->nparams = ptx_n;
     k->params = pp;
     pp = NULL;
@@ -1347,11 +1349,28 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
         }
         k->dyn_limit = (int)l->shared;
     }
-    if (CM_CU(LaunchKernel,
-              (k->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
-               l->block[1], l->block[2], l->shared, l->stream, ptrs,
-               NULL)) < 0) {
-        goto out_leave;
+    if (k->launched) {
+        if (CM_CU(LaunchKernel,
+                  (k->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
+                   l->block[1], l->block[2], l->shared, l->stream, ptrs,
+                   NULL)) < 0) {
+            goto out_leave;
+        }
+    }
+    else {
+        /* The first launch loads the kernel's code (lazy loading), which
+         * can wait for the device and so for a host callback that needs
+         * the GIL: it runs without it. */
+        int err;
+
+        CM_CU_NOGIL(err, LaunchKernel,
+                    (k->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
+                     l->block[1], l->block[2], l->shared, l->stream, ptrs,
+                     NULL));
+        if (err < 0) {
+            goto out_leave;
+        }
+        k->launched = 1;
     }
     /* The arrays' releases wait for the kernel (memory.c). */
     for (i = 0; i < k->nparams; i++) {

@@ -77,6 +77,7 @@ typedef struct {
     int itemsize;           /* for CM_T_BYTES, else 0 */
     CUmodule module;        /* never unloaded: lives with the context */
     CUfunction fn;          /* cm_copy_cast */
+    int launched;           /* launched once: its code is on the device */
 } cm_kentry;
 
 #define CM_KCACHE 64
@@ -176,6 +177,7 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
     e->itemsize = itemsize;
     e->module = mod;
     e->fn = fn;
+    e->launched = 0;
     *out = fn;
     return 0;
 }
@@ -362,8 +364,24 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
     if (blocks > 65535) {
         blocks = 65535;
     }
-    rc = CM_CU(LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256, 1, 1,
-                              0, stream, params, NULL));
+    for (i = 0; i < cm_kcache_n && cm_kcache[i].fn != fn; i++) {
+    }
+    if (i < cm_kcache_n && cm_kcache[i].launched) {
+        rc = CM_CU(LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256, 1,
+                                  1, 0, stream, params, NULL));
+    }
+    else {
+        /* The first launch loads the kernel's code (lazy loading), which
+         * can wait for the device and so for a host callback that needs
+         * the GIL: it runs without it. */
+        CM_CU_NOGIL(rc, LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256,
+                                       1, 1, 0, stream, params, NULL));
+        for (i = 0; rc == 0 && i < cm_kcache_n; i++) {
+            if (cm_kcache[i].fn == fn) {
+                cm_kcache[i].launched = 1;
+            }
+        }
+    }
 out_leave:
     cm_context_leave(ctx, prev);
     return rc;

@@ -60,7 +60,9 @@ def _memory_info(free, total):
 
 
 class CudamemNumbaManager(
-        _ncuda.HostOnlyCUDAMemoryManager, _ncuda.GetIpcHandleMixin):
+        _ncuda.GetIpcHandleMixin, _ncuda.HostOnlyCUDAMemoryManager):
+    # The mixin comes first: its get_ipc_handle must be found before the
+    # base class's abstract one, or numba cannot instantiate the class.
     """numba's device memory from cudamem's memory manager of the same
     device; see the module's docstring."""
 

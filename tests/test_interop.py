@@ -6,6 +6,8 @@ stand-in modules on the simulator, and against the real libraries on a
 GPU (each in a child process of its own, where the pool manager is chosen
 before the first context)."""
 
+import abc
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -482,7 +484,6 @@ def test_use_with_torch_with_a_stand_in(monkeypatch):
 
 def _fake_numba(device_id, nv_binding):
     """numba's EMM names that the plugin uses."""
-    import contextlib
     import weakref
 
     numba = types.ModuleType("numba")
@@ -490,10 +491,16 @@ def _fake_numba(device_id, nv_binding):
     cudadrv = types.ModuleType("numba.cuda.cudadrv")
     driver = types.ModuleType("numba.cuda.cudadrv.driver")
 
-    class HostOnlyCUDAMemoryManager:
+    class HostOnlyCUDAMemoryManager(abc.ABC):
+        # numba's base class leaves get_ipc_handle abstract: a plugin that
+        # puts GetIpcHandleMixin after it cannot be instantiated.
         def __init__(self, context):
             self.context = context
             self.deferred = 0
+
+        @abc.abstractmethod
+        def get_ipc_handle(self, memory):
+            """Abstract, as in numba."""
 
         @contextlib.contextmanager
         def defer_cleanup(self):
