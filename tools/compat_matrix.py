@@ -66,6 +66,8 @@ REASONS = {
     "locks": "a lock numba's compiler takes; cudamem compiles nothing "
              "from Python",
     "flags": "numba's compiler flags (JIT)",
+    "alias": "a name of numba's type system (numba.cuda.types), for JIT "
+             "signatures",
     "ffi": JIT_REASON, "ffi_forced_object": JIT_REASON,
     # numba.cuda namespace
     "jit": JIT_REASON, "declare_device": JIT_REASON, "grid": JIT_REASON,
