@@ -233,13 +233,21 @@ def check_reshape_view(fdp):
     if fdp.ConsumeBool():
         newshape = shape_arg(fdp)
         order = pick(fdp, ("C", "F", "A", "K", "x"))
+        # numba's 'A' is 'F' whenever the array is F-contiguous, NumPy's
+        # only when it is F- and not C-contiguous: an array that is both
+        # (one axis longer than 1, e.g. (1, 1, 4)) gets an F-layout view
+        # in numba and cudamem, C in NumPy.  Compare with NumPy's reading
+        # in the order numba picks.
+        ref_order = order
+        if order == "A":
+            ref_order = "F" if h.flags.f_contiguous else "C"
         try:
-            ref = h.reshape(newshape, order=order)
+            ref = h.reshape(newshape, order=ref_order)
         except Exception as e:
             ref, ref_err = None, e
         if h.size > 1 and (
-                (order == "F" and not h.flags.f_contiguous)
-                or (order == "C" and not h.flags.c_contiguous)):
+                (ref_order == "F" and not h.flags.f_contiguous)
+                or (ref_order == "C" and not h.flags.c_contiguous)):
             # numba's rule (FINDINGS.md 7): the order is the layout of a
             # view over the same bytes, not NumPy's reading order
             return
