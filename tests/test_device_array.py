@@ -487,3 +487,13 @@ def test_reshape_order_a_of_c_and_f_contiguous_array_is_f():
     np.testing.assert_array_equal(r.copy_to_host(), [[0, 2], [1, 3]])
     c = cuda.to_device(np.arange(6.0).reshape(2, 3))
     assert c.reshape((3, 2), order="A").strides == (16, 8)
+
+
+def test_zero_itemsize_array_of_any_length_takes_no_memory():
+    """numba's rule, kept: np.dtype('S0') stays zero bytes wide, so an
+    array of 2**63 - 1 such elements is accepted and holds no memory
+    (np.empty widens it to S1 and runs out of memory).  Found by the
+    fuzz harness fuzz_shapes."""
+    a = cuda.device_array(2**63 - 1, "S0")
+    assert a.shape == (2**63 - 1,) and a.dtype == np.dtype("S0")
+    assert a.nbytes == 0 and a.alloc_size == 0
