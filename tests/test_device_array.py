@@ -497,3 +497,8 @@ def test_zero_itemsize_array_of_any_length_takes_no_memory():
     a = cuda.device_array(2**63 - 1, "S0")
     assert a.shape == (2**63 - 1,) and a.dtype == np.dtype("S0")
     assert a.nbytes == 0 and a.alloc_size == 0
+    # The element count must still fit in intp, whatever the itemsize
+    # (NumPy makes such a 'V0' array, with a size that wrapped).
+    for dt in ("S0", "V0"):
+        with pytest.raises(ValueError, match="too big"):
+            cuda.device_array((6, 3, 2**63 - 1), dt)

@@ -22,6 +22,8 @@ NumPy would do by copying: NotImplementedError, and takes the new shape
 only as ints, a tuple or a list: TypeError for an ndarray).
 """
 
+import math
+
 import numpy as np
 
 from _common import (CLEAN, HOST_LIMIT, any_dtype, cuda, known, main,
@@ -164,6 +166,14 @@ def check_alloc(fdp):
         dt = np.dtype(dtype)
         if dt.hasobject:
             return  # device memory cannot hold Python objects
+        if (zero_itemsize(dtype) and ref is not None
+                and "too big" in str(err)
+                and math.prod(ref.shape) >= 2**63):
+            # NumPy checks only the bytes, so a 'V0' array whose element
+            # count does not fit in intp is made, with a size that wrapped
+            # (np.empty((6, 3, 2**63 - 1), 'V0').size == -18); cudamem
+            # refuses it as NumPy refuses the same shape in 'S0'.
+            return
         raise AssertionError("%s(%r, %r, order=%r) raised %r; NumPy "
                              "accepts it" % (kind, shape, dtype, order, err))
     if verdict == "raise":
