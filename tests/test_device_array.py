@@ -500,5 +500,7 @@ def test_zero_itemsize_array_of_any_length_takes_no_memory():
     # The element count must still fit in intp, whatever the itemsize
     # (NumPy makes such a 'V0' array, with a size that wrapped).
     for dt in ("S0", "V0"):
-        with pytest.raises(ValueError, match="too big"):
-            cuda.device_array((6, 3, 2**63 - 1), dt)
+        for shape in ((6, 3, 2**63 - 1), (6, 0, 2**63 - 1)):
+            with pytest.raises(ValueError, match="too big"):
+                cuda.device_array(shape, dt)
+        assert cuda.device_array((2**62, 0), dt).size == 0
