@@ -444,15 +444,27 @@ class IpcArrayHandle(_core._IpcArrayHandleBase):
         return "<IpcArrayHandle shape=%r dtype=%s %r>" % (
             self.shape, self.dtype, self._ipc_handle)
 
+    def _ipc(self):
+        # A handle built by hand or from a doctored pickle may hold
+        # anything here: refuse it by name rather than fail on a missing
+        # method of whatever it is.  A memory manager's own handle class
+        # (duck-typed, as numba allows) has both methods.
+        h = self._ipc_handle
+        if not (callable(getattr(h, "open_array", None))
+                and callable(getattr(h, "close", None))):
+            raise TypeError("IpcArrayHandle's ipc_handle must be an "
+                            "IpcHandle, not %s" % type(h).__name__)
+        return h
+
     def open(self):
         """A DeviceNDArray over the shared memory, in the current context,
         with stream 0."""
-        return self._ipc_handle.open_array(_core.current_context(),
-                                           **self._array_desc)
+        return self._ipc().open_array(_core.current_context(),
+                                      **self._array_desc)
 
     def close(self):
         """Unmap what ``open()`` mapped; ValueError when not open."""
-        self._ipc_handle.close()
+        self._ipc().close()
 
     def __enter__(self):
         return self.open()

@@ -472,3 +472,35 @@ def test_reshape_order_is_the_layout_of_the_view():
     assert f.strides == (8, 24)
     np.testing.assert_array_equal(
         f.copy_to_host(), np.arange(6.0).reshape((3, 2), order="F"))
+
+
+def test_reshape_order_a_of_c_and_f_contiguous_array_is_f():
+    """numba's rule, kept: order='A' means F whenever the array is
+    F-contiguous, also when it is C-contiguous too (NumPy then takes C).
+    The fuzz harness fuzz_shapes found the difference."""
+    h = np.arange(4, dtype=np.uint8).reshape(1, 1, 4)
+    d = cuda.to_device(h)
+    assert d.is_c_contiguous() and d.is_f_contiguous()
+    r = d.reshape((2, 2), order="A")
+    assert r.strides == (1, 2)
+    assert r.device_ctypes_pointer.value == d.device_ctypes_pointer.value
+    np.testing.assert_array_equal(r.copy_to_host(), [[0, 2], [1, 3]])
+    c = cuda.to_device(np.arange(6.0).reshape(2, 3))
+    assert c.reshape((3, 2), order="A").strides == (16, 8)
+
+
+def test_zero_itemsize_array_of_any_length_takes_no_memory():
+    """numba's rule, kept: np.dtype('S0') stays zero bytes wide, so an
+    array of 2**63 - 1 such elements is accepted and holds no memory
+    (np.empty widens it to S1 and runs out of memory).  Found by the
+    fuzz harness fuzz_shapes."""
+    a = cuda.device_array(2**63 - 1, "S0")
+    assert a.shape == (2**63 - 1,) and a.dtype == np.dtype("S0")
+    assert a.nbytes == 0 and a.alloc_size == 0
+    # The element count must still fit in intp, whatever the itemsize
+    # (NumPy makes such a 'V0' array, with a size that wrapped).
+    for dt in ("S0", "V0"):
+        for shape in ((6, 3, 2**63 - 1), (6, 0, 2**63 - 1)):
+            with pytest.raises(ValueError, match="too big"):
+                cuda.device_array(shape, dt)
+        assert cuda.device_array((2**62, 0), dt).size == 0

@@ -455,6 +455,37 @@ def test_python_made_handles(ctx):
     assert bytes(h2.handle) == bytes(range(64))
 
 
+def test_array_handle_of_something_that_is_no_ipc_handle():
+    """An IpcArrayHandle over an object that is no IpcHandle (a doctored
+    pickle gave one over the rebuild function; found by fuzz_ipc) refuses
+    open() and close() with a TypeError naming the type; a duck-typed
+    handle of a memory manager still works."""
+    desc = {"shape": (10,), "strides": (8,), "dtype": np.dtype("f8")}
+    for bad in (len, None, 5, b"x" * 64):
+        h = cuda.IpcArrayHandle(bad, desc)
+        for call in (h.open, h.close):
+            with pytest.raises(TypeError, match="must be an IpcHandle, not "
+                               + type(bad).__name__):
+                call()
+        with pytest.raises(TypeError):
+            with h:
+                pass
+
+    calls = []
+
+    class Duck:
+        def open_array(self, context, **kw):
+            calls.append(("open", sorted(kw)))
+            return "array"
+
+        def close(self):
+            calls.append("close")
+
+    with cuda.IpcArrayHandle(Duck(), desc) as arr:
+        assert arr == "array"
+    assert calls == [("open", ["dtype", "shape", "strides"]), "close"]
+
+
 @pytest.mark.parametrize("read_first", [False, True])
 def test_pickle_and_copy_of_a_fresh_export(ctx, read_first):
     a = cuda.to_device(np.arange(30, dtype=np.int16).reshape(5, 6))

@@ -90,6 +90,55 @@ class Loader(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+# NumPy's dtype.__setstate__ trusts the state tuple: a mutated one (a
+# 6-tuple whose "subarray" is an int, say) kills the process inside
+# NumPy, with or without cudamem loaded:
+#   pickle.loads(b"\x80\x04\x8c\x05numpy\x94\x8c\x05dtype\x94\x93\x94"
+#                b"\x8c\x02f8\x94\x89\x88\x87\x94R\x94(K\x03\x8c\x01<\x94"
+#                b"MNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00t\x94b.")
+# is SIGSEGV.  That is NumPy's parser, not cudamem's, so a pickle is
+# first loaded dry, every class it names replaced by a stand-in, and
+# skipped unless each dtype in it is given the very state NumPy writes
+# for that dtype.  The dtype's arguments (its type string) may still be
+# mutated: those reach cudamem.
+class _Stand:
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def __setstate__(self, state):
+        pass
+
+
+class _DtypeStand(_Stand):
+    def __setstate__(self, state):
+        try:
+            want = np.dtype(*getattr(self, "args", ())).__reduce__()[2]
+        except Exception:
+            want = None
+        if want is None or type(state) is not tuple or state != want:
+            raise pickle.UnpicklingError("a dtype state NumPy did not write")
+
+
+class DryLoader(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) not in ALLOWED:
+            raise pickle.UnpicklingError("%s.%s is not allowed here"
+                                         % (module, name))
+        return _DtypeStand if (module, name) == ("numpy", "dtype") else _Stand
+
+
+def numpy_safe(data):
+    """Whether loading ``data`` gives NumPy's dtype parser only states
+    NumPy wrote (see _DtypeStand)."""
+    try:
+        DryLoader(io.BytesIO(data)).load()
+    except pickle.UnpicklingError as e:
+        return "dtype state" not in str(e)
+    except Exception:
+        pass
+    return True
+
+
 def mutate(fdp, raw):
     b = bytearray(raw)
     for _ in range(fdp.ConsumeIntInRange(0, 4)):
@@ -142,6 +191,8 @@ def from_pickle(fdp):
             if op.name in ("PUT", "BINPUT", "LONG_BINPUT") and arg > 4096:
                 return  # the unpickler grows its memo to the index
     except Exception:
+        return
+    if not numpy_safe(data):
         return
     try:
         h = Loader(io.BytesIO(data)).load()
