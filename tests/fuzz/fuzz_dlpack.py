@@ -203,6 +203,10 @@ def check_result(r, made, ptr):
     if not inside:
         if known(True):
             return  # issue 17 item 1: foreign pointers are accepted
+        if ext[1] - ext[0] > 1 << 24:
+            # a span of gigabytes over other memory: its host copy is that
+            # big (the harness's own allocation, not cudamem's)
+            return
         try:
             r.copy_to_host()
         except EXPECTED:
