@@ -212,6 +212,8 @@ def check_result(r, made, ptr):
         except EXPECTED:
             pass
         return
+    if r.size * item > 1 << 24 or r.ndim >= 64:
+        return  # see below: no host copy of that size either
     try:
         got = r.copy_to_host()
     except EXPECTED:
