@@ -196,6 +196,9 @@ def test_fork():
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         print("child", os.waitstatus_to_exitcode(status))
+        # b's block is reusable once the event of its return completed
+        # (on a loaded machine it may not have yet)
+        cudamem.synchronize()
         c = cudamem.pinned_array(1 << 16, np.uint8)
         print("parent reuses:", c.base.pooled and
               cudamem.pinned_pool_stats()["hits"] >= 1)
