@@ -772,6 +772,17 @@ cm_stream_cai_handle(const cm_stream *s)
     return (uintptr_t)s->handle;
 }
 
+/* Whether h names a default stream (0, CU_STREAM_LEGACY or
+ * CU_STREAM_PER_THREAD): always valid, never destroyed. */
+static inline int
+cm_stream_handle_is_default(CUstream h)
+{
+    uintptr_t v = (uintptr_t)h;
+
+    return v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
+           || v == (uintptr_t)CU_STREAM_PER_THREAD;
+}
+
 /* Resolve a stream argument.  0, None and False give *handle = 0 and
  * return 0 (falsy: the caller then uses the array's bound stream, or a
  * synchronous call).  A cudamem Stream (one type check, no attribute

@@ -1455,13 +1455,10 @@ cm_effective_stream(PyObject *arg, PyObject *bound, CUstream *h)
 static int
 cm_da_used_on(cm_da *a, int async, CUstream h, PyObject *sobj)
 {
-    uintptr_t v = (uintptr_t)h;
-
     if (!async || a->gpu_data == NULL) {
         return 0;
     }
-    if (v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
-        || v == (uintptr_t)CU_STREAM_PER_THREAD) {
+    if (cm_stream_handle_is_default(h)) {
         sobj = NULL;
     }
     return cm_mem_note_use(a->gpu_data, h, sobj);

@@ -1379,7 +1379,8 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
         if ((cm_devicearray_owner(args[i], &owner)
              || Py_IS_TYPE(owner, cm_st->Mem_type))
             && cm_mem_note_use(owner, l->stream,
-                               l->stream == NULL ? NULL : l->stream_obj)
+                               cm_stream_handle_is_default(l->stream)
+                               ? NULL : l->stream_obj)
                < 0) {
             goto out_leave;
         }

@@ -84,10 +84,11 @@ typedef struct {
 static cm_kentry cm_kcache[CM_KCACHE];   /* NOTE: GIL held */
 static int cm_kcache_n;
 
-/* The kernel for this conversion in ctx (current); 0 or -1. */
+/* The kernel for this conversion in ctx (current), and in *launched
+ * whether it was launched before; 0 or -1. */
 static int
 cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
-              CUfunction *out)
+              CUfunction *out, int *launched)
 {
     static const char *const opts[] = {"--std=c++17", "-default-device"};
     cm_kentry *e;
@@ -106,6 +107,7 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
         if (e->gen == ctx->gen && e->dst_type == dst_t
             && e->src_type == src_t && e->itemsize == itemsize) {
             *out = e->fn;
+            *launched = e->launched;
             return 0;
         }
     }
@@ -179,6 +181,7 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
     e->fn = fn;
     e->launched = 0;
     *out = fn;
+    *launched = 0;
     return 0;
 }
 
@@ -302,6 +305,7 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
     long long blocks;
     CUcontext prev;
     int rc = -1;
+    int launched = 0;
     int i;
 
     if (d->ndim < 0 || d->ndim > CM_KMAXDIM) {
@@ -354,7 +358,7 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
     }
     if (cm_kernel_get(ctx, d->dst_type, d->src_type,
                       d->dst_type == CM_T_BYTES ? d->itemsize : 0,
-                      &fn) < 0) {
+                      &fn, &launched) < 0) {
         goto out_leave;
     }
     params[0] = &dst;
@@ -364,9 +368,7 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
     if (blocks > 65535) {
         blocks = 65535;
     }
-    for (i = 0; i < cm_kcache_n && cm_kcache[i].fn != fn; i++) {
-    }
-    if (i < cm_kcache_n && cm_kcache[i].launched) {
+    if (launched) {
         rc = CM_CU(LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256, 1,
                                   1, 0, stream, params, NULL));
     }
@@ -376,6 +378,7 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
          * the GIL: it runs without it. */
         CM_CU_NOGIL(rc, LaunchKernel, (fn, (unsigned int)blocks, 1, 1, 256,
                                        1, 1, 0, stream, params, NULL));
+        /* Found again: the cache may have moved meanwhile. */
         for (i = 0; rc == 0 && i < cm_kcache_n; i++) {
             if (cm_kcache[i].fn == fn) {
                 cm_kcache[i].launched = 1;

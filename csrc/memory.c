@@ -558,9 +558,7 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
     int deferred;
     int i;
     int kind = m->kind == CM_MM_POOL ? CM_REL_POOL : CM_REL_ASYNC;
-    uintptr_t own = (uintptr_t)m->stream;
-    int own_default = own == 0 || own == (uintptr_t)CU_STREAM_LEGACY
-                      || own == (uintptr_t)CU_STREAM_PER_THREAD;
+    int own_default = cm_stream_handle_is_default(m->stream);
 
     if (!ctx->alive || cm_forked || ctx->memq == NULL) {
         return kind;                 /* nothing will be released */
@@ -1008,13 +1006,9 @@ cm_mem_alloc_for(cm_context *ctx, size_t size, PyObject *stream_obj,
         }
     }
     r = cm_mem_alloc_on(ctx, size, h, out);
-    if (r != NULL && bound && Py_IS_TYPE(r, cm_st->Mem_type)) {
-        uintptr_t v = (uintptr_t)h;
-
-        if (v != 0 && v != (uintptr_t)CU_STREAM_LEGACY
-            && v != (uintptr_t)CU_STREAM_PER_THREAD) {
-            ((cm_mem *)r)->stream_obj = Py_NewRef(stream_obj);
-        }
+    if (r != NULL && bound && Py_IS_TYPE(r, cm_st->Mem_type)
+        && !cm_stream_handle_is_default(h)) {
+        ((cm_mem *)r)->stream_obj = Py_NewRef(stream_obj);
     }
     return r;
 }

@@ -1136,16 +1136,6 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
     return CUDA_SUCCESS;
 }
 
-/* Whether h names a default stream (always valid, never destroyed). */
-static int
-cm_stream_is_default(CUstream h)
-{
-    uintptr_t v = (uintptr_t)h;
-
-    return v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
-           || v == (uintptr_t)CU_STREAM_PER_THREAD;
-}
-
 /* Append event e to b's waits; 0, or -1 when out of host memory. */
 static int
 cm_blk_add_wait(cm_blk *b, CUevent e)
@@ -1180,7 +1170,7 @@ cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
     for (i = 0; i <= n; i++) {
         CUstream h = i < n ? streams[i] : own;
 
-        if (i == n && cm_stream_is_default(own)) {
+        if (i == n && cm_stream_handle_is_default(own)) {
             break;
         }
         e = cm_event_on(p, h);
@@ -1240,7 +1230,8 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
     cm_seg *g;
     cm_blk *b;
 
-    if (p == NULL || p->kind != CM_MM_POOL || cm_stream_is_default(h)) {
+    if (p == NULL || p->kind != CM_MM_POOL
+        || cm_stream_handle_is_default(h)) {
         return;
     }
     pthread_mutex_lock(&p->mu);
