@@ -104,21 +104,25 @@ def _driver_alloc(op):
     return factory
 
 
-def _measure(op, repeats=31):
+def _measure(op, repeats=31, history=None):
     """Time cudamem's allocation op here (the manager came from the
-    environment); (median, p10, p90)."""
+    environment); (median, p10, p90).  history: None (off), "on" or
+    "stacks" (cudamem.memory_history recording while it runs)."""
     import cudamem
 
+    if history is not None:
+        cudamem.memory_history(True, stacks=history == "stacks",
+                               max_entries=1 << 16)
     return harness.time_callable(_cm_alloc(op)(cudamem), repeats=repeats)
 
 
-def _cm_alloc_in(kind, op):
+def _cm_alloc_in(kind, op, history=None):
     """cudamem's timing of op under manager kind, from a subprocess."""
 
     def factory(cm):
         code = ("import sys, json; sys.path.insert(0, %r); import ops_alloc; "
-                "print(json.dumps(ops_alloc._measure(%r)))"
-                % (str(HERE), op))
+                "print(json.dumps(ops_alloc._measure(%r, history=%r)))"
+                % (str(HERE), op, history))
         env = dict(os.environ, CUDAMEM_MEMORY_MANAGER=kind)
         p = subprocess.run([sys.executable, "-c", code], env=env,
                            capture_output=True, text=True, timeout=300)
@@ -140,6 +144,15 @@ def _alloc_ops():
                                   "cupy": _cupy_alloc(op),
                                   "torch": _torch_alloc(op),
                                   "driver": _driver_alloc(op)}})
+    # The memory history's cost: the [pool] row above is the same work
+    # with it off.
+    for history, label in (("on", "history on"),
+                           ("stacks", "history+stacks")):
+        ops.append({"name": "alloc+drop %d B [pool, %s]" % (SMALL, label),
+                    "impls": {"cudamem": _cm_alloc_in("pool", "small",
+                                                      history),
+                              "cupy": _cupy_alloc("small"),
+                              "torch": _torch_alloc("small")}})
     return ops
 
 
