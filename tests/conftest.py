@@ -15,6 +15,12 @@ import threading
 
 import pytest
 
+# The test folders (memory/, array/, runtime/, ...) import the shared
+# helpers package as ``helpers``: tests/ goes first on the path.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
 
 def _driver_works():
     """Whether the real driver initialises, probed in a subprocess so that
@@ -107,6 +113,16 @@ def ctx():
     after = _core._current_device_id()
     if before is None and after is not None:
         c.synchronize()
+
+
+@pytest.fixture
+def memq(ctx):
+    """The context's queue of deferred memory frees, emptied before and
+    after the test."""
+    q = ctx.memory_manager.deallocations
+    q.clear()
+    yield q
+    q.clear()
 
 
 @pytest.fixture(scope="session")

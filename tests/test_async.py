@@ -9,7 +9,7 @@ import threading
 import weakref
 
 import pytest
-from streamutil import Gate
+from helpers.streamutil import Gate
 
 import cudamem as cuda
 

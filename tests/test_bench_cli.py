@@ -6,13 +6,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from cudamem import _bench
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args, timeout=300, **env):

@@ -14,7 +14,7 @@ import json
 import os
 
 import pytest
-from crashutil import run_child
+from helpers import run_child
 
 SIM = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "", "false")
 

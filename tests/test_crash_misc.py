@@ -8,41 +8,14 @@ failure naming the signal."""
 
 import json
 import os
-import pathlib
 import pickle
-import signal
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import cudamem as cuda
 from cudamem import _core
-
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def run_child(code, stdin=b"", timeout=120, **env):
-    """Run code in a fresh interpreter; its stdout.  A child killed by a
-    signal, or exiting non-zero, fails the test, naming the signal."""
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       input=stdin, env=e, capture_output=True,
-                       timeout=timeout)
-    out = p.stdout.decode(errors="replace")
-    err = p.stderr.decode(errors="replace")
-    if p.returncode < 0:
-        pytest.fail("the child process was killed by %s\n%s%s"
-                    % (signal.Signals(-p.returncode).name, out, err[-3000:]))
-    if p.returncode != 0:
-        pytest.fail("the child process exited with %d\n%s%s"
-                    % (p.returncode, out, err[-3000:]))
-    return out
-
+from helpers import run_child
 
 # ---------------------------------------------------------------------------
 # Arrays over a closed IPC mapping
@@ -101,7 +74,7 @@ print(json.dumps(out))
 def test_ipc_array_after_close_raises_value_error(ctx):
     a = cuda.to_device(np.arange(12.0))
     h = a.get_ipc_handle()
-    out = json.loads(run_child(IPC_USES, stdin=pickle.dumps(h)))
+    out = json.loads(run_child(IPC_USES, stdin=pickle.dumps(h)).stdout)
     assert out.pop("first") == 0.0
     for name, got in out.items():
         assert got is not None, "%s of a closed IPC array worked" % name
@@ -141,7 +114,7 @@ def test_ipc_open_pointer_is_a_memory_pointer(ctx):
             arr.copy_to_host()
         except ValueError as e:
             print("ValueError", e)
-    """, stdin=pickle.dumps(h))
+    """, stdin=pickle.dumps(h)).stdout
     lines = out.splitlines()
     assert lines[0] == str(np.arange(3.0, 12.0).tolist())
     assert lines[1].startswith("ValueError") and "closed" in lines[1]
@@ -172,6 +145,7 @@ import json
 import numpy as np
 import cudamem as cuda
 from cudamem import _core
+from helpers import run_child
 
 h = np.zeros(8)
 with cuda.mapped(h) as m:
@@ -214,7 +188,7 @@ print(json.dumps(out))
 
 
 def test_mapped_array_after_the_block_raises_value_error():
-    out = json.loads(run_child(MAPPED_AFTER))
+    out = json.loads(run_child(MAPPED_AFTER).stdout)
     # The host array is ordinary memory again, and nothing wrote into it.
     assert out.pop("host") == [1.0] * 8
     for name, got in out.items():
@@ -304,7 +278,7 @@ def test_oom_error_of_every_allocation_kind(manager):
     env = {"CUDAMEM_MEMORY_MANAGER": manager, "HUGE": str(1 << 56)}
     if os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "", "false"):
         env["CUDAMEM_SIM_MEMORY"] = str(64 << 20)
-    out = json.loads(run_child(OOM_KINDS, **env))
+    out = json.loads(run_child(OOM_KINDS, env=env).stdout)
     for kind, got in out.items():
         assert got is not None, "%s of 2**56 bytes worked" % kind
         assert got["mro"][:3] == ["CudaOutOfMemoryError", "CudaAPIError",
@@ -348,7 +322,7 @@ def import_error(**env):
             print("ok")
         except Exception as e:
             print("%s: %s" % (type(e).__name__, e))
-    """, timeout=60, **env).strip()
+    """, timeout=60, env=env).stdout.strip()
 
 
 @pytest.mark.parametrize("name, value, expect", [
@@ -442,7 +416,7 @@ def test_staging_trim_after_close():
         np.testing.assert_array_equal(cuda.to_device(h).copy_to_host(), h)
         _core._staging_trim()
         print(_core._staging_stats()["buffers"])
-    """)
+    """).stdout
     assert out.strip() == "0"
 
 
@@ -505,7 +479,7 @@ def test_pool_limit_and_release_threshold_check_their_range():
                     except ValueError as e:
                         print("release_threshold ValueError", e)
             cuda.close()
-    """)
+    """).stdout
     lines = out.splitlines()
     assert len(lines) == 6, out
     for line in lines:

@@ -3,7 +3,7 @@
 Python exception or correct behaviour: arrays over pointers that are no
 live allocation, faults on the simulator's worker threads, zero-byte
 arrays and shapes NumPy refuses.  Whatever could take the process down
-runs in a child through crashutil.run_child."""
+runs in a child through helpers.run_child."""
 
 import signal
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cudamem as cuda
-from crashutil import run_child
+from helpers import run_child
 from cudamem.cudadrv.devicearray import DeviceNDArray
 
 sim = pytest.mark.sim

@@ -10,7 +10,7 @@ import pytest
 import cudamem as cuda
 from cudamem import _core
 
-from test_device_array import REC, Stream
+from helpers.arrays import REC, Stream
 
 
 class Foreign:

@@ -5,7 +5,6 @@ importing cudamem.dask, the worker plugin, and a two-process LocalCluster
 moving DeviceNDArrays between workers.  Skipped without distributed."""
 
 import gc
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 import cudamem
+from helpers import ROOT
 
 distributed = pytest.importorskip("distributed")
 
@@ -242,8 +242,7 @@ def test_sizeof_entry_point_registers_lazily():
 def test_the_entry_point_is_declared():
     tomllib = pytest.importorskip("tomllib")
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    with open(ROOT / "pyproject.toml", "rb") as f:
         meta = tomllib.load(f)["project"]
     ep = meta["entry-points"]["dask.sizeof"]["cudamem"]
     mod, _, fn = ep.partition(":")

@@ -24,7 +24,7 @@ import pytest
 
 import cudamem as cuda
 from cudamem import _core
-from test_device_array import REC, Stream, sample
+from helpers.arrays import REC, Stream, sample
 
 NUMERIC = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32,
            np.uint32, np.int64, np.uint64, np.float16, np.float32,

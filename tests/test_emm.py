@@ -2,25 +2,14 @@
 """Memory-manager plugins (numba's EMM interface, version 1) and the
 pointer classes they build on."""
 
-import pathlib
-
 import pytest
 
 import cudamem
-from crashutil import run_child
-
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def run_py(code, **env):
-    """(returncode, output) of code in a fresh interpreter; a crash or a
-    hang fails the test (crashutil)."""
-    r = run_child(code, env=env, check=False)
-    return r.returncode, r.output
+from helpers import run_py
 
 
 def test_base_manager_needs_a_context():
-    import emm_plugin
+    from helpers import emm_plugin
 
     with pytest.raises(RuntimeError, match="requires a context"):
         emm_plugin.CountingManager()
@@ -56,7 +45,8 @@ def test_set_memory_manager_checks_the_version():
 
 def test_plugin_applies_to_new_contexts_only():
     rc, out = run_py("""
-        import cudamem, emm_plugin
+        import cudamem
+        from helpers import emm_plugin
         ctx0 = cudamem.current_context()
         cudamem.set_memory_manager(emm_plugin.CountingManager)
         assert type(ctx0.memory_manager).__name__ == "DefaultMemoryManager"
@@ -85,7 +75,8 @@ def test_plugin_applies_to_new_contexts_only():
 
 def test_plugin_from_the_environment():
     code = """
-        import cudamem, emm_plugin
+        import cudamem
+        from helpers import emm_plugin
         ctx = cudamem.current_context()
         print(type(ctx.memory_manager).__name__)
         with cudamem.defer_cleanup():
@@ -93,7 +84,7 @@ def test_plugin_from_the_environment():
         print(emm_plugin.LOG)
         """
     for var in ("CUDAMEM_MEMORY_MANAGER", "NUMBA_CUDA_MEMORY_MANAGER"):
-        rc, out = run_py(code, **{var: "emm_plugin"})
+        rc, out = run_py(code, **{var: "helpers.emm_plugin"})
         assert rc == 0, out
         assert "CountingManager" in out
 
@@ -112,7 +103,8 @@ def test_bad_plugin_module_is_a_runtime_error():
 
 def test_host_only_manager_host_memory():
     rc, out = run_py("""
-        import numpy as np, cudamem, emm_plugin
+        import numpy as np, cudamem
+        from helpers import emm_plugin
         cudamem.set_memory_manager(emm_plugin.CountingManager)
         ctx = cudamem.current_context()
         mm = ctx.memory_manager

@@ -7,7 +7,7 @@ import time
 import weakref
 
 import pytest
-from streamutil import Gate
+from helpers.streamutil import Gate
 
 import cudamem as cuda
 

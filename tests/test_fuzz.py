@@ -7,13 +7,14 @@ hit bugs already filed are stepped around (CUDAMEM_FUZZ_SKIP_KNOWN=1);
 skipped without atheris."""
 
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-FUZZ = pathlib.Path(__file__).resolve().parent / "fuzz"
+from helpers import TESTS
+
+FUZZ = TESTS / "fuzz"
 NAMES = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.py"))
 
 REPLAY = r"""

@@ -8,25 +8,19 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import cudamem
+import helpers
 from cudamem import _core, _memviz
 
-HERE = Path(__file__).resolve().parent
 
 
 def run_py(code, **env):
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout + p.stderr
+    return helpers.run_py(code, timeout=300, **env)
 
 
 @pytest.fixture
@@ -352,7 +346,7 @@ def _memviz_run(snap_path, out_path):
     return subprocess.run(
         [sys.executable, "-m", "cudamem", "memviz", str(snap_path), "-o",
          str(out_path)], capture_output=True, text=True, timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+        env=dict(os.environ, PYTHONPATH=str(helpers.ROOT)))
 
 
 def test_memviz_html(tmp_path):

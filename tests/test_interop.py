@@ -24,8 +24,8 @@ import pytest
 
 import cudamem
 from cudamem import _core, interop
+from helpers.isolation import manager_context
 
-SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
 KiB = 1 << 10
 MiB = 1 << 20
 
@@ -34,19 +34,10 @@ def by_client(device=None):
     return cudamem.memory_stats(device)["by_client"]
 
 
-def _use(kind):
-    cudamem.close()
-    cudamem.set_memory_manager(kind)
-    return cudamem.current_context()
-
-
 @pytest.fixture
 def pool_ctx():
-    ctx = _use("pool")
-    yield ctx
-    gc.collect()
-    cudamem.close()
-    cudamem.set_memory_manager("default")
+    with manager_context("pool") as ctx:
+        yield ctx
 
 
 @pytest.fixture

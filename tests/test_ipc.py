@@ -8,7 +8,6 @@ import copy
 import gc
 import multiprocessing
 import os
-import pathlib
 import pickle
 import subprocess
 import sys
@@ -21,20 +20,10 @@ import pytest
 import cudamem as cuda
 from cudamem import _core, _ipc
 
-import emm_plugin
-import ipc_child
-from crashutil import run_child
+from helpers import ROOT, emm_plugin, ipc_child, run_py
+from helpers.isolation import ISOLATED, SIMULATOR, use_manager
 
 SPAWN = multiprocessing.get_context("spawn")
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def run_py(code, **env):
-    """Run code in a fresh interpreter (a memory manager applies to the
-    contexts made after it is set); (returncode, output).  A crash or a
-    hang fails the test (crashutil)."""
-    r = run_child(code, env=env, check=False)
-    return r.returncode, r.output
 
 
 class Child:
@@ -647,7 +636,8 @@ def test_builtin_managers_export_like_the_python_path():
 
 def test_plugin_get_ipc_handle_is_called():
     rc, out = run_py("""
-        import numpy as np, cudamem as cuda, emm_plugin
+        import numpy as np, cudamem as cuda
+        from helpers import emm_plugin
 
         seen = []
 
@@ -695,9 +685,6 @@ def test_plugin_get_ipc_handle_is_called():
 # file descriptor from the exporter with pidfd_getfd.
 # ---------------------------------------------------------------------------
 
-SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
-ISOLATED = os.environ.get("CUDAMEM_TEST_ISOLATED") == "1"
-
 
 def test_async_exports_in_a_child_process(capsys):
     """On a GPU, close() on the main thread resets the primary context
@@ -722,18 +709,12 @@ def test_async_exports_in_a_child_process(capsys):
                  "; ".join(skips) or "none"))
 
 
-def _use_manager(kind):
-    cuda.close()
-    cuda.set_memory_manager(kind)
-    return cuda.current_context()
-
-
 @pytest.fixture
 def async_ctx():
     """A fresh context of the async manager whose pool can be shared."""
     if not (SIMULATOR or ISOLATED):
         pytest.skip("runs in its own process on a GPU")
-    ctx = _use_manager("async")
+    ctx = use_manager("async")
     try:
         if not ctx.memory_manager.shareable:
             assert not SIMULATOR
@@ -993,7 +974,7 @@ def test_async_open_without_ptrace_permission(async_ctx):
         """
     env = dict(os.environ, CUDAMEM_MEMORY_MANAGER="async",
                PYTHONPATH=os.pathsep.join(
-                   [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+                   [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
                          env=env, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
@@ -1101,7 +1082,7 @@ def test_async_pool_that_cannot_be_shared(child):
     # manager uses the device's default pool, and exports say why not.
     _core._sim_inject("MemPoolCreate", 1, 801)    # NOT_SUPPORTED
     try:
-        ctx = _use_manager("async")
+        ctx = use_manager("async")
     finally:
         _core._sim_inject("MemPoolCreate", 0, 0)
     try:
@@ -1125,7 +1106,7 @@ def test_async_pool_creation_failure_is_raised():
     _core._sim_inject("MemPoolCreate", 1, 2)      # OUT_OF_MEMORY
     try:
         with pytest.raises(cuda.CudaAPIError, match="cuMemPoolCreate"):
-            _use_manager("async")
+            use_manager("async")
     finally:
         _core._sim_inject("MemPoolCreate", 0, 0)
         cuda.close()
@@ -1136,7 +1117,7 @@ def test_async_pool_fd_goes_with_the_context():
     if not SIMULATOR:
         pytest.skip("counts the simulator's pool descriptors")
     before = _sim_pool_fds()
-    ctx = _use_manager("async")
+    ctx = use_manager("async")
     try:
         a = cuda.device_array(100)
         a.get_ipc_handle()

@@ -9,7 +9,6 @@ arguments, then raises CudaSupportError).
 """
 
 import os
-import pathlib
 import pickle
 import subprocess
 import sys
@@ -19,8 +18,8 @@ import pytest
 
 import cudamem
 from cudamem import CompileError, CudaSupportError
+from helpers import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 SCALARS = r"""

@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: MIT
 """Leak and shutdown scripts (tests/leaks/), each in a subprocess."""
 
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-LEAKS = pathlib.Path(__file__).resolve().parent / "leaks"
+from helpers import TESTS
+
+LEAKS = TESTS / "leaks"
 
 
 def run(script, *args):

@@ -10,14 +10,7 @@ import pytest
 
 import cudamem
 from cudamem import _core
-from crashutil import run_child
-
-
-def run_py(code, **env):
-    """Run code in a fresh interpreter with env added (None: removed);
-    (rc, output).  A crash or a hang fails the test (crashutil)."""
-    r = run_child(code, env=env, check=False)
-    return r.returncode, r.output
+from helpers import run_py
 
 
 def test_backend_is_reported(simulator):

@@ -8,18 +8,10 @@ import pytest
 
 import cudamem
 from cudamem import _core
-from test_device_array import Stream
+from helpers.arrays import Stream
 
 CU_MEM_ATTACH_GLOBAL = 0x1
 CU_MEM_ATTACH_HOST = 0x2
-
-
-@pytest.fixture
-def memq(ctx):
-    q = ctx.memory_manager.deallocations
-    q.clear()
-    yield q
-    q.clear()
 
 
 @pytest.fixture

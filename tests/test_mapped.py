@@ -10,19 +10,11 @@ import pytest
 
 import cudamem
 from cudamem import _core
-from test_device_array import Stream
+from helpers.arrays import Stream
 
 CU_MEMHOSTALLOC_PORTABLE = 0x01
 CU_MEMHOSTALLOC_DEVICEMAP = 0x02
 CU_MEMHOSTALLOC_WRITECOMBINED = 0x04
-
-
-@pytest.fixture
-def memq(ctx):
-    q = ctx.memory_manager.deallocations
-    q.clear()
-    yield q
-    q.clear()
 
 
 def test_mapped_array_is_both(ctx):

@@ -11,10 +11,7 @@ machine.  Tests that need a pair of devices without peer access force it
 in a child process with ``CUDAMEM_SIM_NO_PEER`` (simulator only).
 """
 
-import os
-import subprocess
 import sys
-import textwrap
 import threading
 
 import numpy as np
@@ -22,10 +19,10 @@ import pytest
 
 import cudamem as cuda
 from cudamem import _core
+from helpers import run_child
 
 pytestmark = pytest.mark.multi_gpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -57,15 +54,6 @@ def dl_device(arr):
     kind, dev = arr.__dlpack_device__()
     assert kind == 2
     return dev
-
-
-def run_child(code, **env):
-    """Run code in a fresh interpreter with extra environment; its stdout."""
-    full = dict(os.environ, PYTHONPATH=ROOT, **env)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=full, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
 
 
 # ---------------------------------------------------------------------------
@@ -366,7 +354,7 @@ def test_without_peer_access_copies_are_staged():
             raise AssertionError("a launch with another device's array")
         assert cuda.get_current_device().id == 0
         print("ok")
-    """, CUDAMEM_SIM_NO_PEER="0-1")
+    """, env=dict(CUDAMEM_SIM_NO_PEER="0-1")).stdout
     assert out.strip() == "ok"
 
 
@@ -377,7 +365,8 @@ def test_simulator_peer_hook_parses_pairs():
         n = len(cuda.gpus)
         print([[cuda.can_access_peer(a, b) for b in range(n)]
                for a in range(n)])
-    """, CUDAMEM_SIM_DEVICES="3", CUDAMEM_SIM_NO_PEER="2-0")
+    """, env=dict(CUDAMEM_SIM_DEVICES="3",
+                  CUDAMEM_SIM_NO_PEER="2-0")).stdout
     assert out.strip() == str([[True, True, False], [True, True, True],
                                [False, True, True]])
 
@@ -448,7 +437,7 @@ def test_setitem_without_peer_access_goes_through_the_host():
         assert np.array_equal(out[0], [0, 7, 2, 7, 4, 7, 6, 7]), out
         assert cuda.get_current_device().id == 0
         print("ok")
-    """, CUDAMEM_SIM_NO_PEER="0-1")
+    """, env=dict(CUDAMEM_SIM_NO_PEER="0-1")).stdout
     assert out.strip() == "ok"
 
 

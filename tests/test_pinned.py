@@ -4,19 +4,17 @@ pinned_array / pinned_array_like, the pinned() registration, the pinned
 pool, and transfers from pinned memory."""
 
 import os
-import pathlib
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import cudamem
+import helpers
 from cudamem import _core
-from test_device_array import Stream
+from helpers.arrays import Stream
 
-HERE = pathlib.Path(__file__).resolve().parent
 CU_MEMHOSTALLOC_PORTABLE = 0x01
 CU_MEMHOSTALLOC_WRITECOMBINED = 0x04
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -24,20 +22,7 @@ CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 
 
 def run_py(code, **env):
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout + p.stderr
-
-
-@pytest.fixture
-def memq(ctx):
-    q = ctx.memory_manager.deallocations
-    q.clear()
-    yield q
-    q.clear()
+    return helpers.run_py(code, timeout=300, **env)
 
 
 @pytest.fixture
@@ -346,7 +331,8 @@ def test_pinned_failure_part_way_leaves_nothing(ctx, simulator):
 
 def test_pinned_through_a_plugin():
     rc, out = run_py("""
-        import numpy as np, cudamem, emm_plugin
+        import numpy as np, cudamem
+        from helpers import emm_plugin
         from cudamem import _core
         cudamem.set_memory_manager(emm_plugin.CountingManager)
         a = cudamem.pinned_array(100, np.int32)
@@ -413,7 +399,7 @@ def test_pool_waits_for_copies_before_reuse(simulator):
         pytest.skip("slowed-down copies need the simulator")
     rc, out = run_py("""
         import numpy as np, cudamem
-        from test_device_array import Stream
+        from helpers.arrays import Stream
         d = cudamem.device_array(1 << 16, np.uint8)
         a = cudamem.pinned_array(1 << 16, np.uint8)
         ptr = a.base.host_pointer
@@ -480,9 +466,9 @@ def test_pool_off_from_the_environment():
 @pytest.mark.leaks
 @pytest.mark.slow
 def test_allocate_and_drop_cycles_stay_flat():
-    script = HERE / "leaks" / "hostmem_cycles.py"
+    script = helpers.TESTS / "leaks" / "hostmem_cycles.py"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+        [str(helpers.ROOT), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, str(script), "100000"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -4,25 +4,16 @@ stream safety, fork and close().  Each test runs in a child process with
 the pool's environment as a user would have it."""
 
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+import helpers
 
 
 def run_py(code, **env):
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    for k in ("CUDAMEM_PINNED_POOL", "CUDAMEM_PINNED_POOL_LIMIT"):
-        e.pop(k, None)
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout + p.stderr
+    """The pool's variables start unset, as a user would have them."""
+    return helpers.run_py(code, timeout=300, unset=(
+        "CUDAMEM_PINNED_POOL", "CUDAMEM_PINNED_POOL_LIMIT"), **env)
 
 
 def test_reuse_by_default():
@@ -147,7 +138,7 @@ def test_out_of_host_memory_trims_and_retries(simulator):
 def test_busy_block_not_reused_on_a_held_stream():
     rc, out = run_py("""
         import numpy as np, cudamem
-        from streamutil import Gate
+        from helpers.streamutil import Gate
         n = 1 << 16
         d = cudamem.device_array(n, np.uint8)
         s = cudamem.stream()

@@ -8,15 +8,16 @@ threaded stress test."""
 import ctypes
 import gc
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 
 import pytest
 
 import cudamem
 from cudamem import _core
+from helpers import run_py
+from helpers.isolation import (SIMULATOR, manager_context,
+                               run_module_in_a_child,
+                               skip_unless_own_process, use_manager)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -25,61 +26,33 @@ MiB = 1 << 20
 # context.  On a GPU other libraries of the test process (CuPy, PyTorch)
 # share that context, so there the module runs in a child process of its
 # own (test_pool_module_in_a_child_process) and is skipped here.
-SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
-ISOLATED = os.environ.get("CUDAMEM_TEST_ISOLATED") == "1"
 
 
 @pytest.fixture(autouse=True)
 def _isolated_on_a_gpu(request):
-    if request.node.name.startswith("test_pool_module_in_a_child"):
-        return
-    if not (SIMULATOR or ISOLATED):
-        pytest.skip("runs in its own process on a GPU")
+    skip_unless_own_process(request, "test_pool_module_in_a_child")
 
 
 def test_pool_module_in_a_child_process():
-    if SIMULATOR or ISOLATED:
-        pytest.skip("already in a process of its own")
-    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
-                        "-p", "no:cacheprovider", __file__],
-                       env=env, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
-
-
-def _use(kind):
-    """A fresh context whose manager is kind (contexts choose theirs when
-    they are made, so the current one is closed first)."""
-    cudamem.close()
-    cudamem.set_memory_manager(kind)
-    return cudamem.current_context()
+    run_module_in_a_child(__file__)
 
 
 @pytest.fixture
 def pool_ctx():
-    ctx = _use("pool")
-    yield ctx
-    gc.collect()
-    cudamem.close()
-    cudamem.set_memory_manager("default")
+    with manager_context("pool") as ctx:
+        yield ctx
 
 
 @pytest.fixture
 def async_ctx():
-    ctx = _use("async")
-    yield ctx
-    gc.collect()
-    cudamem.close()
-    cudamem.set_memory_manager("default")
+    with manager_context("async") as ctx:
+        yield ctx
 
 
 @pytest.fixture(params=["pool", "async"])
 def any_ctx(request):
-    ctx = _use(request.param)
-    yield ctx
-    gc.collect()
-    cudamem.close()
-    cudamem.set_memory_manager("default")
+    with manager_context(request.param) as ctx:
+        yield ctx
 
 
 @pytest.fixture
@@ -90,14 +63,6 @@ def streams():
     for h in hs:
         _core._raw_stream_synchronize(h)
         _core._raw_stream_destroy(h)
-
-
-def run_py(code, **env):
-    e = dict(os.environ)
-    e.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       env=e, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stdout + p.stderr
 
 
 # ---------------------------------------------------------------------------
@@ -390,7 +355,7 @@ def test_out_of_memory_collects_cycles(pool_ctx):
 
 @pytest.mark.parametrize("kind", ["pool", "async"])
 def test_defer_cleanup_holds_frees(kind):
-    ctx = _use(kind)
+    ctx = use_manager(kind)
     try:
         q = ctx.memory_manager.deallocations
         a = ctx.memalloc(8 * KiB)
@@ -422,7 +387,7 @@ def test_defer_cleanup_holds_frees(kind):
 
 @pytest.mark.parametrize("kind", ["pool", "async"])
 def test_defer_cleanup_flush_past_the_count(kind):
-    ctx = _use(kind)
+    ctx = use_manager(kind)
     try:
         q = ctx.memory_manager.deallocations
         _core._set_dealloc_config(2, 0.2)
@@ -581,7 +546,7 @@ def test_threads_stress(kind):
     async managers, which cross into the simulator's lock (or the driver)
     on every call, fewer, to stay within seconds on a small CI machine.
     CUDAMEM_STRESS_CYCLES=100000 runs the full count under every manager."""
-    ctx = _use(kind)
+    ctx = use_manager(kind)
     try:
         sizes = [512, 3000, 64 * KiB, 700 * KiB, 2 * MiB + 1, 5 * MiB]
         cycles = {"default": 30000, "pool": 100000, "async": 20000}[kind]

@@ -13,17 +13,15 @@ this file as a script runs one group in this process:
 """
 
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
-from crashutil import run_child
+from helpers import ROOT, TESTS, run_child
 
-HERE = pathlib.Path(__file__).resolve().parent
 
 # Bad values for an argument, by name: Python source evaluated in the
-# child with tests/robust_prelude.py's names in scope.
+# child with tests/helpers/robust_prelude.py's names in scope.
 BAD = {
     "None": "None",
     "True": "True",
@@ -98,7 +96,7 @@ def _child(group, verbose=False):
     import warnings
 
     warnings.simplefilter("ignore")
-    import robust_prelude
+    from helpers import robust_prelude
 
     cuda = robust_prelude.cuda
     ns0 = {k: getattr(robust_prelude, k) for k in dir(robust_prelude)
@@ -1507,7 +1505,7 @@ def run_group(group, timeout=120, env=None):
     e = dict(os.environ)
     e.update(env or {})
     e["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE), str(HERE.parent)]
+        [str(TESTS), str(ROOT)]
         + [p for p in [e.get("PYTHONPATH")] if p])
     p = subprocess.run([sys.executable, "-X", "faulthandler", __file__,
                         group], capture_output=True, text=True,
@@ -1801,7 +1799,7 @@ def test_host_arrays_survive_close_with_pinned_pool():
     src = _SURVIVE % {"fn": "pinned_array", "how": "close()"}
     p = subprocess.run([sys.executable, "-c", src], capture_output=True,
                        text=True, timeout=60, env=dict(
-                           e, PYTHONPATH=str(HERE.parent)))
+                           e, PYTHONPATH=str(ROOT)))
     assert p.returncode == 0 and p.stdout.strip() == "OK", p.stderr[-2000:]
 
 

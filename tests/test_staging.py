@@ -7,27 +7,18 @@ concurrent callers, injected failures and the switch-off are checked."""
 
 import os
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import cudamem as cuda
 from cudamem import _core
-from crashutil import run_child
+from helpers import run_py
 
-from test_device_array import DTYPES, sample
+from helpers.arrays import DTYPES, sample
 
-HERE = Path(__file__).resolve().parent
 CHUNK = 4096
 CUDA_ERROR_LAUNCH_FAILED = 719
-
-
-def run_py(code, **env):
-    """Run code in a fresh interpreter with env added; (rc, output).  A
-    crash or a hang fails the test (crashutil)."""
-    r = run_child(code, env=env, check=False)
-    return r.returncode, r.output
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def test_await_event_helper_stream_fails(ctx):
     ev = cuda.event(timing=False)
 
     async def main():
-        from streamutil import Gate
+        from helpers.streamutil import Gate
 
         with Gate() as gate:
             gate.block(s)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""The model-based stream test (tests/stream_model.py) under every kind
-of memory manager, each in a process of its own: thousands of seeded
-random programs over 3 to 6 streams on the simulator, with
+"""The model-based stream test (tests/helpers/stream_model.py) under
+every kind of memory manager, each in a process of its own: thousands of
+seeded random programs over 3 to 6 streams on the simulator, with
 CUDAMEM_SIM_DELAY_US keeping work pending and CUDAMEM_POOL_POISON making
 a use-after-free read wrong bytes; a couple of hundred on a GPU.
 CUDAMEM_MODEL_PROGRAMS sets the number per manager.  A failure prints
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers import ROOT, TESTS
+from helpers.isolation import SIMULATOR
 
 
 @pytest.mark.slow
@@ -24,12 +24,12 @@ def test_random_programs_match_the_model(manager):
                            "500" if SIMULATOR else "60"))
     env = dict(os.environ, CUDAMEM_POOL_POISON="1")
     env["PYTHONPATH"] = os.pathsep.join(
-        [HERE, os.path.dirname(HERE)]
+        [str(TESTS), str(ROOT)]
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if SIMULATOR:
         env.setdefault("CUDAMEM_SIM_DELAY_US", "20")
     p = subprocess.run(
-        [sys.executable, os.path.join(HERE, "stream_model.py"), manager,
+        [sys.executable, str(TESTS / "helpers" / "stream_model.py"), manager,
          str(n)], env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
     assert "%d programs matched" % n in p.stdout

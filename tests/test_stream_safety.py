@@ -12,18 +12,14 @@ than by chance.
 """
 
 import gc
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import cudamem
-from streamutil import Gate
-
-SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
-ISOLATED = os.environ.get("CUDAMEM_TEST_ISOLATED") == "1"
+from helpers.isolation import (run_module_in_a_child,
+                               skip_unless_own_process)
+from helpers.streamutil import Gate
 
 MANAGERS = ["default", "pool", "async", "emm_plugin"]
 
@@ -33,27 +29,18 @@ def _isolated_on_a_gpu(request):
     # Switching managers resets the primary context, which other
     # libraries of the test process share on a GPU: there the module runs
     # in a child process of its own.
-    if request.node.name.startswith("test_module_in_a_child"):
-        return
-    if not (SIMULATOR or ISOLATED):
-        pytest.skip("runs in its own process on a GPU")
+    skip_unless_own_process(request, "test_module_in_a_child")
 
 
 def test_module_in_a_child_process():
-    if SIMULATOR or ISOLATED:
-        pytest.skip("already in a process of its own")
-    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
-                        "-p", "no:cacheprovider", __file__],
-                       env=env, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    run_module_in_a_child(__file__)
 
 
 @pytest.fixture(params=MANAGERS)
 def manager(request):
     cudamem.close()
     if request.param == "emm_plugin":
-        import emm_plugin
+        from helpers import emm_plugin
         cudamem.set_memory_manager(emm_plugin.DeferringManager)
     else:
         cudamem.set_memory_manager(request.param)

@@ -14,9 +14,10 @@ import weakref
 
 import numpy as np
 import pytest
-from streamutil import GATE_TIMEOUT, Gate
 
 import cudamem as cuda
+from helpers import TESTS
+from helpers.streamutil import GATE_TIMEOUT, Gate
 
 
 def _subprocess_env():
@@ -551,7 +552,7 @@ _MODE_SCRIPT = textwrap.dedent("""
     import sys
     import cudamem as cuda
     from cudamem import _core
-    from streamutil import Gate
+    from helpers.streamutil import Gate
 
     per_thread = _core._per_thread_default_stream()
     d = cuda.default_stream()
@@ -581,7 +582,7 @@ def test_default_stream_follows_mode(flag, mode):
     env = _subprocess_env()
     env["CUDAMEM_PER_THREAD_DEFAULT_STREAM"] = flag
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(os.path.abspath(__file__)), env["PYTHONPATH"]])
+        [str(TESTS), env["PYTHONPATH"]])
     r = subprocess.run([sys.executable, "-c", _MODE_SCRIPT], env=env,
                        capture_output=True, text=True, timeout=90,
                        check=False)

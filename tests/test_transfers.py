@@ -8,7 +8,7 @@ import pytest
 import cudamem as cuda
 from cudamem.cudadrv.devicearray import auto_device
 
-from test_device_array import DTYPES, Stream, host, sample
+from helpers.arrays import DTYPES, Stream, host, sample
 
 
 def layouts(base):

@@ -16,7 +16,7 @@ minimal one, printed with its seed.
 Run as a script in a fresh process (the manager is chosen before the
 first context is made):
 
-    python tests/stream_model.py MANAGER PROGRAMS [FIRST_SEED]
+    python tests/helpers/stream_model.py MANAGER PROGRAMS [FIRST_SEED]
 
 MANAGER is default, pool, async or plugin.  Gates are used only under
 pool and async: under the default manager and a plugin a release calls
@@ -296,8 +296,8 @@ def main(argv):
         if bad:
             small = shrink(cuda, nstreams, ops)
             lines = ["manager %s, seed %d: %s" % (manager, seed, bad[0]),
-                     "minimal program (%d streams, %d of %d ops; "
-                     "run it with: python tests/stream_model.py %s 1 %d):"
+                     "minimal program (%d streams, %d of %d ops; run it "
+                     "with: python tests/helpers/stream_model.py %s 1 %d):"
                      % (nstreams, len(small), len(ops), manager, seed)]
             lines += ["  %r" % (op,) for op in small]
             lines.append("its mismatches: %s" % run(cuda, nstreams, small))

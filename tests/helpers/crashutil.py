@@ -24,8 +24,10 @@ import textwrap
 
 import pytest
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
+# tests/ (where the helpers package and the test folders are) and the
+# repository above it.
+TESTS = pathlib.Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent
 
 # How long a hung child may take to print its stacks after SIGABRT.
 _DUMP_GRACE = 10
@@ -79,7 +81,7 @@ def child_env(**env):
     tests/ first on PYTHONPATH and faulthandler on, updated by env (a
     value of None removes the variable)."""
     e = dict(os.environ)
-    path = [str(ROOT), str(HERE)]
+    path = [str(ROOT), str(TESTS)]
     if e.get("PYTHONPATH"):
         path.append(e["PYTHONPATH"])
     e["PYTHONPATH"] = os.pathsep.join(path)
@@ -93,11 +95,13 @@ def child_env(**env):
 
 
 def _text(data):
+    """The child's output as text, newlines translated as text mode
+    would."""
     if data is None:
         return ""
     if isinstance(data, bytes):
-        return data.decode("utf-8", "replace")
-    return data
+        data = data.decode("utf-8", "replace")
+    return data.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _tail(text, limit=6000):
@@ -105,7 +109,7 @@ def _tail(text, limit=6000):
 
 
 def run_child(code, *, timeout=120, env=None, args=(), check=True,
-              allow_signals=()):
+              allow_signals=(), stdin=None):
     """Run ``code`` (dedented) in a fresh interpreter; a ChildResult.
 
     Parameters
@@ -126,20 +130,25 @@ def run_child(code, *, timeout=120, env=None, args=(), check=True,
         Signals the test expects the child to die of; death by any other
         signal fails the test with the signal's name and the child's
         stderr.
+    stdin : bytes or str, optional
+        What the child reads on its standard input (by default it
+        inherits this process's).
     """
     allowed = {s if isinstance(s, str) else signal.Signals(s).name
                for s in allow_signals}
     cmd = [sys.executable, "-X", "faulthandler", "-c",
            textwrap.dedent(code), *map(str, args)]
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
     proc = subprocess.Popen(cmd, env=child_env(**(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            stdin=None if stdin is None else subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = map(_text, proc.communicate(stdin, timeout=timeout))
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)
         try:
-            out, err = proc.communicate(timeout=_DUMP_GRACE)
+            out, err = map(_text, proc.communicate(timeout=_DUMP_GRACE))
         except subprocess.TimeoutExpired as exc:
             proc.kill()
             rest_out, rest_err = proc.communicate()
@@ -159,3 +168,16 @@ def run_child(code, *, timeout=120, env=None, args=(), check=True,
                     % (res.returncode, _tail(out), _tail(err)),
                     pytrace=False)
     return res
+
+
+def run_py(code, *, timeout=120, unset=(), **env):
+    """(returncode, stdout + stderr) of ``code`` in a fresh interpreter.
+
+    The variables of ``env`` are set in the child (None: removed), those
+    named in ``unset`` removed.  Unlike ``run_child`` a non-zero exit is
+    returned, not a failure, for tests that expect one; a crash or a hang
+    still fails the test, naming the signal.
+    """
+    env = dict({k: None for k in unset}, **env)
+    r = run_child(code, timeout=timeout, env=env, check=False)
+    return r.returncode, r.output

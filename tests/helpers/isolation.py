@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: MIT
+"""The backend gates, and test modules that run in a process of their own
+on a GPU.
+
+Switching memory managers needs close(), which resets the primary
+context; on a GPU other libraries of the test process (CuPy, PyTorch)
+share that context, so there such a module runs again in a child process
+(CUDAMEM_TEST_ISOLATED=1) and its tests are skipped in the parent.
+"""
+
+import contextlib
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cudamem
+
+SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
+ISOLATED = os.environ.get("CUDAMEM_TEST_ISOLATED") == "1"
+
+
+def skip_unless_own_process(request, runner):
+    """For an autouse fixture: skip the test on a GPU unless this is the
+    module's own process; the test whose name starts with ``runner`` (the
+    one that starts that process) always runs."""
+    if request.node.name.startswith(runner):
+        return
+    if not (SIMULATOR or ISOLATED):
+        pytest.skip("runs in its own process on a GPU")
+
+
+def run_module_in_a_child(path):
+    """Run the test module at ``path`` under pytest in a child process of
+    its own; the test fails with the child's output when the child does.
+    Skipped where the tests already run in this process."""
+    if SIMULATOR or ISOLATED:
+        pytest.skip("already in a process of its own")
+    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
+                        "-p", "no:cacheprovider", str(path)],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def use_manager(kind):
+    """A fresh context whose manager is kind (contexts choose theirs when
+    they are made, so the current one is closed first)."""
+    cudamem.close()
+    cudamem.set_memory_manager(kind)
+    return cudamem.current_context()
+
+
+@contextlib.contextmanager
+def manager_context(kind):
+    """A fresh context of manager kind for the block; after it, garbage
+    collected, the context closed and the default manager back."""
+    ctx = use_manager(kind)
+    yield ctx
+    gc.collect()
+    cudamem.close()
+    cudamem.set_memory_manager("default")
