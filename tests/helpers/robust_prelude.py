@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""Adversarial objects for tests/test_robustness.py: values whose dunder
-methods raise, return garbage, or change things in the middle of a call.
+"""Adversarial objects for tests/robustness/test_robustness.py: values
+whose dunder methods raise, return garbage, or change things in the
+middle of a call.
 
 Imported by the child processes that run the cases (never by pytest
 itself), after cudamem.

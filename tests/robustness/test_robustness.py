@@ -7,9 +7,11 @@ result; never in a crash, a hang, a SystemError or a leak.
 
 The cases run in child processes, one per group, each printing a line
 per case, so a crash is reported with the case that caused it.  Running
-this file as a script runs one group in this process:
+this file as a script runs one group in this process (tests/ on the path
+for the helpers):
 
-    CUDAMEM_SIMULATOR=1 python3 tests/test_robustness.py GROUP [-v]
+    PYTHONPATH=tests CUDAMEM_SIMULATOR=1 \
+        python3 tests/robustness/test_robustness.py GROUP [-v]
 """
 
 import os

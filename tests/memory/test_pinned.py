@@ -466,7 +466,7 @@ def test_pool_off_from_the_environment():
 @pytest.mark.leaks
 @pytest.mark.slow
 def test_allocate_and_drop_cycles_stay_flat():
-    script = helpers.TESTS / "leaks" / "hostmem_cycles.py"
+    script = helpers.TESTS / "robustness" / "leaks" / "hostmem_cycles.py"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(helpers.ROOT), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, str(script), "100000"], env=env,

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""Leak and shutdown scripts (tests/leaks/), each in a subprocess."""
+"""Leak and shutdown scripts (tests/robustness/leaks/), each in a
+subprocess."""
 
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import pytest
 
 from helpers import TESTS
 
-LEAKS = TESTS / "leaks"
+LEAKS = TESTS / "robustness" / "leaks"
 
 
 def run(script, *args):

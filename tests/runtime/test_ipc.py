@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Sharing device memory between processes: IpcArrayHandle, IpcHandle,
 open_ipc_array.  The importing side runs in spawned child processes
-(tests/ipc_child.py); on the simulator exported memory lives in a memfd,
-so the same tests run without a GPU."""
+(tests/helpers/ipc_child.py); on the simulator exported memory lives in a
+memfd, so the same tests run without a GPU."""
 
 import copy
 import gc
