@@ -89,6 +89,9 @@ _api.PyCapsule_SetName.restype = ctypes.c_int
 _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
+# The ctypes parts of every tensor a Producer handed out.
+_TENSORS = []
+
 
 def capsule_name(cap):
     return _api.PyCapsule_GetName(cap).decode()
@@ -126,13 +129,19 @@ class Producer:
         self.legacy_only = legacy_only
         self.deleted = 0
         self.calls = []
-        self._keep = []
 
     def __dlpack_device__(self):
         return self.device
 
-    def _delete(self, _ptr):
-        self.deleted += 1
+    @staticmethod
+    def _deleter(kind, ref):
+        """The tensor's deleter: counts on the producer while it lives,
+        holding it only weakly (an array may outlive it)."""
+        def delete(_ptr):
+            p = ref()
+            if p is not None:
+                p.deleted += 1
+        return kind(delete)
 
     def __dlpack__(self, *, stream=None, **kw):
         if self.legacy_only and kw:
@@ -148,11 +157,11 @@ class Producer:
             m = DLManagedTensorVersioned()
             m.version = DLPackVersion(*self.version)
             m.flags = self.flags
-            m.deleter = DELETER_V(self._delete)
+            m.deleter = self._deleter(DELETER_V, weakref.ref(self))
             name = b"dltensor_versioned"
         else:
             m = DLManagedTensor()
-            m.deleter = DELETER(self._delete)
+            m.deleter = self._deleter(DELETER, weakref.ref(self))
             name = b"dltensor"
         t = m.dl_tensor
         t.data = self.data
@@ -169,7 +178,9 @@ class Producer:
                 m.deleter(ctypes.pointer(m))
 
         d = CAPSULE_DESTRUCTOR(destroy)
-        self._keep.append((m, shape, strides, d))
+        # The tensor lives until its deleter runs, which may be after
+        # the producer is gone: its parts stay for the session.
+        _TENSORS.append((m, shape, strides, d))
         return _api.PyCapsule_New(ctypes.addressof(m), name,
                                   ctypes.cast(d, ctypes.c_void_p))
 
