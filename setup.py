@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Build cudamem._core from csrc/*.c against the CUDA Toolkit headers.
+"""Build cudamem._core from csrc/**/*.c against the CUDA Toolkit headers.
 
 Nothing links against libcuda: the driver is loaded at run time.  The
 headers are looked up in CUDA_HOME, CUDA_PATH and /usr/local/cuda.
@@ -66,8 +66,9 @@ def sanitize_args():
 san_c, san_l = sanitize_args()
 ext = Extension(
     "cudamem._core",
-    sources=sorted(glob.glob("csrc/*.c")),
-    depends=sorted(glob.glob("csrc/*.h")),
+    sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
+    depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
+    include_dirs=["csrc"],
     extra_compile_args=compile_args() + san_c,
     extra_link_args=san_l + ["-pthread"],
     libraries=["dl"],

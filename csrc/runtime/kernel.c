@@ -27,7 +27,7 @@
  * data only.
  */
 #include "cm.h"
-#include "convert.h"
+#include "array/convert.h"
 
 #include <stdlib.h>
 #include <string.h>
