@@ -8,7 +8,7 @@
  * order.  One interpreter per process: exec refuses to run twice.
  */
 #define CM_MODULE_C
-#include "cm.h"
+#include "runtime/runtime.h"
 
 cm_state *cm_st;
 

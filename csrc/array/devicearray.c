@@ -15,7 +15,7 @@
  * Locking: none of its own; the GIL is held except around driver calls
  * that can wait, which touch only C locals.
  */
-#include "cm.h"
+#include "array/array.h"
 
 #include <numpy/arrayscalars.h>
 

@@ -23,8 +23,8 @@
  * Locking: none of its own; the GIL is held except inside a deleter
  * called by a consumer, which takes it before touching Python objects.
  */
-#include "cm.h"
-#include "dlpack_abi.h"
+#include "array/array.h"
+#include "array/dlpack_abi.h"
 
 #include <string.h>
 

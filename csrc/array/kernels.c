@@ -16,8 +16,8 @@
  * the GIL guards it; compilation runs with the GIL released on local data
  * only.
  */
-#include "cm.h"
-#include "convert.h"
+#include "array/array.h"
+#include "array/convert.h"
 
 #include <stdlib.h>
 #include <string.h>

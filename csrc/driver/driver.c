@@ -10,7 +10,7 @@
  * the table is complete, and read with an acquire load.  Nothing in here
  * calls the Python API while holding cm_load_lock.
  */
-#include "cm.h"
+#include "driver/driver.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

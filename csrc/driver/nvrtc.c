@@ -16,7 +16,7 @@
  * cm_nvrtc_compile_nogil touches only its arguments and the table, so it
  * runs with the GIL released.
  */
-#include "cm.h"
+#include "driver/driver.h"
 
 #include <dlfcn.h>
 #include <errno.h>

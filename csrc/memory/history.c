@@ -19,7 +19,7 @@
  * hook runs with the GIL held (deallocs on driver callback threads take
  * it first).
  */
-#include "cm.h"
+#include "memory/memory.h"
 
 #include <time.h>
 

@@ -41,7 +41,7 @@
  * across cuMemHostRegister / cuMemHostUnregister, and nothing of Python
  * is touched while it is held.
  */
-#include "cm.h"
+#include "memory/memory.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -25,7 +25,7 @@
  * because the entry points are called with no module at hand; the module
  * can be loaded once per process only.
  */
-#include "cm.h"
+#include "memory/memory.h"
 
 /* The libraries an allocation can be tagged with (the "cudamem" entry of
  * by_client is the rest of the context's allocated bytes). */

@@ -27,7 +27,7 @@
  * a driver callback thread (the driver forbids API calls there): entries
  * simply wait for the next flush.
  */
-#include "cm.h"
+#include "memory/memory.h"
 
 #include <string.h>
 #include <unistd.h>

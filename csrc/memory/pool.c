@@ -48,7 +48,7 @@
  * Limitation: under the per-thread default stream, handle 0 names a
  * different stream on each thread; the pool treats it as one stream.
  */
-#include "cm.h"
+#include "memory/memory.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -36,7 +36,7 @@
  * tunables are guarded by the GIL and copied into each transfer before
  * the GIL is released.  Workers make no driver calls.
  */
-#include "cm.h"
+#include "memory/memory.h"
 
 #include <errno.h>
 #include <limits.h>

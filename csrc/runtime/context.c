@@ -23,8 +23,8 @@
  * device's context waits (GIL released) instead of retaining the primary
  * context being reset, which would give it a context destroyed under it.
  */
-#include "cm.h"
-#include "devattrs.h"
+#include "runtime/runtime.h"
+#include "runtime/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>

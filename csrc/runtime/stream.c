@@ -36,7 +36,7 @@
  * emptying a list takes its entries out before the GIL is released
  * around the destroys.
  */
-#include "cm.h"
+#include "runtime/runtime.h"
 
 #include <errno.h>
 #include <fcntl.h>

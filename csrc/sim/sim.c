@@ -64,7 +64,7 @@
  * Everything here is plain C11 and pthreads: it runs on worker threads
  * that never hold the GIL, so it must not call the Python API.
  */
-#include "cm.h"
+#include "driver/cu_table.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,0 +1,317 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/memory.h: the memory layer as the layers above see it: device
+ * allocations and their owner (memory.c), the release queues, the pool
+ * and async managers (pool.c), pinned / mapped / managed host memory
+ * (hostmem.c), the staging pipeline (staging.c), allocations held by
+ * other libraries (interop.c) and the memory history (history.c).
+ */
+#ifndef CM_MEMORY_H
+#define CM_MEMORY_H
+
+#include "cm.h"
+#include "driver/driver.h"
+
+/* ------------------------------------------------------------------ */
+/* memory.c: allocations                                               */
+/* ------------------------------------------------------------------ */
+
+/* The owner of one device allocation of the default memory manager
+ * (Python type DeviceAllocation). */
+typedef struct {
+    PyObject_HEAD
+    cm_context *ctx;      /* strong: the context the memory lives in */
+    CUdeviceptr ptr;      /* device address; 0 for a zero-size owner */
+    size_t size;          /* bytes */
+    int freed;            /* NOTE: set once, before the free is issued */
+    int kind;             /* CM_MM_* of the manager that allocated it */
+    CUstream stream;      /* the stream it was allocated for */
+    PyObject *stream_obj; /* strong or NULL: the object that stream came
+                           * from (a Stream, or a __cuda_stream__
+                           * object), kept so that its handle stays valid
+                           * until the release has been ordered after it */
+    void *blk;            /* the pool's block (CM_MM_POOL), else NULL */
+    struct cm_uses *uses; /* NULL, or the other streams that work queued
+                           * by cudamem used the memory on (pool and async
+                           * managers only): the release waits for them */
+    PyObject *weakreflist;
+} cm_mem;
+
+/* The streams, other than its own, on which cudamem queued work that
+ * uses one allocation (cm_mem.uses): each handle with a strong reference
+ * to the object it came from (NULL for the default streams), so that the
+ * handle is still valid when the release records an event on it. */
+typedef struct cm_uses {
+    int n;
+    int cap;
+    struct {
+        CUstream handle;
+        PyObject *obj;
+    } s[];
+} cm_uses;
+
+/* Note that work just queued on stream h (obj: the object h came from,
+ * or NULL for a default stream) uses the memory that owner (a device
+ * array's gpu_data: a DeviceAllocation, a device array it views, or
+ * anything else) keeps alive.  Only allocations of the pool and async
+ * managers made for another stream record it; the others return at
+ * once.  GIL held.  0, or -1 with MemoryError. */
+int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
+
+/* What the free and total attributes of an out-of-memory error count. */
+enum {
+    CM_OOM_DEVICE = 0,    /* device memory (device and managed arrays) */
+    CM_OOM_HOST           /* the host's RAM (pinned and mapped arrays) */
+};
+
+/* Raise CudaOutOfMemoryError for a failed allocation of size bytes in
+ * ctx by fn (rc the driver's answer), with the attributes requested,
+ * free, total, pending_bytes, pool_reserved and largest_free_block, all
+ * repeated in the message.  where: CM_OOM_*. */
+void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
+                     const char *fn, int where);
+
+/* What a queued release does. */
+enum {
+    CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */
+    CM_REL_HOST,          /* cuMemFreeHost (pinned or mapped memory) */
+    CM_REL_STREAM,        /* cuStreamDestroy */
+    CM_REL_EVENT,         /* cuEventDestroy */
+    CM_REL_MODULE,        /* cuModuleUnload */
+    CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
+    CM_REL_POOL,          /* a block back to the context's pool */
+    CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
+    CM_REL_IPC_POOL,      /* an imported pool allocation (ipc.c's record)
+                           * let go: cuMemFree once unused */
+    CM_REL_POOL_SYNC,     /* a pool block whose streams could not be
+                           * recorded (released on a driver callback
+                           * thread): the flush waits for the context,
+                           * then the block is free for any stream */
+    CM_REL_ASYNC_SYNC     /* the same for the async manager: the flush
+                           * waits for the context, then cuMemFreeAsync
+                           * on the default stream */
+};
+
+/* Queue the release of a driver resource of ctx: memory on its memory
+ * manager's queue, the rest on the context's; flush past the thresholds.
+ * Safe on a driver callback thread (it never flushes there).  Never
+ * raises: a failed flush is reported as unraisable.  Nothing happens for
+ * a context that was closed or reset. */
+void cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle,
+                    size_t size);
+/* The same for a release tied to a stream (CM_REL_POOL, CM_REL_ASYNC).
+ * Those run at once unless defer_cleanup() holds the queue or this is a
+ * driver callback thread: returning a block to a stream-ordered pool
+ * never waits, and the pool itself keeps reuse safe across streams. */
+void cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle,
+                       size_t size, CUstream stream);
+/* Flush both of ctx's queues now (unless defer_cleanup holds them). */
+int cm_ctx_flush(cm_context *ctx);
+/* Flush one queue; 0, or -1 with the first driver error raised. */
+int cm_pending_flush(cm_pending *q);
+/* Set a queue's defer_cleanup depth; returns the old one. */
+int cm_pending_hold(cm_pending *q, int depth);
+/* Make ctx's two queues; called once when the context is made. */
+int cm_ctx_init_memory(cm_context *ctx);
+
+/* An address attribute (device_pointer, host_pointer, ...) of a memory
+ * pointer object, as plugins and foreign owners spell it: an int, None
+ * (NULL), or an object with an int .value (ctypes).  0 or -1. */
+int cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out);
+
+/* Allocate size (> 0) bytes of device memory in ctx through its memory
+ * manager (the C default, or a Python plugin's memalloc), the default
+ * retrying once on out-of-memory after flushing and collecting.  A new
+ * reference to the owner object (keep it alive as long as the memory is
+ * used; it is a DeviceAllocation only for the default manager) with the
+ * address in *ptr, or NULL with an exception (CudaOutOfMemoryError, also
+ * a MemoryError, when the device is full). */
+PyObject *cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *ptr);
+/* The same for work on stream (0: the default stream).  The pool and
+ * async managers allocate for that stream (the memory may be used on it
+ * at once, on others after synchronising with it) and release on it;
+ * the default manager and plugins ignore it. */
+PyObject *cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
+                          CUdeviceptr *ptr);
+/* The same for work on the stream that stream_obj names (a Stream, an
+ * object with __cuda_stream__, or 0/None/False for the default stream):
+ * the DeviceAllocation keeps stream_obj alive until its release. */
+PyObject *cm_mem_alloc_for(cm_context *ctx, size_t size,
+                           PyObject *stream_obj, CUdeviceptr *ptr);
+
+/* ------------------------------------------------------------------ */
+/* pool.c: the built-in pool and async managers                        */
+/* ------------------------------------------------------------------ */
+
+/* The built-in kind (CM_MM_DEFAULT, _POOL or _ASYNC) that contexts made
+ * from now on get, unless a plugin is set. */
+int cm_mm_builtin_kind(void);
+/* Give ctx (alive; it need not be current) the state of manager kind;
+ * 0, or -1 with an exception. */
+int cm_pool_create(cm_context *ctx, int kind);
+/* Give everything ctx's pool holds back to the driver (the context is
+ * being closed or reset; it is still alive).  Never raises. */
+void cm_pool_destroy(cm_context *ctx);
+/* Free the C state (Context dealloc). */
+void cm_pool_free(cm_context *ctx);
+/* Allocate size bytes for stream from ctx's pool or async allocator,
+ * ctx current, GIL held (released around calls that can block).  No
+ * exception is set: the CUresult says what happened. */
+CUresult cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
+                       CUdeviceptr *ptr, void **blk);
+/* Run a CM_REL_POOL / CM_REL_ASYNC release; ctx current, with or without
+ * the GIL.  No exception is set. */
+CUresult cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
+                         CUstream stream);
+/* Before the release of pool block blk (in use; ctx current, GIL
+ * held): record an event on each of the n streams, and on own unless it
+ * is a default stream, so that the block is handed out again only once
+ * all of them have completed (own: the stream it was allocated for).
+ * Never raises: a block whose event cannot be recorded is never reused
+ * (trim() gives its segment back). */
+void cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
+                    const CUstream *streams, int n);
+/* For the async manager: the stream (*on, the pool's own) on which a
+ * free follows the work queued so far on own and on each of the n
+ * streams, without making any of them wait for another.  ctx current;
+ * CUresult. */
+CUresult cm_pool_async_join(cm_context *ctx, CUstream own,
+                            const CUstream *streams, int n, CUstream *on);
+/* Stream h of ctx is about to be destroyed by cudamem: free pool blocks
+ * that wait for it to reach their release get an event recorded on it
+ * now, while the handle is valid.  ctx current, with or without the
+ * GIL; never raises. */
+void cm_pool_stream_gone(cm_context *ctx, CUstream h);
+/* Give every wholly free pooled byte back to the driver (the async
+ * manager waits for the context first); 0, or -1 with an exception. */
+int cm_pool_trim(cm_context *ctx);
+/* Whether device memory at base (an allocation's start) comes from the
+ * pool of ctx's async manager: 1, 0 (another manager, another pool, or
+ * no pool), or -1 with an exception. */
+int cm_pool_owns(cm_context *ctx, CUdeviceptr base);
+/* Export the allocation at base of ctx's async pool for another process:
+ * its cuMemPoolExportPointer data, the descriptor of the pool's
+ * shareable handle (exported on the first call, kept until the context
+ * is closed) and the token that names the pool.  GIL held, ctx current.
+ * 0, or -1 with an exception: CudaAPIError CUDA_ERROR_NOT_SUPPORTED,
+ * saying why, when the pool was made without a shareable handle type. */
+int cm_pool_export(cm_context *ctx, CUdeviceptr base,
+                   CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
+/* Whether ctx's async pool can be shared with other processes. */
+int cm_pool_shareable(cm_context *ctx);
+/* The entry point that allocates for ctx's built-in manager kind, for
+ * messages ("cuMemAllocFromPoolAsync" for a shareable async pool). */
+const char *cm_pool_alloc_fn(cm_context *ctx);
+/* Bytes the pool holds, how many of them are free, and the largest free
+ * block (-1 when the manager cannot know).  Zeros without a pool. */
+void cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
+                   long long *largest);
+
+/* ------------------------------------------------------------------ */
+/* staging.c: the staged pipeline for large pageable transfers        */
+/* ------------------------------------------------------------------ */
+
+/* A copy between host memory and one contiguous device range, walked in
+ * the device side's order: element i of the joint layout (row-major over
+ * shape) is at dev + i * itemsize on the device. */
+typedef struct {
+    int htod;                   /* host to device, else device to host */
+    int ndim;                   /* 0..NPY_MAXDIMS */
+    const Py_ssize_t *shape;    /* ndim extents */
+    const Py_ssize_t *hstrides; /* host strides, bytes, any sign */
+    const Py_ssize_t *dstrides; /* device strides, bytes */
+    uintptr_t host;             /* host address of element 0 */
+    CUdeviceptr dev;            /* device address of element 0 */
+    Py_ssize_t itemsize;
+} cm_xfer;
+
+/* Copy x through the staging pipeline when it applies (staging on, at
+ * least the threshold, the device side contiguous, the host memory not
+ * page-locked).  Synchronous (on the default stream), or (async) issued
+ * on stream after the work queued there; either way the copy completed
+ * when it returns, as the driver's copies of pageable memory do.  1 when
+ * done, 0 when the caller should copy directly, -1 with an exception.
+ * The context current, GIL held (released inside). */
+int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
+
+/* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
+ * the driver (pinned() / mapped()).  Call without the GIL. */
+int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
+/* hostmem.c: 1 if o is a HostRegistration (the gpu_data of mapped()'s
+ * device arrays) that was closed, else 0.  Never raises. */
+int cm_hostreg_closed(PyObject *o);
+
+/* ------------------------------------------------------------------ */
+/* hostmem.c: context close and reset                                 */
+/* ------------------------------------------------------------------ */
+
+/* close() and Device.reset() keep the page-locked, mapped and managed
+ * memory of ctx that arrays still point at (hostmem.c): _save before the
+ * primary context is reset copies it aside, _restore after puts it back
+ * at the same addresses as ordinary memory.  GIL held; never raise.
+ * _save returns 1 when memory was copied aside: the caller then keeps the
+ * GIL until _restore, so that no Python thread writes the arrays while
+ * their pages are gone (no add_callback of ctx is pending then, so the
+ * reset does not wait for one that needs the GIL). */
+int cm_hostmem_context_save(cm_context *ctx);
+void cm_hostmem_context_restore(cm_context *ctx);
+
+/* interop.c: allocations other libraries hold through cudamem.  The
+ * bytes each library holds on ctx's device, with "cudamem" for the rest
+ * of ctx's allocated bytes: a new dict, or NULL. */
+PyObject *cm_interop_by_client(cm_context *ctx);
+/* Set exc.by_client and, when a library holds memory, name the holders
+ * in exc.msg; 0, or -1 with an exception. */
+int cm_interop_oom_note(cm_context *ctx, PyObject *exc);
+int cm_interop_init(PyObject *mod, cm_state *st);
+
+/* ------------------------------------------------------------------ */
+/* history.c: the memory history                                       */
+/* ------------------------------------------------------------------ */
+
+/* What a history event records (cm_hist_note's action and kind). */
+enum {
+    CM_HIST_ALLOC = 0,    /* memory handed to a user */
+    CM_HIST_FREE,         /* memory given back by its owner */
+    CM_HIST_OOM           /* an allocation failed: out of memory */
+};
+enum {
+    CM_HIST_DEVICE = 0,   /* device memory (a DeviceAllocation) */
+    CM_HIST_PINNED,       /* page-locked host memory */
+    CM_HIST_MAPPED,       /* page-locked host memory mapped to devices */
+    CM_HIST_MANAGED       /* managed memory */
+};
+
+/* NOTE: guarded by the GIL.  Whether the history records. */
+extern int cm_hist_on;
+/* Record one event (GIL held; never raises).  Call via cm_hist_note. */
+void cm_hist_record(int action, int kind, cm_context *ctx, uintptr_t stream,
+                    uintptr_t addr, size_t size);
+
+/* The hook of the allocation and free paths: one branch while off. */
+static inline void
+cm_hist_note(int action, int kind, cm_context *ctx, uintptr_t stream,
+             uintptr_t addr, size_t size)
+{
+    if (__builtin_expect(cm_hist_on, 0)) {
+        cm_hist_record(action, kind, ctx, stream, addr, size);
+    }
+}
+
+int cm_history_init(PyObject *mod, cm_state *st);
+/* pool.c: the segments of ctx's pool manager, a list of dicts (base,
+ * size, small, blocks: a list of (address, size, state) with state
+ * 'used', 'free' or 'pending'); an empty list for other managers.  A
+ * new reference, or NULL with an exception. */
+PyObject *cm_pool_segments(cm_context *ctx);
+
+/* ------------------------------------------------------------------ */
+/* init functions of the memory layer                                 */
+/* ------------------------------------------------------------------ */
+
+int cm_memory_init(PyObject *mod, cm_state *st);
+int cm_pool_init(PyObject *mod, cm_state *st);
+int cm_hostmem_init(PyObject *mod, cm_state *st);
+int cm_staging_init(PyObject *mod, cm_state *st);
+
+#endif /* CM_MEMORY_H */
