@@ -9,7 +9,7 @@
  * its environment once, at cuInit, and cannot be initialised again after
  * a fork; the parent never calls cuInit.
  */
-#include "cm.h"
+#include "driver/cu_table.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -1,0 +1,550 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sim/copy.c: the simulator's copies and memsets (1-D, 2-D, 3-D, peer,
+ * synchronous and asynchronous).
+ */
+#include "driver/cu_table.h"
+#include "sim/sim.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+
+/* Check one side of a w x h x d copy and find its first byte.  Device
+ * sides must lie inside one live allocation. */
+static CUresult
+sim_side_check(const sim_side *sd, size_t w, size_t h, size_t d,
+               char **first)
+{
+    size_t need, off, span, rows;
+    uintptr_t p;
+    int device;
+
+    switch (sd->type) {
+    case CU_MEMORYTYPE_HOST:
+        device = 0;
+        break;
+    case CU_MEMORYTYPE_DEVICE:
+        device = 1;
+        break;
+    case CU_MEMORYTYPE_UNIFIED:
+        device = -1;        /* device if the address is registered */
+        break;
+    case CU_MEMORYTYPE_ARRAY:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (sd->addr == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (h > 1 || d > 1 || sd->y > 0 || sd->z > 0) {
+        if (__builtin_add_overflow(w, sd->x, &need) || sd->pitch < need
+            || sd->pitch > SIM_MAX_PITCH) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (d > 1 || sd->z > 0) {
+        if (__builtin_add_overflow(h, sd->y, &need) || sd->height < need) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    /* off: first byte; span: bytes from there to the end of the last row */
+    if (__builtin_mul_overflow(sd->z, sd->height, &rows)
+        || __builtin_add_overflow(rows, sd->y, &rows)
+        || __builtin_mul_overflow(rows, sd->pitch, &off)
+        || __builtin_add_overflow(off, sd->x, &off)
+        || __builtin_mul_overflow(d - 1, sd->height, &rows)
+        || __builtin_add_overflow(rows, h - 1, &rows)
+        || __builtin_mul_overflow(rows, sd->pitch, &span)
+        || __builtin_add_overflow(span, w, &span)
+        || __builtin_add_overflow(sd->addr, off, &p)
+        || span > UINTPTR_MAX - p) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (device == 1 || (device == -1 && sim_alloc_find_any(p) != NULL)) {
+        if (sim_range(p, span) == NULL) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    else if (device == 0 && sim_alloc_find(p) != NULL
+             && sim_range(p, span) == NULL) {
+        /* A host side that starts in page-locked memory must end there:
+         * the driver refuses one that runs past the allocation or
+         * registration (seen on an H200). */
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *first = (char *)p;
+    return CUDA_SUCCESS;
+}
+
+/* Queue the op on stream h (the default stream when sync) and, when
+ * sync, wait for it.  Lock held; always consumes op. */
+static CUresult
+sim_submit(sim_op *op, CUstream h, int sync)
+{
+    sim_stream *s;
+    CUresult rc;
+
+    rc = sim_stream_get(sync ? NULL : h, &s);
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        return rc;
+    }
+    rc = sim_enqueue(s, op);
+    if (rc == CUDA_SUCCESS && sync) {
+        rc = sim_wait(s, s->submitted);
+    }
+    return rc;
+}
+
+/* Whether a copy side is pageable host memory: host memory (or unified
+ * addressing of an address the simulator does not know) that is not
+ * page-locked (cuMemHostAlloc, cuMemHostRegister) nor managed.  Lock
+ * held. */
+static int
+sim_side_pageable(const sim_side *sd, const char *first)
+{
+    if (sd->type != CU_MEMORYTYPE_HOST && sd->type != CU_MEMORYTYPE_UNIFIED) {
+        return 0;
+    }
+    return sim_alloc_find_any((uintptr_t)first) == NULL;
+}
+
+/* Queue an asynchronous copy as the driver does with pageable host
+ * memory: a pageable source is consumed before the call returns (here:
+ * copied into a snapshot the op owns), and a copy into pageable memory
+ * returns only once it has completed.  Page-locked and device sides stay
+ * asynchronous.  Lock held; always consumes op. */
+static CUresult
+sim_submit_async_copy(sim_op *op, const sim_side *dst, const sim_side *src,
+                      const char *dp, const char *sp, CUstream hs)
+{
+    sim_stream *s;
+    CUresult rc;
+    size_t span;
+    int wait_after = sim_side_pageable(dst, dp);
+
+    if (wait_after && tls_worker != NULL) {
+        sim_op_free(op);
+        return CUDA_ERROR_NOT_PERMITTED;
+    }
+    if (sim_side_pageable(src, sp)) {
+        /* Validated not to overflow by sim_side_check. */
+        span = (op->u.copy.depth - 1) * op->u.copy.sslice
+               + (op->u.copy.height - 1) * op->u.copy.spitch
+               + op->u.copy.width;
+        op->u.copy.owned = malloc(span);
+        if (op->u.copy.owned == NULL) {
+            sim_op_free(op);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        memcpy(op->u.copy.owned, sp, span);
+        op->u.copy.src = op->u.copy.owned;
+    }
+    rc = sim_stream_get(hs, &s);
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        return rc;
+    }
+    rc = sim_enqueue(s, op);
+    if (rc == CUDA_SUCCESS && wait_after) {
+        rc = sim_wait(s, s->submitted);
+    }
+    return rc;
+}
+
+/* Every copy: dst <- src, w bytes by h rows by d slices. */
+static CUresult
+sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
+         size_t d, CUstream hs, int sync)
+{
+    sim_ctx *c;
+    sim_op *op;
+    char *dp = NULL, *sp = NULL;
+    CUresult rc;
+
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS && sync && tls_worker != NULL) {
+        rc = CUDA_ERROR_NOT_PERMITTED;
+    }
+    if (rc != CUDA_SUCCESS || w == 0 || h == 0 || d == 0) {
+        sim_unlock();
+        return rc;
+    }
+    rc = sim_side_check(dst, w, h, d, &dp);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_side_check(src, w, h, d, &sp);
+    }
+    if (rc == CUDA_SUCCESS) {
+        op = sim_op_new(SIM_OP_COPY);
+        if (op == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            op->u.copy.dst = dp;
+            op->u.copy.src = sp;
+            op->u.copy.width = w;
+            op->u.copy.height = h;
+            op->u.copy.depth = d;
+            op->u.copy.dpitch = dst->pitch;
+            op->u.copy.spitch = src->pitch;
+            /* Validated not to overflow when d > 1. */
+            op->u.copy.dslice = d > 1 ? dst->pitch * dst->height : 0;
+            op->u.copy.sslice = d > 1 ? src->pitch * src->height : 0;
+            op->u.copy.owned = NULL;
+            rc = sync ? sim_submit(op, hs, 1)
+                      : sim_submit_async_copy(op, dst, src, dp, sp, hs);
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* A contiguous copy of n bytes. */
+static CUresult
+sim_copy1d(CUmemorytype dt, uintptr_t dst, CUmemorytype st, uintptr_t src,
+           size_t n, CUstream hs, int sync)
+{
+    sim_side d = {dt, dst, 0, 0, 0, 0, 0};
+    sim_side s = {st, src, 0, 0, 0, 0, 0};
+
+    return sim_copy(&d, &s, n, 1, 1, hs, sync);
+}
+
+CUresult
+sim_MemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    SIM_ENTER(MemcpyHtoD);
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
+                      CU_MEMORYTYPE_HOST, (uintptr_t)srcHost, ByteCount,
+                      NULL, 1);
+}
+
+CUresult
+sim_MemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    SIM_ENTER(MemcpyDtoH);
+    return sim_copy1d(CU_MEMORYTYPE_HOST, (uintptr_t)dstHost,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
+                      NULL, 1);
+}
+
+CUresult
+sim_MemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+               size_t ByteCount)
+{
+    SIM_ENTER(MemcpyDtoD);
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
+                      NULL, 1);
+}
+
+CUresult
+sim_MemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost,
+                    size_t ByteCount, CUstream hStream)
+{
+    SIM_ENTER(MemcpyHtoDAsync);
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
+                      CU_MEMORYTYPE_HOST, (uintptr_t)srcHost, ByteCount,
+                      hStream, 0);
+}
+
+CUresult
+sim_MemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                    CUstream hStream)
+{
+    SIM_ENTER(MemcpyDtoHAsync);
+    return sim_copy1d(CU_MEMORYTYPE_HOST, (uintptr_t)dstHost,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
+                      hStream, 0);
+}
+
+CUresult
+sim_MemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                    size_t ByteCount, CUstream hStream)
+{
+    SIM_ENTER(MemcpyDtoDAsync);
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
+                      hStream, 0);
+}
+
+/* The address a 2D or 3D side names, by its memory type. */
+static uintptr_t
+sim_side_addr(CUmemorytype type, const void *host, CUdeviceptr device)
+{
+    return type == CU_MEMORYTYPE_HOST ? (uintptr_t)host : (uintptr_t)device;
+}
+
+static CUresult
+sim_copy2d(const CUDA_MEMCPY2D *p, CUstream hs, int sync)
+{
+    sim_side d, s;
+
+    if (p == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    d.type = p->dstMemoryType;
+    d.addr = sim_side_addr(p->dstMemoryType, p->dstHost, p->dstDevice);
+    d.x = p->dstXInBytes;
+    d.y = p->dstY;
+    d.z = 0;
+    d.pitch = p->dstPitch;
+    d.height = 0;
+    s.type = p->srcMemoryType;
+    s.addr = sim_side_addr(p->srcMemoryType, p->srcHost, p->srcDevice);
+    s.x = p->srcXInBytes;
+    s.y = p->srcY;
+    s.z = 0;
+    s.pitch = p->srcPitch;
+    s.height = 0;
+    return sim_copy(&d, &s, p->WidthInBytes, p->Height, 1, hs, sync);
+}
+
+static CUresult
+sim_copy3d(const CUDA_MEMCPY3D *p, CUstream hs, int sync)
+{
+    sim_side d, s;
+
+    if (p == NULL || p->srcLOD != 0 || p->dstLOD != 0
+        || p->reserved0 != NULL || p->reserved1 != NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    d.type = p->dstMemoryType;
+    d.addr = sim_side_addr(p->dstMemoryType, p->dstHost, p->dstDevice);
+    d.x = p->dstXInBytes;
+    d.y = p->dstY;
+    d.z = p->dstZ;
+    d.pitch = p->dstPitch;
+    d.height = p->dstHeight;
+    s.type = p->srcMemoryType;
+    s.addr = sim_side_addr(p->srcMemoryType, p->srcHost, p->srcDevice);
+    s.x = p->srcXInBytes;
+    s.y = p->srcY;
+    s.z = p->srcZ;
+    s.pitch = p->srcPitch;
+    s.height = p->srcHeight;
+    return sim_copy(&d, &s, p->WidthInBytes, p->Height, p->Depth, hs, sync);
+}
+
+CUresult
+sim_Memcpy2D(const CUDA_MEMCPY2D *pCopy)
+{
+    SIM_ENTER(Memcpy2D);
+    return sim_copy2d(pCopy, NULL, 1);
+}
+
+CUresult
+sim_Memcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    SIM_ENTER(Memcpy2DAsync);
+    return sim_copy2d(pCopy, hStream, 0);
+}
+
+CUresult
+sim_Memcpy3D(const CUDA_MEMCPY3D *pCopy)
+{
+    SIM_ENTER(Memcpy3D);
+    return sim_copy3d(pCopy, NULL, 1);
+}
+
+CUresult
+sim_Memcpy3DAsync(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
+{
+    SIM_ENTER(Memcpy3DAsync);
+    return sim_copy3d(pCopy, hStream, 0);
+}
+
+CUresult
+sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
+               CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+    CUresult rc;
+
+    SIM_ENTER(MemcpyPeer);
+    sim_lock();
+    rc = sim_ctx_check(dstContext);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_ctx_check(srcContext);
+    }
+    sim_unlock();
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
+                      NULL, 1);
+}
+
+CUresult
+sim_MemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
+                    CUdeviceptr srcDevice, CUcontext srcContext,
+                    size_t ByteCount, CUstream hStream)
+{
+    CUresult rc;
+
+    SIM_ENTER(MemcpyPeerAsync);
+    sim_lock();
+    rc = sim_ctx_check(dstContext);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_ctx_check(srcContext);
+    }
+    sim_unlock();
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
+                      hStream, 0);
+}
+
+static CUresult
+sim_memset(CUdeviceptr dst, unsigned char uc, size_t n, CUstream hs,
+           int sync)
+{
+    sim_ctx *c;
+    sim_op *op;
+    CUresult rc;
+
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS && sync && tls_worker != NULL) {
+        rc = CUDA_ERROR_NOT_PERMITTED;
+    }
+    if (rc == CUDA_SUCCESS && n > 0) {
+        if (sim_range((uintptr_t)dst, n) == NULL) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else if ((op = sim_op_new(SIM_OP_SET)) == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            op->u.set.dst = (char *)(uintptr_t)dst;
+            op->u.set.value = uc;
+            op->u.set.n = n;
+            rc = sim_submit(op, hs, sync);
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    SIM_ENTER(MemsetD8);
+    return sim_memset(dstDevice, uc, N, NULL, 1);
+}
+
+CUresult
+sim_MemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                  CUstream hStream)
+{
+    SIM_ENTER(MemsetD8Async);
+    return sim_memset(dstDevice, uc, N, hStream, 0);
+}
+
+/* Whether a memory location names something that exists. */
+static int
+sim_location_ok(CUmemLocation loc)
+{
+    switch (loc.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        return sim_dev_ok(loc.id);
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Whether [p, p + n) lies inside one managed allocation. */
+static int
+sim_managed_range(CUdeviceptr p, size_t n)
+{
+    sim_alloc *a = sim_alloc_find((uintptr_t)p);
+
+    return a != NULL && a->kind == SIM_MEM_MANAGED
+           && n <= a->size - ((uintptr_t)p - a->base);
+}
+
+CUresult
+sim_MemPrefetchAsync(CUdeviceptr devPtr, size_t count,
+                     CUmemLocation location, unsigned int flags,
+                     CUstream hStream)
+{
+    sim_ctx *c;
+    sim_op *op;
+    CUresult rc;
+
+    SIM_ENTER(MemPrefetchAsync);
+    if (flags != 0 || !sim_location_ok(location)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        if (!sim_managed_range(devPtr, count)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else if ((op = sim_op_new(SIM_OP_NOP)) == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            /* Migration is free here; only the ordering is real. */
+            rc = sim_submit(op, hStream, 0);
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+              CUmemLocation location)
+{
+    sim_ctx *c;
+    CUresult rc;
+
+    SIM_ENTER(MemAdvise);
+    switch (advice) {
+    case CU_MEM_ADVISE_SET_READ_MOSTLY:
+    case CU_MEM_ADVISE_UNSET_READ_MOSTLY:
+    case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION:
+        break;
+    case CU_MEM_ADVISE_SET_PREFERRED_LOCATION:
+    case CU_MEM_ADVISE_SET_ACCESSED_BY:
+    case CU_MEM_ADVISE_UNSET_ACCESSED_BY:
+        if (!sim_location_ok(location)) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS && !sim_managed_range(devPtr, count)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_unlock();
+    return rc;
+}

@@ -1,0 +1,551 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sim/memory.c: the simulator's device, host, pinned, mapped and managed
+ * memory entry points, and memory given back while work may be queued.
+ */
+#include "driver/cu_table.h"
+#include "sim/sim.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* Memory                                                              */
+/* ------------------------------------------------------------------ */
+
+/* Register a new allocation of size bytes at mem for the current
+ * context; charged: bytes counted against the device. */
+CUresult
+sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
+              unsigned int flags)
+{
+    sim_alloc *a = calloc(1, sizeof(*a));
+
+    if (a == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->base = (uintptr_t)mem;
+    a->size = size;
+    a->charged = charged;
+    a->kind = kind;
+    a->ctx = c;
+    a->flags = flags;
+    if (sim_alloc_insert(a) != 0) {
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    sim.dev[c->dev].used += charged;
+    return CUDA_SUCCESS;
+}
+
+/* cuMemAlloc and cuMemAllocManaged. */
+static CUresult
+sim_device_alloc(CUdeviceptr *dptr, size_t size, int kind, unsigned int flags)
+{
+    sim_ctx *c;
+    void *mem = NULL;
+    size_t charged;
+    CUresult rc;
+
+    if (dptr == NULL || size == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        charged = (size + (SIM_GRANULE - 1)) & ~(size_t)(SIM_GRANULE - 1);
+        if (charged < size
+            || charged > sim.capacity - sim.dev[c->dev].used) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else if (kind == SIM_MEM_DEVICE
+                 ? posix_memalign(&mem, sysconf(_SC_PAGESIZE),
+                                  sim_device_span(size)) != 0
+                 : (mem = sim_host_map(size)) == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+#ifdef SIM_ASAN
+            /* Whole pages, so IPC can share them; the tail stays out of
+             * bounds. */
+            if (kind == SIM_MEM_DEVICE) {
+                ASAN_POISON_MEMORY_REGION((char *)mem + size,
+                                          sim_device_span(size) - size);
+            }
+#endif
+            rc = sim_alloc_add(c, mem, size, charged, kind, flags);
+            if (rc != CUDA_SUCCESS && kind == SIM_MEM_DEVICE) {
+                free(mem);
+            }
+            else if (rc != CUDA_SUCCESS) {
+                munmap(mem, sim_device_span(size));
+            }
+            else {
+                *dptr = (CUdeviceptr)(uintptr_t)mem;
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize)
+{
+    SIM_ENTER(MemAlloc);
+    return sim_device_alloc(dptr, bytesize, SIM_MEM_DEVICE, 0);
+}
+
+CUresult
+sim_MemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    SIM_ENTER(MemAllocManaged);
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return sim_device_alloc(dptr, bytesize, SIM_MEM_MANAGED, flags);
+}
+
+/* Free the allocation starting at p if its kind is in kinds (a bit
+ * mask); bad: what an unknown p returns.  Waits for all queued work
+ * first, as the driver's frees synchronise. */
+static CUresult
+sim_free(uintptr_t p, unsigned int kinds, CUresult bad)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find(p);
+        if (a == NULL || a->base != p || !(kinds & (1u << a->kind))) {
+            rc = bad;
+        }
+        else {
+            a->dying = SIM_DYING_FREE;
+            rc = sim_drain(NULL);
+            if (rc != CUDA_SUCCESS) {
+                a->dying = SIM_DYING_NO;
+            }
+            else {
+                sim_alloc_remove(a);
+                sim_alloc_release(a);
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemFree(CUdeviceptr dptr)
+{
+    SIM_ENTER(MemFree);
+    return sim_free((uintptr_t)dptr,
+                    (1u << SIM_MEM_DEVICE) | (1u << SIM_MEM_MANAGED)
+                    | (1u << SIM_MEM_POOL_IMPORT),
+                    CUDA_ERROR_INVALID_VALUE);
+}
+
+CUresult
+sim_MemGetInfo(size_t *free_, size_t *total)
+{
+    sim_ctx *c;
+    CUresult rc;
+
+    SIM_ENTER(MemGetInfo);
+    if (free_ == NULL || total == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        *free_ = sim.capacity - sim.dev[c->dev].used;
+        *total = sim.capacity;
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    sim_ctx *c;
+    void *mem = NULL;
+    CUresult rc;
+
+    SIM_ENTER(MemHostAlloc);
+    if (pp == NULL || bytesize == 0
+        || (Flags & ~(unsigned int)(CU_MEMHOSTALLOC_PORTABLE
+                                    | CU_MEMHOSTALLOC_DEVICEMAP
+                                    | CU_MEMHOSTALLOC_WRITECOMBINED))) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        if ((mem = sim_host_map(bytesize)) == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            rc = sim_alloc_add(c, mem, bytesize, 0, SIM_MEM_HOST, Flags);
+            if (rc != CUDA_SUCCESS) {
+                munmap(mem, sim_device_span(bytesize));
+            }
+            else {
+                *pp = mem;
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemFreeHost(void *p)
+{
+    SIM_ENTER(MemFreeHost);
+    return sim_free((uintptr_t)p, 1u << SIM_MEM_HOST,
+                    CUDA_ERROR_INVALID_VALUE);
+}
+
+/* The flags of a cuMemHostAlloc allocation (the driver answers
+ * INVALID_VALUE for registered or unknown memory). */
+CUresult
+sim_MemHostGetFlags(unsigned int *pFlags, void *p)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(MemHostGetFlags);
+    if (pFlags == NULL || p == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)p);
+        if (a == NULL || a->kind != SIM_MEM_HOST) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else {
+            *pFlags = a->flags;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemHostRegister(void *p, size_t bytesize, unsigned int Flags)
+{
+    sim_ctx *c;
+    CUresult rc;
+
+    SIM_ENTER(MemHostRegister);
+    if (p == NULL || bytesize == 0
+        || bytesize > UINTPTR_MAX - (uintptr_t)p
+        || (Flags & ~(unsigned int)(CU_MEMHOSTREGISTER_PORTABLE
+                                    | CU_MEMHOSTREGISTER_DEVICEMAP
+                                    | CU_MEMHOSTREGISTER_IOMEMORY
+                                    | CU_MEMHOSTREGISTER_READ_ONLY))) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (Flags & CU_MEMHOSTREGISTER_IOMEMORY) {
+        /* There is no I/O memory to map here. */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        if (sim_alloc_overlaps((uintptr_t)p, bytesize)) {
+            rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+        }
+        else {
+            rc = sim_alloc_add(c, p, bytesize, 0, SIM_MEM_REGISTERED, Flags);
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemHostUnregister(void *p)
+{
+    SIM_ENTER(MemHostUnregister);
+    return sim_free((uintptr_t)p, 1u << SIM_MEM_REGISTERED,
+                    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+CUresult
+sim_MemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(MemHostGetDevicePointer);
+    if (pdptr == NULL || p == NULL || Flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)p);
+        if (a == NULL
+            || (a->kind != SIM_MEM_HOST && a->kind != SIM_MEM_REGISTERED)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else {
+            /* Unified addressing: the same address on both sides. */
+            *pdptr = (CUdeviceptr)(uintptr_t)p;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(MemGetAddressRange);
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)dptr);
+        if (a == NULL
+            || (a->kind != SIM_MEM_DEVICE && a->kind != SIM_MEM_MANAGED
+                && a->kind != SIM_MEM_IPC && a->kind != SIM_MEM_ASYNC
+                && a->kind != SIM_MEM_POOL_IMPORT)) {
+            rc = CUDA_ERROR_NOT_FOUND;
+        }
+        else {
+            if (pbase != NULL) {
+                *pbase = (CUdeviceptr)a->base;
+            }
+            if (psize != NULL) {
+                *psize = a->size;
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* The size of what the simulator writes for a pointer attribute, or 0
+ * for one it does not model. */
+static size_t
+sim_pointer_attr_size(CUpointer_attribute attribute)
+{
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        return sizeof(CUcontext);
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        return sizeof(void *);
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        return sizeof(int);
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        return sizeof(CUmemoryPool);
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        return sizeof(unsigned int);
+    default:
+        return 0;
+    }
+}
+
+/* One attribute of ptr, which lies in a (live).  Lock held. */
+static CUresult
+sim_pointer_attr(const sim_alloc *a, void *data,
+                 CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    int host = a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_REGISTERED;
+    int managed = a->kind == SIM_MEM_MANAGED;
+
+    /* Booleans are written as unsigned int, the type the driver uses. */
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = (CUcontext)(void *)a->ctx;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = host ? CU_MEMORYTYPE_HOST
+                                     : CU_MEMORYTYPE_DEVICE;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *(CUdeviceptr *)data = ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (!host && !managed) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        *(void **)data = (void *)(uintptr_t)ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = a->id;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(unsigned int *)data = (unsigned int)managed;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = a->ctx->dev;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = (CUdeviceptr)a->base;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = a->size;
+        break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(unsigned int *)data = 1;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        *(CUmemoryPool *)data = (CUmemoryPool)(void *)a->pool;
+        break;
+    default:
+        return (int)attribute >= CU_POINTER_ATTRIBUTE_CONTEXT
+               && attribute <= CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
+               ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult
+sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
+                        CUdeviceptr ptr)
+{
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(PointerGetAttribute);
+    if (data == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    a = sim_alloc_find((uintptr_t)ptr);
+    rc = a == NULL ? CUDA_ERROR_INVALID_VALUE
+                   : sim_pointer_attr(a, data, attribute, ptr);
+    sim_unlock();
+    return rc;
+}
+
+/* As the driver's: an address the simulator does not know is no error;
+ * every attribute of it reads as zero (memory type 0: unregistered). */
+CUresult
+sim_PointerGetAttributes(unsigned int numAttributes,
+                         CUpointer_attribute *attributes, void **data,
+                         CUdeviceptr ptr)
+{
+    sim_alloc *a;
+    CUresult rc = CUDA_SUCCESS;
+    size_t size;
+    unsigned int i;
+
+    SIM_ENTER(PointerGetAttributes);
+    if (numAttributes == 0 || attributes == NULL || data == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (i = 0; i < numAttributes; i++) {
+        if (data[i] == NULL
+            || sim_pointer_attr_size(attributes[i]) == 0) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    sim_lock();
+    a = sim_alloc_find((uintptr_t)ptr);
+    for (i = 0; i < numAttributes && rc == CUDA_SUCCESS; i++) {
+        size = sim_pointer_attr_size(attributes[i]);
+        if (a == NULL) {
+            memset(data[i], 0, size);
+        }
+        else if (attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER
+                 && a->kind != SIM_MEM_HOST && a->kind != SIM_MEM_REGISTERED
+                 && a->kind != SIM_MEM_MANAGED) {
+            /* Device memory has no host address: NULL, not an error. */
+            memset(data[i], 0, size);
+        }
+        else {
+            rc = sim_pointer_attr(a, data[i], attributes[i], ptr);
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Memory pools: memory given back while work may be queued         */
+/* ------------------------------------------------------------------ */
+
+/* Whether any stream of any context still has work numbered <= g. */
+int
+sim_busy_upto(uint64_t g)
+{
+    const sim_ctx *o;
+    int d;
+
+    for (d = 0; d < sim.ndev; d++) {
+        o = sim.dev[d].primary;
+        if (o != NULL && sim_ctx_busy(o, g)) {
+            return 1;
+        }
+    }
+    for (o = sim.dead; o != NULL; o = o->next_dead) {
+        if (sim_ctx_busy(o, g)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Free the host memory of given-back chunks that no queued work can
+ * touch any more. */
+void
+sim_graves_sweep(void)
+{
+    sim_grave **pp = &sim.graves;
+    sim_grave *gr;
+
+    while ((gr = *pp) != NULL) {
+        if (!sim_busy_upto(gr->g)) {
+            *pp = gr->next;
+            if (gr->span != 0) {
+                munmap(gr->mem, gr->span);
+            }
+            else {
+                free(gr->mem);
+            }
+            free(gr);
+        }
+        else {
+            pp = &gr->next;
+        }
+    }
+}

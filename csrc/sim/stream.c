@@ -1,0 +1,443 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sim/stream.c: the simulator's stream and event entry points.
+ */
+#include "driver/cu_table.h"
+#include "sim/sim.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* Streams                                                             */
+/* ------------------------------------------------------------------ */
+
+CUresult
+sim_StreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    sim_ctx *c;
+    sim_stream *s;
+    CUresult rc;
+
+    SIM_ENTER(StreamCreate);
+    if (phStream == NULL || (Flags & ~(unsigned int)CU_STREAM_NON_BLOCKING)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        s = sim_stream_new(c, Flags ? SIM_STREAM_NONBLOCKING
+                                    : SIM_STREAM_BLOCKING);
+        if (s == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else if (sim_set_add(&sim.streams, s) != 0) {
+            sim_stream_destroy(s);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            *phStream = (CUstream)(void *)s;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_StreamDestroy(CUstream hStream)
+{
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(StreamDestroy);
+    sim_lock();
+    if (hStream == NULL || hStream == CU_STREAM_LEGACY
+        || hStream == CU_STREAM_PER_THREAD) {
+        /* The default streams cannot be destroyed. */
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    else if (!sim_set_has(&sim.streams, hStream)) {
+        sim_unlock();
+        sim_fatal("cuStreamDestroy of %p, not a live stream: the driver "
+                  "would crash here", (void *)hStream);
+    }
+    else {
+        sim_stream_destroy((sim_stream *)(void *)hStream);
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_StreamSynchronize(CUstream hStream)
+{
+    sim_stream *s;
+    CUresult rc;
+
+    SIM_ENTER(StreamSynchronize);
+    sim_lock();
+    rc = sim_stream_get(hStream, &s);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_wait(s, s->submitted);
+    }
+    if (rc == CUDA_SUCCESS) {
+        sim_mempools_settle();
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_StreamQuery(CUstream hStream)
+{
+    sim_stream *s;
+    CUresult rc;
+
+    SIM_ENTER(StreamQuery);
+    sim_lock();
+    rc = sim_stream_get(hStream, &s);
+    if (rc == CUDA_SUCCESS && s->completed < s->submitted) {
+        rc = CUDA_ERROR_NOT_READY;
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* Whether an event's last record is done (or it was never recorded). */
+static int
+sim_event_done(const sim_event *e)
+{
+    return e->rec_stream == NULL || e->rec_stream->completed >= e->rec_ticket;
+}
+
+CUresult
+sim_StreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    sim_stream *s;
+    sim_event *e;
+    sim_op *op;
+    CUresult rc;
+
+    SIM_ENTER(StreamWaitEvent);
+    if (Flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_stream_get(hStream, &s);
+    if (rc == CUDA_SUCCESS && !sim_event_known(hEvent)) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (rc == CUDA_SUCCESS) {
+        e = (sim_event *)(void *)hEvent;
+        if (!sim_event_done(e)) {
+            op = sim_op_new(SIM_OP_NOP);
+            if (op == NULL
+                || sim_op_dep(op, e->rec_stream, e->rec_ticket) != 0) {
+                if (op != NULL) {
+                    sim_op_free(op);
+                }
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            else {
+                rc = sim_enqueue(s, op);
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* Queue a host function or callback op on stream h. */
+static CUresult
+sim_host_op(CUstream h, sim_op *op)
+{
+    sim_stream *s;
+    CUresult rc;
+
+    if (op == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    sim_lock();
+    rc = sim_stream_get(h, &s);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_enqueue(s, op);
+    }
+    else {
+        sim_op_free(op);
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_StreamAddCallback(CUstream hStream, CUstreamCallback callback,
+                      void *userData, unsigned int flags)
+{
+    sim_op *op;
+
+    SIM_ENTER(StreamAddCallback);
+    if (callback == NULL || flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    op = sim_op_new(SIM_OP_CALLBACK);
+    if (op != NULL) {
+        op->u.callback.fn = callback;
+        op->u.callback.handle = hStream;
+        op->u.callback.data = userData;
+    }
+    return sim_host_op(hStream, op);
+}
+
+CUresult
+sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+    sim_op *op;
+
+    SIM_ENTER(LaunchHostFunc);
+    if (fn == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    op = sim_op_new(SIM_OP_HOSTFN);
+    if (op != NULL) {
+        op->u.hostfn.fn = fn;
+        op->u.hostfn.data = userData;
+    }
+    return sim_host_op(hStream, op);
+}
+
+/* cudamem's internal kernels on the simulator: a host function that
+ * reads and writes device memory, queued only once every range it
+ * touches lies inside one live allocation, as a copy's sides must.  The
+ * check and the enqueue share one hold of the lock, and frees wait for
+ * queued work, so the memory outlives the function. */
+CUresult
+cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, int nranges,
+                      const uintptr_t *start, const size_t *len)
+{
+    sim_stream *s;
+    sim_op *op;
+    CUresult rc = CUDA_SUCCESS;
+    int i;
+
+    SIM_ENTER(LaunchHostFunc);
+    if (fn == NULL || nranges < 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    op = sim_op_new(SIM_OP_HOSTFN);
+    if (op == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    op->u.hostfn.fn = fn;
+    op->u.hostfn.data = data;
+    sim_lock();
+    for (i = 0; i < nranges && rc == CUDA_SUCCESS; i++) {
+        if (len[i] > 0 && sim_range(start[i], len[i]) == NULL) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_stream_get(h, &s);
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_enqueue(s, op);
+    }
+    else {
+        sim_op_free(op);
+    }
+    sim_unlock();
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Events                                                              */
+/* ------------------------------------------------------------------ */
+
+CUresult
+sim_EventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    sim_ctx *c;
+    sim_event *e;
+    CUresult rc;
+
+    SIM_ENTER(EventCreate);
+    if (phEvent == NULL
+        || (Flags & ~(unsigned int)(CU_EVENT_BLOCKING_SYNC
+                                    | CU_EVENT_DISABLE_TIMING
+                                    | CU_EVENT_INTERPROCESS))) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if ((Flags & CU_EVENT_INTERPROCESS)
+        && !(Flags & CU_EVENT_DISABLE_TIMING)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        e = calloc(1, sizeof(*e));
+        if (e == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else if (sim_set_add(&sim.events, e) != 0) {
+            free(e);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            e->ctx = c;
+            e->flags = Flags;
+            e->refs = 1;
+            *phEvent = (CUevent)(void *)e;
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_EventRecord(CUevent hEvent, CUstream hStream)
+{
+    sim_stream *s;
+    sim_event *e;
+    sim_op *op;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(EventRecord);
+    sim_lock();
+    if (!sim_event_known(hEvent)) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_stream_get(hStream, &s);
+    }
+    if (rc == CUDA_SUCCESS) {
+        e = (sim_event *)(void *)hEvent;
+        if (s->ctx != e->ctx) {
+            rc = CUDA_ERROR_INVALID_HANDLE;
+        }
+        else if ((op = sim_op_new(SIM_OP_RECORD)) == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            e->refs++;
+            op->u.record.event = e;
+            op->u.record.seq = ++e->seq;
+            rc = sim_enqueue(s, op);
+            if (rc == CUDA_SUCCESS) {
+                s->refs++;
+                if (e->rec_stream != NULL) {
+                    sim_stream_unref(e->rec_stream);
+                }
+                e->rec_stream = s;
+                e->rec_ticket = s->submitted;
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_EventQuery(CUevent hEvent)
+{
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(EventQuery);
+    sim_lock();
+    if (!sim_event_known(hEvent)) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    else if (!sim_event_done((sim_event *)(void *)hEvent)) {
+        rc = CUDA_ERROR_NOT_READY;
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_EventSynchronize(CUevent hEvent)
+{
+    sim_event *e;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(EventSynchronize);
+    sim_lock();
+    if (!sim_event_known(hEvent)) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    else {
+        e = (sim_event *)(void *)hEvent;
+        if (e->rec_stream != NULL) {
+            rc = sim_wait(e->rec_stream, e->rec_ticket);
+        }
+        if (rc == CUDA_SUCCESS) {
+            sim_mempools_settle();
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_EventDestroy(CUevent hEvent)
+{
+    sim_event *e;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(EventDestroy);
+    sim_lock();
+    if (!sim_event_known(hEvent)) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    else {
+        e = (sim_event *)(void *)hEvent;
+        sim_set_del(&sim.events, e);
+        e->destroyed = 1;
+        sim_event_unref(e);
+    }
+    sim_unlock();
+    return rc;
+}
+
+CUresult
+sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    sim_event *a, *b;
+    CUresult rc = CUDA_SUCCESS;
+
+    SIM_ENTER(EventElapsedTime);
+    if (pMilliseconds == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim_lock();
+    if (!sim_event_known(hStart) || !sim_event_known(hEnd)) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    else {
+        a = (sim_event *)(void *)hStart;
+        b = (sim_event *)(void *)hEnd;
+        if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING
+            || a->rec_stream == NULL || b->rec_stream == NULL) {
+            rc = CUDA_ERROR_INVALID_HANDLE;
+        }
+        else if (!sim_event_done(a) || !sim_event_done(b)) {
+            rc = CUDA_ERROR_NOT_READY;
+        }
+        else {
+            *pMilliseconds = (float)((double)(b->time_ns - a->time_ns) / 1e6);
+        }
+    }
+    sim_unlock();
+    return rc;
+}
