@@ -1,0 +1,512 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * array/assign.c: assignment into device arrays: host values of
+ * asynchronous assignments, kept alive until the copy has run.
+ */
+#include "array/devicearray.h"
+
+#include <numpy/arrayscalars.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define CM_HV_SCAN 16                  /* idle ones looked for per call */
+#define CM_HV_MAX ((size_t)64 << 20)   /* larger values: synchronous */
+#define CM_HV_TOTAL ((size_t)256 << 20) /* the most all buffers hold */
+
+typedef struct {
+    unsigned long gen;    /* the context's gen; 0: slot empty */
+    void *buf;            /* cuMemHostAlloc'd, mapped */
+    CUdeviceptr dptr;     /* its address on the device */
+    size_t cap;           /* bytes */
+    CUevent ev;           /* recorded after the last copy from buf */
+} cm_hostval;
+
+static cm_hostval *cm_hv;      /* cm_hv_n slots, grown on need */
+static int cm_hv_n;
+static int cm_hv_next;         /* where the next search starts: the slot
+                                * after the last one used, the oldest in a
+                                * stream's order */
+static size_t cm_hv_bytes;     /* bytes the buffers hold */
+
+/* A page-locked buffer of at least n bytes of ctx (current) that no
+ * queued copy reads any more, holding a copy of data: its slot index, or
+ * -1 when none can be had (the caller then copies synchronously; no
+ * exception is set). */
+static int
+cm_hostval_take(cm_context *ctx, const void *data, size_t n)
+{
+    int i;
+    int k;
+    int empty = -1;
+    int spare = -1;
+    cm_hostval *v;
+    size_t cap;
+    CUresult rc;
+
+    if (n > CM_HV_MAX || cm_forked) {
+        return -1;
+    }
+    for (k = 0; k < cm_hv_n && k < CM_HV_SCAN; k++) {
+        i = (cm_hv_next + k) % cm_hv_n;
+        v = &cm_hv[i];
+        if (v->gen != 0 && v->gen != ctx->gen
+            && !cm_context_gen_live(v->gen)) {
+            v->gen = 0;        /* its context is gone, and the memory */
+            cm_hv_bytes -= v->cap;
+        }
+        if (v->gen == 0) {
+            if (empty < 0) {
+                empty = i;
+            }
+            continue;
+        }
+        if (v->gen != ctx->gen
+            || CM_CU_RAW(EventQuery, (v->ev)) != CUDA_SUCCESS) {
+            continue;
+        }
+        if (v->cap >= n) {
+            goto found;
+        }
+        spare = i;
+    }
+    if (empty < 0 && cm_hv_n < CM_HV_SLOTS
+        && cm_hv_bytes + n <= CM_HV_TOTAL) {
+        cm_hostval *nv = PyMem_Realloc(cm_hv, (size_t)(cm_hv_n + 1)
+                                              * sizeof(*nv));
+
+        if (nv != NULL) {
+            cm_hv = nv;
+            empty = cm_hv_n++;
+            cm_hv[empty].gen = 0;
+        }
+    }
+    if (empty < 0 && spare < 0) {
+        return -1;
+    }
+    if (empty < 0) {
+        /* An idle buffer too small: replaced by a larger one. */
+        i = spare;
+        v = &cm_hv[i];
+        (void)CM_CU_RAW(EventDestroy, (v->ev));
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFreeHost, (v->buf));
+        Py_END_ALLOW_THREADS
+        v->gen = 0;
+        cm_hv_bytes -= v->cap;
+        empty = i;
+    }
+    i = empty;
+    v = &cm_hv[i];
+    for (cap = 4096; cap < n; cap *= 2) {
+    }
+    CM_DRIVER_BEGIN_NOGIL
+    rc = CM_CU_RAW(MemHostAlloc, (&v->buf, cap,
+                                  CU_MEMHOSTALLOC_DEVICEMAP
+                                  | CU_MEMHOSTALLOC_PORTABLE));
+    CM_DRIVER_END_NOGIL
+    if (rc != CUDA_SUCCESS) {
+        return -1;
+    }
+    if (CM_CU_RAW(MemHostGetDevicePointer, (&v->dptr, v->buf, 0))
+        != CUDA_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFreeHost, (v->buf));
+        Py_END_ALLOW_THREADS
+        return -1;
+    }
+    if (CM_CU_RAW(EventCreate, (&v->ev, CU_EVENT_DISABLE_TIMING))
+        != CUDA_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFreeHost, (v->buf));
+        Py_END_ALLOW_THREADS
+        return -1;
+    }
+    v->cap = cap;
+    v->gen = ctx->gen;
+    cm_hv_bytes += cap;
+found:
+    memcpy(cm_hv[i].buf, data, n);
+    cm_hv_next = (i + 1) % cm_hv_n;
+    return i;
+}
+
+/* The copies from slot i are queued on h: it is reusable once they ran.
+ * 0, or -1 with an exception (then the stream is waited for). */
+static int
+cm_hostval_queued(int i, CUstream h)
+{
+    if (CM_CU(EventRecord, (cm_hv[i].ev, h)) < 0) {
+        PyObject *exc = PyErr_GetRaisedException();
+
+        /* Nothing will say when it is free: let the copy land. */
+        (void)cm_stream_wait(h);
+        PyErr_SetRaisedException(exc);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+cm_assign_broadcast(const cm_view *lhs, PyArrayObject *host,
+                    const Py_ssize_t *rstrides, CUstream h, int async)
+{
+    cm_context *ctx = cm_context_current();
+    PyObject *tmp_owner;
+    CUdeviceptr tmp = 0;
+    size_t nbytes = (size_t)PyArray_NBYTES(host);
+    int t = cm_raw_type(lhs->itemsize);
+    int err;
+    int rc;
+
+    if (ctx == NULL) {
+        return -1;
+    }
+    if (async) {
+        /* The kernel reads the value from a mapped page-locked copy whose
+         * reuse waits for the stream: no allocation, no wait. */
+        int slot = cm_hostval_take(ctx, PyArray_DATA(host), nbytes);
+
+        if (slot >= 0) {
+            rc = cm_assign_by_kernel(lhs, t, cm_hv[slot].dptr, rstrides, t,
+                                     h, async);
+            if (cm_hostval_queued(slot, h) < 0) {
+                rc = -1;
+            }
+            return rc;
+        }
+    }
+    /* Allocated for h: its release is ordered after the kernel. */
+    tmp_owner = cm_mem_alloc_on(ctx, nbytes, async ? h : NULL, &tmp);
+    if (tmp_owner == NULL) {
+        return -1;
+    }
+    if (async) {
+        err = CM_CU(MemcpyHtoDAsync, (tmp, PyArray_DATA(host), nbytes, h));
+        /* The host value may be a temporary: let the upload land. */
+        if (err == 0) {
+            err = cm_stream_wait(h);
+        }
+    }
+    else {
+        CM_CU_NOGIL(err, MemcpyHtoD, (tmp, PyArray_DATA(host), nbytes));
+    }
+    rc = err < 0 ? -1
+                 : cm_assign_by_kernel(lhs, t, tmp, rstrides, t, h, async);
+    Py_DECREF(tmp_owner);
+    return rc;
+}
+
+static int
+cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
+          CUstream h, int async)
+{
+    Py_ssize_t rstrides[NPY_MAXDIMS];
+    PyObject *rhs = NULL;
+    PyArrayObject *host = NULL;
+    cm_view rv;
+    const Py_ssize_t *rshape;
+    const Py_ssize_t *rst;
+    Py_ssize_t size = 1;
+    int rndim;
+    int pad;
+    int i;
+    int rc = -1;
+
+    for (i = 0; i < lhs->ndim; i++) {
+        size *= lhs->shape[i];
+    }
+    rhs = (PyObject *)cm_as_device_source(value);
+    if (rhs == NULL) {
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        if (PyArray_Check(value)) {
+            rhs = Py_NewRef(value);
+        }
+        else if (PyDataType_HASFIELDS(dtype)) {
+            Py_INCREF(dtype);
+            rhs = PyArray_FromAny(value, dtype, 0, 0, 0, NULL);
+        }
+        else {
+            rhs = PyArray_FromAny(value, NULL, 0, 0, 0, NULL);
+        }
+        if (rhs == NULL) {
+            return -1;
+        }
+    }
+    if (cm_da_check(rhs)) {
+        rndim = ((cm_da *)rhs)->ndim;
+        rshape = ((cm_da *)rhs)->shape;
+        rst = ((cm_da *)rhs)->strides;
+    }
+    else {
+        rndim = PyArray_NDIM((PyArrayObject *)rhs);
+        rshape = PyArray_SHAPE((PyArrayObject *)rhs);
+        rst = PyArray_STRIDES((PyArrayObject *)rhs);
+    }
+    if (rndim > lhs->ndim) {
+        PyErr_Format(PyExc_ValueError, "Can't assign %d-D array to %d-D self",
+                     rndim, lhs->ndim);
+        goto out_rhs;
+    }
+    pad = lhs->ndim - rndim;
+    for (i = 0; i < lhs->ndim; i++) {
+        Py_ssize_t r = i < pad ? 1 : rshape[i - pad];
+
+        if (r != 1 && r != lhs->shape[i]) {
+            PyErr_Format(PyExc_ValueError,
+                         "Can't copy sequence with size %zd to array axis "
+                         "%d with dimension %zd", r, i, lhs->shape[i]);
+            goto out_rhs;
+        }
+        rstrides[i] = (r == 1) ? 0 : rst[i - pad];
+    }
+    if (size == 0) {
+        rc = 0;
+        goto out_rhs;
+    }
+    if (cm_da_check(rhs)) {
+        cm_da *d = (cm_da *)rhs;
+        int eq = cm_da_alive(d) < 0
+                 ? -1 : PyObject_RichCompareBool((PyObject *)d->dtype,
+                                                 (PyObject *)dtype, Py_EQ);
+        /* another device's array that this one cannot map: via the host */
+        int far = 0;
+        cm_context *cur;
+        CUcontext prev;
+
+        if (eq < 0) {
+            goto out_rhs;
+        }
+        if (d->ctx != NULL) {
+            cur = cm_context_current();
+            if (cur == NULL) {
+                goto out_rhs;
+            }
+            if (cur != d->ctx) {
+                far = cm_context_can_access_peer(cur, d->ctx->device->id);
+                if (far < 0 || (far && cm_context_enable_peer(cur, d->ctx)
+                                       < 0)) {
+                    goto out_rhs;
+                }
+                far = !far;
+            }
+        }
+        if (far) {
+            cm_da_view(d, &rv);
+            if (cm_context_enter(d->ctx, &prev) < 0) {
+                goto out_rhs;
+            }
+            host = cm_view_to_host(&rv, d->dtype, NULL, 0);
+            cm_context_leave(d->ctx, prev);
+            if (host == NULL) {
+                goto out_rhs;
+            }
+            Py_SETREF(rhs, (PyObject *)host);
+            host = NULL;
+            /* The host copy is gone when this returns: no async copy from
+             * it, but after the work already queued on h. */
+            if (async && cm_stream_wait(h) < 0) {
+                goto out_rhs;
+            }
+            rc = cm_assign(lhs, dtype, rhs, h, 0);
+            goto out_rhs;
+        }
+        if (eq) {
+            cm_da_view(d, &rv);
+            rv.ndim = lhs->ndim;
+            rv.shape = lhs->shape;
+            rv.strides = rstrides;
+            rc = cm_copy(lhs, &rv, h, async);
+            goto out_rhs;
+        }
+        /* Another numeric dtype: the kernel casts on the device. */
+        if (cm_elem_type_of(d->dtype) != CM_T_BYTES
+            && cm_elem_type_of(dtype) != CM_T_BYTES
+            && lhs->ndim <= CM_KMAXDIM) {
+            rc = cm_assign_by_kernel(lhs, cm_elem_type_of(dtype),
+                                     (CUdeviceptr)d->ptr, rstrides,
+                                     cm_elem_type_of(d->dtype), h, async);
+            goto out_rhs;
+        }
+        /* Anything else: cast on the host. */
+        cm_da_view(d, &rv);
+        host = cm_view_to_host(&rv, d->dtype, h, async);
+        if (host == NULL) {
+            goto out_rhs;
+        }
+        Py_SETREF(rhs, (PyObject *)host);
+        rst = PyArray_STRIDES(host);
+        for (i = pad; i < lhs->ndim; i++) {
+            if (rstrides[i] != 0) {
+                rstrides[i] = rst[i - pad];
+            }
+        }
+    }
+    Py_INCREF(dtype);
+    /* Steals the dtype reference. */
+    host = (PyArrayObject *)PyArray_FromArray(
+        (PyArrayObject *)rhs, dtype,
+        NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS);
+    if (host == NULL) {
+        goto out_rhs;
+    }
+    rst = PyArray_STRIDES(host);
+    for (i = pad; i < lhs->ndim; i++) {
+        if (rstrides[i] != 0) {
+            rstrides[i] = rst[i - pad];
+        }
+    }
+    if (PyArray_SIZE(host) == 1) {
+        /* One value: a memset when all its bytes agree and lhs is one
+         * contiguous run. */
+        const unsigned char *b = PyArray_DATA(host);
+        Py_ssize_t lo;
+        Py_ssize_t span = cm_layout_span(lhs->ndim, lhs->shape,
+                                         lhs->strides, lhs->itemsize, &lo);
+        int c;
+        int f;
+        int same = 1;
+
+        for (i = 1; i < lhs->itemsize; i++) {
+            same &= b[i] == b[0];
+        }
+        cm_layout_flags(lhs->ndim, lhs->shape, lhs->strides, lhs->itemsize,
+                        &c, &f);
+        if (same && (c || f)) {
+            CUdeviceptr p = (CUdeviceptr)lhs->addr + (CUdeviceptr)lo;
+            int err;
+
+            if (async) {
+                rc = CM_CU(MemsetD8Async, (p, b[0], (size_t)span, h));
+            }
+            else {
+                CM_CU_NOGIL(err, MemsetD8, (p, b[0], (size_t)span));
+                rc = err;
+            }
+            goto out_host;
+        }
+    }
+    if (PyArray_SIZE(host) < size && lhs->ndim <= CM_KMAXDIM) {
+        /* Broadcast: upload the value once, then the kernel spreads it. */
+        rc = cm_assign_broadcast(lhs, host, rstrides, h, async);
+        goto out_host;
+    }
+    cm_nd_view(host, &rv);
+    rv.ndim = lhs->ndim;
+    rv.shape = lhs->shape;
+    rv.strides = rstrides;
+    if (async) {
+        /* From a page-locked copy of the value, whose reuse waits for
+         * the stream: no wait here. */
+        cm_context *ctx = cm_context_current();
+        int slot = ctx == NULL ? -1
+                   : cm_hostval_take(ctx, PyArray_DATA(host),
+                                     (size_t)PyArray_NBYTES(host));
+
+        if (ctx == NULL) {
+            goto out_host;
+        }
+        if (slot >= 0) {
+            rv.addr = (uintptr_t)cm_hv[slot].buf;
+            rc = cm_copy(lhs, &rv, h, async);
+            if (cm_hostval_queued(slot, h) < 0) {
+                rc = -1;
+            }
+            goto out_host;
+        }
+    }
+    rc = cm_copy(lhs, &rv, h, async);
+    /* The host side may be a temporary: let the copy land first. */
+    if (rc == 0 && async) {
+        rc = cm_stream_wait(h);
+    }
+out_host:
+    Py_DECREF(host);
+out_rhs:
+    Py_DECREF(rhs);
+    return rc;
+}
+
+static int
+cm_da_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
+                       PyObject *stream)
+{
+    Py_ssize_t shape[NPY_MAXDIMS];
+    Py_ssize_t strides[NPY_MAXDIMS];
+    Py_ssize_t offset;
+    cm_view lhs;
+    PyObject *sobj = NULL;
+    CUstream h;
+    int ndim;
+    int all_int;
+    int async;
+
+    async = cm_effective_stream_obj(stream, self->stream, &h, &sobj);
+    if (async < 0) {
+        return -1;
+    }
+    if (cm_layout_index(self->ndim, self->shape, self->strides, key, &ndim,
+                        shape, strides, &offset, &all_int) < 0
+        || cm_da_activate(self) < 0) {
+        return -1;
+    }
+    lhs.addr = (uintptr_t)self->ptr + (uintptr_t)offset;
+    lhs.ndim = ndim;
+    lhs.shape = shape;
+    lhs.strides = strides;
+    lhs.itemsize = PyDataType_ELSIZE(self->dtype);
+    lhs.device = 1;
+    if (cm_assign(&lhs, self->dtype, value, h, async) < 0) {
+        return -1;
+    }
+    if (async && (cm_da_used_on(self, async, h, sobj) < 0
+                  || (cm_da_check(value)
+                      && cm_da_used_on((cm_da *)value, async, h, sobj)
+                         < 0))) {
+        return -1;
+    }
+    /* No stream at all: synchronous, as one default-stream sync. */
+    return async ? 0 : cm_stream_wait(NULL);
+}
+
+/* cm_da_setitem_impl_run with the array's context current. */
+int
+cm_da_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
+                   PyObject *stream)
+{
+    CUcontext prev;
+    int r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return -1;
+    }
+    r = cm_da_setitem_impl_run(self, key, value, stream);
+    cm_da_leave(self, prev);
+    return r;
+}
+
+int
+cm_da_ass_subscript(PyObject *self, PyObject *key, PyObject *value)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "device array elements cannot be deleted");
+        return -1;
+    }
+    return cm_da_setitem_impl((cm_da *)self, key, value, NULL);
+}
+
+Py_ssize_t
+cm_da_length(PyObject *self)
+{
+    cm_da *a = (cm_da *)self;
+
+    if (a->ndim == 0) {
+        PyErr_SetString(PyExc_IndexError, "tuple index out of range");
+        return -1;
+    }
+    return a->shape[0];
+}

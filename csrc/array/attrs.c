@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * array/attrs.c: the attributes of device arrays (the CUDA Array
+ * Interface export among them) and indexing.
+ */
+#include "array/devicearray.h"
+
+#include <numpy/arrayscalars.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* Attributes                                                          */
+/* ------------------------------------------------------------------ */
+
+/* The shape tuple (strides 0) or the strides tuple (1), made on first
+ * use (most arrays never show theirs); borrowed, or NULL with an
+ * exception. */
+PyObject *
+cm_da_dims_tuple(cm_da *a, int strides)
+{
+    PyObject **slot = strides ? &a->strides_t : &a->shape_t;
+
+    if (*slot == NULL) {
+        *slot = cm_ssize_tuple(a->ndim, strides ? a->strides : a->shape);
+    }
+    return *slot;
+}
+
+PyObject *
+cm_da_get_shape(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_XNewRef(cm_da_dims_tuple((cm_da *)self, 0));
+}
+
+PyObject *
+cm_da_get_strides(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_XNewRef(cm_da_dims_tuple((cm_da *)self, 1));
+}
+
+PyObject *
+cm_da_get_ndim(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromLong(((cm_da *)self)->ndim);
+}
+
+PyObject *
+cm_da_get_size(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(((cm_da *)self)->size);
+}
+
+PyObject *
+cm_da_get_dtype(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(((cm_da *)self)->dtype);
+}
+
+PyObject *
+cm_da_get_itemsize(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(PyDataType_ELSIZE(((cm_da *)self)->dtype));
+}
+
+PyObject *
+cm_da_get_nbytes(PyObject *self, void *unused)
+{
+    cm_da *a = (cm_da *)self;
+
+    (void)unused;
+    return PyLong_FromSsize_t(a->size * PyDataType_ELSIZE(a->dtype));
+}
+
+PyObject *
+cm_da_get_alloc_size(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(((cm_da *)self)->alloc_size);
+}
+
+PyObject *
+cm_da_get_gpu_data(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(((cm_da *)self)->gpu_data);
+}
+
+PyObject *
+cm_da_get_stream(PyObject *self, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(((cm_da *)self)->stream);
+}
+
+int
+cm_da_set_stream(PyObject *self, PyObject *value, void *unused)
+{
+    CUstream h;
+
+    (void)unused;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "cannot delete the stream");
+        return -1;
+    }
+    if (cm_stream_resolve(value, &h) < 0) {
+        return -1;
+    }
+    Py_SETREF(((cm_da *)self)->stream, Py_NewRef(value));
+    return 0;
+}
+
+PyObject *
+cm_da_get_ctypes_ptr(PyObject *self, void *unused)
+{
+    cm_da *a = (cm_da *)self;
+    PyObject *ctypes;
+    PyObject *r;
+
+    (void)unused;
+    ctypes = PyImport_ImportModule("ctypes");
+    if (ctypes == NULL) {
+        return NULL;
+    }
+    if (a->ptr == 0) {
+        r = PyObject_CallMethod(ctypes, "c_void_p", "i", 0);
+    }
+    else {
+        r = PyObject_CallMethod(ctypes, "c_size_t", "K",
+                                (unsigned long long)a->ptr);
+    }
+    Py_DECREF(ctypes);
+    return r;
+}
+
+PyObject *
+cm_da_get_flags(PyObject *self, void *unused)
+{
+    cm_da *a = (cm_da *)self;
+
+    (void)unused;
+    return Py_BuildValue("{sOsO}", "C_CONTIGUOUS",
+                         a->c_contig ? Py_True : Py_False, "F_CONTIGUOUS",
+                         a->f_contig ? Py_True : Py_False);
+}
+
+PyObject *
+cm_da_get_cai(PyObject *self, void *unused)
+{
+    cm_da *a = (cm_da *)self;
+    PyObject *d;
+    PyObject *v;
+    CUstream h;
+    int r;
+
+    (void)unused;
+    /* Freed or unmapped memory is not handed to other libraries. */
+    if (cm_da_alive(a) < 0) {
+        return NULL;
+    }
+    d = PyDict_New();
+    if (d == NULL) {
+        return NULL;
+    }
+    if ((v = cm_da_dims_tuple(a, 0)) == NULL
+        || PyDict_SetItem(d, ST->str_shape, v) < 0
+        || (v = a->c_contig ? Py_None : cm_da_dims_tuple(a, 1)) == NULL
+        || PyDict_SetItem(d, ST->str_strides, v) < 0) {
+        goto err_dict;
+    }
+    /* The data pair and the typestr never change: made once. */
+    if (a->cai_data == NULL) {
+        a->cai_data = Py_BuildValue("(KO)", (unsigned long long)a->ptr,
+                                    Py_False);
+        if (a->cai_data == NULL) {
+            goto err_dict;
+        }
+    }
+    if (a->cai_typestr == NULL) {
+        a->cai_typestr = PyObject_GetAttrString((PyObject *)a->dtype, "str");
+        if (a->cai_typestr == NULL) {
+            goto err_dict;
+        }
+    }
+    if (PyDict_SetItem(d, ST->str_data, a->cai_data) < 0
+        || PyDict_SetItem(d, ST->str_typestr, a->cai_typestr) < 0) {
+        goto err_dict;
+    }
+    if (PyDataType_HASFIELDS(a->dtype)) {
+        v = PyObject_GetAttrString((PyObject *)a->dtype, "descr");
+        if (v == NULL || PyDict_SetItem(d, ST->str_descr, v) < 0) {
+            Py_XDECREF(v);
+            goto err_dict;
+        }
+        Py_DECREF(v);
+    }
+    if (PyDict_SetItem(d, ST->str_version, cm_three) < 0) {
+        goto err_dict;
+    }
+    r = cm_effective_stream(NULL, a->stream, &h);
+    if (r < 0) {
+        goto err_dict;
+    }
+    if (r == 0) {
+        v = Py_NewRef(Py_None);
+    }
+    else if (h == NULL) {
+        /* The default stream exports the handle of its mode. */
+        v = PyLong_FromLong(cm_driver_per_thread() ? 2 : 1);
+    }
+    else {
+        v = PyLong_FromVoidPtr((void *)h);
+    }
+    if (v == NULL || PyDict_SetItem(d, ST->str_stream, v) < 0) {
+        Py_XDECREF(v);
+        goto err_dict;
+    }
+    Py_DECREF(v);
+    return d;
+err_dict:
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Indexing                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Apply a basic index (ints and slices) to a layout, numba's way.  Fills
+ * the result layout, the byte offset of its first element and whether
+ * every dimension was indexed by an integer. */
+int
+cm_layout_index(int ndim, const Py_ssize_t *shape,
+                const Py_ssize_t *strides, PyObject *item, int *ondim,
+                Py_ssize_t *oshape, Py_ssize_t *ostrides,
+                Py_ssize_t *offset, int *all_int)
+{
+    PyObject *const *items;
+    Py_ssize_t n;
+    Py_ssize_t k;
+    int out = 0;
+    int ints = 0;
+
+    if (PyTuple_Check(item)) {
+        items = &PyTuple_GET_ITEM(item, 0);
+        n = PyTuple_GET_SIZE(item);
+    }
+    else {
+        items = &item;
+        n = 1;
+    }
+    if (n > ndim) {
+        PyErr_Format(PyExc_IndexError, "%zd extra indices given",
+                     n - ndim);
+        return -1;
+    }
+    *offset = 0;
+    for (k = 0; k < n; k++) {
+        PyObject *e = items[k];
+
+        if (PySlice_Check(e)) {
+            Py_ssize_t start;
+            Py_ssize_t stop;
+            Py_ssize_t step;
+            Py_ssize_t len;
+
+            if (PySlice_Unpack(e, &start, &stop, &step) < 0) {
+                return -1;
+            }
+            len = PySlice_AdjustIndices(shape[k], &start, &stop, step);
+            if (len > 0) {
+                *offset += start * strides[k];
+            }
+            oshape[out] = len;
+            ostrides[out] = strides[k] * step;
+            out++;
+        }
+        else if (PyIndex_Check(e) && !PyArray_Check(e)) {
+            /* An index beyond Py_ssize_t is out of range: IndexError. */
+            Py_ssize_t i = PyNumber_AsSsize_t(e, PyExc_IndexError);
+
+            if (i == -1 && PyErr_Occurred()) {
+                return -1;
+            }
+            if (i < 0) {
+                i += shape[k];
+            }
+            if (i < 0 || i >= shape[k]) {
+                PyErr_SetNone(PyExc_IndexError);
+                return -1;
+            }
+            *offset += i * strides[k];
+            ints++;
+        }
+        else {
+            PyErr_Format(PyExc_TypeError,
+                         "only integers and slices are valid device array "
+                         "indices, not %.100s", Py_TYPE(e)->tp_name);
+            return -1;
+        }
+    }
+    for (; k < ndim; k++) {
+        oshape[out] = shape[k];
+        ostrides[out] = strides[k];
+        out++;
+    }
+    *ondim = out;
+    *all_int = ints == ndim;
+    return 0;
+}
+
+/* Read one element at addr as a NumPy scalar (a blocking copy). */
+PyObject *
+cm_read_scalar(CUdeviceptr addr, PyArray_Descr *dtype, PyObject *stream,
+               PyObject *bound)
+{
+    char small[64];
+    char *buf = small;
+    PyObject *r = NULL;
+    cm_view dv;
+    cm_view sv;
+    CUstream h;
+    int async;
+
+    async = cm_effective_stream(stream, bound, &h);
+    if (async < 0) {
+        return NULL;
+    }
+    if (PyDataType_ELSIZE(dtype) > (Py_ssize_t)sizeof(small)) {
+        buf = PyMem_Malloc(PyDataType_ELSIZE(dtype));
+        if (buf == NULL) {
+            return PyErr_NoMemory();
+        }
+    }
+    dv.addr = (uintptr_t)buf;
+    dv.ndim = 0;
+    dv.shape = NULL;
+    dv.strides = NULL;
+    dv.itemsize = PyDataType_ELSIZE(dtype);
+    dv.device = 0;
+    sv = dv;
+    sv.addr = (uintptr_t)addr;
+    sv.device = 1;
+    if (cm_copy(&dv, &sv, h, async) < 0
+        || (async && cm_stream_wait(h) < 0)) {
+        goto out_buf;
+    }
+    r = PyArray_Scalar(buf, dtype, NULL);
+out_buf:
+    if (buf != small) {
+        PyMem_Free(buf);
+    }
+    return r;
+}
+
+static PyObject *
+cm_da_getitem_impl_run(cm_da *self, PyObject *item, PyObject *stream)
+{
+    Py_ssize_t shape[NPY_MAXDIMS];
+    Py_ssize_t strides[NPY_MAXDIMS];
+    Py_ssize_t offset;
+    PyObject *bound;
+    int ndim;
+    int all_int;
+
+    if (cm_layout_index(self->ndim, self->shape, self->strides, item, &ndim,
+                        shape, strides, &offset, &all_int) < 0) {
+        return NULL;
+    }
+    bound = cm_pick_stream(stream, self);
+    if (bound == NULL) {
+        return NULL;
+    }
+    if (all_int && PyDataType_HASFIELDS(self->dtype)) {
+        return cm_da_subview(self, ST->DeviceRecord_type, 0, NULL, NULL,
+                             self->dtype, offset, bound);
+    }
+    if (all_int) {
+        if (cm_da_activate(self) < 0) {
+            return NULL;
+        }
+        return cm_read_scalar(self->ptr + (CUdeviceptr)offset, self->dtype,
+                              stream, self->stream);
+    }
+    return cm_da_subview(self, ST->DeviceNDArray_type, ndim, shape, strides,
+                         self->dtype, offset, bound);
+}
+
+/* cm_da_getitem_impl_run with the array's context current. */
+PyObject *
+cm_da_getitem_impl(cm_da *self, PyObject *item, PyObject *stream)
+{
+    CUcontext prev;
+    PyObject *r;
+
+    if (cm_da_enter(self, &prev) < 0) {
+        return NULL;
+    }
+    r = cm_da_getitem_impl_run(self, item, stream);
+    cm_da_leave(self, prev);
+    return r;
+}
+
+PyObject *
+cm_da_subscript(PyObject *self, PyObject *item)
+{
+    return cm_da_getitem_impl((cm_da *)self, item, NULL);
+}
+
+/* Fill the device view lhs (dtype) from value with numba's broadcasting
+ * rules; host values are cast with NumPy's unsafe casting. */
+/* lhs = cast(src) elementwise by the internal kernel; src strides are
+ * per lhs dimension (0 broadcasts).  Waits for it unless async. */
+int
+cm_assign_by_kernel(const cm_view *lhs, int dst_type, CUdeviceptr src,
+                    const Py_ssize_t *src_strides, int src_type,
+                    CUstream h, int async)
+{
+    cm_copy_desc d;
+    cm_context *ctx = cm_context_current();
+    int i;
+
+    if (ctx == NULL) {
+        return -1;
+    }
+    d.ndim = lhs->ndim;
+    for (i = 0; i < lhs->ndim; i++) {
+        d.shape[i] = lhs->shape[i];
+        d.dst_strides[i] = lhs->strides[i];
+        d.src_strides[i] = src_strides[i];
+    }
+    d.dst = (CUdeviceptr)lhs->addr;
+    d.src = src;
+    d.dst_type = dst_type;
+    d.src_type = src_type;
+    d.itemsize = (int)lhs->itemsize;
+    if (cm_copy_kernel(ctx, &d, h) < 0) {
+        return -1;
+    }
+    return async ? 0 : cm_stream_wait(h);
+}

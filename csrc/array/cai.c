@@ -1,0 +1,391 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * array/cai.c: the CUDA Array Interface import (foreign objects as
+ * device arrays).
+ */
+#include "array/devicearray.h"
+
+#include <numpy/arrayscalars.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* CUDA Array Interface import                                         */
+/* ------------------------------------------------------------------ */
+
+/* config.CUDA_ARRAY_INTERFACE_SYNC, read at each use; 1, 0 or -1. */
+int
+cm_config_cai_sync(void)
+{
+    PyObject *v;
+    int r;
+
+    if (ST->config == NULL) {
+        ST->config = PyImport_ImportModule("cudamem.config");
+        if (ST->config == NULL) {
+            return -1;
+        }
+    }
+    v = PyObject_GetAttr(ST->config, cm_str_sync_cfg);
+    if (v == NULL) {
+        return -1;
+    }
+    r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* Whether the current context's device reaches pageable host memory
+ * (HMM or ATS), where any mapped address of the process is device
+ * memory too. */
+static int
+cm_pageable_access(void)
+{
+    cm_context *ctx = cm_context_current();
+    int v = 0;
+
+    if (ctx == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return CM_CU_RAW(DeviceGetAttribute,
+                     (&v, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+                      ctx->device->handle)) == CUDA_SUCCESS && v != 0;
+}
+
+/* 0 if memory cudamem did not allocate, that an array spans, may be
+ * used by the device: p, the address given, lies inside an allocation
+ * the driver knows, of any kind and from any library (device, managed,
+ * page-locked or mapped host memory, IPC mappings), and the span, bytes
+ * [p + lo, p + lo + n) (lo <= 0 < n), fits inside it; or, where the
+ * device reaches pageable memory, the span is mapped memory of this
+ * process.  Else -1 with ValueError: what names the address's source,
+ * reach what spans it, for the messages.  One pointer query
+ * (cuPointerGetAttributes answers for unknown addresses without
+ * failing); the driver's range query where that entry point fails. */
+int
+cm_check_extent(CUdeviceptr p, Py_ssize_t lo, size_t n, const char *what,
+                const char *reach)
+{
+    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned int type = 0;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    void *data[3] = {&type, &base, &size};
+    CUdeviceptr start = p - (CUdeviceptr)(-lo);
+    long page;
+    uintptr_t first;
+    char hex[24];
+
+    if (CM_CU_RAW(PointerGetAttributes, (3, attrs, data, p))
+            != CUDA_SUCCESS) {
+        /* No answer for unknown memory: check the fit where known. */
+        type = 0;
+        if (CM_CU_RAW(MemGetAddressRange, (&base, &size, p))
+                != CUDA_SUCCESS) {
+            return 0;
+        }
+        type = CU_MEMORYTYPE_DEVICE;
+    }
+    if (type == 0) {
+        page = sysconf(_SC_PAGESIZE);
+        first = (uintptr_t)start & ~(uintptr_t)(page > 0 ? page - 1 : 0);
+        /* msync fails with ENOMEM where a page of the range is unmapped. */
+        if (cm_pageable_access()
+            && msync((void *)first, (size_t)(start - first) + n, MS_ASYNC)
+                   == 0) {
+            return 0;
+        }
+        snprintf(hex, sizeof(hex), "0x%llx", (unsigned long long)p);
+        PyErr_Format(PyExc_ValueError,
+                     "%s: pointer %s is in no live CUDA allocation "
+                     "(never allocated, or freed)", what, hex);
+        return -1;
+    }
+    if (size > 0 && (start < base || n > size
+                     || start - base > size - n)) {
+        snprintf(hex, sizeof(hex), "0x%llx", (unsigned long long)base);
+        PyErr_Format(PyExc_ValueError,
+                     "%s outside the allocation the pointer is in "
+                     "(%zu bytes at %s)", reach, size, hex);
+        return -1;
+    }
+    return 0;
+}
+
+/* A DeviceNDArray view over the memory a CAI dict describes, owned by
+ * owner (may be NULL).  Synchronises on the dict's stream when sync and
+ * config.CUDA_ARRAY_INTERFACE_SYNC are both true. */
+PyObject *
+cm_from_cai(PyObject *desc, PyObject *owner, int sync)
+{
+    Py_ssize_t shape[NPY_MAXDIMS];
+    Py_ssize_t strides[NPY_MAXDIMS];
+    PyArray_Descr *dtype = NULL;
+    PyObject *bound = NULL;
+    PyObject *res = NULL;
+    PyObject *v;
+    PyObject *d;
+    PyObject *data;
+    unsigned long long ptr;
+    Py_ssize_t version;
+    Py_ssize_t lo;
+    Py_ssize_t span;
+    Py_ssize_t n;
+    CUstream h = NULL;
+    int ndim;
+    int i;
+    int err;
+
+    if (!PyDict_Check(desc)) {
+        PyErr_Format(PyExc_TypeError,
+                     "__cuda_array_interface__ must be a dict, not %.100s",
+                     Py_TYPE(desc)->tp_name);
+        return NULL;
+    }
+    if (cm_context_current() == NULL) {
+        return NULL;
+    }
+    v = PyDict_GetItemWithError(desc, ST->str_version);
+    if (v == NULL || v == Py_None) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError,
+                            "__cuda_array_interface__ has no 'version'");
+        }
+        return NULL;
+    }
+    if (!PyLong_Check(v)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "__cuda_array_interface__ 'version' must be an int");
+        return NULL;
+    }
+    version = PyLong_AsSsize_t(v);
+    if (version == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (version > 3 || version < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "__cuda_array_interface__ 'version' %zd is not "
+                     "supported (0 to 3 are)", version);
+        return NULL;
+    }
+    v = PyDict_GetItemWithError(desc, ST->str_mask);
+    if (v == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (version >= 1 && v != NULL && v != Py_None) {
+        PyErr_SetString(PyExc_NotImplementedError,
+                        "Masked arrays are not supported");
+        return NULL;
+    }
+    /* shape */
+    v = PyDict_GetItemWithError(desc, ST->str_shape);
+    if (v == NULL || !PyTuple_Check(v)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__ 'shape' must be a "
+                            "tuple of ints");
+        }
+        return NULL;
+    }
+    n = PyTuple_GET_SIZE(v);
+    if (n > NPY_MAXDIMS) {
+        PyErr_SetString(PyExc_ValueError,
+                        "__cuda_array_interface__ 'shape' has too many "
+                        "dimensions");
+        return NULL;
+    }
+    ndim = (int)n;
+    for (i = 0; i < ndim; i++) {
+        if (cm_as_ssize(PyTuple_GET_ITEM(v, i), &shape[i]) < 0) {
+            return NULL;
+        }
+        if (shape[i] < 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__ 'shape' has a "
+                            "negative dimension");
+            return NULL;
+        }
+    }
+    /* typestr (descr for structured types) */
+    v = PyDict_GetItemWithError(desc, ST->str_typestr);
+    if (v == NULL || !PyUnicode_Check(v)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__ 'typestr' must be a "
+                            "str");
+        }
+        return NULL;
+    }
+    d = PyDict_GetItemWithError(desc, ST->str_descr);
+    if (d == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyArray_DescrConverter(v, &dtype)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError,
+                     "__cuda_array_interface__ 'typestr' %R is not a data "
+                     "type", v);
+        return NULL;
+    }
+    if (d != NULL && PyList_Check(d) && PyDataType_ELSIZE(dtype) > 0
+        && dtype->type_num == NPY_VOID && !PyDataType_HASFIELDS(dtype)) {
+        PyArray_Descr *full = NULL;
+
+        if (PyArray_DescrConverter(d, &full)
+            && PyDataType_ELSIZE(full) == PyDataType_ELSIZE(dtype)) {
+            Py_SETREF(dtype, full);
+        }
+        else {
+            Py_XDECREF(full);
+            PyErr_Clear();
+        }
+    }
+    if (PyDataType_REFCHK(dtype)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "__cuda_array_interface__ 'typestr' describes "
+                        "Python objects");
+        goto out_dtype;
+    }
+    /* strides */
+    v = PyDict_GetItemWithError(desc, ST->str_strides);
+    if (v == NULL && PyErr_Occurred()) {
+        goto out_dtype;
+    }
+    if (v == NULL || v == Py_None) {
+        cm_layout_compact(ndim, shape, PyDataType_ELSIZE(dtype), 0, strides);
+    }
+    else {
+        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != ndim) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__ 'strides' must be "
+                            "None or a tuple of ints as long as 'shape'");
+            goto out_dtype;
+        }
+        for (i = 0; i < ndim; i++) {
+            if (cm_as_ssize(PyTuple_GET_ITEM(v, i), &strides[i]) < 0) {
+                goto out_dtype;
+            }
+        }
+    }
+    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0
+        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dtype))
+               < 0) {
+        goto out_dtype;
+    }
+    /* data */
+    data = PyDict_GetItemWithError(desc, ST->str_data);
+    if (data == NULL || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2
+        || !PyLong_Check(PyTuple_GET_ITEM(data, 0))) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__ 'data' must be a "
+                            "tuple (pointer: int, read_only: bool)");
+        }
+        goto out_dtype;
+    }
+    ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
+    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) {
+        goto out_dtype;
+    }
+    span = cm_layout_span(ndim, shape, strides, PyDataType_ELSIZE(dtype), &lo);
+    if (span > 0) {
+        if (ptr == 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__ 'data' is a NULL "
+                            "pointer for a non-empty array");
+            goto out_dtype;
+        }
+        if ((unsigned long long)(-lo) > ptr
+            || ptr + (unsigned long long)(span + lo) < ptr) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__ 'strides' reach "
+                            "outside the address space");
+            goto out_dtype;
+        }
+        /* The view must lie in live memory the device can use. */
+        if (cm_check_extent((CUdeviceptr)ptr, lo, (size_t)span,
+                            "__cuda_array_interface__ 'data'",
+                            "__cuda_array_interface__ 'strides' reach")
+                < 0) {
+            goto out_dtype;
+        }
+    }
+    /* stream */
+    v = PyDict_GetItemWithError(desc, ST->str_stream);
+    if (v == NULL && PyErr_Occurred()) {
+        goto out_dtype;
+    }
+    if (v != NULL && v != Py_None) {
+        void *hp;
+        int want;
+
+        if (!PyLong_Check(v)) {
+            PyErr_SetString(PyExc_TypeError,
+                            "__cuda_array_interface__ 'stream' must be an "
+                            "int or None");
+            goto out_dtype;
+        }
+        hp = PyLong_AsVoidPtr(v);
+        if (hp == NULL && PyErr_Occurred()) {
+            goto out_dtype;
+        }
+        h = (CUstream)hp;
+        bound = cm_stream_external(h);
+        if (bound == NULL) {
+            goto out_dtype;
+        }
+        want = sync ? cm_config_cai_sync() : 0;
+        if (want < 0) {
+            goto out_bound;
+        }
+        if (want) {
+            CM_CU_NOGIL(err, StreamSynchronize, (h));
+            if (err < 0) {
+                goto out_bound;
+            }
+        }
+    }
+    res = cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dtype,
+                     (CUdeviceptr)ptr, owner != NULL ? owner : Py_None,
+                     bound);
+out_bound:
+    Py_XDECREF(bound);
+out_dtype:
+    Py_DECREF(dtype);
+    return res;
+}
+
+/* A cm_da for a device-side source: a cudamem array (new reference to
+ * it) or any CAI object (a synchronised view); NULL without an exception
+ * when obj is neither. */
+cm_da *
+cm_as_device_source(PyObject *obj)
+{
+    PyObject *cai;
+    PyObject *r;
+
+    if (cm_da_check(obj)) {
+        if (cm_da_alive((cm_da *)obj) < 0) {
+            return NULL;
+        }
+        return (cm_da *)Py_NewRef(obj);
+    }
+    if (PyArray_Check(obj)) {
+        return NULL;
+    }
+    if (PyObject_GetOptionalAttr(obj, cm_str_cai, &cai) < 0) {
+        return NULL;
+    }
+    if (cai == NULL || cai == Py_None) {
+        Py_XDECREF(cai);
+        return NULL;
+    }
+    r = cm_from_cai(cai, obj, 1);
+    Py_DECREF(cai);
+    return (cm_da *)r;
+}

@@ -1,0 +1,516 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * array/copy.c: the copy engine: joins the two sides of a copy into one
+ * layout and issues the fewest driver copies (1-D, 2-D or 3-D pieces), the
+ * internal kernel, or host packing for a strided host side.
+ */
+#include "array/devicearray.h"
+
+#include <numpy/arrayscalars.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+
+/* How a joint layout is issued: an inner run of width bytes, up to two
+ * pitched dimensions (y, z) and a loop over the remaining ones. */
+typedef struct {
+    Py_ssize_t width;
+    int has_y;
+    int has_z;
+    int y;                     /* joint dimension of the pitched rows */
+    int z;                     /* joint dimension of the pitched slices */
+    int nloop;                 /* loop dimensions are joint dims 0..nloop-1 */
+    Py_ssize_t pieces;         /* product of the loop dimensions */
+} cm_plan;
+
+static int
+cm_joint_build(cm_joint *j, const cm_view *dst, const cm_view *src,
+               int key_is_dst)
+{
+    Py_ssize_t dsh[NPY_MAXDIMS];
+    Py_ssize_t dst_[NPY_MAXDIMS];
+    Py_ssize_t ssh[NPY_MAXDIMS];
+    Py_ssize_t sst[NPY_MAXDIMS];
+    Py_ssize_t *ks;
+    Py_ssize_t *os;
+    int nd = 0;
+    int ns = 0;
+    int i;
+    int k;
+
+    j->itemsize = dst->itemsize;
+    j->dst = dst->addr;
+    j->src = src->addr;
+    j->dst_dev = dst->device;
+    j->src_dev = src->device;
+    j->count = 1;
+    for (i = 0; i < dst->ndim; i++) {
+        if (dst->shape[i] != 1) {
+            dsh[nd] = dst->shape[i];
+            dst_[nd++] = dst->strides[i];
+        }
+        j->count *= dst->shape[i];
+    }
+    for (i = 0; i < src->ndim; i++) {
+        if (src->shape[i] != 1) {
+            ssh[ns] = src->shape[i];
+            sst[ns++] = src->strides[i];
+        }
+    }
+    if (nd != ns || memcmp(dsh, ssh, nd * sizeof(Py_ssize_t)) != 0
+        || dst->itemsize != src->itemsize) {
+        PyErr_SetString(PyExc_ValueError,
+                        "copy: the arrays differ in shape or itemsize");
+        return -1;
+    }
+    j->ndim = 0;
+    if (j->count == 0) {
+        return 0;
+    }
+    for (i = 0; i < nd; i++) {
+        if (dst_[i] == 0 && sst[i] == 0) {
+            continue;
+        }
+        if (dst_[i] == 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "copy: the destination has a zero stride "
+                            "(a broadcast view) where the source has not; "
+                            "it cannot be written element by element");
+            return -1;
+        }
+        j->shape[j->ndim] = dsh[i];
+        j->ds[j->ndim] = dst_[i];
+        j->ss[j->ndim] = sst[i];
+        j->ndim++;
+    }
+    ks = key_is_dst ? j->ds : j->ss;
+    os = key_is_dst ? j->ss : j->ds;
+    /* Make the key side ascend in memory. */
+    for (i = 0; i < j->ndim; i++) {
+        if (ks[i] < 0) {
+            Py_ssize_t n1 = j->shape[i] - 1;
+
+            if (key_is_dst) {
+                j->dst += (uintptr_t)(n1 * ks[i]);
+                j->src += (uintptr_t)(n1 * os[i]);
+            }
+            else {
+                j->src += (uintptr_t)(n1 * ks[i]);
+                j->dst += (uintptr_t)(n1 * os[i]);
+            }
+            ks[i] = -ks[i];
+            os[i] = -os[i];
+        }
+    }
+    /* Sort outermost first by the key side's stride (insertion, stable). */
+    for (i = 1; i < j->ndim; i++) {
+        Py_ssize_t sh = j->shape[i];
+        Py_ssize_t a = ks[i];
+        Py_ssize_t b = os[i];
+
+        for (k = i; k > 0 && ks[k - 1] < a; k--) {
+            j->shape[k] = j->shape[k - 1];
+            ks[k] = ks[k - 1];
+            os[k] = os[k - 1];
+        }
+        j->shape[k] = sh;
+        ks[k] = a;
+        os[k] = b;
+    }
+    /* Merge an outer dimension into the inner one where both sides
+     * continue evenly. */
+    for (i = j->ndim - 2; i >= 0; i--) {
+        if (j->ds[i] == j->shape[i + 1] * j->ds[i + 1]
+            && j->ss[i] == j->shape[i + 1] * j->ss[i + 1]) {
+            j->shape[i] *= j->shape[i + 1];
+            j->ds[i] = j->ds[i + 1];
+            j->ss[i] = j->ss[i + 1];
+            for (k = i + 1; k < j->ndim - 1; k++) {
+                j->shape[k] = j->shape[k + 1];
+                j->ds[k] = j->ds[k + 1];
+                j->ss[k] = j->ss[k + 1];
+            }
+            j->ndim--;
+        }
+    }
+    return 0;
+}
+
+static void
+cm_plan_make(const cm_joint *j, cm_plan *p)
+{
+    int n = j->ndim;
+    int y;
+    int z;
+    int i;
+
+    p->width = j->itemsize;
+    p->has_y = 0;
+    p->has_z = 0;
+    p->y = -1;
+    p->z = -1;
+    if (n > 0 && j->ds[n - 1] == j->itemsize
+        && j->ss[n - 1] == j->itemsize) {
+        p->width = j->shape[n - 1] * j->itemsize;
+        n--;
+    }
+    y = n - 1;
+    if (y >= 0 && j->ds[y] >= p->width && j->ss[y] >= p->width
+        && j->ds[y] < ((Py_ssize_t)1 << 31)
+        && j->ss[y] < ((Py_ssize_t)1 << 31)) {
+        p->has_y = 1;
+        p->y = y;
+        n--;
+        z = n - 1;
+        if (z >= 0 && j->ss[z] > 0 && j->ds[z] > 0
+            && j->ds[z] % j->ds[y] == 0
+            && j->ss[z] % j->ss[y] == 0
+            && j->ds[z] / j->ds[y] >= j->shape[y]
+            && j->ss[z] / j->ss[y] >= j->shape[y]) {
+            p->has_z = 1;
+            p->z = z;
+            n--;
+        }
+    }
+    p->nloop = n;
+    p->pieces = 1;
+    for (i = 0; i < n; i++) {
+        p->pieces *= j->shape[i];
+    }
+}
+
+/* Issue one piece: width bytes, or a 2-D / 3-D pitched block. */
+static CUresult
+cm_piece(const cm_joint *j, const cm_plan *p, uintptr_t d, uintptr_t s,
+         CUstream stream, int async, const char **fn)
+{
+    int y = p->y;
+
+    if (!p->has_y) {
+        if (j->dst_dev && j->src_dev) {
+            *fn = async ? "cuMemcpyDtoDAsync" : "cuMemcpyDtoD";
+            return async ? CM_CU_RAW(MemcpyDtoDAsync, (d, s, p->width,
+                                                       stream))
+                         : CM_CU_RAW(MemcpyDtoD, (d, s, p->width));
+        }
+        if (j->dst_dev) {
+            *fn = async ? "cuMemcpyHtoDAsync" : "cuMemcpyHtoD";
+            return async ? CM_CU_RAW(MemcpyHtoDAsync,
+                                     (d, (const void *)s, p->width, stream))
+                         : CM_CU_RAW(MemcpyHtoD,
+                                     (d, (const void *)s, p->width));
+        }
+        *fn = async ? "cuMemcpyDtoHAsync" : "cuMemcpyDtoH";
+        return async ? CM_CU_RAW(MemcpyDtoHAsync,
+                                 ((void *)d, s, p->width, stream))
+                     : CM_CU_RAW(MemcpyDtoH, ((void *)d, s, p->width));
+    }
+    if (!p->has_z) {
+        CUDA_MEMCPY2D c;
+
+        memset(&c, 0, sizeof(c));
+        c.srcMemoryType = j->src_dev ? CU_MEMORYTYPE_DEVICE
+                                     : CU_MEMORYTYPE_HOST;
+        c.srcDevice = (CUdeviceptr)s;
+        c.srcHost = (const void *)s;
+        c.srcPitch = (size_t)j->ss[y];
+        c.dstMemoryType = j->dst_dev ? CU_MEMORYTYPE_DEVICE
+                                     : CU_MEMORYTYPE_HOST;
+        c.dstDevice = (CUdeviceptr)d;
+        c.dstHost = (void *)d;
+        c.dstPitch = (size_t)j->ds[y];
+        c.WidthInBytes = (size_t)p->width;
+        c.Height = (size_t)j->shape[y];
+        *fn = async ? "cuMemcpy2DAsync" : "cuMemcpy2D";
+        return async ? CM_CU_RAW(Memcpy2DAsync, (&c, stream))
+                     : CM_CU_RAW(Memcpy2D, (&c));
+    }
+    else {
+        CUDA_MEMCPY3D c;
+        int z = p->z;
+
+        memset(&c, 0, sizeof(c));
+        c.srcMemoryType = j->src_dev ? CU_MEMORYTYPE_DEVICE
+                                     : CU_MEMORYTYPE_HOST;
+        c.srcDevice = (CUdeviceptr)s;
+        c.srcHost = (const void *)s;
+        c.srcPitch = (size_t)j->ss[y];
+        c.srcHeight = (size_t)(j->ss[z] / j->ss[y]);
+        c.dstMemoryType = j->dst_dev ? CU_MEMORYTYPE_DEVICE
+                                     : CU_MEMORYTYPE_HOST;
+        c.dstDevice = (CUdeviceptr)d;
+        c.dstHost = (void *)d;
+        c.dstPitch = (size_t)j->ds[y];
+        c.dstHeight = (size_t)(j->ds[z] / j->ds[y]);
+        c.WidthInBytes = (size_t)p->width;
+        c.Height = (size_t)j->shape[y];
+        c.Depth = (size_t)j->shape[z];
+        *fn = async ? "cuMemcpy3DAsync" : "cuMemcpy3D";
+        return async ? CM_CU_RAW(Memcpy3DAsync, (&c, stream))
+                     : CM_CU_RAW(Memcpy3D, (&c));
+    }
+}
+
+/* Every piece of the plan, in order.  Pure C: runs without the GIL. */
+static CUresult
+cm_pieces_run(const cm_joint *j, const cm_plan *p, CUstream stream,
+              int async, const char **fn)
+{
+    Py_ssize_t idx[NPY_MAXDIMS];
+    Py_ssize_t n;
+    CUresult rc;
+    int i;
+
+    memset(idx, 0, sizeof(idx));
+    for (n = 0; n < p->pieces; n++) {
+        uintptr_t d = j->dst;
+        uintptr_t s = j->src;
+
+        for (i = 0; i < p->nloop; i++) {
+            d += (uintptr_t)(idx[i] * j->ds[i]);
+            s += (uintptr_t)(idx[i] * j->ss[i]);
+        }
+        rc = cm_piece(j, p, d, s, stream, async, fn);
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+        for (i = p->nloop - 1; i >= 0; i--) {
+            if (++idx[i] < j->shape[i]) {
+                break;
+            }
+            idx[i] = 0;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Host to host, any layouts (the joint layout of two host views). */
+static void
+cm_host_copy(const cm_joint *j)
+{
+    Py_ssize_t idx[NPY_MAXDIMS];
+    Py_ssize_t width = j->itemsize;
+    Py_ssize_t inner = 1;
+    Py_ssize_t total;
+    Py_ssize_t n;
+    Py_ssize_t e;
+    int nl = j->ndim;
+    int i;
+
+    if (nl > 0 && j->ds[nl - 1] == j->itemsize
+        && j->ss[nl - 1] == j->itemsize) {
+        width = j->shape[nl - 1] * j->itemsize;
+        nl--;
+    }
+    else if (nl > 0) {
+        inner = j->shape[nl - 1];
+        nl--;
+    }
+    total = 1;
+    for (i = 0; i < nl; i++) {
+        total *= j->shape[i];
+    }
+    memset(idx, 0, sizeof(idx));
+    for (n = 0; n < total; n++) {
+        char *d = (char *)j->dst;
+        const char *s = (const char *)j->src;
+
+        for (i = 0; i < nl; i++) {
+            d += idx[i] * j->ds[i];
+            s += idx[i] * j->ss[i];
+        }
+        if (inner == 1) {
+            memcpy(d, s, (size_t)width);
+        }
+        else {
+            for (e = 0; e < inner; e++) {
+                memcpy(d + e * j->ds[nl], s + e * j->ss[nl],
+                       (size_t)width);
+            }
+        }
+        for (i = nl - 1; i >= 0; i--) {
+            if (++idx[i] < j->shape[i]) {
+                break;
+            }
+            idx[i] = 0;
+        }
+    }
+}
+
+/* Wait for stream (GIL released); 0 or -1. */
+int
+cm_stream_wait(CUstream stream)
+{
+    int err;
+
+    CM_CU_NOGIL(err, StreamSynchronize, (stream));
+    return err;
+}
+
+static int cm_copy_impl(const cm_view *dst, const cm_view *src,
+                        CUstream stream, int async, int may_stage);
+
+/* Copy through a compact host buffer laid out like key (a view of the
+ * same shape as dst and src): first src into the buffer, then the buffer
+ * into dst.  The device side of each step is issued as it is. */
+static int
+cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
+               CUstream stream, int async)
+{
+    Py_ssize_t tstrides[NPY_MAXDIMS];
+    Py_ssize_t first;
+    Py_ssize_t bytes;
+    cm_view tmp;
+    char *buf;
+    int rc = -1;
+
+    bytes = cm_layout_compact_like(key->ndim, key->shape, key->strides,
+                                   key->itemsize, tstrides, &first);
+    buf = PyMem_RawMalloc(bytes > 0 ? (size_t)bytes : 1);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    tmp.addr = (uintptr_t)(buf + first);
+    tmp.ndim = key->ndim;
+    tmp.shape = key->shape;
+    tmp.strides = tstrides;
+    tmp.itemsize = key->itemsize;
+    tmp.device = 0;
+    if (cm_copy_impl(&tmp, src, stream, async, 0) < 0) {
+        goto out_free_buf;
+    }
+    if (async && src->device && cm_stream_wait(stream) < 0) {
+        goto out_free_buf;
+    }
+    /* A device-to-device copy staged in src's order may need the host
+     * buffer reordered for dst: one more (host-only) staging. */
+    if (cm_copy_impl(dst, &tmp, stream, async,
+                     src->device && dst->device) < 0) {
+        goto out_free_buf;
+    }
+    if (async && dst->device && cm_stream_wait(stream) < 0) {
+        goto out_free_buf;
+    }
+    rc = 0;
+out_free_buf:
+    PyMem_RawFree(buf);
+    return rc;
+}
+
+/* The raw element type that moves itemsize bytes unchanged. */
+int
+cm_raw_type(Py_ssize_t itemsize)
+{
+    switch (itemsize) {
+    case 1: return CM_T_U8;
+    case 2: return CM_T_U16;
+    case 4: return CM_T_U32;
+    case 8: return CM_T_U64;
+    default: return CM_T_BYTES;
+    }
+}
+
+/* A device-to-device copy (with a cast when the types differ) by the
+ * internal kernel, over a joint layout; waits for it unless async. */
+static int
+cm_copy_by_kernel(const cm_joint *j, int dst_type, int src_type,
+                  CUstream stream, int async)
+{
+    cm_copy_desc d;
+    cm_context *ctx = cm_context_current();
+    int i;
+
+    if (ctx == NULL) {
+        return -1;
+    }
+    d.ndim = j->ndim;
+    for (i = 0; i < j->ndim; i++) {
+        d.shape[i] = j->shape[i];
+        d.dst_strides[i] = j->ds[i];
+        d.src_strides[i] = j->ss[i];
+    }
+    d.dst = (CUdeviceptr)j->dst;
+    d.src = (CUdeviceptr)j->src;
+    d.dst_type = dst_type;
+    d.src_type = src_type;
+    d.itemsize = (int)j->itemsize;
+    if (cm_copy_kernel(ctx, &d, stream) < 0) {
+        return -1;
+    }
+    return async ? 0 : cm_stream_wait(stream);
+}
+
+/* Hand a copy between host and device memory to the staging pipeline
+ * (staging.c); 1 when it took it, 0 when not, -1 on error. */
+static int
+cm_copy_try_staging(const cm_joint *j, CUstream stream, int async)
+{
+    cm_xfer x;
+
+    x.htod = j->dst_dev;
+    x.ndim = j->ndim;
+    x.shape = j->shape;
+    x.hstrides = j->dst_dev ? j->ss : j->ds;
+    x.dstrides = j->dst_dev ? j->ds : j->ss;
+    x.host = j->dst_dev ? j->src : j->dst;
+    x.dev = (CUdeviceptr)(j->dst_dev ? j->dst : j->src);
+    x.itemsize = j->itemsize;
+    return cm_staging_copy(&x, stream, async);
+}
+
+static int
+cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
+             int async, int may_stage)
+{
+    cm_joint j;
+    cm_plan p;
+    const char *fn = "cuMemcpy";
+    CUresult rc;
+
+    if (cm_joint_build(&j, dst, src, dst->device || !src->device) < 0) {
+        return -1;
+    }
+    if (j.count == 0) {
+        return 0;
+    }
+    if (!dst->device && !src->device) {
+        cm_host_copy(&j);
+        return 0;
+    }
+    if (dst->device != src->device) {
+        /* Large pageable transfers go through the staging pipeline. */
+        int r = cm_copy_try_staging(&j, stream, async);
+
+        if (r != 0) {
+            return r < 0 ? -1 : 0;
+        }
+    }
+    cm_plan_make(&j, &p);
+    if (p.pieces > 1 && dst->device && src->device
+        && j.ndim <= CM_KMAXDIM) {
+        /* No 2-D / 3-D copy expresses it: the internal kernel does. */
+        int t = cm_raw_type(j.itemsize);
+
+        return cm_copy_by_kernel(&j, t, t, stream, async);
+    }
+    if (p.pieces > 1 && may_stage) {
+        /* Make the host side follow the device side's layout (or, past
+         * the kernel's dimension limit, stage a device-to-device copy
+         * through the host). */
+        return cm_copy_staged(dst, src, src->device ? src : dst, stream,
+                              async);
+    }
+    CM_DRIVER_BEGIN_NOGIL
+    rc = cm_pieces_run(&j, &p, stream, async, &fn);
+    CM_DRIVER_END_NOGIL
+    return cm_cu_check(rc, fn);
+}
+
+int
+cm_copy(const cm_view *dst, const cm_view *src, CUstream stream, int async)
+{
+    return cm_copy_impl(dst, src, stream, async, 1);
+}
