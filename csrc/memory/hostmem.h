@@ -1,0 +1,273 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/hostmem.h: what the files of host memory share (hostmem.c,
+ * hostclose.c, hostarray.c, registry.c, hostreg.c, managed.c, hostbuf.c:
+ * the sections of one concept, kept in files of their own).  Private to
+ * them: the rest of the folder and the layers above use memory/memory.h.
+ */
+#ifndef CM_HOSTMEM_H
+#define CM_HOSTMEM_H
+
+#include "memory/memory.h"
+
+/* What a HostAllocation holds. */
+enum {
+    CM_HM_PINNED = 0,     /* cuMemHostAlloc, no device mapping asked */
+    CM_HM_MAPPED,         /* cuMemHostAlloc with DEVICEMAP */
+    CM_HM_MANAGED         /* cuMemAllocManaged */
+};
+
+extern const char *const cm_hm_kind_names[];
+
+extern PyObject *cm_hm_zero;          /* the int 0: the unbound stream */
+
+/* ------------------------------------------------------------------ */
+/* Context switching without the GIL                                   */
+/* ------------------------------------------------------------------ */
+
+/* Make h current if it is not; *pushed says whether to pop.  No GIL
+ * needed. */
+CUresult
+cm_ctx_enter(CUcontext h, int *pushed);
+
+void
+cm_ctx_leave(int pushed);
+
+#define CM_POOL_CLASSES 40            /* 4 KiB .. 2 PiB */
+
+/* One page-locked block of a size class. */
+typedef struct cm_hblock {
+    void *host;               /* cuMemHostAlloc address */
+    size_t size;              /* the class size, bytes */
+    CUevent ev;               /* recorded when returned; NULL until then */
+    struct cm_hblock *next;   /* free list link */
+} cm_hblock;
+
+/* One device's pool. */
+typedef struct {
+    unsigned long gen;        /* the Context generation the blocks are of;
+                               * 0 before first use */
+    cm_hblock *free[CM_POOL_CLASSES];  /* LIFO free lists */
+    size_t reserved;          /* bytes of all blocks made (live and free) */
+    size_t free_bytes;        /* bytes of free blocks */
+    size_t hits;              /* allocations served from a free block */
+    size_t misses;            /* allocations that made a block */
+} cm_hpool;
+
+extern int cm_hpool_on;                /* CUDAMEM_PINNED_POOL */
+
+extern size_t cm_hpool_cap;            /* most free bytes kept */
+
+/* The pool of ctx's device, emptied of blocks of an earlier context
+ * (their memory went with that context); NULL if the device has none. */
+cm_hpool *
+cm_hpool_of(cm_context *ctx);
+
+/* Free every free block of ctx's pool now (GIL released around the
+ * frees); closing: ctx is being closed (no longer alive, its handle
+ * still valid).  0, or -1 with the first driver error raised. */
+int
+cm_hpool_trim_as(cm_context *ctx, int closing);
+
+int
+cm_hpool_trim(cm_context *ctx);
+
+/* ------------------------------------------------------------------ */
+/* HostAllocation                                                      */
+/* ------------------------------------------------------------------ */
+
+/* Host memory that outlived its context: an anonymous mapping put where
+ * the driver's mapping was, holding what the memory held (see "Host
+ * memory across close()" below). */
+typedef struct {
+    uintptr_t start;          /* page-aligned */
+    size_t len;               /* whole pages */
+    void *save;               /* the copy while the context goes */
+    Py_ssize_t refs;          /* owners in it */
+} cm_hrescue;
+
+/* The owner of one host allocation. */
+typedef struct cm_hostmem_s {
+    PyObject_HEAD
+    cm_context *ctx;          /* strong: the context it was made in */
+    uintptr_t host;           /* host address; 0 when size is 0 */
+    CUdeviceptr dptr;         /* device address (mapped, managed); else 0 */
+    size_t size;              /* bytes (a pooled block may be larger) */
+    int kind;                 /* CM_HM_* */
+    unsigned int flags;       /* the flags it was allocated with */
+    cm_hblock *block;         /* the pool block it is, or NULL */
+    PyObject *plugin_mem;     /* strong: the plugin's pointer object that
+                               * owns the memory, or NULL (cudamem does) */
+    PyObject *stream;         /* strong: the stream its arrays are bound
+                               * to (0 or a Stream) */
+    struct cm_hostmem_s *prev;  /* the list of owners of cudamem's own */
+    struct cm_hostmem_s *next;  /* memory (cm_hm_live) */
+    cm_hrescue *rescue;       /* where the memory went at close(), or
+                               * NULL */
+    PyObject *weakreflist;
+} cm_hostmem;
+
+/* NOTE: guarded by the GIL.  Owners of live memory cudamem allocated
+ * (not a plugin's), so close() can keep it for their arrays. */
+extern cm_hostmem *cm_hm_live;
+
+void
+cm_hm_link(cm_hostmem *m);
+
+#define ST cm_st
+
+int
+cm_hm_check(PyObject *o);
+
+int
+cm_hm_traverse(PyObject *self, visitproc visit, void *arg);
+
+int
+cm_hm_clear(PyObject *self);
+
+void
+cm_hm_dealloc(PyObject *self);
+
+/* A new owner with nothing allocated yet. */
+cm_hostmem *
+cm_hm_empty(cm_context *ctx, int kind, size_t size, unsigned int flags,
+            PyObject *stream);
+
+/* Fill m through the context's plugin manager. */
+int
+cm_hm_alloc_plugin(cm_hostmem *m);
+
+/* Fill m with cudamem's own allocation (pool, host or managed). */
+int
+cm_hm_alloc_default(cm_hostmem *m);
+
+/* A new owner of size bytes of kind in the current context.  Size 0
+ * allocates nothing. */
+cm_hostmem *
+cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream);
+
+extern PyType_Spec cm_hm_spec;
+
+/* Interned keyword names. */
+enum {
+    KW_SHAPE, KW_DTYPE, KW_STRIDES, KW_ORDER, KW_STREAM, KW_PORTABLE,
+    KW_WC, KW_ATTACH_GLOBAL, KW_ARY, KW_DEVICE, KW_ADVICE, KW_N
+};
+
+extern const char *const cm_hm_kw_text[KW_N];
+
+extern PyObject *cm_hm_kw[KW_N];
+
+/* A stream argument: NULL or None give 0; else it must resolve. */
+PyObject *
+cm_hm_stream_arg(PyObject *o);
+
+PyObject *
+cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames);
+
+PyObject *
+cm_pinned_array_like(PyObject *mod, PyObject *ary);
+
+PyObject *
+cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames);
+
+PyObject *
+cm_mapped_array_like(PyObject *mod, PyObject *const *args,
+                     Py_ssize_t nargs, PyObject *kwnames);
+
+PyObject *
+cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames);
+
+/* The HostAllocation in arr's base chain, or NULL (no exception). */
+cm_hostmem *
+cm_hm_find(PyObject *arr);
+
+PyObject *
+cm_host_owner_fn(PyObject *mod, PyObject *arg);
+
+/* The device address of host memory at addr (mapped or registered). */
+int
+cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d);
+
+PyObject *
+cm_device_view_fn(PyObject *mod, PyObject *arg);
+
+PyObject *
+cm_host_get_flags_fn(PyObject *mod, PyObject *arg);
+
+/* ------------------------------------------------------------------ */
+/* The registry of registered host ranges                              */
+/* ------------------------------------------------------------------ */
+
+/* A byte range registered with the driver by one cuMemHostRegister. */
+typedef struct cm_piece {
+    uintptr_t lo;             /* first byte */
+    uintptr_t hi;             /* end */
+    long users;               /* registrations holding it */
+    struct cm_piece *next;    /* the next piece up in address */
+} cm_piece;
+
+/* The pieces a registration holds, one user each. */
+typedef struct {
+    cm_piece **v;             /* raw memory */
+    Py_ssize_t n;             /* used */
+    Py_ssize_t cap;           /* allocated */
+} cm_held;
+
+/* NOTE: the pieces, sorted and disjoint, and their byte total are
+ * guarded by cm_reg_lock, which is taken only with the GIL released. */
+extern cm_piece *cm_pieces;
+
+extern size_t cm_reg_bytes;
+
+extern PyThread_type_lock cm_reg_lock;
+
+/* Drop h's pieces, newest first; unregister those left without users
+ * (only when driver is set: a dead context took them already).  Lock
+ * held, no GIL, the context current.  The first error. */
+CUresult
+cm_reg_release_locked(cm_held *h, int driver);
+
+/* Hold pieces covering [lo, hi), registering the gaps between existing
+ * pieces.  Lock held, no GIL, the context current. */
+CUresult
+cm_reg_acquire_locked(uintptr_t lo, uintptr_t hi, cm_held *h);
+
+/* The byte range [lo, hi) an array occupies; 0 if it is empty. */
+int
+cm_array_range(PyArrayObject *a, uintptr_t *lo, uintptr_t *hi);
+
+PyObject *
+cm_register_arrays_fn(PyObject *mod, PyObject *args);
+
+extern PyType_Spec cm_reg_spec;
+
+PyObject *
+cm_registered_bytes_fn(PyObject *mod, PyObject *unused);
+
+PyObject *
+cm_managed_prefetch_fn(PyObject *mod, PyObject *const *args,
+                       Py_ssize_t nargs, PyObject *kwnames);
+
+PyObject *
+cm_managed_advise_fn(PyObject *mod, PyObject *const *args,
+                     Py_ssize_t nargs, PyObject *kwnames);
+
+/* Docstrings of functions whose tables live in another file. */
+extern const char cm_pinned_array_doc[];
+extern const char cm_pinned_array_like_doc[];
+extern const char cm_mapped_array_doc[];
+extern const char cm_mapped_array_like_doc[];
+extern const char cm_managed_array_doc[];
+extern const char cm_host_owner_doc[];
+extern const char cm_device_view_doc[];
+extern const char cm_host_get_flags_doc[];
+extern const char cm_register_arrays_doc[];
+extern const char cm_registered_bytes_doc[];
+extern const char cm_managed_prefetch_doc[];
+extern const char cm_managed_advise_doc[];
+
+#endif /* CM_HOSTMEM_H */
