@@ -1,0 +1,501 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * runtime/streamfuncs.c: the module-level stream and event functions,
+ * the resolution of stream arguments, and the init of streams.
+ */
+#include "runtime/stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+
+/* ------------------------------------------------------------------ */
+/* Module-level functions                                              */
+/* ------------------------------------------------------------------ */
+
+/* A new Stream made with flags (and priority 0) in the current context:
+ * a kept idle stream of that context made the same way if there is one,
+ * else a new one from cuStreamCreate.  New reference, or NULL. */
+static PyObject *
+cm_stream_make(unsigned int flags)
+{
+    cm_context *ctx;
+    cm_stream *s;
+    CUstream h;
+    int err;
+
+    ctx = cm_context_current();
+    if (ctx == NULL) {
+        return NULL;
+    }
+    h = cm_stream_cache_take(ctx, flags, 0);
+    if (h == NULL) {
+        CM_CU_NOGIL(err, StreamCreate, (&h, flags));
+        if (err < 0) {
+            return NULL;
+        }
+    }
+    s = (cm_stream *)cm_stream_new(ctx, h, CM_STREAM_USER, NULL);
+    if (s == NULL) {
+        CM_DRIVER_BEGIN_NOGIL
+        (void)CM_CU_RAW(StreamDestroy, (h));
+        CM_DRIVER_END_NOGIL
+        return NULL;
+    }
+    s->flags = flags;
+    return (PyObject *)s;
+}
+
+PyDoc_STRVAR(cm_stream_fn_doc,
+"stream()\n--\n\n"
+"A new stream (cuStreamCreate, flags 0: it synchronises with the legacy "
+"default stream), in the current context.\n\n"
+"Notes\n-----\n"
+"When a stream made here is dropped while idle (all its work done), "
+"cudamem keeps it, up to config.CUDA_STREAM_CACHE_SIZE (16) per context, "
+"and a later stream() in that context hands it out again instead of "
+"creating one; a busy stream is destroyed once its work is done, as in "
+"numba.  So the handle of a new stream may equal that of a dead one: do "
+"not use a handle, or an external_stream() of it, after its Stream is "
+"gone.  Kept streams are destroyed by close(), by reset of the device or "
+"context, and at exit; CUDA_STREAM_CACHE_SIZE = 0 keeps none.");
+
+static PyObject *
+cm_stream_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return cm_stream_make(CU_STREAM_DEFAULT);
+}
+
+PyDoc_STRVAR(cm_stream_with_flags_doc,
+"_stream_with_flags(flags)\n--\n\n"
+"stream() with cuStreamCreate's flags (CU_STREAM_NON_BLOCKING is 1); kept "
+"and reused among streams of the same flags (tests only).");
+
+static PyObject *
+cm_stream_with_flags_fn(PyObject *mod, PyObject *arg)
+{
+    unsigned long flags = PyLong_AsUnsignedLong(arg);
+
+    (void)mod;
+    if (flags == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (flags > UINT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "flags out of range");
+        return NULL;
+    }
+    return cm_stream_make((unsigned int)flags);
+}
+
+/* A Stream of a fixed special handle in the current context. */
+static PyObject *
+cm_special_stream(CUstream h, cm_stream_kind kind)
+{
+    cm_context *ctx = cm_context_current();
+
+    return ctx == NULL ? NULL : cm_stream_new(ctx, h, kind, NULL);
+}
+
+PyDoc_STRVAR(cm_default_stream_doc,
+"default_stream()\n--\n\n"
+"The default stream (handle 0): the legacy default stream, or the "
+"per-thread one when CUDAMEM_PER_THREAD_DEFAULT_STREAM (or numba's or "
+"cuda-python's variable) is set.  A new object on each call.");
+
+static PyObject *
+cm_default_stream_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return cm_special_stream(NULL, CM_STREAM_DEFAULT);
+}
+
+PyDoc_STRVAR(cm_legacy_default_stream_doc,
+"legacy_default_stream()\n--\n\n"
+"The legacy default stream (CU_STREAM_LEGACY, handle 1).");
+
+static PyObject *
+cm_legacy_default_stream_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return cm_special_stream(CU_STREAM_LEGACY, CM_STREAM_LEGACY);
+}
+
+PyDoc_STRVAR(cm_per_thread_default_stream_doc,
+"per_thread_default_stream()\n--\n\n"
+"The per-thread default stream (CU_STREAM_PER_THREAD, handle 2).");
+
+static PyObject *
+cm_per_thread_default_stream_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return cm_special_stream(CU_STREAM_PER_THREAD, CM_STREAM_PER_THREAD);
+}
+
+PyObject *
+cm_stream_external_owned(CUstream handle, PyObject *owner)
+{
+    cm_context *ctx;
+
+    if (cm_stream_handle_check((uintptr_t)handle, "external stream") < 0) {
+        return NULL;
+    }
+    ctx = cm_context_current();
+    if (ctx == NULL) {
+        return NULL;
+    }
+    return cm_stream_new(ctx, handle, CM_STREAM_EXTERNAL, owner);
+}
+
+PyObject *
+cm_stream_external(CUstream handle)
+{
+    return cm_stream_external_owned(handle, NULL);
+}
+
+PyDoc_STRVAR(cm_external_stream_doc,
+"external_stream(ptr)\n--\n\n"
+"A Stream wrapping the CUstream ptr (an int) that cudamem does not own: "
+"it is never destroyed.  0, 1 and 2 name the default streams.  The\n"
+"driver reads the object at any other handle without a check, so a ptr\n"
+"that is unaligned or whose memory cannot be read raises ValueError\n"
+"(numba accepts it and the first use crashes); a readable address that\n"
+"is not a live stream (one destroyed, or any other pointer) cannot be\n"
+"told apart, and passing one is the caller's error, as in every CUDA\n"
+"library.");
+
+static PyObject *
+cm_external_stream_fn(PyObject *mod, PyObject *const *args,
+                      Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *ptr = NULL;
+    unsigned long long h;
+
+    (void)mod;
+    if (cm_bind_args("external_stream", args, nargs, kwnames, &cm_str_ptr,
+                     1, 1, &ptr) < 0) {
+        return NULL;
+    }
+    if (!PyLong_Check(ptr)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "ptr for external stream must be an int");
+        return NULL;
+    }
+    h = PyLong_AsUnsignedLongLong(ptr);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_SetString(PyExc_OverflowError,
+                            "ptr for external stream must be a "
+                            "non-negative int below 2**64");
+        }
+        return NULL;
+    }
+    return cm_stream_external((CUstream)(uintptr_t)h);
+}
+
+PyDoc_STRVAR(cm_event_fn_doc,
+"event(timing=True)\n--\n\n"
+"A new event in the current context; without timing it is cheaper and "
+"serves only for ordering (CU_EVENT_DISABLE_TIMING).");
+
+static PyObject *
+cm_event_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+            PyObject *kwnames)
+{
+    PyObject *tobj = Py_True;
+    cm_context *ctx;
+    cm_event *e;
+    int timing;
+
+    (void)mod;
+    if (cm_bind_args("event", args, nargs, kwnames, &cm_str_timing, 1, 0,
+                     &tobj) < 0
+        || (timing = PyObject_IsTrue(tobj)) < 0
+        || (ctx = cm_context_current()) == NULL) {
+        return NULL;
+    }
+    e = PyObject_GC_New(cm_event, cm_st->Event_type);
+    if (e == NULL) {
+        return NULL;
+    }
+    e->handle = NULL;
+    e->ctx = (cm_context *)Py_NewRef(ctx);
+    e->timing = timing;
+    e->weakreflist = NULL;
+    PyObject_GC_Track(e);
+    if (CM_CU(EventCreate, (&e->handle, timing ? CU_EVENT_DEFAULT
+                                               : CU_EVENT_DISABLE_TIMING))
+        < 0) {
+        e->handle = NULL;
+        Py_DECREF(e);
+        return NULL;
+    }
+    return (PyObject *)e;
+}
+
+PyDoc_STRVAR(cm_event_elapsed_time_fn_doc,
+"event_elapsed_time(evtstart, evtend)\n--\n\n"
+"Milliseconds (float) between two completed timing events.");
+
+static PyObject *
+cm_event_elapsed_time_fn(PyObject *mod, PyObject *const *args,
+                         Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *const names[2] = {cm_str_evtstart, cm_str_evtend};
+    PyObject *vals[2] = {NULL, NULL};
+
+    (void)mod;
+    if (cm_bind_args("event_elapsed_time", args, nargs, kwnames, names, 2, 2,
+                     vals) < 0) {
+        return NULL;
+    }
+    return cm_elapsed(vals[0], vals[1]);
+}
+
+static PyMethodDef cm_stream_functions[] = {
+    {"stream", cm_stream_fn, METH_NOARGS, cm_stream_fn_doc},
+    {"default_stream", cm_default_stream_fn, METH_NOARGS,
+     cm_default_stream_doc},
+    {"legacy_default_stream", cm_legacy_default_stream_fn, METH_NOARGS,
+     cm_legacy_default_stream_doc},
+    {"per_thread_default_stream", cm_per_thread_default_stream_fn,
+     METH_NOARGS, cm_per_thread_default_stream_doc},
+    {"external_stream", (PyCFunction)(void (*)(void))cm_external_stream_fn,
+     METH_FASTCALL | METH_KEYWORDS, cm_external_stream_doc},
+    {"event", (PyCFunction)(void (*)(void))cm_event_fn,
+     METH_FASTCALL | METH_KEYWORDS, cm_event_fn_doc},
+    {"event_elapsed_time",
+     (PyCFunction)(void (*)(void))cm_event_elapsed_time_fn,
+     METH_FASTCALL | METH_KEYWORDS, cm_event_elapsed_time_fn_doc},
+    {"_callbacks_atexit", cm_callbacks_atexit, METH_NOARGS,
+     cm_callbacks_atexit_doc},
+    {"_stream_with_flags", cm_stream_with_flags_fn, METH_O,
+     cm_stream_with_flags_doc},
+    {"_stream_cache", cm_stream_cache_fn, METH_O, cm_stream_cache_doc},
+    {"_set_stream_cache_size", cm_set_stream_cache_size, METH_O,
+     cm_set_stream_cache_size_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ------------------------------------------------------------------ */
+/* Stream arguments                                                    */
+/* ------------------------------------------------------------------ */
+
+/* NOTE: guarded by the GIL.  Handles that passed the check lately: the
+ * check is a system call (a microsecond or more), and a foreign stream
+ * object is often passed to call after call. */
+#define CM_HANDLES_OK 4
+static uintptr_t cm_handles_ok[CM_HANDLES_OK];
+static unsigned cm_handles_next;
+
+int
+cm_stream_handle_check(uintptr_t h, const char *what)
+{
+    char byte[sizeof(void *)];
+    struct iovec local = {byte, sizeof(byte)};
+    struct iovec remote = {(void *)h, sizeof(byte)};
+    ssize_t n;
+    int i;
+
+    if (h <= (uintptr_t)CU_STREAM_PER_THREAD) {
+        return 0;
+    }
+    for (i = 0; i < CM_HANDLES_OK; i++) {
+        if (cm_handles_ok[i] == h) {
+            return 0;
+        }
+    }
+    if (h % sizeof(void *) != 0) {
+        goto bad;
+    }
+    /* Reading through the kernel fails with EFAULT instead of faulting. */
+    n = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (n == (ssize_t)sizeof(byte)) {
+        cm_handles_ok[cm_handles_next++ % CM_HANDLES_OK] = h;
+        return 0;
+    }
+    if (n < 0 && (errno == ENOSYS || errno == EPERM)) {
+        /* Reading one's own memory is forbidden here: ask only whether
+         * the page is mapped. */
+        long pg = sysconf(_SC_PAGESIZE);
+        unsigned char vec;
+
+        if (pg > 0 && mincore((void *)(h & ~(uintptr_t)(pg - 1)),
+                              (size_t)pg, &vec) == 0) {
+            cm_handles_ok[cm_handles_next++ % CM_HANDLES_OK] = h;
+            return 0;
+        }
+    }
+bad:
+    PyErr_Format(PyExc_ValueError,
+                 "%s: %p is not a stream handle (no stream object can be "
+                 "at that address)", what, (void *)h);
+    return -1;
+}
+
+int
+cm_stream_resolve(PyObject *obj, CUstream *handle)
+{
+    PyObject *meth;
+    PyObject *t;
+    unsigned long long h;
+    int overflow;
+
+    if (cm_stream_check(obj)) {
+        cm_stream *s = (cm_stream *)obj;
+
+        /* A stream of a closed context names a destroyed driver stream:
+         * the driver would read freed memory. */
+        if (!s->ctx->alive && s->handle != NULL
+            && s->handle != CU_STREAM_LEGACY
+            && s->handle != CU_STREAM_PER_THREAD) {
+            *handle = 0;
+            PyErr_SetString(PyExc_ValueError,
+                            "the stream belongs to a closed context");
+            return -1;
+        }
+        *handle = s->handle;
+        return 1;
+    }
+    *handle = 0;
+    if (obj == Py_None || obj == Py_False) {
+        return 0;
+    }
+    if (PyLong_CheckExact(obj)
+        && PyLong_AsLongAndOverflow(obj, &overflow) == 0 && !overflow) {
+        return 0;
+    }
+    if (PyObject_GetOptionalAttr(obj, cm_str_cuda_stream, &meth) < 0) {
+        return -1;
+    }
+    if (meth == NULL) {
+        PyErr_Format(PyExc_TypeError,
+                     "Expected a Stream object or 0, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    t = PyObject_CallNoArgs(meth);
+    Py_DECREF(meth);
+    if (t == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2
+        || !PyLong_Check(PyTuple_GET_ITEM(t, 1))) {
+        Py_DECREF(t);
+        PyErr_Format(PyExc_TypeError,
+                     "%.100s.__cuda_stream__() must return (version, "
+                     "handle)", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    h = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
+    Py_DECREF(t);
+    if ((h == (unsigned long long)-1 && PyErr_Occurred())
+        || cm_stream_handle_check((uintptr_t)h, "__cuda_stream__()") < 0) {
+        return -1;
+    }
+    *handle = (CUstream)(uintptr_t)h;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Init                                                                */
+/* ------------------------------------------------------------------ */
+
+static int
+cm_stream_intern(PyObject **slot, const char *s)
+{
+    *slot = PyUnicode_InternFromString(s);
+    return *slot == NULL ? -1 : 0;
+}
+
+/* Register _callbacks_atexit with atexit. */
+static int
+cm_stream_register_atexit(PyObject *mod)
+{
+    PyObject *atexit;
+    PyObject *fn;
+    PyObject *r;
+
+    fn = PyObject_GetAttrString(mod, "_callbacks_atexit");
+    if (fn == NULL) {
+        return -1;
+    }
+    atexit = PyImport_ImportModule("atexit");
+    if (atexit == NULL) {
+        Py_DECREF(fn);
+        return -1;
+    }
+    r = PyObject_CallMethod(atexit, "register", "O", fn);
+    Py_DECREF(atexit);
+    Py_DECREF(fn);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+int
+cm_stream_init(PyObject *mod, cm_state *st)
+{
+    if (cm_stream_intern(&cm_str_cuda_stream, "__cuda_stream__") < 0
+        || cm_stream_intern(&cm_str_stream, "stream") < 0
+        || cm_stream_intern(&cm_str_callback, "callback") < 0
+        || cm_stream_intern(&cm_str_arg, "arg") < 0
+        || cm_stream_intern(&cm_str_timing, "timing") < 0
+        || cm_stream_intern(&cm_str_ptr, "ptr") < 0
+        || cm_stream_intern(&cm_str_evtstart, "evtstart") < 0
+        || cm_stream_intern(&cm_str_evtend, "evtend") < 0
+        || cm_stream_intern(&cm_str_done, "done") < 0
+        || cm_stream_intern(&cm_str_set_result, "set_result") < 0
+        || cm_stream_intern(&cm_str_set_exception, "set_exception") < 0
+        || cm_stream_intern(&cm_str_create_future, "create_future") < 0
+        || cm_stream_intern(&cm_str_await, "__await__") < 0
+        || cm_stream_intern(&cm_str_drain, "_drain") < 0) {
+        return -1;
+    }
+    st->Stream_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        mod, &cm_stream_spec, NULL);
+    if (st->Stream_type == NULL
+        || PyModule_AddObjectRef(mod, "Stream",
+                                 (PyObject *)st->Stream_type) < 0) {
+        return -1;
+    }
+    st->Event_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        mod, &cm_event_spec, NULL);
+    if (st->Event_type == NULL
+        || PyModule_AddObjectRef(mod, "Event",
+                                 (PyObject *)st->Event_type) < 0) {
+        return -1;
+    }
+    /* Private helper types live as long as the process (one interpreter);
+     * the module keeps a reference as attributes too. */
+    cm_autosync_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        mod, &cm_autosync_spec, NULL);
+    if (cm_autosync_type == NULL
+        || PyModule_AddObjectRef(mod, "_AutoSynchronize",
+                                 (PyObject *)cm_autosync_type) < 0) {
+        return -1;
+    }
+    cm_notifier_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        mod, &cm_notifier_spec, NULL);
+    if (cm_notifier_type == NULL
+        || PyModule_AddObjectRef(mod, "_LoopNotifier",
+                                 (PyObject *)cm_notifier_type) < 0) {
+        return -1;
+    }
+    if (PyModule_AddFunctions(mod, cm_stream_functions) < 0) {
+        return -1;
+    }
+    return cm_stream_register_atexit(mod);
+}
