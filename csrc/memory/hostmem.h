@@ -27,11 +27,9 @@ extern PyObject *cm_hm_zero;          /* the int 0: the unbound stream */
 
 /* Make h current if it is not; *pushed says whether to pop.  No GIL
  * needed. */
-CUresult
-cm_ctx_enter(CUcontext h, int *pushed);
+CUresult cm_ctx_enter(CUcontext h, int *pushed);
 
-void
-cm_ctx_leave(int pushed);
+void cm_ctx_leave(int pushed);
 
 #define CM_POOL_CLASSES 40            /* 4 KiB .. 2 PiB */
 
@@ -60,17 +58,14 @@ extern size_t cm_hpool_cap;            /* most free bytes kept */
 
 /* The pool of ctx's device, emptied of blocks of an earlier context
  * (their memory went with that context); NULL if the device has none. */
-cm_hpool *
-cm_hpool_of(cm_context *ctx);
+cm_hpool *cm_hpool_of(cm_context *ctx);
 
 /* Free every free block of ctx's pool now (GIL released around the
  * frees); closing: ctx is being closed (no longer alive, its handle
  * still valid).  0, or -1 with the first driver error raised. */
-int
-cm_hpool_trim_as(cm_context *ctx, int closing);
+int cm_hpool_trim_as(cm_context *ctx, int closing);
 
-int
-cm_hpool_trim(cm_context *ctx);
+int cm_hpool_trim(cm_context *ctx);
 
 /* ------------------------------------------------------------------ */
 /* HostAllocation                                                      */
@@ -111,40 +106,31 @@ typedef struct cm_hostmem_s {
  * (not a plugin's), so close() can keep it for their arrays. */
 extern cm_hostmem *cm_hm_live;
 
-void
-cm_hm_link(cm_hostmem *m);
+void cm_hm_link(cm_hostmem *m);
 
 #define ST cm_st
 
-int
-cm_hm_check(PyObject *o);
+int cm_hm_check(PyObject *o);
 
-int
-cm_hm_traverse(PyObject *self, visitproc visit, void *arg);
+int cm_hm_traverse(PyObject *self, visitproc visit, void *arg);
 
-int
-cm_hm_clear(PyObject *self);
+int cm_hm_clear(PyObject *self);
 
-void
-cm_hm_dealloc(PyObject *self);
+void cm_hm_dealloc(PyObject *self);
 
 /* A new owner with nothing allocated yet. */
-cm_hostmem *
-cm_hm_empty(cm_context *ctx, int kind, size_t size, unsigned int flags,
-            PyObject *stream);
+cm_hostmem *cm_hm_empty(cm_context *ctx, int kind, size_t size, unsigned int flags,
+                        PyObject *stream);
 
 /* Fill m through the context's plugin manager. */
-int
-cm_hm_alloc_plugin(cm_hostmem *m);
+int cm_hm_alloc_plugin(cm_hostmem *m);
 
 /* Fill m with cudamem's own allocation (pool, host or managed). */
-int
-cm_hm_alloc_default(cm_hostmem *m);
+int cm_hm_alloc_default(cm_hostmem *m);
 
 /* A new owner of size bytes of kind in the current context.  Size 0
  * allocates nothing. */
-cm_hostmem *
-cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream);
+cm_hostmem *cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream);
 
 extern PyType_Spec cm_hm_spec;
 
@@ -159,44 +145,33 @@ extern const char *const cm_hm_kw_text[KW_N];
 extern PyObject *cm_hm_kw[KW_N];
 
 /* A stream argument: NULL or None give 0; else it must resolve. */
-PyObject *
-cm_hm_stream_arg(PyObject *o);
+PyObject *cm_hm_stream_arg(PyObject *o);
 
-PyObject *
-cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames);
+PyObject *cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
 
-PyObject *
-cm_pinned_array_like(PyObject *mod, PyObject *ary);
+PyObject *cm_pinned_array_like(PyObject *mod, PyObject *ary);
 
-PyObject *
-cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames);
+PyObject *cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
 
-PyObject *
-cm_mapped_array_like(PyObject *mod, PyObject *const *args,
-                     Py_ssize_t nargs, PyObject *kwnames);
+PyObject *cm_mapped_array_like(PyObject *mod, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames);
 
-PyObject *
-cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                 PyObject *kwnames);
+PyObject *cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames);
 
 /* The HostAllocation in arr's base chain, or NULL (no exception). */
-cm_hostmem *
-cm_hm_find(PyObject *arr);
+cm_hostmem *cm_hm_find(PyObject *arr);
 
-PyObject *
-cm_host_owner_fn(PyObject *mod, PyObject *arg);
+PyObject *cm_host_owner_fn(PyObject *mod, PyObject *arg);
 
 /* The device address of host memory at addr (mapped or registered). */
-int
-cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d);
+int cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d);
 
-PyObject *
-cm_device_view_fn(PyObject *mod, PyObject *arg);
+PyObject *cm_device_view_fn(PyObject *mod, PyObject *arg);
 
-PyObject *
-cm_host_get_flags_fn(PyObject *mod, PyObject *arg);
+PyObject *cm_host_get_flags_fn(PyObject *mod, PyObject *arg);
 
 /* ------------------------------------------------------------------ */
 /* The registry of registered host ranges                              */
@@ -228,33 +203,26 @@ extern PyThread_type_lock cm_reg_lock;
 /* Drop h's pieces, newest first; unregister those left without users
  * (only when driver is set: a dead context took them already).  Lock
  * held, no GIL, the context current.  The first error. */
-CUresult
-cm_reg_release_locked(cm_held *h, int driver);
+CUresult cm_reg_release_locked(cm_held *h, int driver);
 
 /* Hold pieces covering [lo, hi), registering the gaps between existing
  * pieces.  Lock held, no GIL, the context current. */
-CUresult
-cm_reg_acquire_locked(uintptr_t lo, uintptr_t hi, cm_held *h);
+CUresult cm_reg_acquire_locked(uintptr_t lo, uintptr_t hi, cm_held *h);
 
 /* The byte range [lo, hi) an array occupies; 0 if it is empty. */
-int
-cm_array_range(PyArrayObject *a, uintptr_t *lo, uintptr_t *hi);
+int cm_array_range(PyArrayObject *a, uintptr_t *lo, uintptr_t *hi);
 
-PyObject *
-cm_register_arrays_fn(PyObject *mod, PyObject *args);
+PyObject *cm_register_arrays_fn(PyObject *mod, PyObject *args);
 
 extern PyType_Spec cm_reg_spec;
 
-PyObject *
-cm_registered_bytes_fn(PyObject *mod, PyObject *unused);
+PyObject *cm_registered_bytes_fn(PyObject *mod, PyObject *unused);
 
-PyObject *
-cm_managed_prefetch_fn(PyObject *mod, PyObject *const *args,
-                       Py_ssize_t nargs, PyObject *kwnames);
+PyObject *cm_managed_prefetch_fn(PyObject *mod, PyObject *const *args,
+                                 Py_ssize_t nargs, PyObject *kwnames);
 
-PyObject *
-cm_managed_advise_fn(PyObject *mod, PyObject *const *args,
-                     Py_ssize_t nargs, PyObject *kwnames);
+PyObject *cm_managed_advise_fn(PyObject *mod, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames);
 
 /* Docstrings of functions whose tables live in another file. */
 extern const char cm_pinned_array_doc[];

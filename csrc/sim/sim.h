@@ -335,8 +335,7 @@ extern uint64_t sim_ipc_nonce;
 /* Pages of their own for host or managed memory, as the driver maps
  * them (and unmaps them when they are freed or their context goes);
  * NULL when memory is short. */
-void *
-sim_host_map(size_t size);
+void *sim_host_map(size_t size);
 
 /* ------------------------------------------------------------------ */
 extern /* Fault injection                                                     */
@@ -346,8 +345,7 @@ extern /* Fault injection                                                     */
 atomic_long inj_armed;
 
 /* Whether this call of entry point idx is the armed one; sets *rc. */
-int
-sim_inject_slow(int idx, CUresult *rc);
+int sim_inject_slow(int idx, CUresult *rc);
 
 static inline int
 sim_injected(int idx, CUresult *rc)
@@ -375,158 +373,116 @@ sim_injected(int idx, CUresult *rc)
 /* Small helpers                                                       */
 /* ------------------------------------------------------------------ */
 
-void
-sim_lock(void);
+void sim_lock(void);
 
-void
-sim_unlock(void);
+void sim_unlock(void);
 
-int64_t
-sim_now_ns(void);
+int64_t sim_now_ns(void);
 
 /* This process's sim_ipc_nonce, made on the first call (lock held). */
-uint64_t
-sim_nonce(void);
+uint64_t sim_nonce(void);
 
-void
-sim_sleep_us(long us);
+void sim_sleep_us(long us);
 
-int
-sim_set_has(const sim_set *set, const void *p);
+int sim_set_has(const sim_set *set, const void *p);
 
 /* 0, or -1 when out of memory. */
-int
-sim_set_add(sim_set *set, const void *p);
+int sim_set_add(sim_set *set, const void *p);
 
-void
-sim_set_del(sim_set *set, const void *p);
+void sim_set_del(sim_set *set, const void *p);
 
-CUresult
-sim_GetErrorName(CUresult error, const char **pStr);
+CUresult sim_GetErrorName(CUresult error, const char **pStr);
 
-CUresult
-sim_GetErrorString(CUresult error, const char **pStr);
+CUresult sim_GetErrorString(CUresult error, const char **pStr);
 
-void
-sim_register_atfork(void);
+void sim_register_atfork(void);
 
-CUresult
-sim_Init(unsigned int Flags);
+CUresult sim_Init(unsigned int Flags);
 
-CUresult
-sim_DriverGetVersion(int *driverVersion);
+CUresult sim_DriverGetVersion(int *driverVersion);
 
 /* ------------------------------------------------------------------ */
 /* Devices                                                             */
 /* ------------------------------------------------------------------ */
 
-int
-sim_dev_ok(CUdevice dev);
+int sim_dev_ok(CUdevice dev);
 
-CUresult
-sim_DeviceGet(CUdevice *device, int ordinal);
+CUresult sim_DeviceGet(CUdevice *device, int ordinal);
 
-CUresult
-sim_DeviceGetCount(int *count);
+CUresult sim_DeviceGetCount(int *count);
 
-CUresult
-sim_DeviceGetName(char *name, int len, CUdevice dev);
+CUresult sim_DeviceGetName(char *name, int len, CUdevice dev);
 
-CUresult
-sim_DeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
+CUresult sim_DeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 
-CUresult
-sim_DeviceTotalMem(size_t *bytes, CUdevice dev);
+CUresult sim_DeviceTotalMem(size_t *bytes, CUdevice dev);
 
-CUresult
-sim_DeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult sim_DeviceGetUuid(CUuuid *uuid, CUdevice dev);
 
-CUresult
-sim_DeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
+CUresult sim_DeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
 
-CUresult
-sim_DeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+CUresult sim_DeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 
 /* The allocation containing address p, dying or not, or NULL. */
-sim_alloc *
-sim_alloc_find_any(uintptr_t p);
+sim_alloc *sim_alloc_find_any(uintptr_t p);
 
 /* The live allocation containing address p, or NULL. */
-sim_alloc *
-sim_alloc_find(uintptr_t p);
+sim_alloc *sim_alloc_find(uintptr_t p);
 
 /* Whether [p, p + n) overlaps any registered range, dying ones included. */
-int
-sim_alloc_overlaps(uintptr_t p, size_t n);
+int sim_alloc_overlaps(uintptr_t p, size_t n);
 
 /* 0, or -1 when out of memory. */
-int
-sim_alloc_insert(sim_alloc *a);
+int sim_alloc_insert(sim_alloc *a);
 
-void
-sim_alloc_remove(sim_alloc *a);
+void sim_alloc_remove(sim_alloc *a);
 
 /* Give back what a (already out of the registry) holds, and a itself. */
-void
-sim_alloc_release(sim_alloc *a);
+void sim_alloc_release(sim_alloc *a);
 
 /* Whether [p, p + n) lies inside one live allocation; n > 0. */
-sim_alloc *
-sim_range(uintptr_t p, size_t n);
+sim_alloc *sim_range(uintptr_t p, size_t n);
 
 /* This thread's state, made on first use; NULL when out of memory. */
-sim_tls *
-sim_tls_get(void);
+sim_tls *sim_tls_get(void);
 
 /* The top of this thread's context stack, destroyed or not. */
-sim_ctx *
-sim_top(void);
+sim_ctx *sim_top(void);
 
 /* The current context, or why there is no usable one. */
-CUresult
-sim_current(sim_ctx **out);
+CUresult sim_current(sim_ctx **out);
 
 /* Whether h is a live context, a destroyed one, or no context at all. */
-CUresult
-sim_ctx_check(CUcontext h);
+CUresult sim_ctx_check(CUcontext h);
 
 /* ------------------------------------------------------------------ */
 /* Streams and operations (lock held unless noted)                     */
 /* ------------------------------------------------------------------ */
 
 /* Whether s takes part in the legacy default stream's implicit sync. */
-int
-sim_blocking(const sim_stream *s);
+int sim_blocking(const sim_stream *s);
 
-void
-sim_stream_unref(sim_stream *s);
+void sim_stream_unref(sim_stream *s);
 
-void
-sim_event_unref(sim_event *e);
+void sim_event_unref(sim_event *e);
 
 /* A new stream of c with its worker started; NULL when out of memory
  * or threads. */
-sim_stream *
-sim_stream_new(sim_ctx *c, int kind);
+sim_stream *sim_stream_new(sim_ctx *c, int kind);
 
 /* Drop the handle: queued work still runs, then the worker exits. */
-void
-sim_stream_destroy(sim_stream *s);
+void sim_stream_destroy(sim_stream *s);
 
-sim_op *
-sim_op_new(int kind);
+sim_op *sim_op_new(int kind);
 
 /* Make op wait for ticket on s; 0, or -1 when out of memory. */
-int
-sim_op_dep(sim_op *op, sim_stream *s, uint64_t ticket);
+int sim_op_dep(sim_op *op, sim_stream *s, uint64_t ticket);
 
-void
-sim_op_free(sim_op *op);
+void sim_op_free(sim_op *op);
 
 /* Queue op on s behind its implicit dependencies.  Always consumes op;
  * on success s->submitted is op's ticket. */
-CUresult
-sim_enqueue(sim_stream *s, sim_op *op);
+CUresult sim_enqueue(sim_stream *s, sim_op *op);
 
 /* Where the driver would crash (it reads a handle's object without a
  * check): say why and abort, so a test sees the crash. */
@@ -535,28 +491,23 @@ sim_fatal(const char *fmt, ...);
 
 /* The stream a handle names: 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
  * (these need a current context) or a live stream. */
-CUresult
-sim_stream_get(CUstream h, sim_stream **out);
+CUresult sim_stream_get(CUstream h, sim_stream **out);
 
 /* Whether h is a live event: NULL is not (the driver refuses it); any
  * other handle that is not one would crash the driver, which reads the
  * object it points at. */
-int
-sim_event_known(CUevent h);
+int sim_event_known(CUevent h);
 
 /* Wait until s has finished ticket (the lock is released meanwhile). */
-CUresult
-sim_wait(sim_stream *s, uint64_t ticket);
+CUresult sim_wait(sim_stream *s, uint64_t ticket);
 
 /* Whether c has a stream still busy with work numbered <= g. */
-int
-sim_ctx_busy(const sim_ctx *c, uint64_t g);
+int sim_ctx_busy(const sim_ctx *c, uint64_t g);
 
 /* Wait for all work submitted so far on the streams of c, or of every
  * context (destroyed ones too, which may still be draining) if c is
  * NULL.  The lock is released meanwhile. */
-CUresult
-sim_drain(const sim_ctx *c);
+CUresult sim_drain(const sim_ctx *c);
 
 /* ------------------------------------------------------------------ */
 /* Primary contexts                                                    */
@@ -564,41 +515,29 @@ sim_drain(const sim_ctx *c);
 
 /* Destroy dev's primary context: drain it, then free everything it
  * owns.  The struct stays, marked destroyed. */
-CUresult
-sim_ctx_destroy(int dev);
+CUresult sim_ctx_destroy(int dev);
 
-CUresult
-sim_DevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult sim_DevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 
-CUresult
-sim_DevicePrimaryCtxRelease(CUdevice dev);
+CUresult sim_DevicePrimaryCtxRelease(CUdevice dev);
 
-CUresult
-sim_DevicePrimaryCtxReset(CUdevice dev);
+CUresult sim_DevicePrimaryCtxReset(CUdevice dev);
 
-CUresult
-sim_DevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult sim_DevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 
-CUresult
-sim_CtxGetCurrent(CUcontext *pctx);
+CUresult sim_CtxGetCurrent(CUcontext *pctx);
 
-CUresult
-sim_CtxSetCurrent(CUcontext ctx);
+CUresult sim_CtxSetCurrent(CUcontext ctx);
 
-CUresult
-sim_CtxPushCurrent(CUcontext ctx);
+CUresult sim_CtxPushCurrent(CUcontext ctx);
 
-CUresult
-sim_CtxPopCurrent(CUcontext *pctx);
+CUresult sim_CtxPopCurrent(CUcontext *pctx);
 
-CUresult
-sim_CtxGetDevice(CUdevice *device);
+CUresult sim_CtxGetDevice(CUdevice *device);
 
-CUresult
-sim_CtxSynchronize(void);
+CUresult sim_CtxSynchronize(void);
 
-CUresult
-sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
+CUresult sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 
 /* ------------------------------------------------------------------ */
 /* Memory                                                              */
@@ -606,68 +545,52 @@ sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 
 /* Register a new allocation of size bytes at mem for the current
  * context; charged: bytes counted against the device. */
-CUresult
-sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
-              unsigned int flags);
+CUresult sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
+                       unsigned int flags);
 
-CUresult
-sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize);
+CUresult sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize);
 
-CUresult
-sim_MemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+CUresult sim_MemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
 
-CUresult
-sim_MemFree(CUdeviceptr dptr);
+CUresult sim_MemFree(CUdeviceptr dptr);
 
-CUresult
-sim_MemGetInfo(size_t *free_, size_t *total);
+CUresult sim_MemGetInfo(size_t *free_, size_t *total);
 
-CUresult
-sim_MemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
+CUresult sim_MemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 
-CUresult
-sim_MemFreeHost(void *p);
+CUresult sim_MemFreeHost(void *p);
 
 /* The flags of a cuMemHostAlloc allocation (the driver answers
  * INVALID_VALUE for registered or unknown memory). */
-CUresult
-sim_MemHostGetFlags(unsigned int *pFlags, void *p);
+CUresult sim_MemHostGetFlags(unsigned int *pFlags, void *p);
 
-CUresult
-sim_MemHostRegister(void *p, size_t bytesize, unsigned int Flags);
+CUresult sim_MemHostRegister(void *p, size_t bytesize, unsigned int Flags);
 
-CUresult
-sim_MemHostUnregister(void *p);
+CUresult sim_MemHostUnregister(void *p);
 
-CUresult
-sim_MemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags);
+CUresult sim_MemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags);
 
-CUresult
-sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 
-CUresult
-sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
-                        CUdeviceptr ptr);
+CUresult sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
+                                 CUdeviceptr ptr);
 
 /* As the driver's: an address the simulator does not know is no error;
  * every attribute of it reads as zero (memory type 0: unregistered). */
-CUresult
-sim_PointerGetAttributes(unsigned int numAttributes,
-                         CUpointer_attribute *attributes, void **data,
-                         CUdeviceptr ptr);
+CUresult sim_PointerGetAttributes(unsigned int numAttributes,
+                                  CUpointer_attribute *attributes, void **data,
+                                  CUdeviceptr ptr);
 
 /* ------------------------------------------------------------------ */
 /* Memory pools: memory given back while work may be queued         */
 /* ------------------------------------------------------------------ */
 
 /* Whether any stream of any context still has work numbered <= g. */
-int
-sim_busy_upto(uint64_t g);
+int sim_busy_upto(uint64_t g);
 
 /* Free the host memory of given-back chunks that no queued work can
  * touch any more. */
-void
-sim_graves_sweep(void);
+void sim_graves_sweep(void);
 
 /* ------------------------------------------------------------------ */
 /* Shareable memory pools: the memory (lock held unless noted)         */
@@ -701,80 +624,62 @@ sim_graves_sweep(void);
 
 /* Give back the memory of pool allocation a now (nothing queued can use
  * it). */
-void
-sim_pool_mem_release(sim_mempool *mp, sim_alloc *a);
+void sim_pool_mem_release(sim_mempool *mp, sim_alloc *a);
 
 /* Free a made or imported pool once it is destroyed and nothing of it is
  * left; unlinks it. */
-void
-sim_mempool_reap(sim_mempool *mp);
+void sim_mempool_reap(sim_mempool *mp);
 
 /* After a synchronising call: every pool keeps at most its release
  * threshold, as the driver releases memory at synchronisation; a
  * destroyed pool keeps nothing, and goes once empty. */
-void
-sim_mempools_settle(void);
+void sim_mempools_settle(void);
 
 /* Drop every cached chunk of dev's pools made in context c (being
  * destroyed, after draining). */
-void
-sim_mempool_drop_ctx(int dev, const sim_ctx *c);
+void sim_mempool_drop_ctx(int dev, const sim_ctx *c);
 
-CUresult
-sim_DeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+CUresult sim_DeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
 
-CUresult
-sim_MemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
-                        void *value);
+CUresult sim_MemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                 void *value);
 
-CUresult
-sim_MemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
-                        void *value);
+CUresult sim_MemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                 void *value);
 
-CUresult
-sim_MemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+CUresult sim_MemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
 
-CUresult
-sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 
-CUresult
-sim_MemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
-                          CUmemoryPool pool, CUstream hStream);
+CUresult sim_MemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
+                                   CUmemoryPool pool, CUstream hStream);
 
-CUresult
-sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream);
+CUresult sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream);
 
 /* ------------------------------------------------------------------ */
 /* Shareable memory pools: the entry points                            */
 /* ------------------------------------------------------------------ */
 
-CUresult
-sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+CUresult sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
 
-CUresult
-sim_MemPoolDestroy(CUmemoryPool pool);
+CUresult sim_MemPoolDestroy(CUmemoryPool pool);
 
-CUresult
-sim_MemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map,
-                     size_t count);
+CUresult sim_MemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map,
+                              size_t count);
 
-CUresult
-sim_MemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
-                                   CUmemAllocationHandleType handleType,
-                                   unsigned long long flags);
+CUresult sim_MemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                            CUmemAllocationHandleType handleType,
+                                            unsigned long long flags);
 
-CUresult
-sim_MemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
-                                     CUmemAllocationHandleType handleType,
-                                     unsigned long long flags);
+CUresult sim_MemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                              CUmemAllocationHandleType handleType,
+                                              unsigned long long flags);
 
-CUresult
-sim_MemPoolExportPointer(CUmemPoolPtrExportData *shareData_out,
-                         CUdeviceptr ptr);
+CUresult sim_MemPoolExportPointer(CUmemPoolPtrExportData *shareData_out,
+                                  CUdeviceptr ptr);
 
-CUresult
-sim_MemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
-                         CUmemPoolPtrExportData *shareData);
+CUresult sim_MemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                                  CUmemPoolPtrExportData *shareData);
 
 /* ------------------------------------------------------------------ */
 /* Copies and memsets                                                  */
@@ -791,112 +696,83 @@ typedef struct {
     size_t height;          /* rows per slice */
 } sim_side;
 
-CUresult
-sim_MemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult sim_MemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
 
-CUresult
-sim_MemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult sim_MemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 
-CUresult
-sim_MemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-               size_t ByteCount);
+CUresult sim_MemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                        size_t ByteCount);
 
-CUresult
-sim_MemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost,
-                    size_t ByteCount, CUstream hStream);
+CUresult sim_MemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost,
+                             size_t ByteCount, CUstream hStream);
 
-CUresult
-sim_MemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
-                    CUstream hStream);
+CUresult sim_MemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                             CUstream hStream);
 
-CUresult
-sim_MemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                    size_t ByteCount, CUstream hStream);
+CUresult sim_MemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                             size_t ByteCount, CUstream hStream);
 
-CUresult
-sim_Memcpy2D(const CUDA_MEMCPY2D *pCopy);
+CUresult sim_Memcpy2D(const CUDA_MEMCPY2D *pCopy);
 
-CUresult
-sim_Memcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
+CUresult sim_Memcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
 
-CUresult
-sim_Memcpy3D(const CUDA_MEMCPY3D *pCopy);
+CUresult sim_Memcpy3D(const CUDA_MEMCPY3D *pCopy);
 
-CUresult
-sim_Memcpy3DAsync(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
+CUresult sim_Memcpy3DAsync(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
 
-CUresult
-sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
-               CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount);
+CUresult sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
+                        CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount);
 
-CUresult
-sim_MemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
-                    CUdeviceptr srcDevice, CUcontext srcContext,
-                    size_t ByteCount, CUstream hStream);
+CUresult sim_MemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
+                             CUdeviceptr srcDevice, CUcontext srcContext,
+                             size_t ByteCount, CUstream hStream);
 
-CUresult
-sim_MemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult sim_MemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N);
 
-CUresult
-sim_MemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                  CUstream hStream);
+CUresult sim_MemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                           CUstream hStream);
 
-CUresult
-sim_MemPrefetchAsync(CUdeviceptr devPtr, size_t count,
-                     CUmemLocation location, unsigned int flags,
-                     CUstream hStream);
+CUresult sim_MemPrefetchAsync(CUdeviceptr devPtr, size_t count,
+                              CUmemLocation location, unsigned int flags,
+                              CUstream hStream);
 
-CUresult
-sim_MemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
-              CUmemLocation location);
+CUresult sim_MemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                       CUmemLocation location);
 
 /* ------------------------------------------------------------------ */
 /* Streams                                                             */
 /* ------------------------------------------------------------------ */
 
-CUresult
-sim_StreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult sim_StreamCreate(CUstream *phStream, unsigned int Flags);
 
-CUresult
-sim_StreamDestroy(CUstream hStream);
+CUresult sim_StreamDestroy(CUstream hStream);
 
-CUresult
-sim_StreamSynchronize(CUstream hStream);
+CUresult sim_StreamSynchronize(CUstream hStream);
 
-CUresult
-sim_StreamQuery(CUstream hStream);
+CUresult sim_StreamQuery(CUstream hStream);
 
-CUresult
-sim_StreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult sim_StreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 
-CUresult
-sim_StreamAddCallback(CUstream hStream, CUstreamCallback callback,
-                      void *userData, unsigned int flags);
+CUresult sim_StreamAddCallback(CUstream hStream, CUstreamCallback callback,
+                               void *userData, unsigned int flags);
 
-CUresult
-sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
+CUresult sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
 
 /* ------------------------------------------------------------------ */
 /* Events                                                              */
 /* ------------------------------------------------------------------ */
 
-CUresult
-sim_EventCreate(CUevent *phEvent, unsigned int Flags);
+CUresult sim_EventCreate(CUevent *phEvent, unsigned int Flags);
 
-CUresult
-sim_EventRecord(CUevent hEvent, CUstream hStream);
+CUresult sim_EventRecord(CUevent hEvent, CUstream hStream);
 
-CUresult
-sim_EventQuery(CUevent hEvent);
+CUresult sim_EventQuery(CUevent hEvent);
 
-CUresult
-sim_EventSynchronize(CUevent hEvent);
+CUresult sim_EventSynchronize(CUevent hEvent);
 
-CUresult
-sim_EventDestroy(CUevent hEvent);
+CUresult sim_EventDestroy(CUevent hEvent);
 
-CUresult
-sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 
 /* ------------------------------------------------------------------ */
 /* Interprocess memory (lock held unless noted)                        */
@@ -962,11 +838,9 @@ struct sim_ipc {
 
 /* The host bytes behind a device allocation of size bytes: whole pages
  * (SIZE_MAX when that overflows, which no allocation satisfies). */
-size_t
-sim_device_span(size_t size);
+size_t sim_device_span(size_t size);
 
 /* Undo what sim_ipc_share or an open did to a; from sim_alloc_release. */
-void
-sim_ipc_release(sim_alloc *a);
+void sim_ipc_release(sim_alloc *a);
 
 #endif /* CM_SIM_H */

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/pool.h: what the files of the pool and async managers share
+ * (pool.c, poolops.c, poolfuncs.c: the sections of one concept, kept in
+ * files of their own).  Private to them: the rest of the folder and the
+ * layers above use memory/memory.h.
+ */
+#ifndef CM_POOL_H
+#define CM_POOL_H
+
+#include "memory/memory.h"
+
+#define CM_POOL_ROUND 512                  /* request granularity */
+
+#define CM_POOL_SMALL_MAX ((size_t)1 << 20)   /* small requests */
+
+#define CM_POOL_SMALL_SEG ((size_t)2 << 20)   /* their segments */
+
+#define CM_POOL_LARGE_SEG ((size_t)20 << 20)  /* shared large segments */
+
+#define CM_POOL_LARGE_OWN ((size_t)10 << 20)  /* past this: own segment */
+
+#define CM_POOL_LARGE_ROUND ((size_t)2 << 20) /* own segments round to */
+
+#define CM_POOL_NBINS 384
+
+#define CM_POOL_NWORDS (CM_POOL_NBINS / 64)
+
+/* The stream key of a block usable on any stream at once. */
+#define CM_POOL_ANY UINTPTR_MAX
+
+/* The key of a block whose stream cannot record an event any more:
+ * usable only after trim() gives its segment back. */
+#define CM_POOL_STUCK (UINTPTR_MAX - 1)
+
+typedef struct cm_seg cm_seg;
+
+typedef struct cm_blk cm_blk;
+
+/* One cuMemAlloc'd segment, cut into blocks. */
+struct cm_seg {
+    CUdeviceptr base;     /* device address */
+    size_t size;          /* bytes */
+    int small;            /* holds small blocks */
+    cm_blk *first;        /* its blocks in address order */
+    cm_seg *prev;         /* links in the pool's segment list */
+    cm_seg *next;
+};
+
+/* One block: a range of a segment, in use or free. */
+struct cm_blk {
+    CUdeviceptr ptr;      /* device address */
+    size_t size;          /* bytes, a multiple of CM_POOL_ROUND */
+    cm_seg *seg;          /* its segment */
+    cm_blk *prev;         /* address neighbours in the segment */
+    cm_blk *next;
+    cm_blk *fprev;        /* links in its bin, while free */
+    cm_blk *fnext;
+    uintptr_t stream;     /* stream key of its last use, CM_POOL_ANY or
+                           * CM_POOL_STUCK */
+    CUevent event;        /* recorded on that stream after the last use,
+                           * or NULL */
+    uint64_t seq;         /* when the event was recorded (pool order) */
+    CUevent *waits;       /* events on the other streams that used it,
+                           * recorded at its release; it stays pending
+                           * (in no bin) until they have all completed */
+    int nwaits;           /* entries of waits */
+    int any_after;        /* once they have: free for any stream (an
+                           * event of its own stream is among them) */
+    int free;             /* in a bin */
+    int pending;          /* on the pool's pending list */
+    int bin;              /* which, while free */
+};
+
+/* A bin set: the free blocks of one kind of segment. */
+typedef struct {
+    cm_blk *head[CM_POOL_NBINS];        /* lists, newest first */
+    uint64_t used[CM_POOL_NWORDS];      /* bit b: head[b] != NULL */
+} cm_bins;
+
+struct cm_pool {
+    int kind;             /* CM_MM_POOL or CM_MM_ASYNC */
+    int dead;             /* NOTE: set once (GIL held) when destroyed */
+    pthread_mutex_t mu;   /* guards everything below */
+    /* pool */
+    cm_bins small;        /* free small blocks */
+    cm_bins large;        /* free large blocks */
+    cm_seg *segs;         /* every segment */
+    size_t reserved;      /* bytes in segments */
+    size_t free_bytes;    /* bytes in free blocks */
+    size_t limit;         /* the most reserved may be; 0: no limit */
+    uintptr_t first_stream;  /* the first stream key served */
+    int multi_stream;     /* more than one stream key was served */
+    uint64_t seq;         /* events recorded so far */
+    cm_blk *pending;      /* released blocks waiting for the events of
+                           * other streams (linked through fnext) */
+    size_t pending_bytes; /* their bytes */
+    int poison;           /* CUDAMEM_POOL_POISON: the byte every block
+                           * handed out is filled with, or -1 */
+    CUevent *events;      /* idle events, a stack */
+    size_t nevents;       /* used entries */
+    size_t capevents;     /* allocated entries */
+    /* async */
+    CUmemoryPool mempool;  /* the pool it allocates from: its own, or the
+                            * device's default one */
+    int shareable;        /* mempool is its own, made with the POSIX
+                           * file-descriptor handle type */
+    const char *noshare;  /* when not shareable: why (static text) */
+    int export_fd;        /* NOTE: GIL; mempool's shareable handle, once
+                           * exported, else -1; closed with the pool */
+    uint64_t token;       /* names mempool in IPC handles (random) */
+    CUstream side;        /* async: a stream of the pool's own (made on
+                           * first need, never blocking) on which the
+                           * frees of memory that several streams used
+                           * wait for all of them; NULL until then */
+};
+
+/* The built-in kind for new contexts. */
+extern int cm_builtin;
+
+/* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
+extern size_t cm_default_limit;
+
+/* CUDAMEM_POOL_POISON: the byte pools made from now on fill every block
+ * they hand out with (on the block's stream), or -1 for none. */
+extern int cm_pool_poison;
+
+/* CUDAMEM_ASYNC_RELEASE_THRESHOLD: the async pool's threshold. */
+extern cuuint64_t cm_async_threshold;
+
+/* ------------------------------------------------------------------ */
+/* Events (mutex held)                                                 */
+/* ------------------------------------------------------------------ */
+
+void cm_event_put(cm_pool *p, CUevent e);
+
+/* An idle event recorded on stream h now, or NULL (mutex held). */
+CUevent cm_event_on(cm_pool *p, CUstream h);
+
+/* Give b's wait events back (mutex held). */
+void cm_blk_drop_waits(cm_pool *p, cm_blk *b);
+
+/* Record an event on stream key s for block b (which has none). */
+void cm_event_record(cm_pool *p, cm_blk *b);
+
+/* ------------------------------------------------------------------ */
+/* The pool (mutex held unless noted)                                  */
+/* ------------------------------------------------------------------ */
+
+size_t cm_round(size_t n, size_t to);
+
+/* Take a free block of at least size bytes usable on stream key s, in
+ * use, split; NULL if none. */
+cm_blk *cm_pool_take(cm_pool *p, size_t size, uintptr_t s);
+
+/* Make a segment of segsize bytes at base into the pool, in use for
+ * size bytes on s; the block, or NULL when out of host memory. */
+cm_blk *cm_pool_add_seg(cm_pool *p, CUdeviceptr base, size_t segsize, int small,
+                        size_t size, uintptr_t s);
+
+/* Return block b (in use) to the pool. */
+void cm_pool_put(cm_pool *p, cm_blk *b);
+
+/* Find which pending events have completed (their blocks become usable
+ * on any stream) and merge the free neighbours that now may be; the slow
+ * path, before the pool grows. */
+void cm_pool_settle(cm_pool *p);
+
+/* Unlink every wholly free segment into *out (a list through next).  Its
+ * free blocks may wait for different streams: cuMemFree waits for the
+ * device anyway. */
+void cm_pool_collect_free_segs(cm_pool *p, cm_seg **out);
+
+/* cuMemFree every segment of a list and free the list (no mutex, no
+ * GIL).  The first error, or CUDA_SUCCESS. */
+CUresult cm_segs_release(cm_seg *g);
+
+/* The stream key of a handle. */
+uintptr_t cm_stream_key(CUstream s);
+
+#endif /* CM_POOL_H */

@@ -1,0 +1,621 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/poolfuncs.c: the module-level functions of the pool and async
+ * managers and their init.
+ */
+#include "memory/pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* Module-level functions                                              */
+/* ------------------------------------------------------------------ */
+
+/* The Context argument of a private helper, borrowed; NULL with
+ * TypeError. */
+static cm_context *
+cm_ctx_arg(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, cm_st->Context_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a Context, got %.100s",
+                     Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return (cm_context *)o;
+}
+
+/* The pool of a context argument; NULL with an exception if it has
+ * none (another manager) or it was closed. */
+static cm_pool *
+cm_pool_arg(PyObject *o, cm_context **ctx)
+{
+    cm_context *c = cm_ctx_arg(o);
+
+    if (c == NULL) {
+        return NULL;
+    }
+    if (c->pool == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this context's memory manager is not a built-in "
+                        "pool (set_memory_manager('pool') or 'async' before "
+                        "the context is made)");
+        return NULL;
+    }
+    if (cm_context_activate(c) < 0) {
+        return NULL;
+    }
+    *ctx = c;
+    return c->pool;
+}
+
+PyDoc_STRVAR(cm_set_builtin_doc,
+"_set_builtin_manager(name)\n--\n\n"
+"Which built-in manager contexts made from now on get: 'default', "
+"'pool' or 'async'.");
+
+static PyObject *
+cm_set_builtin_fn(PyObject *mod, PyObject *arg)
+{
+    const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+
+    (void)mod;
+    if (s == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "name must be a str");
+        }
+        return NULL;
+    }
+    if (strcmp(s, "default") == 0) {
+        cm_builtin = CM_MM_DEFAULT;
+    }
+    else if (strcmp(s, "pool") == 0) {
+        cm_builtin = CM_MM_POOL;
+    }
+    else if (strcmp(s, "async") == 0) {
+        cm_builtin = CM_MM_ASYNC;
+    }
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "unknown built-in memory manager %R", arg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_get_builtin_doc,
+"_builtin_manager()\n--\n\n"
+"The built-in manager contexts made from now on get.");
+
+static PyObject *
+cm_get_builtin_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return PyUnicode_FromString(cm_builtin == CM_MM_POOL ? "pool"
+                                : cm_builtin == CM_MM_ASYNC ? "async"
+                                : "default");
+}
+
+PyDoc_STRVAR(cm_pool_trim_doc,
+"_pool_trim(ctx)\n--\n\n"
+"Give every wholly free pooled segment of ctx back to the driver (the "
+"async manager: wait for the context, then trim its pool to 0).");
+
+static PyObject *
+cm_pool_trim_fn(PyObject *mod, PyObject *arg)
+{
+    cm_context *c = NULL;
+
+    (void)mod;
+    if (cm_pool_arg(arg, &c) == NULL || cm_pool_trim(c) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_pool_limit_doc,
+"_pool_limit(ctx, limit=None)\n--\n\n"
+"The most bytes ctx's pool may hold (the async manager: may have "
+"allocated); 0 means no limit.  With limit, set it first.");
+
+static PyObject *
+cm_pool_limit_fn(PyObject *mod, PyObject *args)
+{
+    PyObject *o;
+    PyObject *v = Py_None;
+    cm_context *c = NULL;
+    cm_pool *p;
+    size_t n;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "O|O:_pool_limit", &o, &v)
+        || (p = cm_pool_arg(o, &c)) == NULL) {
+        return NULL;
+    }
+    if (v != Py_None) {
+        n = PyLong_AsSize_t(v);
+        if (n == (size_t)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        pthread_mutex_lock(&p->mu);
+        p->limit = n;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return PyLong_FromSize_t(p->limit);
+}
+
+PyDoc_STRVAR(cm_async_threshold_doc,
+"_async_release_threshold(ctx, value=None)\n--\n\n"
+"The release threshold of the driver pool behind ctx's async manager; "
+"with value, set it first.");
+
+static PyObject *
+cm_async_threshold_fn(PyObject *mod, PyObject *args)
+{
+    PyObject *o;
+    PyObject *v = Py_None;
+    cm_context *c = NULL;
+    cm_pool *p;
+    cuuint64_t t = 0;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "O|O:_async_release_threshold", &o, &v)
+        || (p = cm_pool_arg(o, &c)) == NULL) {
+        return NULL;
+    }
+    if (p->kind != CM_MM_ASYNC) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "only the async manager has a release threshold");
+        return NULL;
+    }
+    if (v != Py_None) {
+        t = PyLong_AsUnsignedLongLong(v);
+        if ((t == (cuuint64_t)-1 && PyErr_Occurred())
+            || CM_CU(MemPoolSetAttribute,
+                     (p->mempool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                      &t)) < 0) {
+            return NULL;
+        }
+    }
+    if (CM_CU(MemPoolGetAttribute,
+              (p->mempool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(t);
+}
+
+PyDoc_STRVAR(cm_async_shareable_doc,
+"_async_shareable(ctx)\n--\n\n"
+"Whether the pool of ctx's async manager can be shared with other "
+"processes (made with the POSIX file-descriptor handle type), so that "
+"its memory exports through IPC.");
+
+static PyObject *
+cm_async_shareable_fn(PyObject *mod, PyObject *arg)
+{
+    cm_context *c = NULL;
+    cm_pool *p;
+
+    (void)mod;
+    if ((p = cm_pool_arg(arg, &c)) == NULL) {
+        return NULL;
+    }
+    if (p->kind != CM_MM_ASYNC) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "only the async manager has a memory pool to "
+                        "share");
+        return NULL;
+    }
+    return PyBool_FromLong(p->shareable);
+}
+
+PyDoc_STRVAR(cm_pool_stats_doc,
+"_pool_stats(ctx)\n--\n\n"
+"A dict: reserved_bytes, free_bytes, largest_free_block (None where the "
+"manager cannot know), segments, limit.");
+
+static PyObject *
+cm_pool_stats_fn(PyObject *mod, PyObject *arg)
+{
+    cm_context *c = NULL;
+    cm_pool *p;
+    size_t reserved;
+    size_t free_b;
+    long long largest;
+    Py_ssize_t nseg = 0;
+    cm_seg *g;
+    PyObject *lg;
+    PyObject *r;
+
+    (void)mod;
+    if ((p = cm_pool_arg(arg, &c)) == NULL) {
+        return NULL;
+    }
+    cm_pool_stats(c, &reserved, &free_b, &largest);
+    pthread_mutex_lock(&p->mu);
+    for (g = p->segs; g != NULL; g = g->next) {
+        nseg++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    lg = largest < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(largest);
+    if (lg == NULL) {
+        return NULL;
+    }
+    r = Py_BuildValue("{snsnsOsnsn}", "reserved_bytes", (Py_ssize_t)reserved,
+                      "free_bytes", (Py_ssize_t)free_b,
+                      "largest_free_block", lg, "segments", nseg,
+                      "limit", (Py_ssize_t)p->limit);
+    Py_DECREF(lg);
+    return r;
+}
+
+PyDoc_STRVAR(cm_memalloc_on_doc,
+"_memalloc_on(ctx, size, stream_handle)\n--\n\n"
+"Allocate size bytes in ctx for the stream with that raw handle (0: the "
+"default stream); the owner, as Context.memalloc gives.");
+
+static PyObject *
+cm_memalloc_on_fn(PyObject *mod, PyObject *args)
+{
+    PyObject *o;
+    Py_ssize_t n;
+    unsigned long long h;
+    cm_context *c;
+    CUdeviceptr p;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnK:_memalloc_on", &o, &n, &h)
+        || (c = cm_ctx_arg(o)) == NULL) {
+        return NULL;
+    }
+    if (n <= 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "memalloc size must be positive, got %zd", n);
+        return NULL;
+    }
+    return cm_mem_alloc_on(c, (size_t)n, (CUstream)(uintptr_t)h, &p);
+}
+
+/* Test helpers: raw streams and a gate that holds a stream's worker. */
+
+PyDoc_STRVAR(cm_raw_stream_create_doc,
+"_raw_stream_create(flags=0)\n--\n\n"
+"cuStreamCreate in the current context; the raw handle (tests only).");
+
+static PyObject *
+cm_raw_stream_create_fn(PyObject *mod, PyObject *args)
+{
+    unsigned int flags = 0;
+    CUstream s = NULL;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "|I:_raw_stream_create", &flags)
+        || cm_context_current() == NULL
+        || CM_CU(StreamCreate, (&s, flags)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromVoidPtr((void *)s);
+}
+
+PyDoc_STRVAR(cm_raw_stream_destroy_doc,
+"_raw_stream_destroy(handle)\n--\n\ncuStreamDestroy (tests only).");
+
+static PyObject *
+cm_raw_stream_destroy_fn(PyObject *mod, PyObject *arg)
+{
+    void *s = PyLong_AsVoidPtr(arg);
+
+    (void)mod;
+    if ((s == NULL && PyErr_Occurred())
+        || CM_CU(StreamDestroy, ((CUstream)s)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_raw_stream_sync_doc,
+"_raw_stream_synchronize(handle)\n--\n\n"
+"cuStreamSynchronize with the GIL released (tests only).");
+
+static PyObject *
+cm_raw_stream_sync_fn(PyObject *mod, PyObject *arg)
+{
+    void *s = PyLong_AsVoidPtr(arg);
+    int err;
+
+    (void)mod;
+    if ((s == NULL && PyErr_Occurred()) || cm_context_current() == NULL) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, StreamSynchronize, ((CUstream)s));
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_raw_event_create_doc,
+"_raw_event_create(flags=0)\n--\n\n"
+"cuEventCreate in the current context; the raw handle (benchmarks only).");
+
+static PyObject *
+cm_raw_event_create_fn(PyObject *mod, PyObject *args)
+{
+    unsigned int flags = 0;
+    CUevent e = NULL;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "|I:_raw_event_create", &flags)
+        || cm_context_current() == NULL
+        || CM_CU(EventCreate, (&e, flags)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromVoidPtr((void *)e);
+}
+
+PyDoc_STRVAR(cm_raw_event_destroy_doc,
+"_raw_event_destroy(handle)\n--\n\ncuEventDestroy (benchmarks only).");
+
+static PyObject *
+cm_raw_event_destroy_fn(PyObject *mod, PyObject *arg)
+{
+    void *e = PyLong_AsVoidPtr(arg);
+
+    (void)mod;
+    if ((e == NULL && PyErr_Occurred())
+        || CM_CU(EventDestroy, ((CUevent)e)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_raw_event_record_sync_doc,
+"_raw_event_record_sync(event, stream)\n--\n\n"
+"cuEventRecord, then cuEventSynchronize with the GIL released, as\n"
+"Event.record and Event.synchronize do (benchmarks only).");
+
+static PyObject *
+cm_raw_event_record_sync_fn(PyObject *mod, PyObject *args)
+{
+    void *e;
+    void *s;
+    PyObject *eo;
+    PyObject *so;
+    int err;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OO:_raw_event_record_sync", &eo, &so)) {
+        return NULL;
+    }
+    e = PyLong_AsVoidPtr(eo);
+    if (e == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    s = PyLong_AsVoidPtr(so);
+    if ((s == NULL && PyErr_Occurred())
+        || CM_CU(EventRecord, ((CUevent)e, (CUstream)s)) < 0) {
+        return NULL;
+    }
+    CM_CU_NOGIL(err, EventSynchronize, ((CUevent)e));
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* A host function that waits until opened; freed by whichever of the
+ * host function and _raw_gate_open comes last. */
+typedef struct {
+    pthread_mutex_t mu;   /* guards the two flags */
+    pthread_cond_t cv;    /* signalled when opened */
+    int open;             /* _raw_gate_open was called */
+    int refs;             /* the host function and the opener */
+} cm_gate;
+
+static void
+cm_gate_unref(cm_gate *g)
+{
+    int last;
+
+    pthread_mutex_lock(&g->mu);
+    last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) {
+        pthread_cond_destroy(&g->cv);
+        pthread_mutex_destroy(&g->mu);
+        free(g);
+    }
+}
+
+static void CUDA_CB
+cm_gate_fn(void *arg)
+{
+    cm_gate *g = arg;
+
+    pthread_mutex_lock(&g->mu);
+    while (!g->open) {
+        pthread_cond_wait(&g->cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    cm_gate_unref(g);
+}
+
+PyDoc_STRVAR(cm_raw_gate_doc,
+"_raw_gate(handle)\n--\n\n"
+"Hold the stream with that raw handle until _raw_gate_open(gate) (a host "
+"function that waits); the gate (tests only).");
+
+static PyObject *
+cm_raw_gate_fn(PyObject *mod, PyObject *arg)
+{
+    void *s = PyLong_AsVoidPtr(arg);
+    cm_gate *g;
+
+    (void)mod;
+    if ((s == NULL && PyErr_Occurred()) || cm_context_current() == NULL) {
+        return NULL;
+    }
+    g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        return PyErr_NoMemory();
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->refs = 2;
+    if (CM_CU(LaunchHostFunc, ((CUstream)s, cm_gate_fn, g)) < 0) {
+        pthread_cond_destroy(&g->cv);
+        pthread_mutex_destroy(&g->mu);
+        free(g);
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(g);
+}
+
+PyDoc_STRVAR(cm_raw_gate_open_doc,
+"_raw_gate_open(gate)\n--\n\nLet a _raw_gate's stream go on (once).");
+
+static PyObject *
+cm_raw_gate_open_fn(PyObject *mod, PyObject *arg)
+{
+    cm_gate *g = PyLong_AsVoidPtr(arg);
+
+    (void)mod;
+    if (g == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "not a gate");
+        }
+        return NULL;
+    }
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    cm_gate_unref(g);
+    Py_RETURN_NONE;
+}
+
+static PyObject *cm_pool_poison_fn(PyObject *mod, PyObject *arg);
+extern const char cm_pool_poison_doc[];
+
+static PyMethodDef cm_pool_functions[] = {
+    {"_set_builtin_manager", cm_set_builtin_fn, METH_O, cm_set_builtin_doc},
+    {"_builtin_manager", cm_get_builtin_fn, METH_NOARGS, cm_get_builtin_doc},
+    {"_pool_trim", cm_pool_trim_fn, METH_O, cm_pool_trim_doc},
+    {"_pool_limit", cm_pool_limit_fn, METH_VARARGS, cm_pool_limit_doc},
+    {"_pool_stats", cm_pool_stats_fn, METH_O, cm_pool_stats_doc},
+    {"_async_release_threshold", cm_async_threshold_fn, METH_VARARGS,
+     cm_async_threshold_doc},
+    {"_async_shareable", cm_async_shareable_fn, METH_O,
+     cm_async_shareable_doc},
+    {"_memalloc_on", cm_memalloc_on_fn, METH_VARARGS, cm_memalloc_on_doc},
+    {"_raw_stream_create", cm_raw_stream_create_fn, METH_VARARGS,
+     cm_raw_stream_create_doc},
+    {"_raw_stream_destroy", cm_raw_stream_destroy_fn, METH_O,
+     cm_raw_stream_destroy_doc},
+    {"_raw_stream_synchronize", cm_raw_stream_sync_fn, METH_O,
+     cm_raw_stream_sync_doc},
+    {"_raw_event_create", cm_raw_event_create_fn, METH_VARARGS,
+     cm_raw_event_create_doc},
+    {"_raw_event_destroy", cm_raw_event_destroy_fn, METH_O,
+     cm_raw_event_destroy_doc},
+    {"_raw_event_record_sync", cm_raw_event_record_sync_fn, METH_VARARGS,
+     cm_raw_event_record_sync_doc},
+    {"_raw_gate", cm_raw_gate_fn, METH_O, cm_raw_gate_doc},
+    {"_pool_poison", cm_pool_poison_fn, METH_O, cm_pool_poison_doc},
+    {"_raw_gate_open", cm_raw_gate_open_fn, METH_O, cm_raw_gate_open_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+/* A byte count from the environment: digits with an optional K, M or G
+ * (powers of 1024); dflt when unset or unreadable. */
+static unsigned long long
+cm_env_bytes(const char *name, unsigned long long dflt)
+{
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long n;
+
+    if (v == NULL || v[0] == '\0') {
+        return dflt;
+    }
+    n = strtoull(v, &end, 10);
+    if (end == v) {
+        return dflt;
+    }
+    switch (*end) {
+    case 'k': case 'K': n <<= 10; break;
+    case 'm': case 'M': n <<= 20; break;
+    case 'g': case 'G': n <<= 30; break;
+    default: break;
+    }
+    return n;
+}
+
+/* CUDAMEM_POOL_POISON: unset, empty or 0: off; 1: the byte 0xA5; 2 to
+ * 255: that byte.  0, or -1 with ValueError naming the variable. */
+static int
+cm_pool_poison_env(void)
+{
+    const char *v = getenv("CUDAMEM_POOL_POISON");
+    char *end;
+    long n;
+
+    cm_pool_poison = -1;
+    if (v == NULL || v[0] == '\0') {
+        return 0;
+    }
+    n = strtol(v, &end, 0);
+    if (end == v || *end != '\0' || n < 0 || n > 255) {
+        PyErr_Format(PyExc_ValueError,
+                     "CUDAMEM_POOL_POISON must be 0 (off), 1 (the byte "
+                     "0xA5) or a byte value 2..255, not %.100s", v);
+        return -1;
+    }
+    if (n > 0) {
+        cm_pool_poison = n == 1 ? 0xA5 : (int)n;
+    }
+    return 0;
+}
+
+const char cm_pool_poison_doc[] = PyDoc_STR(
+"_pool_poison(byte)\n--\n\n"
+"Set the byte that pool and async managers made from now on fill every "
+"block they hand out with (-1: none; CUDAMEM_POOL_POISON sets it at "
+"import); returns the previous setting.");
+
+static PyObject *
+cm_pool_poison_fn(PyObject *mod, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    int old = cm_pool_poison;
+
+    (void)mod;
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < -1 || n > 255) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the poison byte must be -1 (none) or 0..255");
+        return NULL;
+    }
+    cm_pool_poison = (int)n;
+    return PyLong_FromLong(old);
+}
+
+int
+cm_pool_init(PyObject *mod, cm_state *st)
+{
+    (void)st;
+    cm_default_limit = (size_t)cm_env_bytes("CUDAMEM_POOL_LIMIT", 0);
+    if (cm_pool_poison_env() < 0) {
+        return -1;
+    }
+    cm_async_threshold = (cuuint64_t)cm_env_bytes(
+        "CUDAMEM_ASYNC_RELEASE_THRESHOLD", UINT64_MAX);
+    return PyModule_AddFunctions(mod, cm_pool_functions);
+}

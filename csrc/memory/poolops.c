@@ -1,0 +1,841 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/poolops.c: the pool and async managers as memory.c and
+ * context.c call them: create, allocate, release, retire, trim, export,
+ * statistics.
+ */
+#include "memory/pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* The interface to memory.c and context.c                             */
+/* ------------------------------------------------------------------ */
+
+/* Give the async manager of ctx its pool: one of its own that other
+ * processes can import (the POSIX file-descriptor handle type), where
+ * the device and driver can make one; else the device's default pool,
+ * with the reason in noshare.  0, or -1 with an exception. */
+static int
+cm_async_pool_make(cm_context *ctx, cm_pool *p)
+{
+    CUdevice dev = ctx->device->handle;
+    CUmemPoolProps props;
+    int types = 0;
+    CUresult rc;
+
+    if (cm_cu.MemPoolCreate == NULL || cm_cu.MemPoolDestroy == NULL
+        || cm_cu.MemAllocFromPoolAsync == NULL
+        || cm_cu.MemPoolExportToShareableHandle == NULL
+        || cm_cu.MemPoolExportPointer == NULL) {
+        p->noshare = "the driver lacks the entry points that make and "
+                     "export memory pools";
+    }
+    else if (CM_CU_RAW(DeviceGetAttribute,
+                       (&types,
+                        CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+                        dev)) != CUDA_SUCCESS
+             || !(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        p->noshare = "the device does not support POSIX file-descriptor "
+                     "handles for memory pools";
+    }
+    if (p->noshare == NULL) {
+        memset(&props, 0, sizeof(props));
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = (int)dev;
+        rc = CM_CU_RAW(MemPoolCreate, (&p->mempool, &props));
+        if (rc == CUDA_ERROR_NOT_SUPPORTED) {
+            p->noshare = "the driver refused to make a memory pool with "
+                         "POSIX file-descriptor handles "
+                         "(CUDA_ERROR_NOT_SUPPORTED)";
+        }
+        else if (cm_cu_check(rc, "cuMemPoolCreate") < 0) {
+            return -1;
+        }
+        else {
+            p->shareable = 1;
+            if (getrandom(&p->token, sizeof(p->token), 0)
+                != (ssize_t)sizeof(p->token)) {
+                p->token = (uint64_t)time(NULL)
+                           ^ ((uint64_t)getpid() << 32)
+                           ^ (uint64_t)(uintptr_t)p;
+            }
+            return 0;
+        }
+    }
+    return CM_CU(DeviceGetDefaultMemPool, (&p->mempool, dev));
+}
+
+int
+cm_pool_create(cm_context *ctx, int kind)
+{
+    cm_pool *p = calloc(1, sizeof(*p));
+    int err;
+
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    p->kind = kind;
+    p->limit = cm_default_limit;
+    p->first_stream = CM_POOL_ANY;
+    p->poison = cm_pool_poison;
+    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+        free(p);
+        PyErr_NoMemory();
+        return -1;
+    }
+    p->export_fd = -1;
+    if (kind == CM_MM_ASYNC) {
+        cuuint64_t t = cm_async_threshold;
+
+        err = cm_async_pool_make(ctx, p);
+        if (err == 0) {
+            err = CM_CU(MemPoolSetAttribute,
+                        (p->mempool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+        }
+        if (err == 0 && p->shareable) {
+            /* Reuse across streams only once the free has completed: the
+             * driver would otherwise make a stream wait for another one
+             * that a host callback may be holding. */
+            int off = 0;
+
+            err = CM_CU(MemPoolSetAttribute,
+                        (p->mempool,
+                         CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                         &off));
+        }
+        if (err < 0 && p->shareable) {
+            (void)CM_CU_RAW(MemPoolDestroy, (p->mempool));
+        }
+        if (err < 0) {
+            pthread_mutex_destroy(&p->mu);
+            free(p);
+            return -1;
+        }
+    }
+    ctx->pool = p;
+    return 0;
+}
+
+void
+cm_pool_destroy(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+    cm_seg *all;
+    cm_seg *g;
+    cm_blk *b;
+    cm_blk *next;
+    CUevent *events;
+    size_t nevents;
+    size_t i;
+    CUcontext cur = NULL;
+    CUcontext popped;
+    CUmemoryPool mp;
+    int pushed = 0;
+
+    if (p == NULL || p->dead) {
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->dead = 1;
+    all = p->segs;
+    p->segs = NULL;
+    for (g = all; g != NULL; g = g->next) {
+        /* Blocks still named by a DeviceAllocation go too: releases
+         * check dead (under the mutex) before they touch a block. */
+        for (b = g->first; b != NULL; b = next) {
+            next = b->next;
+            if (b->free) {
+                cm_event_put(p, b->event);
+            }
+            cm_blk_drop_waits(p, b);
+            free(b);
+        }
+        g->first = NULL;
+    }
+    memset(&p->small, 0, sizeof(p->small));
+    memset(&p->large, 0, sizeof(p->large));
+    p->pending = NULL;
+    p->pending_bytes = 0;
+    p->reserved = 0;
+    p->free_bytes = 0;
+    events = p->events;
+    nevents = p->nevents;
+    p->events = NULL;
+    p->nevents = 0;
+    p->capevents = 0;
+    mp = p->mempool;
+    pthread_mutex_unlock(&p->mu);
+    if (p->export_fd >= 0) {
+        /* Importers can no longer take it; what they imported stays. */
+        close(p->export_fd);
+        p->export_fd = -1;
+    }
+    if (!ctx->alive || cm_forked) {
+        free(events);
+        for (g = all; g != NULL; g = all) {
+            all = g->next;
+            free(g);
+        }
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
+        || cur != ctx->handle) {
+        pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
+    }
+    (void)cm_segs_release(all);
+    for (i = 0; i < nevents; i++) {
+        (void)CM_CU_RAW(EventDestroy, (events[i]));
+    }
+    if (p->kind == CM_MM_ASYNC && CM_CU_RAW(CtxSynchronize, ())
+                                  == CUDA_SUCCESS) {
+        (void)CM_CU_RAW(MemPoolTrimTo, (mp, 0));
+    }
+    if (p->side != NULL) {
+        (void)CM_CU_RAW(StreamDestroy, (p->side));
+    }
+    if (p->shareable) {
+        /* Allocations still live go with the context's reset. */
+        (void)CM_CU_RAW(MemPoolDestroy, (mp));
+    }
+    if (pushed) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+    }
+    Py_END_ALLOW_THREADS
+    free(events);
+}
+
+void
+cm_pool_free(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+    size_t i;
+
+    if (p == NULL) {
+        return;
+    }
+    ctx->pool = NULL;
+    if (p->export_fd >= 0) {
+        close(p->export_fd);
+    }
+    for (i = 0; i < p->nevents; i++) {
+        (void)CM_CU_RAW(EventDestroy, (p->events[i]));
+    }
+    free(p->events);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+/* Grow the pool by one segment for size bytes on s and take the block;
+ * GIL held on entry and exit, released around cuMemAlloc. */
+static CUresult
+cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
+             cm_blk **out)
+{
+    int small = size <= CM_POOL_SMALL_MAX;
+    size_t want;
+    size_t exact;
+    size_t reserved;
+    size_t limit;
+    CUdeviceptr base = 0;
+    CUresult rc;
+    cm_blk *b;
+
+    if (small) {
+        want = CM_POOL_SMALL_SEG;
+        exact = want;
+    }
+    else {
+        exact = cm_round(size, CM_POOL_LARGE_ROUND);
+        want = size < CM_POOL_LARGE_OWN ? CM_POOL_LARGE_SEG : exact;
+    }
+    pthread_mutex_lock(&p->mu);
+    reserved = p->reserved;
+    limit = p->limit;
+    pthread_mutex_unlock(&p->mu);
+    if (limit != 0 && want > limit - (reserved < limit ? reserved : limit)) {
+        want = exact;
+        if (want > limit - (reserved < limit ? reserved : limit)) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    Py_INCREF(ctx);
+    CM_DRIVER_BEGIN_NOGIL
+    rc = CM_CU_RAW(MemAlloc, (&base, want));
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && want != exact) {
+        want = exact;
+        rc = CM_CU_RAW(MemAlloc, (&base, want));
+    }
+    CM_DRIVER_END_NOGIL
+    if (rc != CUDA_SUCCESS) {
+        Py_DECREF(ctx);
+        return rc;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->dead) {
+        /* Closed meanwhile: the context's reset took the memory. */
+        pthread_mutex_unlock(&p->mu);
+        Py_DECREF(ctx);
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    b = cm_pool_add_seg(p, base, want, small, size, s);
+    pthread_mutex_unlock(&p->mu);
+    Py_DECREF(ctx);
+    if (b == NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFree, (base));
+        Py_END_ALLOW_THREADS
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = b;
+    return CUDA_SUCCESS;
+}
+
+CUresult
+cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
+              CUdeviceptr *ptr, void **blk)
+{
+    cm_pool *p = ctx->pool;
+    uintptr_t s = cm_stream_key(stream);
+    cm_blk *b;
+    CUresult rc;
+
+    if (p->kind == CM_MM_ASYNC) {
+        if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
+                                                ? ctx->st_bytes
+                                                : p->limit)) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *blk = NULL;
+        CM_DRIVER_BEGIN_NOGIL
+        if (p->shareable) {
+            rc = CM_CU_RAW(MemAllocFromPoolAsync,
+                           (ptr, size, p->mempool, stream));
+        }
+        else {
+            rc = CM_CU_RAW(MemAllocAsync, (ptr, size, stream));
+        }
+        if (rc == CUDA_SUCCESS && p->poison >= 0) {
+            rc = CM_CU_RAW(MemsetD8Async, (*ptr, (unsigned char)p->poison,
+                                           size, stream));
+            if (rc != CUDA_SUCCESS) {
+                (void)CM_CU_RAW(MemFreeAsync, (*ptr, stream));
+            }
+        }
+        CM_DRIVER_END_NOGIL
+        return rc;
+    }
+    size = cm_round(size, CM_POOL_ROUND);
+    if (size == 0) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->first_stream == CM_POOL_ANY) {
+        p->first_stream = s;
+    }
+    else if (p->first_stream != s) {
+        p->multi_stream = 1;
+    }
+    b = cm_pool_take(p, size, s);
+    if (b == NULL) {
+        cm_pool_settle(p);
+        b = cm_pool_take(p, size, s);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (b == NULL) {
+        rc = cm_pool_grow(ctx, p, size, s, &b);
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+    }
+    *ptr = b->ptr;
+    *blk = b;
+    if (p->poison >= 0) {
+        CM_DRIVER_BEGIN_NOGIL
+        rc = CM_CU_RAW(MemsetD8Async, (b->ptr, (unsigned char)p->poison,
+                                       b->size, stream));
+        CM_DRIVER_END_NOGIL
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_lock(&p->mu);
+            if (!p->dead) {
+                cm_pool_put(p, b);
+            }
+            pthread_mutex_unlock(&p->mu);
+            return rc;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult
+cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
+                CUstream stream)
+{
+    cm_pool *p = ctx->pool;
+    cm_blk *b = (cm_blk *)handle;
+    CUresult rc;
+
+    if (p == NULL || p->dead) {
+        return CUDA_SUCCESS;
+    }
+    if (kind == CM_REL_POOL_SYNC || kind == CM_REL_ASYNC_SYNC) {
+        /* Released where no stream could be recorded: every stream that
+         * used it is done once the context is. */
+        rc = CM_CU_RAW(CtxSynchronize, ());
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+    }
+    if (kind == CM_REL_ASYNC || kind == CM_REL_ASYNC_SYNC) {
+        return CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
+                                        kind == CM_REL_ASYNC ? stream
+                                                             : NULL));
+    }
+    pthread_mutex_lock(&p->mu);
+    if (!p->dead) {
+        if (kind == CM_REL_POOL_SYNC) {
+            cm_blk_drop_waits(p, b);
+            b->any_after = 0;
+            b->stream = CM_POOL_ANY;
+        }
+        cm_pool_put(p, b);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return CUDA_SUCCESS;
+}
+
+/* Append event e to b's waits; 0, or -1 when out of host memory. */
+static int
+cm_blk_add_wait(cm_blk *b, CUevent e)
+{
+    CUevent *w = realloc(b->waits, (size_t)(b->nwaits + 1) * sizeof(*w));
+
+    if (w == NULL) {
+        return -1;
+    }
+    b->waits = w;
+    b->waits[b->nwaits++] = e;
+    return 0;
+}
+
+void
+cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
+               const CUstream *streams, int n)
+{
+    cm_pool *p = ctx->pool;
+    cm_blk *b = blk;
+    CUevent e;
+    int i;
+
+    if (p == NULL || p->kind != CM_MM_POOL) {
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->dead) {
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+    for (i = 0; i <= n; i++) {
+        CUstream h = i < n ? streams[i] : own;
+
+        if (i == n && cm_stream_handle_is_default(own)) {
+            break;
+        }
+        e = cm_event_on(p, h);
+        if (e == NULL || cm_blk_add_wait(b, e) < 0) {
+            /* Nothing can order a later user after that stream: the
+             * block is never handed out again (trim() frees it). */
+            cm_event_put(p, e);
+            cm_blk_drop_waits(p, b);
+            b->stream = CM_POOL_STUCK;
+            b->any_after = 0;
+            pthread_mutex_unlock(&p->mu);
+            return;
+        }
+        if (i == n) {
+            b->any_after = 1;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+CUresult
+cm_pool_async_join(cm_context *ctx, CUstream own, const CUstream *streams,
+                   int n, CUstream *on)
+{
+    cm_pool *p = ctx->pool;
+    CUresult rc = CUDA_SUCCESS;
+    CUevent e;
+    int i;
+
+    if (p == NULL || p->dead) {
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->side == NULL) {
+        rc = CM_CU_RAW(StreamCreate, (&p->side, CU_STREAM_NON_BLOCKING));
+    }
+    for (i = 0; i <= n && rc == CUDA_SUCCESS; i++) {
+        e = cm_event_on(p, i < n ? streams[i] : own);
+        if (e == NULL) {
+            rc = CUDA_ERROR_INVALID_HANDLE;
+            break;
+        }
+        /* The wait takes the event's state now: it may be reused. */
+        rc = CM_CU_RAW(StreamWaitEvent, (p->side, e, 0));
+        cm_event_put(p, e);
+    }
+    *on = p->side;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void
+cm_pool_stream_gone(cm_context *ctx, CUstream h)
+{
+    cm_pool *p = ctx->pool;
+    uintptr_t s = cm_stream_key(h);
+    cm_seg *g;
+    cm_blk *b;
+
+    if (p == NULL || p->kind != CM_MM_POOL
+        || cm_stream_handle_is_default(h)) {
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (!p->dead) {
+        for (g = p->segs; g != NULL; g = g->next) {
+            for (b = g->first; b != NULL; b = b->next) {
+                if (b->free && b->stream == s && b->event == NULL) {
+                    /* Later, the handle may name another stream. */
+                    cm_event_record(p, b);
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+int
+cm_pool_trim(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+    cm_seg *segs = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    const char *fn = "cuMemFree";
+
+    if (p == NULL || p->dead || cm_context_activate(ctx) < 0) {
+        return p == NULL || p->dead ? 0 : -1;
+    }
+    if (p->kind == CM_MM_ASYNC) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = CM_CU_RAW(CtxSynchronize, ());
+        if (rc == CUDA_SUCCESS) {
+            rc = CM_CU_RAW(MemPoolTrimTo, (p->mempool, 0));
+            fn = "cuMemPoolTrimTo";
+        }
+        else {
+            fn = "cuCtxSynchronize";
+        }
+        Py_END_ALLOW_THREADS
+        return cm_cu_check(rc, fn);
+    }
+    if (p->pending != NULL) {
+        /* Blocks that wait for other streams: their segments may be
+         * wholly free once the device is idle. */
+        Py_BEGIN_ALLOW_THREADS
+        rc = CM_CU_RAW(CtxSynchronize, ());
+        Py_END_ALLOW_THREADS
+        if (rc != CUDA_SUCCESS) {
+            return cm_cu_check(rc, "cuCtxSynchronize");
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->pending != NULL) {
+        cm_pool_settle(p);
+    }
+    cm_pool_collect_free_segs(p, &segs);
+    pthread_mutex_unlock(&p->mu);
+    if (segs != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = cm_segs_release(segs);
+        Py_END_ALLOW_THREADS
+    }
+    return cm_cu_check(rc, fn);
+}
+
+int
+cm_pool_shareable(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+
+    return p != NULL && p->kind == CM_MM_ASYNC && p->shareable;
+}
+
+const char *
+cm_pool_alloc_fn(cm_context *ctx)
+{
+    switch (ctx->mm_kind) {
+    case CM_MM_POOL:
+        return "cuMemAlloc (pool)";
+    case CM_MM_ASYNC:
+        return cm_pool_shareable(ctx) ? "cuMemAllocFromPoolAsync"
+                                      : "cuMemAllocAsync";
+    default:
+        return "cuMemAlloc";
+    }
+}
+
+int
+cm_pool_owns(cm_context *ctx, CUdeviceptr base)
+{
+    cm_pool *p = ctx->pool;
+    CUmemoryPool mp = NULL;
+
+    if (p == NULL || p->kind != CM_MM_ASYNC || p->dead) {
+        return 0;
+    }
+    if (CM_CU(PointerGetAttribute,
+              (&mp, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, base)) < 0) {
+        return -1;
+    }
+    return mp != NULL && mp == p->mempool;
+}
+
+int
+cm_pool_export(cm_context *ctx, CUdeviceptr base,
+               CUmemPoolPtrExportData *data, int *fd, uint64_t *token)
+{
+    cm_pool *p = ctx->pool;
+    PyObject *msg;
+    PyObject *exc;
+    int got = -1;
+    int err;
+
+    if (p == NULL || p->kind != CM_MM_ASYNC || p->dead) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the context's async memory pool is closed");
+        return -1;
+    }
+    if (!p->shareable) {
+        msg = PyUnicode_FromFormat(
+            "cannot export memory of the async memory manager through IPC: "
+            "its memory pool on device %d cannot be shared (%s)",
+            ctx->device->id, p->noshare);
+        if (msg == NULL) {
+            return -1;
+        }
+        /* CudaAPIError(code, msg), numba's own signature */
+        exc = PyObject_CallFunction(cm_st->CudaAPIError, "iO",
+                                    (int)CUDA_ERROR_NOT_SUPPORTED, msg);
+        Py_DECREF(msg);
+        if (exc != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+        return -1;
+    }
+    if (p->export_fd < 0) {
+        CM_CU_NOGIL(err, MemPoolExportToShareableHandle,
+                    (&got, p->mempool,
+                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        if (err < 0) {
+            return -1;
+        }
+        if (p->export_fd >= 0 || p->dead) {
+            /* Another thread exported meanwhile, or the context closed. */
+            close(got);
+        }
+        else {
+            p->export_fd = got;
+        }
+        if (p->dead) {
+            PyErr_SetString(PyExc_ValueError,
+                            "the context's async memory pool is closed");
+            return -1;
+        }
+    }
+    memset(data, 0, sizeof(*data));
+    CM_CU_NOGIL(err, MemPoolExportPointer, (data, base));
+    if (err < 0) {
+        return -1;
+    }
+    *fd = p->export_fd;
+    *token = p->token;
+    return 0;
+}
+
+/* The largest free block of a bin set (mutex held). */
+static size_t
+cm_bins_largest(const cm_bins *bs)
+{
+    int w;
+    int i;
+    size_t best = 0;
+    const cm_blk *b;
+
+    for (w = CM_POOL_NWORDS - 1; w >= 0; w--) {
+        if (bs->used[w] != 0) {
+            i = w * 64 + 63 - __builtin_clzll(bs->used[w]);
+            for (b = bs->head[i]; b != NULL; b = b->fnext) {
+                best = b->size > best ? b->size : best;
+            }
+            return best;
+        }
+    }
+    return 0;
+}
+
+void
+cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
+              long long *largest)
+{
+    cm_pool *p = ctx->pool;
+    cuuint64_t r = 0;
+    cuuint64_t u = 0;
+    size_t a;
+    size_t b;
+
+    *reserved = 0;
+    *free_b = 0;
+    *largest = ctx->mm_kind == CM_MM_POOL ? 0 : -1;
+    if (p == NULL || p->dead) {
+        return;
+    }
+    if (p->kind == CM_MM_ASYNC) {
+        if (CM_CU_RAW(MemPoolGetAttribute,
+                      (p->mempool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r))
+                == CUDA_SUCCESS
+            && CM_CU_RAW(MemPoolGetAttribute,
+                         (p->mempool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u))
+                   == CUDA_SUCCESS) {
+            *reserved = (size_t)r;
+            *free_b = r > u ? (size_t)(r - u) : 0;
+        }
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    *reserved = p->reserved;
+    *free_b = p->free_bytes;
+    a = cm_bins_largest(&p->small);
+    b = cm_bins_largest(&p->large);
+    *largest = (long long)(a > b ? a : b);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* One block as cm_pool_segments copies it out (mutex held). */
+typedef struct {
+    int seg;              /* index of its segment */
+    CUdeviceptr ptr;
+    size_t size;
+    int state;            /* 0 used, 1 free, 2 pending */
+} cm_blk_view;
+
+PyObject *
+cm_pool_segments(cm_context *ctx)
+{
+    static const char *const states[] = {"used", "free", "pending"};
+    cm_pool *p = ctx->pool;
+    cm_blk_view *v = NULL;
+    CUdeviceptr *base = NULL;
+    size_t *size = NULL;
+    int *small = NULL;
+    size_t nb = 0;
+    size_t nt;
+    size_t ns = 0;
+    size_t i;
+    cm_seg *g;
+    cm_blk *b;
+    PyObject *list;
+    PyObject *blocks = NULL;
+
+    list = PyList_New(0);
+    if (list == NULL || p == NULL || p->dead || p->kind != CM_MM_POOL) {
+        return list;
+    }
+    /* Copied out under the mutex, turned into objects after it. */
+    pthread_mutex_lock(&p->mu);
+    for (g = p->segs; g != NULL; g = g->next) {
+        ns++;
+        for (b = g->first; b != NULL; b = b->next) {
+            nb++;
+        }
+    }
+    v = malloc((nb > 0 ? nb : 1) * sizeof(*v));
+    base = malloc((ns > 0 ? ns : 1) * sizeof(*base));
+    size = malloc((ns > 0 ? ns : 1) * sizeof(*size));
+    small = malloc((ns > 0 ? ns : 1) * sizeof(*small));
+    if (v != NULL && base != NULL && size != NULL && small != NULL) {
+        nb = 0;
+        ns = 0;
+        for (g = p->segs; g != NULL; g = g->next, ns++) {
+            base[ns] = g->base;
+            size[ns] = g->size;
+            small[ns] = g->small;
+            for (b = g->first; b != NULL; b = b->next, nb++) {
+                v[nb].seg = (int)ns;
+                v[nb].ptr = b->ptr;
+                v[nb].size = b->size;
+                v[nb].state = b->free ? 1 : b->pending ? 2 : 0;
+            }
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (v == NULL || base == NULL || size == NULL || small == NULL) {
+        PyErr_NoMemory();
+        goto err_free;
+    }
+    nt = nb;
+    for (i = 0, nb = 0; i < ns; i++) {
+        PyObject *d;
+        int r;
+
+        blocks = PyList_New(0);
+        if (blocks == NULL) {
+            goto err_free;
+        }
+        for (; nb < nt && v[nb].seg == (int)i; nb++) {
+            PyObject *t = Py_BuildValue("(Kns)",
+                                        (unsigned long long)v[nb].ptr,
+                                        (Py_ssize_t)v[nb].size,
+                                        states[v[nb].state]);
+
+            if (t == NULL || PyList_Append(blocks, t) < 0) {
+                Py_XDECREF(t);
+                goto err_free;
+            }
+            Py_DECREF(t);
+        }
+        d = Py_BuildValue("{sKsnsOsO}", "base", (unsigned long long)base[i],
+                          "size", (Py_ssize_t)size[i], "small",
+                          small[i] ? Py_True : Py_False, "blocks", blocks);
+        Py_CLEAR(blocks);
+        r = d == NULL ? -1 : PyList_Append(list, d);
+        Py_XDECREF(d);
+        if (r < 0) {
+            goto err_free;
+        }
+    }
+    free(v);
+    free(base);
+    free(size);
+    free(small);
+    return list;
+err_free:
+    Py_XDECREF(blocks);
+    Py_DECREF(list);
+    free(v);
+    free(base);
+    free(size);
+    free(small);
+    return NULL;
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * runtime/context.h: what the files of devices and contexts share
+ * (device.c, context.c, ctxfuncs.c: the sections of one concept, kept in
+ * files of their own).  Private to them: the rest of the folder and
+ * module.c use runtime/runtime.h.
+ */
+#ifndef CM_CONTEXT_H
+#define CM_CONTEXT_H
+
+#include "runtime/runtime.h"
+
+extern int cm_ndev;                           /* device count, once known */
+
+extern cm_device *cm_devs[CM_MAX_DEVICES];    /* strong, made on demand */
+
+extern cm_context *cm_ctxs[CM_MAX_DEVICES];   /* strong, while retained */
+
+extern unsigned long cm_ctx_gen;              /* last cm_context.gen */
+
+/* NOTE: guarded by the GIL.  [i]: device i is being closed or reset, by
+ * the thread cm_resetter[i]. */
+extern unsigned char cm_resetting[CM_MAX_DEVICES];
+
+extern unsigned long cm_resetter[CM_MAX_DEVICES];
+
+/* Wait, GIL released, while another thread closes or resets device i;
+ * -1 with ValueError when the caller is that thread (code run by the
+ * reset itself, a plugin's say, asking for the device's context). */
+int cm_context_wait_reset(int i);
+
+/* Wait, GIL released, until every driver call made with the GIL released
+ * that began before now has ended, in any thread.  Called with the
+ * closing context already dead, so that no new call on its objects
+ * starts; calls begun later, of other contexts, are not waited for. */
+void cm_context_quiesce(void);
+
+/* ------------------------------------------------------------------ */
+/* Device                                                              */
+/* ------------------------------------------------------------------ */
+
+int cm_device_count(void);
+
+/* Normalise a device ordinal (negative ones wrap); -1 with IndexError. */
+int cm_device_index(Py_ssize_t i);
+
+/* Device i (already normalised): borrowed, made on first use. */
+cm_device *cm_device_get(int i);
+
+int cm_device_cc_at_least(cm_device *d, int major, int minor);
+
+extern PyType_Spec cm_device_spec;
+
+/* The Context of device i, retaining its primary context if needed.
+ * Borrowed reference. */
+cm_context *cm_context_get(int i);
+
+/* The registered Context whose handle is h, or NULL. */
+cm_context *cm_context_find(CUcontext h);
+
+/* Whether device a's contexts can map device b's memory (cached). */
+int cm_peer_possible(int a, int b);
+
+/* Pop every context of the calling thread. */
+int cm_context_pop_all(void);
+
+/* Forget device i's context: release and reset its primary context.
+ * Another thread's reset of the device in progress is waited for. */
+int cm_context_release_device(int i);
+
+extern PyType_Spec cm_context_spec;
+
+/* A device ordinal argument, normalised; -1 with an exception. */
+int cm_device_arg(PyObject *arg);
+
+#endif /* CM_CONTEXT_H */

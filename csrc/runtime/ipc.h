@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * runtime/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
+ * ipchandle.c: the sections of one concept, kept in files of their own).
+ * Private to them: the rest of the folder and module.c use
+ * runtime/runtime.h.
+ */
+#ifndef CM_IPC_H
+#define CM_IPC_H
+
+#include "runtime/runtime.h"
+
+/* The owner of one imported mapping. */
+typedef struct {
+    PyObject_HEAD
+    cm_context *ctx;      /* strong: the context it was opened in */
+    CUdeviceptr ptr;      /* the mapped address (the allocation's base) */
+    size_t off;           /* where the opener's bytes start past ptr */
+    size_t size;          /* bytes the opener uses, from ptr + off */
+    int closed;           /* NOTE: set once, before the close is issued;
+                           * arrays over the memory test it before each
+                           * use (cm_ipc_mem_closed) */
+    void *imp;            /* a memory-pool import (cm_iptr, counted), or
+                           * NULL for a cuIpcOpenMemHandle mapping */
+    PyObject *weakreflist;
+} cm_ipcmem;
+
+/* The state of an IpcHandle.  NULL fields are unset (reading one raises
+ * AttributeError, as for a plain object) unless made on first read. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *base;       /* strong or NULL: the exported memory pointer;
+                           * NULL while owner holds what makes it */
+    PyObject *owner;      /* strong or NULL: for the base made on first
+                           * read, what keeps the exported memory alive */
+    cm_context *ctx;      /* strong or NULL: that base's context */
+    CUdeviceptr ptr;      /* that base's address (the view's lowest byte) */
+    Py_ssize_t span;      /* that base's size (the view's byte span) */
+    PyObject *handle;     /* strong or NULL: the _RawHandle; NULL while
+                           * has_raw */
+    PyObject *size;       /* strong or NULL: bytes exported (an int) */
+    PyObject *source_info;  /* strong or NULL: the exporting device's
+                             * identity; NULL while has_pci */
+    PyObject *offset;     /* strong or NULL: the view's offset in the
+                           * allocation (an int) */
+    PyObject *pool;       /* strong or NULL (None): a memory-pool
+                           * export's (pid, fd, token); NULL while
+                           * has_pool */
+    int has_raw;          /* raw holds the handle not yet made */
+    int has_pci;          /* pci holds the source_info not yet made */
+    int has_pool;         /* pool_* hold the pool not yet made */
+    int pci[3];           /* PCI domain, bus and device ids */
+    long pool_pid;        /* the exporting process */
+    int pool_fd;          /* its descriptor of the pool's handle */
+    uint64_t pool_token;  /* its name for the pool */
+    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the CUipcMemHandle bytes, or
+                                             * the CUmemPoolPtrExportData
+                                             * of a memory-pool export */
+} cm_ipch;
+
+/* The state of an IpcArrayHandle, likewise. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ipc_handle;  /* strong or NULL: the IpcHandle */
+    PyObject *desc;       /* strong or NULL: the array description, a
+                           * dict; NULL while shape is set */
+    PyObject *shape;      /* strong or NULL: the exported array's shape, */
+    PyObject *strides;    /* strides */
+    PyObject *dtype;      /* and dtype, for the description */
+} cm_ipcah;
+
+/* Interned names: the description's "dtype" and the identity's keys. */
+extern PyObject *cm_str_dtype;
+
+extern PyObject *cm_str_pci[3];
+
+extern const char *const cm_pci_keys[3];
+
+/* The Context argument of the module functions: borrowed, or NULL with
+ * TypeError. */
+cm_context *cm_ipc_context_arg(PyObject *obj);
+
+/* What an export gives. */
+typedef struct {
+    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the handle's bytes */
+    CUdeviceptr base;     /* the allocation's base */
+    size_t size;          /* and size */
+    int pooled;           /* a memory-pool export: the next three apply */
+    long pid;             /* the exporting process (this one) */
+    int fd;               /* the pool's shareable handle here */
+    uint64_t token;       /* the pool's name */
+} cm_ipc_exp;
+
+/* Export the allocation of ctx that contains addr.  pooled: 1 when it is
+ * known to come from the async manager's pool, 0 when known not to, -1
+ * to ask the driver.  0, or -1 with an exception. */
+int cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
+                      cm_ipc_exp *out);
+
+/* The (pid, fd, token) tuple of a memory-pool export. */
+PyObject *cm_ipc_pool_tuple(long pid, int fd, uint64_t token);
+
+PyObject *cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+/* The two non-negative sizes of an open: size, and offset (0 when
+ * absent).  0, or -1 with an exception. */
+int cm_ipc_sizes(PyObject *size_arg, PyObject *off_arg, Py_ssize_t *size,
+                 Py_ssize_t *off);
+
+/* A new IpcMemory (an instance of cudamem._ipc._IpcPointer) over the
+ * mapping at p of ctx, showing size bytes from p + off; imp as for the
+ * field.  NULL with an exception (the mapping is then the caller's). */
+cm_ipcmem *cm_ipcmem_new(cm_context *ctx, CUdeviceptr p, Py_ssize_t off,
+                         Py_ssize_t size, void *imp);
+
+PyObject *cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+extern PyType_Spec cm_ipcmem_spec;
+
+PyObject *cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+PyObject *cm_ipc_can_access_peer(PyObject *mod, PyObject *const *args,
+                                 Py_ssize_t nargs);
+
+/* Fetch what the export makes or calls in Python (cm_state's IpcHandle
+ * ... MemoryPointer), once.  0, or -1 with an exception. */
+int cm_ipc_classes(void);
+
+
+/* Docstrings of functions whose tables live in another file. */
+extern const char cm_ipc_export_doc[];
+extern const char cm_ipc_open_doc[];
+extern const char cm_ipc_open_pool_doc[];
+extern const char cm_ipc_can_access_peer_doc[];
+
+#endif /* CM_IPC_H */
