@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """The memory history and the memory snapshot.
 
-``memory_history()`` turns on a ring buffer in C (csrc/history.c) that
+``memory_history()`` turns on a ring buffer in C (csrc/memory/history.c) that
 records every allocation and free of device, pinned, mapped and managed
 memory made through cudamem; ``memory_snapshot()`` gathers that record,
 the blocks alive now and the pool manager's segments into a plain dict;

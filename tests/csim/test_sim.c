@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_sim.c: standalone tests of the CPU simulator (csrc/sim.c).
+ * test_sim.c: standalone tests of the CPU simulator (csrc/sim/).
  *
  * Build and run with tests/csim/Makefile (`make -C tests/csim check`),
  * which links sim.c directly under ASan+UBSan and under TSan.
