@@ -182,21 +182,24 @@ void cm_da_leave(cm_da *a, CUcontext prev);
  * span (nothing when empty) and place the first element; else ptr is the
  * first element's address in memory that gpu_data keeps alive.  stream
  * NULL means 0.  Steals nothing. */
-PyObject *cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
-                        const Py_ssize_t *shape, const Py_ssize_t *strides,
-                        PyArray_Descr *dtype, CUdeviceptr ptr, PyObject *gpu_data,
-                        PyObject *stream);
+PyObject *
+cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
+              const Py_ssize_t *shape, const Py_ssize_t *strides,
+              PyArray_Descr *dtype, CUdeviceptr ptr, PyObject *gpu_data,
+              PyObject *stream);
 
 /* cm_da_make_in, the context found from the owner. */
-PyObject *cm_da_make(PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
-                     const Py_ssize_t *strides, PyArray_Descr *dtype, CUdeviceptr ptr,
-                     PyObject *gpu_data, PyObject *stream);
+PyObject *
+cm_da_make(PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
+           const Py_ssize_t *strides, PyArray_Descr *dtype, CUdeviceptr ptr,
+           PyObject *gpu_data, PyObject *stream);
 
 /* A view of a: same memory and owner, new layout, bound to stream (NULL:
  * a's stream).  offset: bytes from a's first element. */
-PyObject *cm_da_subview(cm_da *a, PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
-                        const Py_ssize_t *strides, PyArray_Descr *dtype,
-                        Py_ssize_t offset, PyObject *stream);
+PyObject *
+cm_da_subview(cm_da *a, PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
+              const Py_ssize_t *strides, PyArray_Descr *dtype,
+              Py_ssize_t offset, PyObject *stream);
 
 int cm_da_traverse(PyObject *self, visitproc visit, void *arg);
 
@@ -269,12 +272,14 @@ int cm_copy_via_host(cm_da *dst, cm_da *src, CUstream h, int async);
 int cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream);
 
 /* cm_da_copy_to_host_impl_run with the array's context current. */
-PyObject *cm_da_copy_to_host_impl(cm_da *self, PyObject *ary, PyObject *stream);
+PyObject *
+cm_da_copy_to_host_impl(cm_da *self, PyObject *ary, PyObject *stream);
 
 /* A new C-contiguous host copy of a device view with dtype; waits for an
  * async copy to land. */
-PyArrayObject *cm_view_to_host(const cm_view *v, PyArray_Descr *dtype, CUstream h,
-                               int async);
+PyArrayObject *
+cm_view_to_host(const cm_view *v, PyArray_Descr *dtype, CUstream h,
+                int async);
 
 /* ------------------------------------------------------------------ */
 /* Attributes                                                          */
@@ -326,8 +331,9 @@ int cm_layout_index(int ndim, const Py_ssize_t *shape,
                     Py_ssize_t *offset, int *all_int);
 
 /* Read one element at addr as a NumPy scalar (a blocking copy). */
-PyObject *cm_read_scalar(CUdeviceptr addr, PyArray_Descr *dtype, PyObject *stream,
-                         PyObject *bound);
+PyObject *
+cm_read_scalar(CUdeviceptr addr, PyArray_Descr *dtype, PyObject *stream,
+               PyObject *bound);
 
 /* cm_da_getitem_impl_run with the array's context current. */
 PyObject *cm_da_getitem_impl(cm_da *self, PyObject *item, PyObject *stream);
@@ -367,17 +373,20 @@ int cm_da_ass_subscript(PyObject *self, PyObject *key, PyObject *value);
 
 Py_ssize_t cm_da_length(PyObject *self);
 
-PyObject *cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                             PyObject *kwnames);
+PyObject *
+cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                   PyObject *kwnames);
 
 PyObject *cm_da_copy_to_device(PyObject *self, PyObject *const *args,
                                Py_ssize_t nargs, PyObject *kwnames);
 
-PyObject *cm_da_getitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                        PyObject *kwnames);
+PyObject *
+cm_da_getitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+              PyObject *kwnames);
 
-PyObject *cm_da_setitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                        PyObject *kwnames);
+PyObject *
+cm_da_setitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+              PyObject *kwnames);
 
 PyObject *cm_da_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                      PyObject *kwnames);
@@ -388,22 +397,25 @@ PyObject *cm_da_is_f_contiguous(PyObject *self, PyObject *unused);
 
 PyObject *cm_da_as_cuda_arg(PyObject *self, PyObject *unused);
 
-PyObject *cm_da_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                        PyObject *kwnames);
+PyObject *
+cm_da_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+              PyObject *kwnames);
 
 PyObject *cm_da_ravel(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames);
 
 PyObject *cm_da_view_meth(PyObject *self, PyObject *arg);
 
-PyObject *cm_da_squeeze(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                        PyObject *kwnames);
+PyObject *
+cm_da_squeeze(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+              PyObject *kwnames);
 
 PyObject *cm_da_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames);
 
-PyObject *cm_da_transpose(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames);
+PyObject *
+cm_da_transpose(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames);
 
 PyObject *cm_da_get_T(PyObject *self, void *unused);
 
@@ -416,17 +428,20 @@ PyObject *cm_da_array(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 
 /* The dtype and offset of field key of a structured dtype (borrowed), or
  * NULL with KeyError. */
-PyArray_Descr *cm_record_field(PyArray_Descr *dt, PyObject *key, Py_ssize_t *offset);
+PyArray_Descr *
+cm_record_field(PyArray_Descr *dt, PyObject *key, Py_ssize_t *offset);
 
 PyObject *cm_rec_subscript(PyObject *self, PyObject *key);
 
 int cm_rec_ass_subscript(PyObject *self, PyObject *key, PyObject *value);
 
-PyObject *cm_rec_getitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                         PyObject *kwnames);
+PyObject *
+cm_rec_getitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames);
 
-PyObject *cm_rec_setitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                         PyObject *kwnames);
+PyObject *
+cm_rec_setitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames);
 
 /* ------------------------------------------------------------------ */
 /* Module functions                                                    */
@@ -435,28 +450,33 @@ PyObject *cm_rec_setitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 /* Parse the shape / strides / order triple of device_array and the
  * constructor into shape[] and strides[]; ndim or -1.  order NULL: the
  * strides must be given (the constructor). */
-int cm_parse_layout(PyObject *shape_o, PyObject *strides_o, PyObject *order_o,
-                    Py_ssize_t itemsize, Py_ssize_t *shape, Py_ssize_t *strides);
+int
+cm_parse_layout(PyObject *shape_o, PyObject *strides_o, PyObject *order_o,
+                Py_ssize_t itemsize, Py_ssize_t *shape, Py_ssize_t *strides);
 
-PyObject *cm_device_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames);
+PyObject *
+cm_device_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames);
 
-PyObject *cm_device_array_like(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames);
+PyObject *
+cm_device_array_like(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames);
 
 PyObject *cm_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames);
 
 PyObject *cm_is_cuda_array(PyObject *mod, PyObject *obj);
 
-PyObject *cm_as_cuda_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                           PyObject *kwnames);
+PyObject *
+cm_as_cuda_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames);
 
 PyObject *cm_from_cuda_array_interface(PyObject *mod, PyObject *const *args,
                                        Py_ssize_t nargs, PyObject *kwnames);
 
-PyObject *cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
-                           PyObject *kwnames);
+PyObject *
+cm_da_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
+                 PyObject *kwnames);
 
 PyObject *cm_da_new(PyTypeObject *tp, PyObject *args, PyObject *kwds);
 

@@ -119,8 +119,9 @@ int cm_hm_clear(PyObject *self);
 void cm_hm_dealloc(PyObject *self);
 
 /* A new owner with nothing allocated yet. */
-cm_hostmem *cm_hm_empty(cm_context *ctx, int kind, size_t size, unsigned int flags,
-                        PyObject *stream);
+cm_hostmem *
+cm_hm_empty(cm_context *ctx, int kind, size_t size, unsigned int flags,
+            PyObject *stream);
 
 /* Fill m through the context's plugin manager. */
 int cm_hm_alloc_plugin(cm_hostmem *m);
@@ -130,7 +131,8 @@ int cm_hm_alloc_default(cm_hostmem *m);
 
 /* A new owner of size bytes of kind in the current context.  Size 0
  * allocates nothing. */
-cm_hostmem *cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream);
+cm_hostmem *
+cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream);
 
 extern PyType_Spec cm_hm_spec;
 
@@ -147,19 +149,22 @@ extern PyObject *cm_hm_kw[KW_N];
 /* A stream argument: NULL or None give 0; else it must resolve. */
 PyObject *cm_hm_stream_arg(PyObject *o);
 
-PyObject *cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames);
+PyObject *
+cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames);
 
 PyObject *cm_pinned_array_like(PyObject *mod, PyObject *ary);
 
-PyObject *cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames);
+PyObject *
+cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames);
 
 PyObject *cm_mapped_array_like(PyObject *mod, PyObject *const *args,
                                Py_ssize_t nargs, PyObject *kwnames);
 
-PyObject *cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                           PyObject *kwnames);
+PyObject *
+cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames);
 
 /* The HostAllocation in arr's base chain, or NULL (no exception). */
 cm_hostmem *cm_hm_find(PyObject *arr);

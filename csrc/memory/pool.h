@@ -155,8 +155,9 @@ cm_blk *cm_pool_take(cm_pool *p, size_t size, uintptr_t s);
 
 /* Make a segment of segsize bytes at base into the pool, in use for
  * size bytes on s; the block, or NULL when out of host memory. */
-cm_blk *cm_pool_add_seg(cm_pool *p, CUdeviceptr base, size_t segsize, int small,
-                        size_t size, uintptr_t s);
+cm_blk *
+cm_pool_add_seg(cm_pool *p, CUdeviceptr base, size_t segsize, int small,
+                size_t size, uintptr_t s);
 
 /* Return block b (in use) to the pool. */
 void cm_pool_put(cm_pool *p, cm_blk *b);

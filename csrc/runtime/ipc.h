@@ -100,7 +100,8 @@ int cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
 /* The (pid, fd, token) tuple of a memory-pool export. */
 PyObject *cm_ipc_pool_tuple(long pid, int fd, uint64_t token);
 
-PyObject *cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *
+cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 /* The two non-negative sizes of an open: size, and offset (0 when
  * absent).  0, or -1 with an exception. */
@@ -117,7 +118,8 @@ PyObject *cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 extern PyType_Spec cm_ipcmem_spec;
 
-PyObject *cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *
+cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 PyObject *cm_ipc_can_access_peer(PyObject *mod, PyObject *const *args,
                                  Py_ssize_t nargs);

@@ -84,8 +84,9 @@ int cm_ident_char(char c);
 
 extern PyType_Spec cm_module_spec;
 
-PyObject *cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames);
+PyObject *
+cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                     PyObject *kwnames);
 
 extern PyType_Spec cm_kernel_spec;
 

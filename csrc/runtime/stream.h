@@ -71,7 +71,8 @@ int cm_stream_cache_put(cm_stream *s);
 
 /* Take the newest kept stream of ctx made with flags and priority, or
  * NULL if none.  GIL held. */
-CUstream cm_stream_cache_take(cm_context *ctx, unsigned int flags, int priority);
+CUstream
+cm_stream_cache_take(cm_context *ctx, unsigned int flags, int priority);
 
 PyObject *cm_set_stream_cache_size(PyObject *mod, PyObject *arg);
 

@@ -338,11 +338,11 @@ extern uint64_t sim_ipc_nonce;
 void *sim_host_map(size_t size);
 
 /* ------------------------------------------------------------------ */
-extern /* Fault injection                                                     */
+/* Fault injection                                                     */
 /* ------------------------------------------------------------------ */
 
 /* How many entry points have a fault armed. */
-atomic_long inj_armed;
+extern atomic_long inj_armed;
 
 /* Whether this call of entry point idx is the armed one; sets *rc. */
 int sim_inject_slow(int idx, CUresult *rc);
@@ -413,7 +413,8 @@ CUresult sim_DeviceGetCount(int *count);
 
 CUresult sim_DeviceGetName(char *name, int len, CUdevice dev);
 
-CUresult sim_DeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
+CUresult
+sim_DeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 
 CUresult sim_DeviceTotalMem(size_t *bytes, CUdevice dev);
 
@@ -421,7 +422,8 @@ CUresult sim_DeviceGetUuid(CUuuid *uuid, CUdevice dev);
 
 CUresult sim_DeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
 
-CUresult sim_DeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+CUresult
+sim_DeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 
 /* The allocation containing address p, dying or not, or NULL. */
 sim_alloc *sim_alloc_find_any(uintptr_t p);
@@ -523,7 +525,8 @@ CUresult sim_DevicePrimaryCtxRelease(CUdevice dev);
 
 CUresult sim_DevicePrimaryCtxReset(CUdevice dev);
 
-CUresult sim_DevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult
+sim_DevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 
 CUresult sim_CtxGetCurrent(CUcontext *pctx);
 
@@ -545,12 +548,14 @@ CUresult sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 
 /* Register a new allocation of size bytes at mem for the current
  * context; charged: bytes counted against the device. */
-CUresult sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
-                       unsigned int flags);
+CUresult
+sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
+              unsigned int flags);
 
 CUresult sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize);
 
-CUresult sim_MemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+CUresult
+sim_MemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
 
 CUresult sim_MemFree(CUdeviceptr dptr);
 
@@ -568,9 +573,11 @@ CUresult sim_MemHostRegister(void *p, size_t bytesize, unsigned int Flags);
 
 CUresult sim_MemHostUnregister(void *p);
 
-CUresult sim_MemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags);
+CUresult
+sim_MemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags);
 
-CUresult sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult
+sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 
 CUresult sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
                                  CUdeviceptr ptr);
@@ -649,7 +656,8 @@ CUresult sim_MemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
 
 CUresult sim_MemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
 
-CUresult sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult
+sim_MemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 
 CUresult sim_MemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
                                    CUmemoryPool pool, CUstream hStream);
@@ -660,20 +668,23 @@ CUresult sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream);
 /* Shareable memory pools: the entry points                            */
 /* ------------------------------------------------------------------ */
 
-CUresult sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+CUresult
+sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
 
 CUresult sim_MemPoolDestroy(CUmemoryPool pool);
 
 CUresult sim_MemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map,
                               size_t count);
 
-CUresult sim_MemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
-                                            CUmemAllocationHandleType handleType,
-                                            unsigned long long flags);
+CUresult
+sim_MemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                   CUmemAllocationHandleType handleType,
+                                   unsigned long long flags);
 
-CUresult sim_MemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
-                                              CUmemAllocationHandleType handleType,
-                                              unsigned long long flags);
+CUresult
+sim_MemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                     CUmemAllocationHandleType handleType,
+                                     unsigned long long flags);
 
 CUresult sim_MemPoolExportPointer(CUmemPoolPtrExportData *shareData_out,
                                   CUdeviceptr ptr);
@@ -696,9 +707,11 @@ typedef struct {
     size_t height;          /* rows per slice */
 } sim_side;
 
-CUresult sim_MemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult
+sim_MemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
 
-CUresult sim_MemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult
+sim_MemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 
 CUresult sim_MemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                         size_t ByteCount);
@@ -706,8 +719,9 @@ CUresult sim_MemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 CUresult sim_MemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost,
                              size_t ByteCount, CUstream hStream);
 
-CUresult sim_MemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
-                             CUstream hStream);
+CUresult
+sim_MemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                    CUstream hStream);
 
 CUresult sim_MemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                              size_t ByteCount, CUstream hStream);
@@ -720,8 +734,9 @@ CUresult sim_Memcpy3D(const CUDA_MEMCPY3D *pCopy);
 
 CUresult sim_Memcpy3DAsync(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
 
-CUresult sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
-                        CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount);
+CUresult
+sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
+               CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount);
 
 CUresult sim_MemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
                              CUdeviceptr srcDevice, CUcontext srcContext,
@@ -751,7 +766,8 @@ CUresult sim_StreamSynchronize(CUstream hStream);
 
 CUresult sim_StreamQuery(CUstream hStream);
 
-CUresult sim_StreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult
+sim_StreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 
 CUresult sim_StreamAddCallback(CUstream hStream, CUstreamCallback callback,
                                void *userData, unsigned int flags);
@@ -772,7 +788,8 @@ CUresult sim_EventSynchronize(CUevent hEvent);
 
 CUresult sim_EventDestroy(CUevent hEvent);
 
-CUresult sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult
+sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 
 /* ------------------------------------------------------------------ */
 /* Interprocess memory (lock held unless noted)                        */
