@@ -35,6 +35,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 
 #if PY_VERSION_HEX < 0x030C0000
 #include <structmember.h>
@@ -158,11 +159,6 @@ cm_cu_check(CUresult rc, const char *fn)
     return rc == CUDA_SUCCESS ? 0 : cm_raise_cu(rc, fn);
 }
 
-/* Call cu<fn>(args...) and check it; 0 or -1 with an exception set.
- * A missing entry point stays NULL and fails here, not at import. */
-#define CM_CU(fn, args)                                                \
-    cm_cu_check(cm_cu.fn ? cm_cu.fn args : cm_cu_missing, "cu" #fn)
-
 /* Driver calls made with the GIL released and not yet back with it:
  * close() and Device.reset() wait, GIL released, until none that began
  * before the context was marked dead is left before they destroy it, so
@@ -207,13 +203,87 @@ cm_driver_call_end(int e)
     do {                                                               \
         CUresult cm_rc_;                                               \
         CM_DRIVER_BEGIN_NOGIL                                          \
-        cm_rc_ = cm_cu.fn ? cm_cu.fn args : cm_cu_missing;             \
+        cm_rc_ = CM_CU_CALL_(fn, args);                                \
         CM_DRIVER_END_NOGIL                                            \
         (err) = cm_cu_check(cm_rc_, "cu" #fn);                         \
     } while (0)
 
+/* Python host callbacks (Stream.add_callback) enqueued and not yet
+ * returned, in every context (atomic).  The driver runs a host callback
+ * on a thread of its own that holds the driver's lock, and the callback
+ * waits there for the GIL; a thread that holds the GIL and enters the
+ * driver meanwhile waits for that lock: neither moves again.  So while
+ * any is in flight, CM_CU and CM_CU_RAW release the GIL around the call
+ * when the calling thread holds it (counted as in CM_DRIVER_BEGIN_NOGIL)
+ * and holds no cudamem mutex (cm_mu_depth: taking the GIL back while
+ * holding one would wait for a thread that holds the GIL and waits for
+ * the mutex).  With none in flight, the cost is one atomic load.  The
+ * arguments of such a call are evaluated with the GIL released: they
+ * must not touch Python objects. */
+extern long cm_pycb_live;
+extern _Thread_local int cm_mu_depth;
+extern _Thread_local PyThreadState *cm_yield_ts;
+extern _Thread_local int cm_yield_epoch;
+
+static inline int
+cm_gil_yield_needed(void)
+{
+    return __atomic_load_n(&cm_pycb_live, __ATOMIC_ACQUIRE) > 0
+           && cm_mu_depth == 0 && PyGILState_Check();
+}
+
+static inline int
+cm_gil_yield_begin(void)
+{
+    cm_yield_epoch = cm_driver_call_begin();
+    cm_yield_ts = PyEval_SaveThread();
+    return 0;
+}
+
+static inline CUresult
+cm_gil_yield_end(CUresult rc)
+{
+    PyEval_RestoreThread(cm_yield_ts);
+    cm_driver_call_end(cm_yield_epoch);
+    return rc;
+}
+
+/* A cudamem mutex: taken and given back through these, so that
+ * cm_mu_depth says whether the thread holds one. */
+static inline void
+cm_mu_lock(pthread_mutex_t *m)
+{
+    pthread_mutex_lock(m);
+    cm_mu_depth++;
+}
+
+static inline void
+cm_mu_unlock(pthread_mutex_t *m)
+{
+    cm_mu_depth--;
+    pthread_mutex_unlock(m);
+}
+
+#define CM_CU_CALL_(fn, args) (cm_cu.fn ? cm_cu.fn args : cm_cu_missing)
+
+/* call, a CUresult expression that enters the driver, with the GIL
+ * released around it while Python callbacks are in flight. */
+#define CM_GIL_YIELD(call)                                             \
+    (cm_gil_yield_needed()                                             \
+     ? (cm_gil_yield_begin(), cm_gil_yield_end(call))                  \
+     : (call))
+
 /* The raw call, for code that handles the CUresult itself. */
-#define CM_CU_RAW(fn, args) (cm_cu.fn ? cm_cu.fn args : cm_cu_missing)
+#define CM_CU_RAW(fn, args) CM_GIL_YIELD(CM_CU_CALL_(fn, args))
+
+/* The raw call with the GIL kept whatever is in flight, for code that
+ * holds pointers into state the GIL guards across the call; such code
+ * makes no driver call while cm_gil_yield_needed() (see its users). */
+#define CM_CU_RAW_HELD(fn, args) CM_CU_CALL_(fn, args)
+
+/* Call cu<fn>(args...) and check it; 0 or -1 with an exception set.
+ * A missing entry point stays NULL and fails here, not at import. */
+#define CM_CU(fn, args) cm_cu_check(CM_CU_RAW(fn, args), "cu" #fn)
 
 /* Set once the table is filled and cuInit succeeded (acquire load). */
 extern int cm_driver_ready_flag;

@@ -17,23 +17,67 @@
 
 typedef struct {
     unsigned long gen;    /* the context's gen; 0: slot empty */
+    int busy;             /* taken: between cm_hostval_take and
+                           * cm_hostval_queued, or being (re)filled */
     void *buf;            /* cuMemHostAlloc'd, mapped */
     CUdeviceptr dptr;     /* its address on the device */
     size_t cap;           /* bytes */
     CUevent ev;           /* recorded after the last copy from buf */
 } cm_hostval;
 
-static cm_hostval *cm_hv;      /* cm_hv_n slots, grown on need */
-static int cm_hv_n;
+/* The slots, a fixed table: the GIL may be released in the middle of a
+ * take (driver calls), so a slot's address must not move and a slot in
+ * use is marked busy rather than trusted to the GIL. */
+static cm_hostval cm_hv[CM_HV_SLOTS];
+static int cm_hv_n;            /* slots used so far */
 static int cm_hv_next;         /* where the next search starts: the slot
                                 * after the last one used, the oldest in a
                                 * stream's order */
 static size_t cm_hv_bytes;     /* bytes the buffers hold */
 
+/* Fill the empty slot i (marked busy) with a buffer of at least n bytes
+ * of ctx; 0 or -1 (the slot left empty).  Releases the GIL. */
+static int
+cm_hostval_fill(cm_context *ctx, int i, size_t n)
+{
+    void *buf = NULL;
+    CUdeviceptr dptr = 0;
+    CUevent ev = NULL;
+    size_t cap;
+    CUresult rc;
+
+    for (cap = 4096; cap < n; cap *= 2) {
+    }
+    CM_DRIVER_BEGIN_NOGIL
+    rc = CM_CU_RAW(MemHostAlloc, (&buf, cap,
+                                  CU_MEMHOSTALLOC_DEVICEMAP
+                                  | CU_MEMHOSTALLOC_PORTABLE));
+    if (rc == CUDA_SUCCESS) {
+        rc = CM_CU_RAW(MemHostGetDevicePointer, (&dptr, buf, 0));
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = CM_CU_RAW(EventCreate, (&ev, CU_EVENT_DISABLE_TIMING));
+    }
+    if (rc != CUDA_SUCCESS && buf != NULL) {
+        (void)CM_CU_RAW(MemFreeHost, (buf));
+    }
+    CM_DRIVER_END_NOGIL
+    if (rc != CUDA_SUCCESS) {
+        return -1;
+    }
+    cm_hv[i].buf = buf;
+    cm_hv[i].dptr = dptr;
+    cm_hv[i].ev = ev;
+    cm_hv[i].cap = cap;
+    cm_hv[i].gen = ctx->gen;
+    cm_hv_bytes += cap;
+    return 0;
+}
+
 /* A page-locked buffer of at least n bytes of ctx (current) that no
- * queued copy reads any more, holding a copy of data: its slot index, or
- * -1 when none can be had (the caller then copies synchronously; no
- * exception is set). */
+ * queued copy reads any more, holding a copy of data: its slot index,
+ * marked busy until cm_hostval_queued, or -1 when none can be had (the
+ * caller then copies synchronously; no exception is set). */
 static int
 cm_hostval_take(cm_context *ctx, const void *data, size_t n)
 {
@@ -42,7 +86,6 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     int empty = -1;
     int spare = -1;
     cm_hostval *v;
-    size_t cap;
     CUresult rc;
 
     if (n > CM_HV_MAX || cm_forked) {
@@ -51,6 +94,9 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     for (k = 0; k < cm_hv_n && k < CM_HV_SCAN; k++) {
         i = (cm_hv_next + k) % cm_hv_n;
         v = &cm_hv[i];
+        if (v->busy) {
+            continue;
+        }
         if (v->gen != 0 && v->gen != ctx->gen
             && !cm_context_gen_live(v->gen)) {
             v->gen = 0;        /* its context is gone, and the memory */
@@ -62,78 +108,65 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
             }
             continue;
         }
-        if (v->gen != ctx->gen
-            || CM_CU_RAW(EventQuery, (v->ev)) != CUDA_SUCCESS) {
+        if (v->gen != ctx->gen) {
+            continue;
+        }
+        rc = CM_CU_RAW(EventQuery, (v->ev));
+        /* The GIL may have been released: another thread may have taken
+         * it meanwhile. */
+        if (rc != CUDA_SUCCESS || v->busy || v->gen != ctx->gen) {
             continue;
         }
         if (v->cap >= n) {
+            v->busy = 1;
             goto found;
         }
         spare = i;
     }
+    if (empty >= 0 && (cm_hv[empty].busy || cm_hv[empty].gen != 0)) {
+        empty = -1;        /* another thread took it meanwhile */
+    }
     if (empty < 0 && cm_hv_n < CM_HV_SLOTS
         && cm_hv_bytes + n <= CM_HV_TOTAL) {
-        cm_hostval *nv = PyMem_Realloc(cm_hv, (size_t)(cm_hv_n + 1)
-                                              * sizeof(*nv));
-
-        if (nv != NULL) {
-            cm_hv = nv;
-            empty = cm_hv_n++;
-            cm_hv[empty].gen = 0;
-        }
+        empty = cm_hv_n++;
+        cm_hv[empty].gen = 0;
+        cm_hv[empty].busy = 0;
     }
-    if (empty < 0 && spare < 0) {
+    if (empty < 0 && (spare < 0 || cm_hv[spare].busy
+                      || cm_hv[spare].gen != ctx->gen)) {
         return -1;
     }
     if (empty < 0) {
         /* An idle buffer too small: replaced by a larger one. */
+        void *old;
+
         i = spare;
         v = &cm_hv[i];
-        (void)CM_CU_RAW(EventDestroy, (v->ev));
-        Py_BEGIN_ALLOW_THREADS
-        (void)CM_CU_RAW(MemFreeHost, (v->buf));
-        Py_END_ALLOW_THREADS
+        v->busy = 1;
+        old = v->buf;
         v->gen = 0;
         cm_hv_bytes -= v->cap;
+        (void)CM_CU_RAW(EventDestroy, (v->ev));
+        Py_BEGIN_ALLOW_THREADS
+        (void)CM_CU_RAW(MemFreeHost, (old));
+        Py_END_ALLOW_THREADS
         empty = i;
     }
     i = empty;
-    v = &cm_hv[i];
-    for (cap = 4096; cap < n; cap *= 2) {
-    }
-    CM_DRIVER_BEGIN_NOGIL
-    rc = CM_CU_RAW(MemHostAlloc, (&v->buf, cap,
-                                  CU_MEMHOSTALLOC_DEVICEMAP
-                                  | CU_MEMHOSTALLOC_PORTABLE));
-    CM_DRIVER_END_NOGIL
-    if (rc != CUDA_SUCCESS) {
+    cm_hv[i].busy = 1;
+    if (cm_hostval_fill(ctx, i, n) < 0) {
+        cm_hv[i].busy = 0;
         return -1;
     }
-    if (CM_CU_RAW(MemHostGetDevicePointer, (&v->dptr, v->buf, 0))
-        != CUDA_SUCCESS) {
-        Py_BEGIN_ALLOW_THREADS
-        (void)CM_CU_RAW(MemFreeHost, (v->buf));
-        Py_END_ALLOW_THREADS
-        return -1;
-    }
-    if (CM_CU_RAW(EventCreate, (&v->ev, CU_EVENT_DISABLE_TIMING))
-        != CUDA_SUCCESS) {
-        Py_BEGIN_ALLOW_THREADS
-        (void)CM_CU_RAW(MemFreeHost, (v->buf));
-        Py_END_ALLOW_THREADS
-        return -1;
-    }
-    v->cap = cap;
-    v->gen = ctx->gen;
-    cm_hv_bytes += cap;
 found:
     memcpy(cm_hv[i].buf, data, n);
     cm_hv_next = (i + 1) % cm_hv_n;
     return i;
 }
 
-/* The copies from slot i are queued on h: it is reusable once they ran.
- * 0, or -1 with an exception (then the stream is waited for). */
+/* The copies from slot i are queued on h: it is reusable once they ran,
+ * and free for another take now.  0, or -1 with an exception (then the
+ * stream is waited for). */
 static int
 cm_hostval_queued(int i, CUstream h)
 {
@@ -143,8 +176,10 @@ cm_hostval_queued(int i, CUstream h)
         /* Nothing will say when it is free: let the copy land. */
         (void)cm_stream_wait(h);
         PyErr_SetRaisedException(exc);
+        cm_hv[i].busy = 0;
         return -1;
     }
+    cm_hv[i].busy = 0;
     return 0;
 }
 

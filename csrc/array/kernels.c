@@ -288,8 +288,8 @@ cm_host_copy_launch(cm_host_copy *c, CUstream stream)
         rc = CUDA_ERROR_INVALID_VALUE;
     }
     else {
-        rc = cm_sim_launch_checked(stream, cm_host_copy_run, c, 2, start,
-                                   len);
+        rc = CM_GIL_YIELD(cm_sim_launch_checked(stream, cm_host_copy_run,
+                                                c, 2, start, len));
     }
     return cm_cu_check(rc, "cuLaunchHostFunc");
 }

@@ -211,11 +211,11 @@ cm_driver_ensure_slow(void)
     }
     if (!__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)) {
         Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&cm_load_lock);
+        cm_mu_lock(&cm_load_lock);
         if (!cm_load_done) {
             cm_load_locked();
         }
-        pthread_mutex_unlock(&cm_load_lock);
+        cm_mu_unlock(&cm_load_lock);
         Py_END_ALLOW_THREADS
     }
     if (!__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)) {

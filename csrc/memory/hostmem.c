@@ -145,12 +145,17 @@ static cm_hblock *
 cm_hpool_take(cm_hpool *p, int c)
 {
     cm_hblock **link = &p->free[c];
+    /* The walk keeps a pointer into the list: the GIL stays held, and
+     * while Python callbacks are in flight no event is asked (a block
+     * whose event is unknown counts as busy). */
+    int ask = !cm_gil_yield_needed();
 
     while (*link != NULL) {
         cm_hblock *b = *link;
 
         if (b->ev == NULL
-            || CM_CU_RAW(EventQuery, (b->ev)) == CUDA_SUCCESS) {
+            || (ask && CM_CU_RAW_HELD(EventQuery, (b->ev))
+                       == CUDA_SUCCESS)) {
             *link = b->next;
             b->next = NULL;
             p->free_bytes -= b->size;

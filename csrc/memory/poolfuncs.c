@@ -142,9 +142,9 @@ cm_pool_limit_fn(PyObject *mod, PyObject *args)
         if (n == (size_t)-1 && PyErr_Occurred()) {
             return NULL;
         }
-        pthread_mutex_lock(&p->mu);
+        cm_mu_lock(&p->mu);
         p->limit = n;
-        pthread_mutex_unlock(&p->mu);
+        cm_mu_unlock(&p->mu);
     }
     return PyLong_FromSize_t(p->limit);
 }
@@ -237,11 +237,11 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
         return NULL;
     }
     cm_pool_stats(c, &reserved, &free_b, &largest);
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     for (g = p->segs; g != NULL; g = g->next) {
         nseg++;
     }
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
     lg = largest < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(largest);
     if (lg == NULL) {
         return NULL;
@@ -422,9 +422,9 @@ cm_gate_unref(cm_gate *g)
 {
     int last;
 
-    pthread_mutex_lock(&g->mu);
+    cm_mu_lock(&g->mu);
     last = --g->refs == 0;
-    pthread_mutex_unlock(&g->mu);
+    cm_mu_unlock(&g->mu);
     if (last) {
         pthread_cond_destroy(&g->cv);
         pthread_mutex_destroy(&g->mu);
@@ -437,11 +437,11 @@ cm_gate_fn(void *arg)
 {
     cm_gate *g = arg;
 
-    pthread_mutex_lock(&g->mu);
+    cm_mu_lock(&g->mu);
     while (!g->open) {
         pthread_cond_wait(&g->cv, &g->mu);
     }
-    pthread_mutex_unlock(&g->mu);
+    cm_mu_unlock(&g->mu);
     cm_gate_unref(g);
 }
 
@@ -491,10 +491,10 @@ cm_raw_gate_open_fn(PyObject *mod, PyObject *arg)
         }
         return NULL;
     }
-    pthread_mutex_lock(&g->mu);
+    cm_mu_lock(&g->mu);
     g->open = 1;
     pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
+    cm_mu_unlock(&g->mu);
     cm_gate_unref(g);
     Py_RETURN_NONE;
 }

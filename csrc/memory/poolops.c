@@ -144,7 +144,7 @@ cm_pool_destroy(cm_context *ctx)
     if (p == NULL || p->dead) {
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     p->dead = 1;
     all = p->segs;
     p->segs = NULL;
@@ -173,7 +173,7 @@ cm_pool_destroy(cm_context *ctx)
     p->nevents = 0;
     p->capevents = 0;
     mp = p->mempool;
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
     if (p->export_fd >= 0) {
         /* Importers can no longer take it; what they imported stays. */
         close(p->export_fd);
@@ -258,10 +258,10 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
         exact = cm_round(size, CM_POOL_LARGE_ROUND);
         want = size < CM_POOL_LARGE_OWN ? CM_POOL_LARGE_SEG : exact;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     reserved = p->reserved;
     limit = p->limit;
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
     if (limit != 0 && want > limit - (reserved < limit ? reserved : limit)) {
         want = exact;
         if (want > limit - (reserved < limit ? reserved : limit)) {
@@ -280,15 +280,15 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
         Py_DECREF(ctx);
         return rc;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     if (p->dead) {
         /* Closed meanwhile: the context's reset took the memory. */
-        pthread_mutex_unlock(&p->mu);
+        cm_mu_unlock(&p->mu);
         Py_DECREF(ctx);
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
     b = cm_pool_add_seg(p, base, want, small, size, s);
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
     Py_DECREF(ctx);
     if (b == NULL) {
         Py_BEGIN_ALLOW_THREADS
@@ -300,6 +300,37 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     return CUDA_SUCCESS;
 }
 
+/* p->mu taken by a thread that may hold the GIL.  Driver calls are made
+ * under the mutex (events of the settle and the retire), so while Python
+ * callbacks are in flight the GIL is released before the mutex is taken
+ * and taken back after it is given back (see cm_gil_yield_needed); the
+ * code between uses no Python object. */
+typedef struct {
+    PyThreadState *ts;
+    int epoch;
+} cm_pool_guard;
+
+static void
+cm_pool_lock(cm_pool *p, cm_pool_guard *g)
+{
+    g->ts = NULL;
+    if (cm_gil_yield_needed()) {
+        g->epoch = cm_driver_call_begin();
+        g->ts = PyEval_SaveThread();
+    }
+    cm_mu_lock(&p->mu);
+}
+
+static void
+cm_pool_unlock(cm_pool *p, cm_pool_guard *g)
+{
+    cm_mu_unlock(&p->mu);
+    if (g->ts != NULL) {
+        PyEval_RestoreThread(g->ts);
+        cm_driver_call_end(g->epoch);
+    }
+}
+
 CUresult
 cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
               CUdeviceptr *ptr, void **blk)
@@ -308,6 +339,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     uintptr_t s = cm_stream_key(stream);
     cm_blk *b;
     CUresult rc;
+    cm_pool_guard gd;
 
     if (p->kind == CM_MM_ASYNC) {
         if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
@@ -338,7 +370,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     if (size == 0) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     if (p->first_stream == CM_POOL_ANY) {
         p->first_stream = s;
     }
@@ -350,7 +382,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         cm_pool_settle(p);
         b = cm_pool_take(p, size, s);
     }
-    pthread_mutex_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     if (b == NULL) {
         rc = cm_pool_grow(ctx, p, size, s, &b);
         if (rc != CUDA_SUCCESS) {
@@ -365,11 +397,11 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
                                        b->size, stream));
         CM_DRIVER_END_NOGIL
         if (rc != CUDA_SUCCESS) {
-            pthread_mutex_lock(&p->mu);
+            cm_pool_lock(p, &gd);
             if (!p->dead) {
                 cm_pool_put(p, b);
             }
-            pthread_mutex_unlock(&p->mu);
+            cm_pool_unlock(p, &gd);
             return rc;
         }
     }
@@ -400,7 +432,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
                                         kind == CM_REL_ASYNC ? stream
                                                              : NULL));
     }
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     if (!p->dead) {
         if (kind == CM_REL_POOL_SYNC) {
             cm_blk_drop_waits(p, b);
@@ -409,7 +441,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
         }
         cm_pool_put(p, b);
     }
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
     return CUDA_SUCCESS;
 }
 
@@ -435,13 +467,14 @@ cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
     cm_blk *b = blk;
     CUevent e;
     int i;
+    cm_pool_guard gd;
 
     if (p == NULL || p->kind != CM_MM_POOL) {
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     if (p->dead) {
-        pthread_mutex_unlock(&p->mu);
+        cm_pool_unlock(p, &gd);
         return;
     }
     for (i = 0; i <= n; i++) {
@@ -458,14 +491,14 @@ cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
             cm_blk_drop_waits(p, b);
             b->stream = CM_POOL_STUCK;
             b->any_after = 0;
-            pthread_mutex_unlock(&p->mu);
+            cm_pool_unlock(p, &gd);
             return;
         }
         if (i == n) {
             b->any_after = 1;
         }
     }
-    pthread_mutex_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
 }
 
 CUresult
@@ -476,11 +509,12 @@ cm_pool_async_join(cm_context *ctx, CUstream own, const CUstream *streams,
     CUresult rc = CUDA_SUCCESS;
     CUevent e;
     int i;
+    cm_pool_guard gd;
 
     if (p == NULL || p->dead) {
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     if (p->side == NULL) {
         rc = CM_CU_RAW(StreamCreate, (&p->side, CU_STREAM_NON_BLOCKING));
     }
@@ -495,7 +529,7 @@ cm_pool_async_join(cm_context *ctx, CUstream own, const CUstream *streams,
         cm_event_put(p, e);
     }
     *on = p->side;
-    pthread_mutex_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     return rc;
 }
 
@@ -506,12 +540,13 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
     uintptr_t s = cm_stream_key(h);
     cm_seg *g;
     cm_blk *b;
+    cm_pool_guard gd;
 
     if (p == NULL || p->kind != CM_MM_POOL
         || cm_stream_handle_is_default(h)) {
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     if (!p->dead) {
         for (g = p->segs; g != NULL; g = g->next) {
             for (b = g->first; b != NULL; b = b->next) {
@@ -522,7 +557,7 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
             }
         }
     }
-    pthread_mutex_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
 }
 
 int
@@ -559,12 +594,12 @@ cm_pool_trim(cm_context *ctx)
             return cm_cu_check(rc, "cuCtxSynchronize");
         }
     }
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     if (p->pending != NULL) {
         cm_pool_settle(p);
     }
     cm_pool_collect_free_segs(p, &segs);
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
     if (segs != NULL) {
         Py_BEGIN_ALLOW_THREADS
         rc = cm_segs_release(segs);
@@ -723,13 +758,13 @@ cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
         }
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     *reserved = p->reserved;
     *free_b = p->free_bytes;
     a = cm_bins_largest(&p->small);
     b = cm_bins_largest(&p->large);
     *largest = (long long)(a > b ? a : b);
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
 }
 
 /* One block as cm_pool_segments copies it out (mutex held). */
@@ -763,7 +798,7 @@ cm_pool_segments(cm_context *ctx)
         return list;
     }
     /* Copied out under the mutex, turned into objects after it. */
-    pthread_mutex_lock(&p->mu);
+    cm_mu_lock(&p->mu);
     for (g = p->segs; g != NULL; g = g->next) {
         ns++;
         for (b = g->first; b != NULL; b = b->next) {
@@ -789,7 +824,7 @@ cm_pool_segments(cm_context *ctx)
             }
         }
     }
-    pthread_mutex_unlock(&p->mu);
+    cm_mu_unlock(&p->mu);
     if (v == NULL || base == NULL || size == NULL || small == NULL) {
         PyErr_NoMemory();
         goto err_free;

@@ -386,22 +386,22 @@ static void *
 cm_worker_main(void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&cm_stg_mu);
+    cm_mu_lock(&cm_stg_mu);
     for (;;) {
         cm_batch *b;
         int p;
 
         if ((b = cm_bq_take_locked(&p)) == NULL) {
-            pthread_mutex_unlock(&cm_stg_mu);
+            cm_mu_unlock(&cm_stg_mu);
             cm_stg_spin(&cm_bq_nonempty, 1);
-            pthread_mutex_lock(&cm_stg_mu);
+            cm_mu_lock(&cm_stg_mu);
         }
         while (b == NULL && (b = cm_bq_take_locked(&p)) == NULL) {
             pthread_cond_wait(&cm_stg_work, &cm_stg_mu);
         }
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
         cm_batch_share(b, p);
-        pthread_mutex_lock(&cm_stg_mu);
+        cm_mu_lock(&cm_stg_mu);
         if (--b->left == 0) {
             pthread_cond_broadcast(&cm_stg_part_done);
         }
@@ -424,19 +424,19 @@ cm_workers_grow(int n)
         pthread_t t;
         int have;
 
-        pthread_mutex_lock(&cm_stg_mu);
+        cm_mu_lock(&cm_stg_mu);
         have = cm_workers;
         if (have < n) {
             cm_workers++;
         }
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
         if (have >= n) {
             break;
         }
         if (pthread_create(&t, &attr, cm_worker_main, NULL) != 0) {
-            pthread_mutex_lock(&cm_stg_mu);
+            cm_mu_lock(&cm_stg_mu);
             cm_workers--;
-            pthread_mutex_unlock(&cm_stg_mu);
+            cm_mu_unlock(&cm_stg_mu);
             break;
         }
     }
@@ -460,7 +460,7 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
     b.e0 = j->bound[k];
     b.n = n;
     b.pack = pack;
-    pthread_mutex_lock(&cm_stg_mu);
+    cm_mu_lock(&cm_stg_mu);
     workers = cm_workers;
     shares = (n + j->part_el - 1) / j->part_el;
     if (shares > (size_t)workers + 1) {
@@ -470,7 +470,7 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
     b.left = b.nparts;
     if (b.nparts == 1) {
         b.next = 1;
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
         cm_batch_share(&b, 0);
         return;
     }
@@ -484,9 +484,9 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
     cm_bq_tail = &b;
     __atomic_store_n(&cm_bq_nonempty, 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&cm_stg_work);
-    pthread_mutex_unlock(&cm_stg_mu);
+    cm_mu_unlock(&cm_stg_mu);
     cm_batch_share(&b, 0);
-    pthread_mutex_lock(&cm_stg_mu);
+    cm_mu_lock(&cm_stg_mu);
     b.left--;
     while (b.next < b.nparts) {
         int p = b.next++;
@@ -494,21 +494,21 @@ cm_stg_host_stage(const cm_sjob *j, size_t k, char *buf, int pack)
         if (b.next == b.nparts) {
             cm_bq_unlink_locked(&b);
         }
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
         cm_batch_share(&b, p);
-        pthread_mutex_lock(&cm_stg_mu);
+        cm_mu_lock(&cm_stg_mu);
         b.left--;
     }
     cm_bq_unlink_locked(&b);
     if (b.left > 0) {
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
         cm_stg_spin(&b.left, 0);
-        pthread_mutex_lock(&cm_stg_mu);
+        cm_mu_lock(&cm_stg_mu);
     }
     while (b.left > 0) {
         pthread_cond_wait(&cm_stg_part_done, &cm_stg_mu);
     }
-    pthread_mutex_unlock(&cm_stg_mu);
+    cm_mu_unlock(&cm_stg_mu);
 }
 
 /* ------------------------------------------------------------------ */
@@ -636,7 +636,7 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
     int got = 0;
     CUresult rc = CUDA_SUCCESS;
 
-    pthread_mutex_lock(&cm_stg_mu);
+    cm_mu_lock(&cm_stg_mu);
     c = cm_cache_of_locked(j->devid, j->gen);
     while (c != NULL && c->free != NULL && got < j->nbuf) {
         cm_sbuf *b = c->free;
@@ -654,7 +654,7 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
         }
         j->buf[got++] = b;
     }
-    pthread_mutex_unlock(&cm_stg_mu);
+    cm_mu_unlock(&cm_stg_mu);
     cm_sbuf_free_list(stale);
     j->fn = "cuMemHostAlloc";
     while (got < j->nbuf) {
@@ -679,10 +679,10 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
         b->size = alloc_size;
         b->gen = j->gen;
         b->dev = j->devid;
-        pthread_mutex_lock(&cm_stg_mu);
+        cm_mu_lock(&cm_stg_mu);
         cm_nlive++;
         cm_live_bytes += alloc_size;
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
         j->buf[got++] = b;
     }
     if (rc != CUDA_SUCCESS) {
@@ -701,7 +701,7 @@ cm_stg_release(cm_sjob *j, size_t keep)
     cm_scache *c;
     int i;
 
-    pthread_mutex_lock(&cm_stg_mu);
+    cm_mu_lock(&cm_stg_mu);
     c = cm_cache_of_locked(j->devid, j->gen);
     for (i = 0; i < j->nbuf; i++) {
         cm_sbuf *b = j->buf[i];
@@ -738,7 +738,7 @@ cm_stg_release(cm_sjob *j, size_t keep)
         b->next = drop;
         drop = b;
     }
-    pthread_mutex_unlock(&cm_stg_mu);
+    cm_mu_unlock(&cm_stg_mu);
     cm_sbuf_free_list(drop);
 }
 
@@ -1098,23 +1098,23 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
     if (rc == CUDA_SUCCESS && !direct) {
         uint64_t t0;
 
-        pthread_mutex_lock(&cm_stg_mu);
+        cm_mu_lock(&cm_stg_mu);
         cm_inflight++;
         cm_staged++;
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
         t0 = cm_now_ns();
         cm_stg_run(j);
         t0 = cm_now_ns() - t0;
         rc = j->rc;
         cm_stg_release(j, keep_free);
-        pthread_mutex_lock(&cm_stg_mu);
+        cm_mu_lock(&cm_stg_mu);
         cm_inflight--;
         cm_ns_wait += j->ns_wait;
         cm_ns_stage += j->ns_stage;
         cm_ns_issue += j->ns_issue;
         cm_ns_total += t0;
         cm_nchunks_all += j->nchunks;
-        pthread_mutex_unlock(&cm_stg_mu);
+        cm_mu_unlock(&cm_stg_mu);
     }
     CM_DRIVER_END_NOGIL
 
@@ -1440,7 +1440,7 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
 
     (void)mod;
     (void)unused;
-    pthread_mutex_lock(&cm_stg_mu);
+    cm_mu_lock(&cm_stg_mu);
     live = cm_nlive;
     bytes = cm_live_bytes;
     nfree = cm_nfree_all;
@@ -1452,7 +1452,7 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
     ns[1] = cm_ns_stage;
     ns[2] = cm_ns_issue;
     ns[3] = cm_ns_total;
-    pthread_mutex_unlock(&cm_stg_mu);
+    cm_mu_unlock(&cm_stg_mu);
     return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:n,s:K,s:K,s:K,"
                          "s:K}",
                          "buffers", (Py_ssize_t)live,
@@ -1496,7 +1496,7 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&cm_stg_mu);
+    cm_mu_lock(&cm_stg_mu);
     drop = NULL;
     for (d = 0; d < CM_STG_DEVICES; d++) {
         cm_scache *c = &cm_caches[d];
@@ -1517,7 +1517,7 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
             drop = b;
         }
     }
-    pthread_mutex_unlock(&cm_stg_mu);
+    cm_mu_unlock(&cm_stg_mu);
     cm_sbuf_free_list(drop);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;

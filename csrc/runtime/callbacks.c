@@ -176,21 +176,24 @@ cm_stream_cache_put(cm_stream *s)
     CUresult rc;
     int pushed = 0;
 
+    /* The cache is checked, then filled: the GIL stays held between,
+     * and while Python callbacks are in flight nothing is cached (the
+     * stream is destroyed instead). */
     if (ctx->n_stream_cache >= cm_stream_cache_cap || !ctx->alive
         || cm_forked || __atomic_load_n(&cm_exiting, __ATOMIC_SEQ_CST)
-        || cm_on_driver_thread()) {
+        || cm_on_driver_thread() || cm_gil_yield_needed()) {
         return 0;
     }
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
+    if (CM_CU_RAW_HELD(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
         || cur != ctx->handle) {
-        if (CM_CU_RAW(CtxPushCurrent, (ctx->handle)) != CUDA_SUCCESS) {
+        if (CM_CU_RAW_HELD(CtxPushCurrent, (ctx->handle)) != CUDA_SUCCESS) {
             return 0;
         }
         pushed = 1;
     }
-    rc = CM_CU_RAW(StreamQuery, (s->handle));
+    rc = CM_CU_RAW_HELD(StreamQuery, (s->handle));
     if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+        (void)CM_CU_RAW_HELD(CtxPopCurrent, (&popped));
     }
     if (rc != CUDA_SUCCESS) {
         return 0;  /* busy (CUDA_ERROR_NOT_READY) or failed: destroy it */
@@ -433,6 +436,11 @@ cm_pycall_free(cm_pycall *pc)
     PyMem_RawFree(pc);
 }
 
+long cm_pycb_live;
+_Thread_local int cm_mu_depth;
+_Thread_local PyThreadState *cm_yield_ts;
+_Thread_local int cm_yield_epoch;
+
 /* On the driver thread, without the GIL. */
 void
 cm_pycall_run(cm_hostcall *hc, CUresult status)
@@ -443,6 +451,7 @@ cm_pycall_run(cm_hostcall *hc, CUresult status)
     PyObject *r;
 
     if (!cm_python_enter()) {
+        (void)__atomic_fetch_sub(&cm_pycb_live, 1, __ATOMIC_RELEASE);
         return;  /* the interpreter is exiting: leak the record */
     }
     gil = PyGILState_Ensure();
@@ -461,6 +470,8 @@ cm_pycall_run(cm_hostcall *hc, CUresult status)
     cm_pycall_free(pc);
     cm_driver_depth--;
     PyGILState_Release(gil);
+    /* Only now: the GIL was taken back and forth until here. */
+    (void)__atomic_fetch_sub(&cm_pycb_live, 1, __ATOMIC_RELEASE);
     cm_python_leave();
 }
 
@@ -539,7 +550,7 @@ cm_waiter_run(cm_hostcall *hc, CUresult status)
 
     w->status = status;
     w->next = NULL;
-    pthread_mutex_lock(&n->lock);
+    cm_mu_lock(&n->lock);
     was_empty = n->done_head == NULL;
     if (was_empty) {
         n->done_head = w;
@@ -554,7 +565,7 @@ cm_waiter_run(cm_hostcall *hc, CUresult status)
     if (was_empty) {
         cm_notifier_signal(n);
     }
-    pthread_mutex_unlock(&n->lock);
+    cm_mu_unlock(&n->lock);
 }
 
 /* Drop a waiter's references and free it.  GIL held. */
@@ -627,11 +638,11 @@ cm_notifier_drain(PyObject *self, PyObject *unused)
     /* Consume first: a waiter added after the list is taken signals
      * again, one added before is in the list. */
     cm_notifier_consume(n);
-    pthread_mutex_lock(&n->lock);
+    cm_mu_lock(&n->lock);
     w = n->done_head;
     n->done_head = NULL;
     n->done_tail = NULL;
-    pthread_mutex_unlock(&n->lock);
+    cm_mu_unlock(&n->lock);
     Py_INCREF(self);  /* the waiters may hold the last references */
     for (; w != NULL; w = next) {
         next = w->next;

@@ -109,6 +109,11 @@ again:
         }
         return NULL;
     }
+    if (cm_resetting[i]) {
+        /* A close began while the GIL was released (the query). */
+        (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        goto again;
+    }
     if (cm_ctxs[i] != NULL) {
         /* Another thread made it while the GIL was released. */
         (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
@@ -557,11 +562,14 @@ cm_context_release_device(int i)
     h = c->device->handle;
     if (cm_hostmem_context_save(c)) {
         /* Host arrays' pages are gone until the restore: the GIL stays
-         * held so that no Python thread touches them meanwhile. */
+         * held so that no Python thread touches them meanwhile (not
+         * released even while callbacks are in flight: the save let this
+         * context's finish first). */
         if (cm_cu.DevicePrimaryCtxRelease) {
             (void)cm_cu.DevicePrimaryCtxRelease(h);
         }
-        err = CM_CU(DevicePrimaryCtxReset, (h));
+        err = cm_cu_check(CM_CU_CALL_(DevicePrimaryCtxReset, (h)),
+                          "cuDevicePrimaryCtxReset");
     }
     else {
         Py_BEGIN_ALLOW_THREADS

@@ -418,9 +418,9 @@ cm_syncall_unref(cm_syncall *w)
 {
     int last;
 
-    pthread_mutex_lock(&w->lock);
+    cm_mu_lock(&w->lock);
     last = --w->refs == 0;
-    pthread_mutex_unlock(&w->lock);
+    cm_mu_unlock(&w->lock);
     if (last) {
         pthread_mutex_destroy(&w->lock);
         pthread_cond_destroy(&w->cond);
@@ -441,10 +441,10 @@ cm_syncall_run(void *arg)
             (void)CM_CU_RAW(CtxPopCurrent, (&popped));
         }
     }
-    pthread_mutex_lock(&w->lock);
+    cm_mu_lock(&w->lock);
     w->done = 1;
     pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
+    cm_mu_unlock(&w->lock);
     cm_syncall_unref(w);
     return NULL;
 }
@@ -505,7 +505,7 @@ cm_synchronize_all_fn(PyObject *mod, PyObject *arg)
         until.tv_nsec -= 1000000000L;
     }
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&w->lock);
+    cm_mu_lock(&w->lock);
     while (!w->done) {
         if (pthread_cond_timedwait(&w->cond, &w->lock, &until)
             == ETIMEDOUT) {
@@ -513,7 +513,7 @@ cm_synchronize_all_fn(PyObject *mod, PyObject *arg)
         }
     }
     ok = w->done;
-    pthread_mutex_unlock(&w->lock);
+    cm_mu_unlock(&w->lock);
     Py_END_ALLOW_THREADS
     cm_syncall_unref(w);
     return PyBool_FromLong(ok);

@@ -401,7 +401,7 @@ cm_kernel_make(cm_module *m, PyObject *name, cm_kernel **out)
             size_t sz;
             cm_param *nv;
 
-            rc = cm_cu.FuncGetParamInfo(k->fn, (size_t)i, &off, &sz);
+            rc = CM_CU_RAW(FuncGetParamInfo, (k->fn, (size_t)i, &off, &sz));
             if (rc == CUDA_ERROR_INVALID_VALUE) {
                 break;
             }
@@ -554,6 +554,7 @@ cm_module_get_global(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *shape = Py_None;
     PyObject *sym = NULL;
     PyObject *r = NULL;
+    const char *csym;
     CUdeviceptr ptr = 0;
     size_t size = 0;
     CUresult rc;
@@ -570,11 +571,11 @@ cm_module_get_global(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     if ((sym = cm_module_symbol(m, name)) == NULL
+        || (csym = PyUnicode_AsUTF8(sym)) == NULL
         || cm_context_activate(m->ctx) < 0) {
         goto out;
     }
-    rc = CM_CU_RAW(ModuleGetGlobal, (&ptr, &size, m->handle,
-                                     PyUnicode_AsUTF8(sym)));
+    rc = CM_CU_RAW(ModuleGetGlobal, (&ptr, &size, m->handle, csym));
     if (rc == CUDA_ERROR_NOT_FOUND) {
         PyErr_Format(PyExc_ValueError,
                      "the module has no __constant__ or __device__ symbol "

@@ -59,7 +59,7 @@ cm_ipool_unref(cm_ipool *ip, int driver)
     CUresult rc = CUDA_SUCCESS;
     int last;
 
-    pthread_mutex_lock(&cm_imp_mu);
+    cm_mu_lock(&cm_imp_mu);
     last = --ip->refs == 0;
     if (last) {
         for (pp = &cm_ipools; *pp != NULL; pp = &(*pp)->next) {
@@ -70,7 +70,7 @@ cm_ipool_unref(cm_ipool *ip, int driver)
         }
         driver = driver && !ip->dead;
     }
-    pthread_mutex_unlock(&cm_imp_mu);
+    cm_mu_unlock(&cm_imp_mu);
     if (!last) {
         return CUDA_SUCCESS;
     }
@@ -92,7 +92,7 @@ cm_iptr_unref(cm_iptr *p, int driver)
     CUresult rc2;
     int last;
 
-    pthread_mutex_lock(&cm_imp_mu);
+    cm_mu_lock(&cm_imp_mu);
     last = --p->refs == 0;
     if (last) {
         for (pp = &cm_iptrs; *pp != NULL; pp = &(*pp)->next) {
@@ -103,7 +103,7 @@ cm_iptr_unref(cm_iptr *p, int driver)
         }
         driver = driver && !p->dead;
     }
-    pthread_mutex_unlock(&cm_imp_mu);
+    cm_mu_unlock(&cm_imp_mu);
     if (!last) {
         return CUDA_SUCCESS;
     }
@@ -144,7 +144,7 @@ cm_ipc_context_closing(cm_context *ctx)
     if (cm_forked) {
         return;
     }
-    pthread_mutex_lock(&cm_imp_mu);
+    cm_mu_lock(&cm_imp_mu);
     for (p = cm_iptrs; p != NULL; p = p->next) {
         nptrs += !p->dead && p->ipool->gen == ctx->gen;
     }
@@ -173,7 +173,7 @@ cm_ipc_context_closing(cm_context *ctx)
             }
         }
     }
-    pthread_mutex_unlock(&cm_imp_mu);
+    cm_mu_unlock(&cm_imp_mu);
     if (nptrs + npools > 0) {
         Py_BEGIN_ALLOW_THREADS
         if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
@@ -313,10 +313,10 @@ cm_ipool_import(cm_context *ctx, long pid, int fd, uint64_t token)
     ip->token = token;
     ip->pool = pool;
     ip->refs = 1;
-    pthread_mutex_lock(&cm_imp_mu);
+    cm_mu_lock(&cm_imp_mu);
     ip->next = cm_ipools;
     cm_ipools = ip;
-    pthread_mutex_unlock(&cm_imp_mu);
+    cm_mu_unlock(&cm_imp_mu);
     return ip;
 }
 
@@ -349,14 +349,14 @@ cm_ipc_import(cm_context *ctx, long pid, int fd, uint64_t token,
     int need_access;
     int err;
 
-    pthread_mutex_lock(&cm_imp_mu);
+    cm_mu_lock(&cm_imp_mu);
     for (p = cm_iptrs; p != NULL; p = p->next) {
         ip = p->ipool;
         if (!p->dead && ip->gen == ctx->gen && ip->pid == pid
             && ip->fd == fd && ip->token == token
             && memcmp(p->data, data, sizeof(p->data)) == 0) {
             p->refs++;
-            pthread_mutex_unlock(&cm_imp_mu);
+            cm_mu_unlock(&cm_imp_mu);
             return p;
         }
     }
@@ -367,7 +367,7 @@ cm_ipc_import(cm_context *ctx, long pid, int fd, uint64_t token,
             break;
         }
     }
-    pthread_mutex_unlock(&cm_imp_mu);
+    cm_mu_unlock(&cm_imp_mu);
     if (ip == NULL) {
         ip = cm_ipool_import(ctx, pid, fd, token);
         if (ip == NULL) {
@@ -376,9 +376,9 @@ cm_ipc_import(cm_context *ctx, long pid, int fd, uint64_t token,
     }
     /* The pool's memory is its device's; another device that opens it
      * needs access (the devices are peers, or the open is staged). */
-    pthread_mutex_lock(&cm_imp_mu);
+    cm_mu_lock(&cm_imp_mu);
     need_access = src != ctx->device->id && !(ip->access & bit);
-    pthread_mutex_unlock(&cm_imp_mu);
+    cm_mu_unlock(&cm_imp_mu);
     if (need_access) {
         memset(&acc, 0, sizeof(acc));
         acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -388,9 +388,9 @@ cm_ipc_import(cm_context *ctx, long pid, int fd, uint64_t token,
         if (err < 0) {
             goto err_unref_pool;
         }
-        pthread_mutex_lock(&cm_imp_mu);
+        cm_mu_lock(&cm_imp_mu);
         ip->access |= bit;
-        pthread_mutex_unlock(&cm_imp_mu);
+        cm_mu_unlock(&cm_imp_mu);
     }
     p = calloc(1, sizeof(*p));
     if (p == NULL) {
@@ -406,10 +406,10 @@ cm_ipc_import(cm_context *ctx, long pid, int fd, uint64_t token,
     memcpy(p->data, data, sizeof(p->data));
     p->ptr = ptr;
     p->refs = 1;
-    pthread_mutex_lock(&cm_imp_mu);
+    cm_mu_lock(&cm_imp_mu);
     p->next = cm_iptrs;
     cm_iptrs = p;
-    pthread_mutex_unlock(&cm_imp_mu);
+    cm_mu_unlock(&cm_imp_mu);
     return p;
 
 err_free_record:

@@ -270,6 +270,7 @@ cm_stream_add_callback_run(PyObject *self, PyObject *const *args,
     if (s->ctx != NULL) {
         s->ctx->pycalls++;
     }
+    (void)__atomic_fetch_add(&cm_pycb_live, 1, __ATOMIC_ACQ_REL);
     /* The GIL is released: a callback already running may be waiting for
      * it while the driver holds locks this enqueue needs. */
     CM_DRIVER_BEGIN_NOGIL
@@ -279,6 +280,7 @@ cm_stream_add_callback_run(PyObject *self, PyObject *const *args,
         if (s->ctx != NULL) {
             s->ctx->pycalls--;
         }
+        (void)__atomic_fetch_sub(&cm_pycb_live, 1, __ATOMIC_RELEASE);
         cm_pycall_free(pc);
         cm_raise_cu(rc, fn);
         return NULL;
