@@ -107,7 +107,9 @@ sim_submit(sim_op *op, CUstream h, int sync)
     }
     rc = sim_enqueue(s, op);
     if (rc == CUDA_SUCCESS && sync) {
+        sim_driver_lock_take();
         rc = sim_wait(s, s->submitted);
+        sim_driver_lock_give();
     }
     return rc;
 }

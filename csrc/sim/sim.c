@@ -102,6 +102,41 @@ atomic_int sim_per_thread;
 _Thread_local sim_tls *tls;
 /* The stream whose worker this thread is, or NULL. */
 _Thread_local sim_stream *tls_worker;
+
+atomic_int sim_sync_holders;
+_Thread_local int sim_holds_sync;
+static pthread_mutex_t sim_sync_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sim_sync_cv = PTHREAD_COND_INITIALIZER;
+
+void
+sim_driver_lock_wait_slow(void)
+{
+    pthread_mutex_lock(&sim_sync_mu);
+    while (atomic_load_explicit(&sim_sync_holders, memory_order_acquire)
+           > 0) {
+        pthread_cond_wait(&sim_sync_cv, &sim_sync_mu);
+    }
+    pthread_mutex_unlock(&sim_sync_mu);
+}
+
+void
+sim_driver_lock_take(void)
+{
+    pthread_mutex_lock(&sim_sync_mu);
+    atomic_fetch_add_explicit(&sim_sync_holders, 1, memory_order_acq_rel);
+    pthread_mutex_unlock(&sim_sync_mu);
+    sim_holds_sync = 1;
+}
+
+void
+sim_driver_lock_give(void)
+{
+    sim_holds_sync = 0;
+    pthread_mutex_lock(&sim_sync_mu);
+    atomic_fetch_sub_explicit(&sim_sync_holders, 1, memory_order_acq_rel);
+    pthread_cond_broadcast(&sim_sync_cv);
+    pthread_mutex_unlock(&sim_sync_mu);
+}
 /* Frees tls at thread exit. */
 static pthread_key_t tls_key;
 static pthread_once_t tls_once = PTHREAD_ONCE_INIT;

@@ -356,13 +356,43 @@ sim_injected(int idx, CUresult *rc)
     return sim_inject_slow(idx, rc);
 }
 
-/* The start of every entry point: an armed fault, then the init rule. */
+/* The driver's lock as a synchronous copy holds it.  A synchronous
+ * copy or memset (cuMemcpyHtoD, cuMemsetD8, ...) waits for the work
+ * queued before it on the legacy default stream, and meanwhile holds a
+ * lock that other threads' driver calls wait for (seen on a GPU: a
+ * cuEventCreate waited for a cuMemcpyHtoD that waited behind a stream
+ * callback).  Modelled so that a callback waiting for something held by
+ * a thread inside the driver (the GIL) deadlocks here as it does on a
+ * GPU, instead of passing unseen.  Calls made from a worker (a host
+ * function or callback, where CUDA allows none) are let through. */
+extern atomic_int sim_sync_holders;
+extern _Thread_local int sim_holds_sync;
+
+void sim_driver_lock_wait_slow(void);
+
+/* Taken around a synchronous op's wait, given back after it. */
+void sim_driver_lock_take(void);
+
+void sim_driver_lock_give(void);
+
+static inline void
+sim_driver_lock_wait(void)
+{
+    if (atomic_load_explicit(&sim_sync_holders, memory_order_acquire) != 0
+        && !sim_holds_sync && tls_worker == NULL) {
+        sim_driver_lock_wait_slow();
+    }
+}
+
+/* The start of every entry point: an armed fault, the lock a waiting
+ * synchronous copy holds, then the init rule. */
 #define SIM_ENTER(name)                                                 \
     do {                                                                \
         CUresult sim_rc_;                                               \
         if (sim_injected(CM_CU_IDX_##name, &sim_rc_)) {                 \
             return sim_rc_;                                             \
         }                                                               \
+        sim_driver_lock_wait();                                         \
         if (atomic_load_explicit(&sim_state, memory_order_acquire)      \
             != SIM_READY) {                                             \
             return CUDA_ERROR_NOT_INITIALIZED;                          \

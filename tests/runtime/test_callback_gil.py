@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: MIT
+"""Python stream callbacks while other threads call into the driver.
+
+The driver runs a stream callback on a thread of its own that holds the
+driver's lock, and a Python callback waits there for the GIL.  A thread
+that holds the GIL and enters the driver meanwhile waits for that lock:
+neither moves again.  cudamem releases the GIL around its driver calls
+while a Python callback is in flight, so this must never hang.  The
+simulator models the lock (another thread's driver call waits while a
+callback runs), so the hang shows there as it does on a GPU.
+
+Each case runs in a child process with a limit: a hang is reported with
+every thread's stack.
+"""
+
+import pytest
+from helpers.crashutil import run_child
+
+CHILD = r'''
+import sys
+import threading
+import time
+
+import numpy as np
+
+import cudamem as cuda
+
+which = sys.argv[1]
+seconds = float(sys.argv[2])
+stop = threading.Event()
+errors = []
+done = [0]
+
+
+def callbacks():
+    # Callbacks that do some Python work, always one or more in flight.
+    s = cuda.stream()
+    d = cuda.device_array(1 << 12, dtype=np.float32)
+    while not stop.is_set():
+        for i in range(4):
+            d.copy_to_host(stream=s)
+            s.add_callback(lambda st, status, arg: sum(range(200)), i)
+        s.synchronize()
+        done[0] += 1
+
+
+def streams():
+    s = cuda.stream()
+    s.synchronize()
+    s.query()
+
+
+def events():
+    a = cuda.event()
+    a.record()
+    a.synchronize()
+    b = cuda.event(timing=False)
+    b.record()
+    b.query()
+
+
+def device_arrays():
+    h = np.arange(256, dtype=np.float32)
+    d = cuda.to_device(h)
+    assert (d.copy_to_host() == h).all()
+    e = cuda.device_array(1000)
+    del e
+
+
+def kernels():
+    d = cuda.device_array((16, 32), dtype=np.float32)
+    d[:] = 1.0
+    assert d.T.copy_to_host().shape == (32, 16)
+
+
+def hostmem():
+    a = cuda.pinned_array(1 << 12)
+    m = cuda.mapped_array(1 << 12)
+    g = cuda.managed_array(1 << 12)
+    del a, m, g
+
+
+def context():
+    ctx = cuda.current_context()
+    ctx.get_memory_info()
+    ctx.synchronize()
+
+
+WORKERS = {"streams": streams, "events": events,
+           "device_arrays": device_arrays, "kernels": kernels,
+           "hostmem": hostmem, "context": context}
+
+
+def work(fn):
+    while not stop.is_set():
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+            return
+
+
+cuda.to_device(np.zeros(4))
+fns = list(WORKERS.values()) if which == "all" else [WORKERS[which]]
+threads = [threading.Thread(target=callbacks)]
+threads += [threading.Thread(target=work, args=(fn,)) for fn in fns * 2]
+for t in threads:
+    t.start()
+time.sleep(seconds)
+stop.set()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert done[0] > 0
+print("ok", done[0])
+'''
+
+
+@pytest.mark.parametrize("which", ["streams", "events", "device_arrays",
+                                   "kernels", "hostmem", "context", "all"])
+def test_driver_calls_beside_python_callbacks(which):
+    p = run_child(CHILD, timeout=60, args=(which, "1.0"))
+    assert p.stdout.startswith("ok"), p.output[-3000:]
+
+
+@pytest.mark.parametrize("manager", ["pool", "async"])
+def test_driver_calls_beside_python_callbacks_under_manager(manager):
+    p = run_child(CHILD, timeout=60, args=("all", "1.0"),
+                  env={"CUDAMEM_MEMORY_MANAGER": manager})
+    assert p.stdout.startswith("ok"), p.output[-3000:]
