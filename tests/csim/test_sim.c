@@ -8,13 +8,22 @@
  * Each group runs in its own child process, because the simulator reads
  * its environment once, at cuInit, and cannot be initialised again after
  * a fork; the parent never calls cuInit.
+ *
+ * Where the driver would crash (it reads the object behind a stream,
+ * event or pool handle without checking it), the simulator aborts with a
+ * message instead.  Those cases run in a grandchild (expect_abort),
+ * forked before the group calls cuInit: a child forked after cuInit
+ * could not use the simulator.
  */
 #include "driver/cu_table.h"
 
 #include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,6 +63,94 @@ sleep_ms(long ms)
 
     nanosleep(&ts, NULL);
 }
+
+/* ------------------------------------------------------------------ */
+/* Calls the simulator refuses by aborting the process                 */
+/* ------------------------------------------------------------------ */
+
+/* What the child of expect_abort must write to stderr before it aborts:
+ * a page shared by every process of the run (mapped in main), written by
+ * the child once it knows the handle. */
+static char *abort_want;
+
+#define ABORT_WANT_SIZE 4096
+
+/* In the child of expect_abort, just before the call that must abort:
+ * the simulator's message it must print (after its prefix).  A failed
+ * check before this point makes the child exit instead. */
+__attribute__((format(printf, 1, 2))) static void
+abort_expect(const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (failures) {
+        _exit(1);
+    }
+    n = snprintf(abort_want, ABORT_WANT_SIZE, "cudamem simulator: ");
+    va_start(ap, fmt);
+    n += vsnprintf(abort_want + n, ABORT_WANT_SIZE - (size_t)n, fmt, ap);
+    va_end(ap);
+    snprintf(abort_want + n, ABORT_WANT_SIZE - (size_t)n, "\n");
+    fflush(stderr);
+}
+
+/* Run fn in a child process whose stderr is captured; check that it died
+ * of SIGABRT having printed exactly what it announced with abort_expect.
+ * Call it before cuInit. */
+static void
+expect_abort_(const char *file, int line, const char *name, void (*fn)(void))
+{
+    char out[ABORT_WANT_SIZE];
+    char chunk[512];
+    size_t n = 0;
+    ssize_t r;
+    int fds[2];
+    int status = 0;
+    pid_t pid;
+
+    abort_want[0] = '\0';
+    if (pipe(fds) != 0) {
+        fprintf(stderr, "%s:%d: pipe failed\n", file, line);
+        failures++;
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], STDERR_FILENO);
+        close(fds[1]);
+        fn();
+        /* It returned: the call did not abort. */
+        fprintf(stderr, "%s returned\n", name);
+        _exit(1);
+    }
+    close(fds[1]);
+    /* Read to the end (a long report past the buffer is dropped), so the
+     * child never blocks on a full pipe. */
+    while ((r = read(fds[0], chunk, sizeof(chunk))) > 0) {
+        if ((size_t)r > sizeof(out) - 1 - n) {
+            r = (ssize_t)(sizeof(out) - 1 - n);
+        }
+        memcpy(out + n, chunk, (size_t)r);
+        n += (size_t)r;
+    }
+    out[n] = '\0';
+    close(fds[0]);
+    waitpid(pid, &status, 0);
+    if (pid < 0 || !WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT
+        || abort_want[0] == '\0' || strcmp(out, abort_want) != 0) {
+        fprintf(stderr, "%s:%d: %s: want death by SIGABRT printing\n  %s"
+                "got status %d printing\n  %s\n", file, line, name,
+                abort_want[0] ? abort_want : "(nothing announced)\n",
+                status, out);
+        failures++;
+    }
+}
+
+#define expect_abort(fn) expect_abort_(__FILE__, __LINE__, #fn, fn)
 
 /* ------------------------------------------------------------------ */
 /* A gate: a host function that blocks its stream until opened         */
@@ -254,11 +351,110 @@ group_init_and_devices(void)
     CHECK(v == 0);
     OK(cu.DevicePrimaryCtxGetState(0, &flags, &active));
     CHECK(flags == 0 && active == 0);
-    EXPECT(cu.ProfilerStart(), CUDA_SUCCESS);
-    EXPECT(cu.ProfilerStop(), CUDA_SUCCESS);
     /* Not modelled: left NULL for the caller to report. */
     CHECK(cu.LaunchKernel == NULL);
     CHECK(cu.ModuleLoadData == NULL);
+
+    /* The profiler calls do nothing, but need a current context. */
+    EXPECT(cu.ProfilerStart(), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cu.ProfilerStop(), CUDA_ERROR_INVALID_CONTEXT);
+    retain_and_push(0);
+    OK(cu.ProfilerStart());
+    OK(cu.ProfilerStop());
+    OK(cu.DevicePrimaryCtxReset(0));
+    EXPECT(cu.ProfilerStart(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    EXPECT(cu.ProfilerStop(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    OK(cu.CtxPopCurrent(NULL));
+    EXPECT(cu.ProfilerStop(), CUDA_ERROR_INVALID_CONTEXT);
+    OK(cu.DevicePrimaryCtxRelease(0));
+}
+
+/* A stream of a context that a reset has destroyed, with work queued
+ * before the reset. */
+static CUstream
+stream_of_reset_context(void)
+{
+    CUdeviceptr d;
+    CUstream s;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.MemAlloc(&d, 1000));
+    OK(cu.StreamCreate(&s, 0));
+    OK(cu.MemsetD8Async(d, 1, 1000, s));
+    OK(cu.DevicePrimaryCtxReset(0));
+    return s;
+}
+
+static void
+abort_query_stream_of_reset_context(void)
+{
+    CUstream s = stream_of_reset_context();
+
+    abort_expect("stream handle %p is not a live stream: the driver would "
+                 "crash here", (void *)s);
+    (void)cu.StreamQuery(s);
+}
+
+static void
+abort_destroy_stream_of_reset_context(void)
+{
+    CUstream s = stream_of_reset_context();
+
+    abort_expect("cuStreamDestroy of %p, not a live stream: the driver "
+                 "would crash here", (void *)s);
+    (void)cu.StreamDestroy(s);
+}
+
+static void *
+reset_thread(void *p)
+{
+    CUresult *rc = p;
+
+    *rc = cu.DevicePrimaryCtxReset(0);
+    return NULL;
+}
+
+/* While a reset waits for its context's streams to drain, their handles
+ * still name streams, but streams that take no more work. */
+static void
+check_reset_while_draining(void)
+{
+    CUresult rc = CUDA_ERROR_UNKNOWN;
+    CUdevice dev = -1;
+    unsigned int flags;
+    int active = 1;
+    pthread_t th;
+    CUstream s;
+    gate g;
+    gate g2;
+
+    retain_and_push(0);
+    OK(cu.StreamCreate(&s, 0));
+    gate_init(&g);
+    gate_init(&g2);
+    OK(cu.LaunchHostFunc(s, gate_fn, &g));
+    gate_wait_entered(&g);
+    CHECK(pthread_create(&th, NULL, reset_thread, &rc) == 0);
+    /* The reset takes the context off the device first (under the
+     * simulator's lock, which it keeps until it waits for s). */
+    while (active) {
+        OK(cu.DevicePrimaryCtxGetState(0, &flags, &active));
+        if (active) {
+            sleep_ms(1);
+        }
+    }
+    EXPECT(cu.CtxGetDevice(&dev), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    EXPECT(cu.StreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.StreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.LaunchHostFunc(s, gate_fn, &g2), CUDA_ERROR_INVALID_HANDLE);
+    gate_open(&g);
+    CHECK(pthread_join(th, NULL) == 0);
+    OK(rc);
+    gate_fini(&g);
+    gate_fini(&g2);
+    OK(cu.CtxPopCurrent(NULL));
+    OK(cu.DevicePrimaryCtxRelease(0));
 }
 
 static void
@@ -271,6 +467,9 @@ group_contexts(void)
     size_t freeb, total;
     int active = 0;
     unsigned int flags;
+
+    expect_abort(abort_query_stream_of_reset_context);
+    expect_abort(abort_destroy_stream_of_reset_context);
 
     OK(cu.Init(0));
     OK(cu.CtxGetCurrent(&cur));
@@ -315,7 +514,9 @@ group_contexts(void)
     EXPECT(cu.CtxEnablePeerAccess(c0, 0), CUDA_ERROR_INVALID_DEVICE);
     EXPECT(cu.CtxEnablePeerAccess(c1, 1), CUDA_ERROR_INVALID_VALUE);
 
-    /* Reset destroys: memory back, stale handles detected. */
+    /* Reset destroys: memory back, stale handles detected (its streams
+     * are no longer streams: the driver would crash on them, see
+     * abort_query_stream_of_reset_context). */
     OK(cu.MemAlloc(&d, 1000));
     OK(cu.StreamCreate(&s, 0));
     OK(cu.MemsetD8Async(d, 1, 1000, s));
@@ -326,8 +527,7 @@ group_contexts(void)
     CHECK(active == 0);
     EXPECT(cu.CtxGetDevice(&dev), CUDA_ERROR_CONTEXT_IS_DESTROYED);
     EXPECT(cu.MemAlloc(&d, 16), CUDA_ERROR_CONTEXT_IS_DESTROYED);
-    EXPECT(cu.StreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
-    EXPECT(cu.StreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.StreamCreate(&s, 0), CUDA_ERROR_CONTEXT_IS_DESTROYED);
     EXPECT(cu.CtxPushCurrent(c0), CUDA_ERROR_CONTEXT_IS_DESTROYED);
     OK(cu.CtxGetCurrent(&cur));
     CHECK(cur == c0);
@@ -355,6 +555,8 @@ group_contexts(void)
     CHECK(active == 0);
     EXPECT(cu.DevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
     OK(cu.DevicePrimaryCtxRelease(1));
+
+    check_reset_while_draining();
 }
 
 static void
@@ -637,6 +839,60 @@ group_copies(void)
     OK(cu.DevicePrimaryCtxRelease(0));
 }
 
+/* A stream destroyed with work still queued on it. */
+static void
+abort_query_destroyed_stream(void)
+{
+    CUdeviceptr d;
+    CUstream s;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.MemAlloc(&d, 4096));
+    OK(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.MemsetD8Async(d, 1, 4096, s));
+    OK(cu.StreamDestroy(s));
+    abort_expect("stream handle %p is not a live stream: the driver would "
+                 "crash here", (void *)s);
+    (void)cu.StreamQuery(s);
+}
+
+/* An event destroyed while its record is pending. */
+static CUevent
+destroyed_event(void)
+{
+    CUstream s;
+    CUevent e;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.StreamCreate(&s, 0));
+    OK(cu.EventCreate(&e, CU_EVENT_DEFAULT));
+    OK(cu.EventRecord(e, s));
+    OK(cu.EventDestroy(e));
+    return e;
+}
+
+static void
+abort_query_destroyed_event(void)
+{
+    CUevent e = destroyed_event();
+
+    abort_expect("event handle %p is not a live event: the driver would "
+                 "crash here", (void *)e);
+    (void)cu.EventQuery(e);
+}
+
+static void
+abort_destroy_destroyed_event(void)
+{
+    CUevent e = destroyed_event();
+
+    abort_expect("event handle %p is not a live event: the driver would "
+                 "crash here", (void *)e);
+    (void)cu.EventDestroy(e);
+}
+
 /* Groups that need CUDAMEM_SIM_DELAY_US: asynchrony must be visible. */
 static void
 group_async(void)
@@ -647,6 +903,10 @@ group_async(void)
     float ms = -1;
     unsigned char *src = malloc(1 << 16), *dst = malloc(1 << 16);
     int i;
+
+    expect_abort(abort_query_destroyed_stream);
+    expect_abort(abort_query_destroyed_event);
+    expect_abort(abort_destroy_destroyed_event);
 
     OK(cu.Init(0));
     retain_and_push(0);
@@ -679,23 +939,24 @@ group_async(void)
     OK(cu.MemcpyDtoH(dst, d, 1 << 16));
     CHECK(memcmp(src, dst, 1 << 16) == 0);
 
-    /* Destroying a stream with queued work: the work still happens. */
+    /* Destroying a stream with queued work: the work still happens (the
+     * handle is gone: abort_query_destroyed_stream). */
     memset(dst, 0, 1 << 16);
     OK(cu.MemcpyDtoHAsync(dst, d, 1 << 16, s));
     OK(cu.EventRecord(b, s));
     OK(cu.StreamDestroy(s));
-    EXPECT(cu.StreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
     OK(cu.EventSynchronize(b));
     CHECK(memcmp(src, dst, 1 << 16) == 0);
 
-    /* Destroying an event whose record is pending. */
+    /* Destroying an event whose record is pending (the handle is gone:
+     * abort_query_destroyed_event). */
     OK(cu.StreamCreate(&s, 0));
     OK(cu.EventRecord(a, s));
     OK(cu.EventDestroy(a));
-    EXPECT(cu.EventQuery(a), CUDA_ERROR_INVALID_HANDLE);
-    EXPECT(cu.EventDestroy(a), CUDA_ERROR_INVALID_HANDLE);
     OK(cu.StreamSynchronize(s));
     OK(cu.StreamDestroy(s));
+    EXPECT(cu.EventQuery(NULL), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.EventDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
 
     OK(cu.EventDestroy(b));
     OK(cu.MemFree(d));
@@ -703,6 +964,62 @@ group_async(void)
     OK(cu.DevicePrimaryCtxRelease(0));
     free(src);
     free(dst);
+}
+
+/* Handles that were never streams or events, and a stream destroyed
+ * twice. */
+static void
+abort_query_unknown_stream(void)
+{
+    unsigned char host[64];
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    abort_expect("stream handle %p is not a live stream: the driver would "
+                 "crash here", (void *)host);
+    (void)cu.StreamQuery((CUstream)(void *)host);
+}
+
+static void
+abort_wait_unknown_event(void)
+{
+    unsigned char host[64];
+    CUstream s;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.StreamCreate(&s, 0));
+    abort_expect("event handle %p is not a live event: the driver would "
+                 "crash here", (void *)host);
+    (void)cu.StreamWaitEvent(s, (CUevent)(void *)host, 0);
+}
+
+static void
+abort_record_unknown_event(void)
+{
+    unsigned char host[64];
+    CUstream s;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.StreamCreate(&s, 0));
+    abort_expect("event handle %p is not a live event: the driver would "
+                 "crash here", (void *)host);
+    (void)cu.EventRecord((CUevent)(void *)host, s);
+}
+
+static void
+abort_destroy_stream_twice(void)
+{
+    CUstream s;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.StreamDestroy(s));
+    abort_expect("cuStreamDestroy of %p, not a live stream: the driver "
+                 "would crash here", (void *)s);
+    (void)cu.StreamDestroy(s);
 }
 
 static void
@@ -718,6 +1035,11 @@ group_streams(void)
     float ms;
     int i;
 
+    expect_abort(abort_query_unknown_stream);
+    expect_abort(abort_wait_unknown_event);
+    expect_abort(abort_record_unknown_event);
+    expect_abort(abort_destroy_stream_twice);
+
     OK(cu.Init(0));
     retain_and_push(0);
     OK(cu.MemAlloc(&d, 64));
@@ -726,7 +1048,6 @@ group_streams(void)
     OK(cu.StreamCreate(&s2, 0));
     OK(cu.StreamCreate(&nb, CU_STREAM_NON_BLOCKING));
     EXPECT(cu.StreamCreate(&nb, 2), CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cu.StreamQuery((CUstream)(void *)host), CUDA_ERROR_INVALID_HANDLE);
     EXPECT(cu.StreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
     EXPECT(cu.StreamDestroy(CU_STREAM_LEGACY), CUDA_ERROR_INVALID_HANDLE);
 
@@ -824,8 +1145,7 @@ group_streams(void)
     OK(cu.MemcpyDtoH(host, d, 64));
     CHECK(host[10] == 5);
     EXPECT(cu.StreamWaitEvent(s2, e, 1), CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cu.StreamWaitEvent(s2, (CUevent)(void *)host, 0),
-           CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.StreamWaitEvent(s2, NULL, 0), CUDA_ERROR_INVALID_HANDLE);
     gate_fini(&g1);
 
     /* Event errors. */
@@ -839,15 +1159,13 @@ group_streams(void)
     EXPECT(cu.EventCreate(&e, 0x40), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cu.EventCreate(&e, CU_EVENT_INTERPROCESS),
            CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cu.EventRecord((CUevent)(void *)host, s1),
-           CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cu.EventRecord(NULL, s1), CUDA_ERROR_INVALID_HANDLE);
     OK(cu.EventDestroy(nt));
     OK(cu.EventDestroy(e));
 
     OK(cu.StreamDestroy(s1));
     OK(cu.StreamDestroy(s2));
     OK(cu.StreamDestroy(nb));
-    EXPECT(cu.StreamDestroy(nb), CUDA_ERROR_INVALID_HANDLE);
     OK(cu.MemFree(d));
     OK(cu.CtxPopCurrent(NULL));
     OK(cu.DevicePrimaryCtxRelease(0));
@@ -874,12 +1192,23 @@ reentry_fn(void *arg)
     r->enqueue = cu.MemsetD8Async(r->d, 1, 1, r->other);
 }
 
+static void CUDA_CB
+reset_fn(void *arg)
+{
+    CUresult *rc = arg;
+
+    *rc = cu.DevicePrimaryCtxReset(0);
+}
+
 static void
 group_reentry_and_faults(void)
 {
     CUdeviceptr d;
     CUstream s, t;
     CUcontext ctx;
+    CUresult rc = CUDA_ERROR_UNKNOWN;
+    order_log lg;
+    order_arg arg;
     reentry r;
     int n = 0;
 
@@ -923,10 +1252,22 @@ group_reentry_and_faults(void)
     CHECK(cm_sim_inject(-1, 1, CUDA_ERROR_UNKNOWN) == -1);
     CHECK(cm_sim_inject(CM_CU_N_FUNCS, 1, CUDA_ERROR_UNKNOWN) == -1);
 
-    /* Reset with queued work on live streams drains them first. */
+    /* A host function may not destroy the context its stream runs in. */
+    OK(cu.LaunchHostFunc(s, reset_fn, &rc));
+    OK(cu.StreamSynchronize(s));
+    CHECK(rc == CUDA_ERROR_NOT_PERMITTED);
+
+    /* Reset with queued work on live streams drains them first (their
+     * handles are gone after it: abort_query_stream_of_reset_context). */
+    pthread_mutex_init(&lg.mu, NULL);
+    lg.n = 0;
+    arg.log = &lg;
+    arg.value = 42;
     OK(cu.MemsetD8Async(d, 2, 16, t));
+    OK(cu.LaunchHostFunc(t, order_fn, &arg));
     OK(cu.DevicePrimaryCtxReset(0));
-    EXPECT(cu.StreamQuery(t), CUDA_ERROR_INVALID_HANDLE);
+    CHECK(lg.n == 1 && lg.log[0] == 42);
+    pthread_mutex_destroy(&lg.mu);
     OK(cu.CtxPopCurrent(NULL));
     (void)ctx;
     OK(cu.DevicePrimaryCtxRelease(0));
@@ -1002,6 +1343,41 @@ group_per_thread(void)
 /* Stream-ordered allocation and the default memory pool               */
 /* ------------------------------------------------------------------ */
 
+/* Pool handles that are not (or no longer) pools. */
+static void
+abort_unknown_pool(void)
+{
+    cuuint64_t v = 0;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    abort_expect("memory pool handle %p is not a live pool: the driver "
+                 "would crash here", (void *)&v);
+    (void)cu.MemPoolGetAttribute((CUmemoryPool)(void *)&v,
+                                 CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v);
+}
+
+static void
+abort_destroyed_pool(void)
+{
+    CUmemPoolProps props;
+    CUmemoryPool pool;
+    cuuint64_t t = 0;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    memset(&props, 0, sizeof(props));
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    OK(cu.MemPoolCreate(&pool, &props));
+    OK(cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+    OK(cu.MemPoolDestroy(pool));
+    abort_expect("memory pool handle %p is not a live pool: the driver "
+                 "would crash here", (void *)pool);
+    (void)cu.MemPoolTrimTo(pool, 0);
+}
+
 static void
 group_mempool(void)
 {
@@ -1012,6 +1388,9 @@ group_mempool(void)
     size_t freeb, total;
     int flag = 0;
     gate g;
+
+    expect_abort(abort_unknown_pool);
+    expect_abort(abort_destroyed_pool);
 
     OK(cu.Init(0));
     retain_and_push(0);
@@ -1026,9 +1405,8 @@ group_mempool(void)
                               &flag));
     EXPECT(cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
                                   &v), CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cu.MemPoolGetAttribute((CUmemoryPool)&v,
-                                  CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v),
-           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cu.MemPoolGetAttribute(NULL, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                                  &v), CUDA_ERROR_INVALID_VALUE);
     OK(cu.StreamCreate(&s1, CU_STREAM_NON_BLOCKING));
     OK(cu.StreamCreate(&s2, CU_STREAM_NON_BLOCKING));
 
@@ -1326,6 +1704,12 @@ main(int argc, char **argv)
     size_t i;
     int bad = 0;
 
+    abort_want = mmap(NULL, ABORT_WANT_SIZE, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (abort_want == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
     for (i = 0; i < sizeof(groups) / sizeof(groups[0]); i++) {
         const group *g = &groups[i];
         pid_t pid;

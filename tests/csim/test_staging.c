@@ -5,13 +5,14 @@
  *
  * Includes staging.c and drives its internals directly: eight threads
  * run synchronous and asynchronous transfers (contiguous and strided,
- * both directions) at once through the shared workers, caches and
- * issuers, and check every byte.  The few symbols staging.c takes from
+ * both directions) at once through the shared workers and buffer
+ * caches, and check every byte.  The few symbols staging.c takes from
  * the rest of the extension are stubbed here; nothing calls Python.
  * Build and run: `make -C tests/csim check-staging`.
  */
 #include "../../csrc/memory/staging.c"
 
+#include <stdatomic.h>
 #include <stdio.h>
 
 cm_cu_table cm_cu;
@@ -36,6 +37,13 @@ cm_context *
 cm_context_current(void)
 {
     return NULL;
+}
+
+int
+cm_context_live(cm_context **out)
+{
+    (void)out;
+    return 0;
 }
 
 int
@@ -75,8 +83,8 @@ mkjob(int htod, double *host, Py_ssize_t step, CUdeviceptr dev, size_t n)
     j->itemsize = sizeof(double);
     j->elems = n;
     j->chunk_el = 500;
-    j->nchunks = (n + j->chunk_el - 1) / j->chunk_el;
     j->part_el = 37;
+    j->bound = cm_stg_schedule(n, j->chunk_el, j->part_el, 0, &j->nchunks);
     j->nbuf = 3;
     j->ctx = the_ctx;
     j->devid = 0;
@@ -84,33 +92,29 @@ mkjob(int htod, double *host, Py_ssize_t step, CUdeviceptr dev, size_t n)
     return j;
 }
 
-/* One transfer, synchronous or on stream s; 0 on success. */
+/* One transfer, synchronous (on the default stream) or on stream s, as
+ * cm_staging_copy runs it; 0 on success.  Either way the pipeline
+ * returns with every chunk in place. */
 static int
 transfer(int htod, double *host, Py_ssize_t step, CUdeviceptr dev,
          size_t n, CUstream s)
 {
     cm_sjob *j = mkjob(htod, host, step, dev, n);
-    CUresult rc = cm_stg_acquire(j, j->chunk_el * j->itemsize, 4096);
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
 
-    if (rc != CUDA_SUCCESS) {
-        cm_stg_release(j, 0, 6);
-        free(j);
-        return -1;
+    if (j->bound != NULL) {
+        j->stream = s;
+        rc = cm_stg_acquire(j, j->chunk_el * j->itemsize, 4096);
     }
-    if (s == NULL) {
+    if (rc == CUDA_SUCCESS) {
         cm_stg_run(j);
         rc = j->rc;
-        cm_stg_release(j, 0, 6);
-        free(j);
-        return rc == CUDA_SUCCESS ? 0 : -1;
+        CHECK(!j->unsure);
     }
-    rc = cm_stg_start_async(j, s);
-    if (rc != CUDA_SUCCESS) {
-        cm_stg_release(j, 0, 6);
-        free(j);
-        return -1;
-    }
-    return cm_cu.StreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
+    cm_stg_release(j, 6);
+    free(j->bound);
+    free(j);
+    return rc == CUDA_SUCCESS ? 0 : -1;
 }
 
 static void *
@@ -172,18 +176,7 @@ main(void)
     for (i = 0; i < 8; i++) {
         pthread_join(t[i], NULL);
     }
-    /* Issuers finish their jobs after the stream moves on. */
-    for (i = 0; i < 1000; i++) {
-        size_t busy;
-
-        pthread_mutex_lock(&cm_stg_mu);
-        busy = cm_nlive - cm_nfree_all;
-        pthread_mutex_unlock(&cm_stg_mu);
-        if (busy == 0) {
-            break;
-        }
-        usleep(1000);
-    }
+    /* Every buffer is back in its cache. */
     pthread_mutex_lock(&cm_stg_mu);
     CHECK(cm_nlive == cm_nfree_all);
     pthread_mutex_unlock(&cm_stg_mu);
