@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_staging.c: the staging pipeline (csrc/memory/staging.c) on the simulator
- * without Python, for ThreadSanitizer and AddressSanitizer.
+ * test_staging.c: the staging pipeline (csrc/memory/staging.c) on the
+ * simulator without Python, for ThreadSanitizer and AddressSanitizer.
  *
  * Includes staging.c and drives its internals directly: eight threads
  * run synchronous and asynchronous transfers (contiguous and strided,
