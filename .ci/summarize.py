@@ -12,12 +12,17 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def test_counts(path):
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return "tests: no junit report"
-    suites = [root] if root.tag == "testsuite" else list(root)
+def test_counts(paths):
+    """Counts summed over junit files (a path or a list of them)."""
+    if isinstance(paths, str):
+        paths = [paths]
+    suites = []
+    for path in paths:
+        try:
+            root = ET.parse(path).getroot()
+        except (OSError, ET.ParseError):
+            return "tests: no junit report (%s)" % pathlib.Path(path).name
+        suites += [root] if root.tag == "testsuite" else list(root)
     n = sum(int(s.get("tests", 0)) for s in suites)
     failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0))
                  for s in suites)
@@ -59,7 +64,8 @@ def bench_lines(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", required=True)
-    ap.add_argument("--junit", required=True)
+    ap.add_argument("--junit", action="append", required=True,
+                    help="a junit file of the suite (repeat: summed)")
     ap.add_argument("--bench", required=True)
     ap.add_argument("--report", required=True)
     ap.add_argument("--compat-junit", action="append", default=[],

@@ -12,6 +12,11 @@ import pytest
 import cudamem
 from cudamem import _core
 
+# Reads the device's free memory (or loads the whole machine): on a GPU
+# it runs alone, not beside other test processes (.ci/gpu).
+pytestmark = pytest.mark.exclusive
+
+
 MiB = 1 << 20
 
 

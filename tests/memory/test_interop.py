@@ -26,6 +26,11 @@ import cudamem
 from cudamem import _core, interop
 from helpers.isolation import manager_context
 
+# Reads the device's free memory (or loads the whole machine): on a GPU
+# it runs alone, not beside other test processes (.ci/gpu).
+pytestmark = pytest.mark.exclusive
+
+
 KiB = 1 << 10
 MiB = 1 << 20
 

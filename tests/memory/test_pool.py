@@ -19,6 +19,10 @@ from helpers.isolation import (SIMULATOR, manager_context,
                                run_module_in_a_child,
                                skip_unless_own_process, use_manager)
 
+# Reads the device's free memory (or loads the whole machine): on a GPU
+# it runs alone, not beside other test processes (.ci/gpu).
+pytestmark = pytest.mark.exclusive
+
 KiB = 1 << 10
 MiB = 1 << 20
 

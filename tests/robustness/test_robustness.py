@@ -21,6 +21,11 @@ import sys
 import pytest
 from helpers import ROOT, TESTS, run_child
 
+# Reads the device's free memory (or loads the whole machine): on a GPU
+# it runs alone, not beside other test processes (.ci/gpu).
+pytestmark = pytest.mark.exclusive
+
+
 
 # Bad values for an argument, by name: Python source evaluated in the
 # child with tests/helpers/robust_prelude.py's names in scope.

@@ -60,6 +60,7 @@ def test_memory_info(ctx, simulator):
         assert total == 1 << 30  # CUDAMEM_SIM_MEMORY's default
 
 
+@pytest.mark.exclusive
 def test_memory_info_tracks_allocations(ctx):
     ctx.memory_manager.deallocations.clear()
     free0, _ = ctx.get_memory_info()
