@@ -25,12 +25,18 @@ CUDAMEM_FUZZ_SKIP_KNOWN=1 the harnesses step around bugs already filed
 Without atheris installed (``pip install atheris``, the ``fuzz`` extra)
 the runner says so and exits 0.
 
-Sanitizers: the harnesses run on the normal build.  atheris's libFuzzer
-is built with clang, and its ASan support is clang's runtime
-(``asan_with_fuzzer.so``), while the project's sanitizer build links
-GCC's libasan; one process cannot hold both runtimes, so CI runs the
-fuzzers on the normal build, where a memory error inside the simulator
-or cudamem still shows as a crash, and the unit tests under ASan.
+Sanitizers: atheris's libFuzzer is built with clang, so under
+AddressSanitizer the harnesses need a clang build of the extension and
+clang's ASan runtime preloaded (GCC's libasan, which the project's
+sanitizer build links, cannot share a process with it).  .ci/run does
+both after the run on the normal build:
+
+    CC=clang LDSHARED="clang -shared" CFLAGS=-shared-libasan \\
+        LDFLAGS=-shared-libasan CUDAMEM_DEBUG=1 CUDAMEM_SANITIZE=address \\
+        python3 setup.py build_ext --force --inplace
+    LD_PRELOAD=$(clang -print-file-name=libclang_rt.asan-x86_64.so) \\
+        ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 \\
+        python3 tests/fuzz/run.py
 """
 
 import argparse
