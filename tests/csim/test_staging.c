@@ -46,6 +46,15 @@ cm_context_live(cm_context **out)
     return 0;
 }
 
+/* The GIL-yield state of cm.h's driver-call macros (runtime/callbacks.c
+ * in the extension): no Python callback is ever in flight here. */
+long cm_pycb_live;
+_Thread_local int cm_mu_depth;
+_Thread_local PyThreadState *cm_yield_ts;
+_Thread_local int cm_yield_epoch;
+long cm_driver_calls[2];
+unsigned long cm_driver_epoch;
+
 int
 cm_hostmem_registered(uintptr_t lo, uintptr_t hi)
 {
