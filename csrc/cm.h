@@ -86,6 +86,12 @@ PyErr_SetRaisedException(PyObject *exc)
 /* Module state                                                        */
 /* ------------------------------------------------------------------ */
 
+/* How many interned keyword names each table of the state holds (each
+ * checked against its enum where the enum is). */
+#define CM_ARRAY_KW_N 19
+#define CM_HOST_KW_N 11
+#define CM_DLPACK_KW_N 4
+
 typedef struct cm_state {
     /* types */
     PyTypeObject *Device_type;
@@ -98,39 +104,70 @@ typedef struct cm_state {
     PyTypeObject *IpcMemory_type;
     PyTypeObject *IpcHandleBase_type;
     PyTypeObject *IpcArrayHandleBase_type;
-    /* cudamem._ipc's IpcHandle, IpcArrayHandle (subclasses of the two
-     * types above), _RawHandle and _export_array, and cudamem._emm's
-     * MemoryPointer, fetched on the first export (or open) */
-    PyObject *IpcHandle;
-    PyObject *IpcArrayHandle;
-    PyObject *IpcRawHandle;
-    PyObject *ipc_export_array;
-    PyObject *MemoryPointer;
-    /* cudamem._ipc's _IpcPointer (an IpcMemory and a MemoryPointer): the
-     * type of what an open makes, fetched with the above */
-    PyObject *IpcPointer;
-
     PyTypeObject *HostMem_type;
     PyTypeObject *HostRegistration_type;
-    /* cudamem._hostmem's MappedNDArray and ManagedNDArray, fetched on
-     * first use (NumPy subclasses are defined in Python) */
-    PyObject *MappedNDArray;
-    PyObject *ManagedNDArray;
-    /* cudamem.config, imported on first use by the CAI-import path */
-    PyObject *config;
     PyTypeObject *Stream_type;
     PyTypeObject *Event_type;
     PyTypeObject *Module_type;
     PyTypeObject *Kernel_type;
     PyTypeObject *Launcher_type;
-    /* exception classes, from cudamem/_errors.py */
+    PyTypeObject *autosync_type;   /* the auto_synchronize() helper */
+    PyTypeObject *notifier_type;   /* one per asyncio loop */
+    PyTypeObject *client_type;     /* ClientAllocation (memory/interop.c) */
+
+    /* What the cudamem package registers at import (_register, see
+     * module.c): the Python classes and helpers C uses, so that C never
+     * imports the package.  NULL until registered; reach them through
+     * cm_registered() / CM_RAISE, which raise RuntimeError naming a
+     * missing one. */
+    /* from cudamem._errors */
     PyObject *CudaSupportError;
     PyObject *CudaDriverError;
     PyObject *CudaAPIError;
     PyObject *CudaOutOfMemoryError;
     PyObject *CompileError;
-    /* the MemoryInfo namedtuple class */
-    PyObject *MemoryInfo;
+    PyObject *MemoryInfo;          /* the namedtuple class */
+    /* from cudamem._emm: the manager of a new context (_manager_for),
+     * the kind of an assigned one (_manager_kind), the built-in
+     * managers' classes and the pointer class of IPC exports */
+    PyObject *manager_for;
+    PyObject *manager_kind;
+    PyObject *DefaultMemoryManager;
+    PyObject *PoolMemoryManager;
+    PyObject *AsyncMemoryManager;
+    PyObject *MemoryPointer;
+    /* from cudamem._ipc: IpcHandle, IpcArrayHandle (subclasses of the
+     * handle bases), _RawHandle, _export_array and _IpcPointer (an
+     * IpcMemory and a MemoryPointer) */
+    PyObject *IpcHandle;
+    PyObject *IpcArrayHandle;
+    PyObject *IpcRawHandle;
+    PyObject *ipc_export_array;
+    PyObject *IpcPointer;
+    /* from cudamem._hostmem: the NumPy subclasses */
+    PyObject *MappedNDArray;
+    PyObject *ManagedNDArray;
+    PyObject *config;              /* the cudamem.config module */
+    PyObject *api_split;           /* cudamem._api._split */
+    PyObject *global_view;         /* cudamem._kernel._global_view */
+
+    /* Objects C makes for itself, kept for the life of the module. */
+    PyObject *zero;                /* the int 0 */
+    PyObject *three;               /* the int 3 (CAI version) */
+    PyObject *dl_max_version;      /* (1, 0) */
+    PyObject *dl_kwn_versioned;    /* ("stream", "max_version") */
+    PyObject *dl_kwn_legacy;       /* ("stream",) */
+    /* asyncio.get_running_loop, and the WeakKeyDictionary loop ->
+     * notifier; made on first use (runtime/callbacks.c) */
+    PyObject *get_running_loop;
+    PyObject *notifiers;
+    /* address (int) -> ClientAllocation, for cudamem_torch_free; NOTE:
+     * guarded by the GIL (memory/interop.c) */
+    PyObject *torch_table;
+    /* the exception of the last failed cudamem_torch_alloc, or NULL;
+     * NOTE: guarded by the GIL */
+    PyObject *torch_error;
+
     /* interned strings */
     PyObject *str_shape;
     PyObject *str_strides;
@@ -141,9 +178,47 @@ typedef struct cm_state {
     PyObject *str_descr;
     PyObject *str_mask;
     PyObject *str_cai;                 /* "__cuda_array_interface__" */
+    PyObject *str_cuda_memory;         /* "__cuda_memory__" */
+    PyObject *str_sync_cfg;            /* "CUDA_ARRAY_INTERFACE_SYNC" */
+    PyObject *str_C;                   /* "C" */
+    PyObject *str_dtype;               /* "dtype" */
+    PyObject *str_pci[3];              /* runtime/ipc.c's cm_pci_keys */
+    PyObject *str_dlpack;              /* "__dlpack__" */
+    PyObject *str_dlpack_device;       /* "__dlpack_device__" */
+    PyObject *str_cuda_stream;         /* "__cuda_stream__" */
+    PyObject *str_callback;            /* "callback" */
+    PyObject *str_arg;                 /* "arg" */
+    PyObject *str_timing;              /* "timing" */
+    PyObject *str_ptr;                 /* "ptr" */
+    PyObject *str_evtstart;            /* "evtstart" */
+    PyObject *str_evtend;              /* "evtend" */
+    PyObject *str_done;                /* "done" */
+    PyObject *str_set_result;          /* "set_result" */
+    PyObject *str_set_exception;       /* "set_exception" */
+    PyObject *str_create_future;       /* "create_future" */
+    PyObject *str_await;               /* "__await__" */
+    PyObject *str_drain;               /* "_drain" */
+    /* interned keyword names: array/ (K_* of array/devicearray.h),
+     * host memory (KW_* of memory/hostmem.h), from_dlpack's protocol */
+    PyObject *kw[CM_ARRAY_KW_N];
+    PyObject *hm_kw[CM_HOST_KW_N];
+    PyObject *dl_kw[CM_DLPACK_KW_N];
 } cm_state;
 
 extern cm_state *cm_st;
+
+/* obj, an object the package registers (a cm_state field named name);
+ * when it is not registered (cudamem._core imported without the cudamem
+ * package), NULL with RuntimeError naming it.  Borrowed. */
+PyObject *cm_registered(PyObject *obj, const char *name);
+#define CM_REGISTERED(field) cm_registered(cm_st->field, #field)
+
+/* PyErr_Format with a registered exception class; RuntimeError naming
+ * the class when it is not registered.  Always NULL. */
+PyObject *cm_raise_registered(PyObject *cls, const char *name,
+                              const char *fmt, ...);
+#define CM_RAISE(field, ...)                                           \
+    cm_raise_registered(cm_st->field, #field, __VA_ARGS__)
 
 /* ------------------------------------------------------------------ */
 /* driver.c: loading and error checking                                */

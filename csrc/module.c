@@ -2,15 +2,57 @@
 /*
  * module.c: the extension module cudamem._core.
  *
- * Owns the module state (cm_st): the exception classes fetched from
- * cudamem._errors, the interned strings, and the types that the concept
- * files create in their init functions, which exec calls in dependency
- * order.  One interpreter per process: exec refuses to run twice.
+ * Owns the module state (cm_st): the interned strings, the types that
+ * the concept files create in their init functions (which exec calls in
+ * dependency order), and what the cudamem package registers at import
+ * through _register (its exception classes, NumPy subclasses, managers
+ * and helpers): C never imports the package, so the package can import
+ * _core at any point of its own import without a cycle.  One
+ * interpreter per process: exec refuses to run twice.
  */
 #define CM_MODULE_C
 #include "runtime/runtime.h"
 
+#include <stdarg.h>
+
 cm_state *cm_st;
+
+/* Visit or clear every object field of the state, in one list so that
+ * traverse and clear cannot drift apart; what holds objects of cudamem's
+ * types comes first, so that their deallocs see the state whole.
+ * Interned strings and small constants cannot be in a cycle: clear drops
+ * them, traverse skips them. */
+#define CM_STATE_OBJECTS(X)                                            \
+    X(torch_table) X(torch_error) X(notifiers) X(get_running_loop)     \
+    X(Device_type) X(Context_type) X(Mem_type) X(Pending_type)         \
+    X(DeviceNDArrayBase_type) X(DeviceNDArray_type)                    \
+    X(DeviceRecord_type) X(IpcMemory_type) X(IpcHandleBase_type)       \
+    X(IpcArrayHandleBase_type) X(HostMem_type)                         \
+    X(HostRegistration_type) X(Stream_type) X(Event_type)              \
+    X(Module_type) X(Kernel_type) X(Launcher_type) X(autosync_type)    \
+    X(notifier_type) X(client_type)                                    \
+    X(CudaSupportError) X(CudaDriverError) X(CudaAPIError)             \
+    X(CudaOutOfMemoryError) X(CompileError) X(MemoryInfo)              \
+    X(manager_for) X(manager_kind) X(DefaultMemoryManager)             \
+    X(PoolMemoryManager) X(AsyncMemoryManager) X(MemoryPointer)        \
+    X(IpcHandle) X(IpcArrayHandle) X(IpcRawHandle)                     \
+    X(ipc_export_array) X(IpcPointer) X(MappedNDArray)                 \
+    X(ManagedNDArray) X(config) X(api_split) X(global_view)
+
+#define CM_STATE_CONSTANTS(X)                                          \
+    X(zero) X(three) X(dl_max_version) X(dl_kwn_versioned)             \
+    X(dl_kwn_legacy)                                                   \
+    X(str_shape) X(str_strides) X(str_typestr) X(str_data)             \
+    X(str_version) X(str_stream) X(str_descr) X(str_mask) X(str_cai)   \
+    X(str_cuda_memory) X(str_sync_cfg) X(str_C) X(str_dtype)           \
+    X(str_dlpack) X(str_dlpack_device) X(str_cuda_stream)              \
+    X(str_callback) X(str_arg) X(str_timing) X(str_ptr)                \
+    X(str_evtstart) X(str_evtend) X(str_done) X(str_set_result)        \
+    X(str_set_exception) X(str_create_future) X(str_await)             \
+    X(str_drain)
+
+#define CM_VISIT_FIELD(f) Py_VISIT(st->f);
+#define CM_CLEAR_FIELD(f) Py_CLEAR(st->f);
 
 static int
 cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
@@ -20,38 +62,7 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     if (st == NULL) {
         return 0;
     }
-    Py_VISIT(st->Device_type);
-    Py_VISIT(st->Context_type);
-    Py_VISIT(st->Mem_type);
-    Py_VISIT(st->Pending_type);
-    Py_VISIT(st->DeviceNDArrayBase_type);
-    Py_VISIT(st->DeviceNDArray_type);
-    Py_VISIT(st->DeviceRecord_type);
-    Py_VISIT(st->IpcMemory_type);
-    Py_VISIT(st->IpcHandleBase_type);
-    Py_VISIT(st->IpcArrayHandleBase_type);
-    Py_VISIT(st->IpcHandle);
-    Py_VISIT(st->IpcArrayHandle);
-    Py_VISIT(st->IpcRawHandle);
-    Py_VISIT(st->ipc_export_array);
-    Py_VISIT(st->MemoryPointer);
-    Py_VISIT(st->IpcPointer);
-    Py_VISIT(st->HostMem_type);
-    Py_VISIT(st->HostRegistration_type);
-    Py_VISIT(st->MappedNDArray);
-    Py_VISIT(st->ManagedNDArray);
-    Py_VISIT(st->config);
-    Py_VISIT(st->Stream_type);
-    Py_VISIT(st->Event_type);
-    Py_VISIT(st->Module_type);
-    Py_VISIT(st->Kernel_type);
-    Py_VISIT(st->Launcher_type);
-    Py_VISIT(st->CompileError);
-    Py_VISIT(st->CudaSupportError);
-    Py_VISIT(st->CudaDriverError);
-    Py_VISIT(st->CudaAPIError);
-    Py_VISIT(st->CudaOutOfMemoryError);
-    Py_VISIT(st->MemoryInfo);
+    CM_STATE_OBJECTS(CM_VISIT_FIELD)
     return 0;
 }
 
@@ -59,51 +70,25 @@ static int
 cm_module_clear(PyObject *mod)
 {
     cm_state *st = PyModule_GetState(mod);
+    size_t i;
 
     if (st == NULL) {
         return 0;
     }
-    Py_CLEAR(st->Device_type);
-    Py_CLEAR(st->Context_type);
-    Py_CLEAR(st->Mem_type);
-    Py_CLEAR(st->Pending_type);
-    Py_CLEAR(st->DeviceNDArrayBase_type);
-    Py_CLEAR(st->DeviceNDArray_type);
-    Py_CLEAR(st->DeviceRecord_type);
-    Py_CLEAR(st->IpcMemory_type);
-    Py_CLEAR(st->IpcHandleBase_type);
-    Py_CLEAR(st->IpcArrayHandleBase_type);
-    Py_CLEAR(st->IpcHandle);
-    Py_CLEAR(st->IpcArrayHandle);
-    Py_CLEAR(st->IpcRawHandle);
-    Py_CLEAR(st->ipc_export_array);
-    Py_CLEAR(st->MemoryPointer);
-    Py_CLEAR(st->IpcPointer);
-    Py_CLEAR(st->HostMem_type);
-    Py_CLEAR(st->HostRegistration_type);
-    Py_CLEAR(st->MappedNDArray);
-    Py_CLEAR(st->ManagedNDArray);
-    Py_CLEAR(st->config);
-    Py_CLEAR(st->Stream_type);
-    Py_CLEAR(st->Event_type);
-    Py_CLEAR(st->Module_type);
-    Py_CLEAR(st->Kernel_type);
-    Py_CLEAR(st->Launcher_type);
-    Py_CLEAR(st->CompileError);
-    Py_CLEAR(st->CudaSupportError);
-    Py_CLEAR(st->CudaDriverError);
-    Py_CLEAR(st->CudaAPIError);
-    Py_CLEAR(st->CudaOutOfMemoryError);
-    Py_CLEAR(st->MemoryInfo);
-    Py_CLEAR(st->str_shape);
-    Py_CLEAR(st->str_strides);
-    Py_CLEAR(st->str_typestr);
-    Py_CLEAR(st->str_data);
-    Py_CLEAR(st->str_version);
-    Py_CLEAR(st->str_stream);
-    Py_CLEAR(st->str_descr);
-    Py_CLEAR(st->str_mask);
-    Py_CLEAR(st->str_cai);
+    CM_STATE_OBJECTS(CM_CLEAR_FIELD)
+    CM_STATE_CONSTANTS(CM_CLEAR_FIELD)
+    for (i = 0; i < 3; i++) {
+        Py_CLEAR(st->str_pci[i]);
+    }
+    for (i = 0; i < CM_ARRAY_KW_N; i++) {
+        Py_CLEAR(st->kw[i]);
+    }
+    for (i = 0; i < CM_HOST_KW_N; i++) {
+        Py_CLEAR(st->hm_kw[i]);
+    }
+    for (i = 0; i < CM_DLPACK_KW_N; i++) {
+        Py_CLEAR(st->dl_kw[i]);
+    }
     return 0;
 }
 
@@ -114,26 +99,263 @@ cm_module_free(void *mod)
     cm_st = NULL;
 }
 
-/* A new reference to cudamem.<modname>.<attr>. */
-static PyObject *
-cm_import_attr(const char *modname, const char *attr)
-{
-    PyObject *m = PyImport_ImportModule(modname);
-    PyObject *o;
+/* ------------------------------------------------------------------ */
+/* What the package registers                                          */
+/* ------------------------------------------------------------------ */
 
-    if (m == NULL) {
+PyObject *
+cm_registered(PyObject *obj, const char *name)
+{
+    if (obj == NULL) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "cudamem._core: %s is not registered: the cudamem "
+                     "package registers it when imported (import cudamem, "
+                     "not cudamem._core alone)", name);
+    }
+    return obj;
+}
+
+PyObject *
+cm_raise_registered(PyObject *cls, const char *name, const char *fmt, ...)
+{
+    va_list va;
+
+    if (cm_registered(cls, name) == NULL) {
         return NULL;
     }
-    o = PyObject_GetAttrString(m, attr);
-    Py_DECREF(m);
-    return o;
+    va_start(va, fmt);
+    PyErr_FormatV(cls, fmt, va);
+    va_end(va);
+    return NULL;
 }
+
+/* How _register checks a value before storing it. */
+enum {
+    CM_REG_ANY,           /* any object (a module) */
+    CM_REG_CALLABLE,      /* a callable */
+    CM_REG_CLASS,         /* a class */
+    CM_REG_EXCEPTION,     /* an exception class */
+    CM_REG_NDARRAY,       /* a subclass of numpy.ndarray */
+    CM_REG_IPC_MEMORY,    /* a subclass of IpcMemory */
+    CM_REG_IPC_HANDLE,    /* a subclass of _IpcHandleBase */
+    CM_REG_IPC_ARRAY      /* a subclass of _IpcArrayHandleBase */
+};
+
+/* One keyword of _register: the state field it fills and its check. */
+typedef struct {
+    const char *name;
+    size_t offset;
+    int check;
+} cm_reg_slot;
+
+#define CM_REG_SLOT(field, check)                                      \
+    {#field, offsetof(cm_state, field), (check)}
+
+static const cm_reg_slot cm_reg_slots[] = {
+    CM_REG_SLOT(CudaSupportError, CM_REG_EXCEPTION),
+    CM_REG_SLOT(CudaDriverError, CM_REG_EXCEPTION),
+    CM_REG_SLOT(CudaAPIError, CM_REG_EXCEPTION),
+    CM_REG_SLOT(CudaOutOfMemoryError, CM_REG_EXCEPTION),
+    CM_REG_SLOT(CompileError, CM_REG_EXCEPTION),
+    CM_REG_SLOT(MemoryInfo, CM_REG_CLASS),
+    CM_REG_SLOT(manager_for, CM_REG_CALLABLE),
+    CM_REG_SLOT(manager_kind, CM_REG_CALLABLE),
+    CM_REG_SLOT(DefaultMemoryManager, CM_REG_CLASS),
+    CM_REG_SLOT(PoolMemoryManager, CM_REG_CLASS),
+    CM_REG_SLOT(AsyncMemoryManager, CM_REG_CLASS),
+    CM_REG_SLOT(MemoryPointer, CM_REG_CLASS),
+    CM_REG_SLOT(IpcHandle, CM_REG_IPC_HANDLE),
+    CM_REG_SLOT(IpcArrayHandle, CM_REG_IPC_ARRAY),
+    CM_REG_SLOT(IpcRawHandle, CM_REG_CLASS),
+    CM_REG_SLOT(ipc_export_array, CM_REG_CALLABLE),
+    CM_REG_SLOT(IpcPointer, CM_REG_IPC_MEMORY),
+    CM_REG_SLOT(MappedNDArray, CM_REG_NDARRAY),
+    CM_REG_SLOT(ManagedNDArray, CM_REG_NDARRAY),
+    CM_REG_SLOT(config, CM_REG_ANY),
+    CM_REG_SLOT(api_split, CM_REG_CALLABLE),
+    CM_REG_SLOT(global_view, CM_REG_CALLABLE),
+};
+
+#define CM_REG_N (sizeof(cm_reg_slots) / sizeof(cm_reg_slots[0]))
+
+/* Whether v passes check; 0, or -1 with TypeError naming name. */
+static int
+cm_reg_check(cm_state *st, const char *name, int check, PyObject *v)
+{
+    PyTypeObject *base = NULL;
+    const char *what = NULL;
+
+    switch (check) {
+    case CM_REG_ANY:
+        return 0;
+    case CM_REG_CALLABLE:
+        if (PyCallable_Check(v)) {
+            return 0;
+        }
+        what = "a callable";
+        break;
+    case CM_REG_CLASS:
+        if (PyType_Check(v)) {
+            return 0;
+        }
+        what = "a class";
+        break;
+    case CM_REG_EXCEPTION:
+        if (PyExceptionClass_Check(v)) {
+            return 0;
+        }
+        what = "an exception class";
+        break;
+    case CM_REG_NDARRAY:
+        base = &PyArray_Type;
+        what = "a subclass of numpy.ndarray";
+        break;
+    case CM_REG_IPC_MEMORY:
+        base = st->IpcMemory_type;
+        what = "a subclass of cudamem._core.IpcMemory";
+        break;
+    case CM_REG_IPC_HANDLE:
+        base = st->IpcHandleBase_type;
+        what = "a subclass of cudamem._core._IpcHandleBase";
+        break;
+    case CM_REG_IPC_ARRAY:
+        base = st->IpcArrayHandleBase_type;
+        what = "a subclass of cudamem._core._IpcArrayHandleBase";
+        break;
+    }
+    if (base != NULL && PyType_Check(v)
+        && PyType_IsSubtype((PyTypeObject *)v, base)) {
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "_register(): %s must be %s, not %R",
+                 name, what, v);
+    return -1;
+}
+
+PyDoc_STRVAR(cm_register_doc,
+"_register($module, /, **objects)\n--\n\n"
+"Hand C the Python classes and helpers it uses (called by the cudamem\n"
+"package at import; C never imports the package).  Each keyword names\n"
+"one; all are checked before any is stored.  Unknown names raise\n"
+"TypeError.");
+
+static PyObject *
+cm_register(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    cm_state *st = PyModule_GetState(mod);
+    PyObject *key;
+    PyObject *value;
+    Py_ssize_t pos = 0;
+    size_t i;
+
+    if (PyTuple_GET_SIZE(args) != 0) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_register() takes keyword arguments only");
+        return NULL;
+    }
+    /* Check everything first, so that a failed call stores nothing. */
+    while (kw != NULL && PyDict_Next(kw, &pos, &key, &value)) {
+        for (i = 0; i < CM_REG_N; i++) {
+            if (PyUnicode_CompareWithASCIIString(key, cm_reg_slots[i].name)
+                == 0) {
+                break;
+            }
+        }
+        if (i == CM_REG_N) {
+            PyErr_Format(PyExc_TypeError, "_register() got an unexpected "
+                         "keyword argument '%U'", key);
+            return NULL;
+        }
+        if (cm_reg_check(st, cm_reg_slots[i].name, cm_reg_slots[i].check,
+                         value) < 0) {
+            return NULL;
+        }
+    }
+    pos = 0;
+    while (kw != NULL && PyDict_Next(kw, &pos, &key, &value)) {
+        for (i = 0; i < CM_REG_N; i++) {
+            if (PyUnicode_CompareWithASCIIString(key, cm_reg_slots[i].name)
+                == 0) {
+                PyObject **slot = (PyObject **)((char *)st
+                                                + cm_reg_slots[i].offset);
+
+                Py_XSETREF(*slot, Py_NewRef(value));
+                break;
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cm_module_functions[] = {
+    {"_register", (PyCFunction)(void (*)(void))cm_register,
+     METH_VARARGS | METH_KEYWORDS, cm_register_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ------------------------------------------------------------------ */
+/* Init                                                                */
+/* ------------------------------------------------------------------ */
 
 static int
 cm_intern(PyObject **slot, const char *s)
 {
     *slot = PyUnicode_InternFromString(s);
     return *slot == NULL ? -1 : 0;
+}
+
+/* The interned strings and constants of the state that the layers share;
+ * each layer's init makes its keyword tables. */
+static int
+cm_module_strings(cm_state *st)
+{
+    static const struct {
+        size_t offset;
+        const char *text;
+    } strs[] = {
+        {offsetof(cm_state, str_shape), "shape"},
+        {offsetof(cm_state, str_strides), "strides"},
+        {offsetof(cm_state, str_typestr), "typestr"},
+        {offsetof(cm_state, str_data), "data"},
+        {offsetof(cm_state, str_version), "version"},
+        {offsetof(cm_state, str_stream), "stream"},
+        {offsetof(cm_state, str_descr), "descr"},
+        {offsetof(cm_state, str_mask), "mask"},
+        {offsetof(cm_state, str_cai), "__cuda_array_interface__"},
+        {offsetof(cm_state, str_cuda_memory), "__cuda_memory__"},
+        {offsetof(cm_state, str_sync_cfg), "CUDA_ARRAY_INTERFACE_SYNC"},
+        {offsetof(cm_state, str_C), "C"},
+        {offsetof(cm_state, str_dtype), "dtype"},
+        {offsetof(cm_state, str_dlpack), "__dlpack__"},
+        {offsetof(cm_state, str_dlpack_device), "__dlpack_device__"},
+        {offsetof(cm_state, str_cuda_stream), "__cuda_stream__"},
+        {offsetof(cm_state, str_callback), "callback"},
+        {offsetof(cm_state, str_arg), "arg"},
+        {offsetof(cm_state, str_timing), "timing"},
+        {offsetof(cm_state, str_ptr), "ptr"},
+        {offsetof(cm_state, str_evtstart), "evtstart"},
+        {offsetof(cm_state, str_evtend), "evtend"},
+        {offsetof(cm_state, str_done), "done"},
+        {offsetof(cm_state, str_set_result), "set_result"},
+        {offsetof(cm_state, str_set_exception), "set_exception"},
+        {offsetof(cm_state, str_create_future), "create_future"},
+        {offsetof(cm_state, str_await), "__await__"},
+        {offsetof(cm_state, str_drain), "_drain"},
+    };
+    size_t i;
+
+    for (i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
+        if (cm_intern((PyObject **)((char *)st + strs[i].offset),
+                      strs[i].text) < 0) {
+            return -1;
+        }
+    }
+    st->zero = PyLong_FromLong(0);
+    st->three = PyLong_FromLong(3);
+    if (st->zero == NULL || st->three == NULL) {
+        return -1;
+    }
+    return 0;
 }
 
 static int
@@ -150,26 +372,8 @@ cm_module_exec(PyObject *mod)
     if (PyArray_ImportNumPyAPI() < 0) {
         return -1;
     }
-    if ((st->CudaSupportError = cm_import_attr("cudamem._errors",
-                                               "CudaSupportError")) == NULL
-        || (st->CudaDriverError = cm_import_attr("cudamem._errors",
-                                                 "CudaDriverError")) == NULL
-        || (st->CudaAPIError = cm_import_attr("cudamem._errors",
-                                              "CudaAPIError")) == NULL
-        || (st->CudaOutOfMemoryError = cm_import_attr(
-                "cudamem._errors", "CudaOutOfMemoryError")) == NULL
-        || (st->MemoryInfo = cm_import_attr("cudamem._errors",
-                                            "MemoryInfo")) == NULL) {
-        return -1;
-    }
-    if (cm_intern(&st->str_shape, "shape") < 0
-        || cm_intern(&st->str_strides, "strides") < 0
-        || cm_intern(&st->str_typestr, "typestr") < 0
-        || cm_intern(&st->str_data, "data") < 0
-        || cm_intern(&st->str_version, "version") < 0
-        || cm_intern(&st->str_stream, "stream") < 0
-        || cm_intern(&st->str_descr, "descr") < 0
-        || cm_intern(&st->str_mask, "mask") < 0) {
+    if (cm_module_strings(st) < 0
+        || PyModule_AddFunctions(mod, cm_module_functions) < 0) {
         return -1;
     }
     cm_st = st;

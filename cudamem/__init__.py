@@ -100,6 +100,7 @@ from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
 from . import _lower  # noqa: F401  (numba's Context and pointer methods)
 from ._kernel import DeviceSymbol
 from ._hostmem import ManagedNDArray, MappedNDArray
+from . import _register  # noqa: F401  (hands C the classes it uses)
 # numba.cuda's accidental exports (its api.py has no __all__), which code
 # written for numba uses: cuda.driver.device_to_host,
 # cuda.devicearray.auto_device, cuda.devices.get_context.

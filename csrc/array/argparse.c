@@ -18,14 +18,8 @@ const char *const cm_kw_text[K_N_NAMES] = {
     "item", "key", "value", "axes",
 };
 
-PyObject *cm_kw[K_N_NAMES];          /* interned keyword names */
-PyObject *cm_str_cuda_memory;        /* "__cuda_memory__" */
-PyObject *cm_str_cai;                /* "__cuda_array_interface__" */
-PyObject *cm_str_sync_cfg;           /* "CUDA_ARRAY_INTERFACE_SYNC" */
-PyObject *cm_api_split;              /* cudamem._api._split */
-PyObject *cm_zero;                   /* the int 0 */
-PyObject *cm_three;                  /* the int 3 (CAI version) */
-PyObject *cm_str_C;                  /* "C" */
+_Static_assert(K_N_NAMES == CM_ARRAY_KW_N,
+               "cm_state.kw holds one entry per K_* name");
 
 int
 cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,

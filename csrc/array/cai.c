@@ -15,20 +15,19 @@
 /* CUDA Array Interface import                                         */
 /* ------------------------------------------------------------------ */
 
-/* config.CUDA_ARRAY_INTERFACE_SYNC, read at each use; 1, 0 or -1. */
+/* config.CUDA_ARRAY_INTERFACE_SYNC (the config module as the package
+ * registered it), read at each use; 1, 0 or -1. */
 int
 cm_config_cai_sync(void)
 {
+    PyObject *config = CM_REGISTERED(config);
     PyObject *v;
     int r;
 
-    if (ST->config == NULL) {
-        ST->config = PyImport_ImportModule("cudamem.config");
-        if (ST->config == NULL) {
-            return -1;
-        }
+    if (config == NULL) {
+        return -1;
     }
-    v = PyObject_GetAttr(ST->config, cm_str_sync_cfg);
+    v = PyObject_GetAttr(config, cm_str_sync_cfg);
     if (v == NULL) {
         return -1;
     }

@@ -72,21 +72,14 @@ enum {
 
 extern const char *const cm_kw_text[K_N_NAMES];
 
-extern PyObject *cm_kw[K_N_NAMES];          /* interned keyword names */
-
-extern PyObject *cm_str_cuda_memory;        /* "__cuda_memory__" */
-
-extern PyObject *cm_str_cai;                /* "__cuda_array_interface__" */
-
-extern PyObject *cm_str_sync_cfg;           /* "CUDA_ARRAY_INTERFACE_SYNC" */
-
-extern PyObject *cm_api_split;              /* cudamem._api._split */
-
-extern PyObject *cm_zero;                   /* the int 0 */
-
-extern PyObject *cm_three;                  /* the int 3 (CAI version) */
-
-extern PyObject *cm_str_C;                  /* "C" */
+/* Interned names and constants, fields of the module state (cm.h). */
+#define cm_kw (cm_st->kw)
+#define cm_str_cuda_memory (cm_st->str_cuda_memory)
+#define cm_str_cai (cm_st->str_cai)
+#define cm_str_sync_cfg (cm_st->str_sync_cfg)
+#define cm_zero (cm_st->zero)
+#define cm_three (cm_st->three)
+#define cm_str_C (cm_st->str_C)
 
 /* cm_argparse with names given as indices into cm_kw. */
 int cm_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs,

@@ -38,12 +38,16 @@ static const char *const cm_dl_kw_text[K_N] = {
     "stream", "max_version", "dl_device", "copy",
 };
 
-static PyObject *cm_dl_kw[K_N];          /* interned keyword names */
-static PyObject *cm_str_dlpack;          /* "__dlpack__" */
-static PyObject *cm_str_dlpack_device;   /* "__dlpack_device__" */
-static PyObject *cm_kwn_versioned;       /* ("stream", "max_version") */
-static PyObject *cm_kwn_legacy;          /* ("stream",) */
-static PyObject *cm_max_version;         /* (1, 0) */
+_Static_assert(K_N == CM_DLPACK_KW_N,
+               "cm_state.dl_kw holds one entry per K_* name");
+
+/* Interned names and constants, fields of the module state (cm.h). */
+#define cm_dl_kw (cm_st->dl_kw)
+#define cm_str_dlpack (cm_st->str_dlpack)
+#define cm_str_dlpack_device (cm_st->str_dlpack_device)
+#define cm_kwn_versioned (cm_st->dl_kwn_versioned)
+#define cm_kwn_legacy (cm_st->dl_kwn_legacy)
+#define cm_max_version (cm_st->dl_max_version)
 
 /* ------------------------------------------------------------------ */
 /* Data types                                                          */
@@ -977,14 +981,11 @@ cm_dlpack_init(PyObject *mod, cm_state *st)
             return -1;
         }
     }
-    cm_str_dlpack = PyUnicode_InternFromString("__dlpack__");
-    cm_str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
     cm_kwn_versioned = PyTuple_Pack(2, cm_dl_kw[K_STREAM],
                                     cm_dl_kw[K_MAX_VERSION]);
     cm_kwn_legacy = PyTuple_Pack(1, cm_dl_kw[K_STREAM]);
     cm_max_version = Py_BuildValue("(ii)", 1, 0);
-    if (cm_str_dlpack == NULL || cm_str_dlpack_device == NULL
-        || cm_kwn_versioned == NULL || cm_kwn_legacy == NULL
+    if (cm_kwn_versioned == NULL || cm_kwn_legacy == NULL
         || cm_max_version == NULL) {
         return -1;
     }

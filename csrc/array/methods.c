@@ -471,23 +471,17 @@ cm_da_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 {
     static const int names[] = {K_SECTION, K_STREAM};
     PyObject *p[2];
+    PyObject *fn;
 
     if (cm_parse("split", args, nargs, kwnames, names, 2, 1, p) < 0) {
         return NULL;
     }
-    if (cm_api_split == NULL) {
-        PyObject *m = PyImport_ImportModule("cudamem._api");
-
-        if (m == NULL) {
-            return NULL;
-        }
-        cm_api_split = PyObject_GetAttrString(m, "_split");
-        Py_DECREF(m);
-        if (cm_api_split == NULL) {
-            return NULL;
-        }
+    /* cudamem._api._split, as the package registered it */
+    fn = CM_REGISTERED(api_split);
+    if (fn == NULL) {
+        return NULL;
     }
-    return PyObject_CallFunctionObjArgs(cm_api_split, self, p[0],
+    return PyObject_CallFunctionObjArgs(fn, self, p[0],
                                         p[1] != NULL ? p[1] : cm_zero, NULL);
 }
 

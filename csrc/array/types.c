@@ -284,17 +284,6 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
             return -1;
         }
     }
-    cm_str_cuda_memory = PyUnicode_InternFromString("__cuda_memory__");
-    cm_str_cai = PyUnicode_InternFromString("__cuda_array_interface__");
-    cm_str_sync_cfg = PyUnicode_InternFromString("CUDA_ARRAY_INTERFACE_SYNC");
-    cm_zero = PyLong_FromLong(0);
-    cm_three = PyLong_FromLong(3);
-    cm_str_C = PyUnicode_InternFromString("C");
-    if (cm_str_cuda_memory == NULL || cm_str_cai == NULL
-        || cm_str_sync_cfg == NULL || cm_zero == NULL || cm_three == NULL
-        || cm_str_C == NULL) {
-        return -1;
-    }
     st->DeviceNDArrayBase_type = cm_make_type(mod, &cm_base_spec, NULL);
     if (st->DeviceNDArrayBase_type == NULL) {
         return -1;

@@ -205,8 +205,7 @@ int
 cm_driver_ensure_slow(void)
 {
     if (cm_forked || (cm_driver_ready_flag && cm_init_pid != getpid())) {
-        PyErr_SetString(cm_st->CudaDriverError,
-                        "CUDA initialized before forking");
+        CM_RAISE(CudaDriverError, "CUDA initialized before forking");
         return -1;
     }
     if (!__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)) {
@@ -219,7 +218,7 @@ cm_driver_ensure_slow(void)
         Py_END_ALLOW_THREADS
     }
     if (!__atomic_load_n(&cm_driver_ready_flag, __ATOMIC_ACQUIRE)) {
-        PyErr_SetString(cm_st->CudaSupportError, cm_init_error);
+        CM_RAISE(CudaSupportError, "%s", cm_init_error);
         return -1;
     }
     return 0;
@@ -248,13 +247,16 @@ cm_raise_cu(CUresult rc, const char *fn)
 
     if (rc == CUDA_ERROR_NOT_INITIALIZED
         && (cm_forked || (cm_init_pid && cm_init_pid != getpid()))) {
-        PyErr_SetString(cm_st->CudaDriverError,
-                        "CUDA initialized before forking");
+        CM_RAISE(CudaDriverError, "CUDA initialized before forking");
         return -1;
     }
     name = cm_cu_error_name(rc, buf, sizeof(buf));
-    cls = rc == CUDA_ERROR_OUT_OF_MEMORY ? cm_st->CudaOutOfMemoryError
-                                         : cm_st->CudaAPIError;
+    cls = rc == CUDA_ERROR_OUT_OF_MEMORY
+              ? CM_REGISTERED(CudaOutOfMemoryError)
+              : CM_REGISTERED(CudaAPIError);
+    if (cls == NULL) {
+        return -1;
+    }
     exc = PyObject_CallFunction(cls, "iss", (int)rc, fn, name);
     if (exc != NULL) {
         PyErr_SetObject(cls, exc);

@@ -155,7 +155,7 @@ cm_nvrtc_ensure(void)
         }
     }
     if (cm_nvrtc.CompileProgram == NULL) {
-        PyErr_SetString(cm_st->CudaSupportError, cm_nvrtc_error);
+        CM_RAISE(CudaSupportError, "%s", cm_nvrtc_error);
         return -1;
     }
     return 0;

@@ -24,41 +24,18 @@ const char *const cm_hm_kw_text[KW_N] = {
     "attach_global", "ary", "device", "advice",
 };
 
-PyObject *cm_hm_kw[KW_N];
+_Static_assert(KW_N == CM_HOST_KW_N,
+               "cm_state.hm_kw holds one entry per KW_* name");
 
-/* The NumPy subclass for arrays of kind (mapped or managed), fetched
- * from cudamem._hostmem once.  Borrowed, or NULL. */
+/* The NumPy subclass for arrays of kind (mapped or managed), as
+ * cudamem._hostmem registered it (an ndarray subclass, checked then).
+ * Borrowed, or NULL. */
 static PyTypeObject *
 cm_hm_subtype(int kind)
 {
-    PyObject **slot = kind == CM_HM_MAPPED ? &ST->MappedNDArray
-                                           : &ST->ManagedNDArray;
-    PyObject *mod;
-    PyObject *cls;
-
-    if (*slot != NULL) {
-        return (PyTypeObject *)*slot;
-    }
-    mod = PyImport_ImportModule("cudamem._hostmem");
-    if (mod == NULL) {
-        return NULL;
-    }
-    cls = PyObject_GetAttrString(mod, kind == CM_HM_MAPPED
-                                          ? "MappedNDArray"
-                                          : "ManagedNDArray");
-    Py_DECREF(mod);
-    if (cls == NULL) {
-        return NULL;
-    }
-    if (!PyType_Check(cls)
-        || !PyType_IsSubtype((PyTypeObject *)cls, &PyArray_Type)) {
-        Py_DECREF(cls);
-        PyErr_SetString(PyExc_TypeError,
-                        "cudamem._hostmem must define ndarray subclasses");
-        return NULL;
-    }
-    *slot = cls;
-    return (PyTypeObject *)cls;
+    return (PyTypeObject *)(kind == CM_HM_MAPPED
+                                ? CM_REGISTERED(MappedNDArray)
+                                : CM_REGISTERED(ManagedNDArray));
 }
 
 /* An array of type subtype over m's memory with this layout; lo is the

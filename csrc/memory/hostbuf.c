@@ -263,10 +263,6 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
             return -1;
         }
     }
-    cm_hm_zero = PyLong_FromLong(0);
-    if (cm_hm_zero == NULL) {
-        return -1;
-    }
     st->HostMem_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_hm_spec, NULL);
     if (st->HostMem_type == NULL

@@ -53,7 +53,6 @@
 const char *const cm_hm_kind_names[] = {"pinned", "mapped",
                                                "managed"};
 
-PyObject *cm_hm_zero;          /* the int 0: the unbound stream */
 
 /* ------------------------------------------------------------------ */
 /* Context switching without the GIL                                   */

@@ -19,7 +19,7 @@ enum {
 
 extern const char *const cm_hm_kind_names[];
 
-extern PyObject *cm_hm_zero;          /* the int 0: the unbound stream */
+#define cm_hm_zero (cm_st->zero)     /* the int 0: the unbound stream */
 
 /* ------------------------------------------------------------------ */
 /* Context switching without the GIL                                   */
@@ -144,7 +144,7 @@ enum {
 
 extern const char *const cm_hm_kw_text[KW_N];
 
-extern PyObject *cm_hm_kw[KW_N];
+#define cm_hm_kw (cm_st->hm_kw)      /* a field of the module state */
 
 /* A stream argument: NULL or None give 0; else it must resolve. */
 PyObject *cm_hm_stream_arg(PyObject *o);

@@ -44,14 +44,12 @@ static const char *const cm_client_names[CM_CLIENT_N] = {
  * by the GIL. */
 static size_t cm_client_bytes[CM_MAX_DEVICES][CM_CLIENT_N];
 
-/* The ClientAllocation type (strong; the module holds it too). */
-static PyTypeObject *cm_client_type;
-/* address (int) -> ClientAllocation, for cudamem_torch_free (strong).
- * NOTE: guarded by the GIL. */
-static PyObject *cm_torch_table;
-/* The exception of the last failed cudamem_torch_alloc, or NULL.  NOTE:
- * guarded by the GIL. */
-static PyObject *cm_torch_error;
+/* The ClientAllocation type, the address -> ClientAllocation table of
+ * cudamem_torch_free and the last failed cudamem_torch_alloc's exception:
+ * fields of the module state (cm.h), which says how they are guarded. */
+#define cm_client_type (cm_st->client_type)
+#define cm_torch_table (cm_st->torch_table)
+#define cm_torch_error (cm_st->torch_error)
 
 /* One device allocation held by another library. */
 typedef struct {

@@ -113,10 +113,10 @@ cm_check_concurrent_managed(int dev, const char *what)
         return -1;
     }
     if (!v) {
-        PyErr_Format(ST->CudaSupportError,
-                     "%s needs a device with concurrent managed access; "
-                     "device %d has none (a platform without on-demand "
-                     "page migration)", what, dev);
+        CM_RAISE(CudaSupportError,
+                 "%s needs a device with concurrent managed access; "
+                 "device %d has none (a platform without on-demand "
+                 "page migration)", what, dev);
         return -1;
     }
     return 0;

@@ -666,7 +666,8 @@ cm_pool_export(cm_context *ctx, CUdeviceptr base,
             "cannot export memory of the async memory manager through IPC: "
             "its memory pool on device %d cannot be shared (%s)",
             ctx->device->id, p->noshare);
-        if (msg == NULL) {
+        if (msg == NULL || CM_REGISTERED(CudaAPIError) == NULL) {
+            Py_XDECREF(msg);
             return -1;
         }
         /* CudaAPIError(code, msg), numba's own signature */

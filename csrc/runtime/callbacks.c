@@ -17,29 +17,10 @@
 #include <sys/uio.h>
 
 
-/* interned strings, made once in init */
-PyObject *cm_str_cuda_stream;     /* "__cuda_stream__" */
-PyObject *cm_str_stream;          /* "stream" */
-PyObject *cm_str_callback;        /* "callback" */
-PyObject *cm_str_arg;             /* "arg" */
-PyObject *cm_str_timing;          /* "timing" */
-PyObject *cm_str_ptr;             /* "ptr" */
-PyObject *cm_str_evtstart;        /* "evtstart" */
-PyObject *cm_str_evtend;          /* "evtend" */
-PyObject *cm_str_done;            /* "done" */
-PyObject *cm_str_set_result;      /* "set_result" */
-PyObject *cm_str_set_exception;   /* "set_exception" */
-PyObject *cm_str_create_future;   /* "create_future" */
-PyObject *cm_str_await;           /* "__await__" */
-PyObject *cm_str_drain;           /* "_drain" */
-
 /* asyncio.get_running_loop, and the WeakKeyDictionary loop -> notifier;
- * both made on first use, kept for the life of the process. */
-static PyObject *cm_get_running_loop;
-static PyObject *cm_notifiers;
-
-PyTypeObject *cm_autosync_type;   /* the auto_synchronize() helper */
-PyTypeObject *cm_notifier_type;   /* one per asyncio loop */
+ * both made on first use, kept in the module state. */
+#define cm_get_running_loop (cm_st->get_running_loop)
+#define cm_notifiers (cm_st->notifiers)
 
 /* ------------------------------------------------------------------ */
 /* Argument binding                                                    */

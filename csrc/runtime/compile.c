@@ -240,6 +240,9 @@ cm_raise_compile(const cm_nvrtc_result *res, const char *name)
     const char *log = res->log != NULL ? res->log : "";
     PyObject *exc;
 
+    if (CM_REGISTERED(CompileError) == NULL) {
+        return;
+    }
     exc = PyObject_CallFunction(
         cm_st->CompileError, "(NN)",
         PyUnicode_FromFormat("NVRTC failed (%s) compiling %s%s%s",
@@ -515,20 +518,6 @@ static PyMethodDef cm_kernel_functions[] = {
 int
 cm_kernel_init(PyObject *mod, cm_state *st)
 {
-    PyObject *errs = PyImport_ImportModule("cudamem._errors");
-
-    if (errs == NULL) {
-        return -1;
-    }
-    st->CompileError = PyObject_GetAttrString(errs, "CompileError");
-    Py_DECREF(errs);
-    if (st->CompileError == NULL) {
-        return -1;
-    }
-    st->str_cai = PyUnicode_InternFromString("__cuda_array_interface__");
-    if (st->str_cai == NULL) {
-        return -1;
-    }
     st->Module_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_module_spec, NULL);
     if (st->Module_type == NULL

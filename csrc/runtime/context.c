@@ -36,20 +36,20 @@
 /* ------------------------------------------------------------------ */
 
 /* Give a new context its memory manager: the plugin if one is set (or
- * named by the environment): cudamem._emm._manager_for(ctx) returns it,
- * initialised, or None for a built-in one; else the built-in kind
- * set_memory_manager chose (default, pool or async), made here. */
+ * named by the environment): cudamem._emm._manager_for(ctx) (registered
+ * as manager_for) returns it, initialised, or None for a built-in one;
+ * else the built-in kind set_memory_manager chose (default, pool or
+ * async), made here. */
 static int
 cm_context_make_manager(cm_context *c)
 {
-    PyObject *m = PyImport_ImportModule("cudamem._emm");
+    PyObject *fn = CM_REGISTERED(manager_for);
     PyObject *mm;
 
-    if (m == NULL) {
+    if (fn == NULL) {
         return -1;
     }
-    mm = PyObject_CallMethod(m, "_manager_for", "O", (PyObject *)c);
-    Py_DECREF(m);
+    mm = PyObject_CallOneArg(fn, (PyObject *)c);
     if (mm == NULL) {
         return -1;
     }
@@ -91,9 +91,9 @@ again:
         return NULL;
     }
     if (!cm_device_cc_at_least(d, 3, 5)) {
-        PyErr_Format(cm_st->CudaSupportError,
-                     "device %d has compute capability %d.%d; cudamem "
-                     "needs 3.5 or newer", i, d->cc_major, d->cc_minor);
+        CM_RAISE(CudaSupportError,
+                 "device %d has compute capability %d.%d; cudamem "
+                 "needs 3.5 or newer", i, d->cc_major, d->cc_minor);
         return NULL;
     }
     CM_CU_NOGIL(err, DevicePrimaryCtxRetain, (&h, d->handle));
@@ -264,9 +264,9 @@ again:
         return NULL;
     }
     if (cm_ndev == 0) {
-        PyErr_SetString(cm_st->CudaSupportError,
-                        "no CUDA device was found; set CUDAMEM_SIMULATOR=1 "
-                        "to run on the CPU simulator");
+        CM_RAISE(CudaSupportError,
+                 "no CUDA device was found; set CUDAMEM_SIMULATOR=1 "
+                 "to run on the CPU simulator");
         return NULL;
     }
     c = cm_context_get(0);
@@ -672,6 +672,9 @@ cm_context_get_memory_info(PyObject *self, PyObject *unused)
     if (err < 0) {
         return NULL;
     }
+    if (CM_REGISTERED(MemoryInfo) == NULL) {
+        return NULL;
+    }
     return PyObject_CallFunction(cm_st->MemoryInfo, "nn", (Py_ssize_t)free_b,
                                  (Py_ssize_t)total_b);
 }
@@ -757,21 +760,14 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
 
     (void)unused;
     if (c->memory_manager == NULL) {
-        cls = PyImport_ImportModule("cudamem._emm");
+        cls = c->mm_kind == CM_MM_POOL ? CM_REGISTERED(PoolMemoryManager)
+              : c->mm_kind == CM_MM_ASYNC
+                  ? CM_REGISTERED(AsyncMemoryManager)
+                  : CM_REGISTERED(DefaultMemoryManager);
         if (cls == NULL) {
             return NULL;
         }
-        Py_SETREF(cls, PyObject_GetAttrString(
-                           cls, c->mm_kind == CM_MM_POOL
-                                    ? "PoolMemoryManager"
-                                    : c->mm_kind == CM_MM_ASYNC
-                                          ? "AsyncMemoryManager"
-                                          : "DefaultMemoryManager"));
-        if (cls == NULL) {
-            return NULL;
-        }
-        c->memory_manager = PyObject_CallFunctionObjArgs(cls, self, NULL);
-        Py_DECREF(cls);
+        c->memory_manager = PyObject_CallOneArg(cls, self);
         if (c->memory_manager == NULL) {
             return NULL;
         }
@@ -780,8 +776,8 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
 }
 
 /* memory_manager = value, as numba's tests do on a live context: the
- * next allocation goes to value.  cudamem._emm._manager_kind checks
- * value and names its kind: "plugin", or that of a built-in manager of
+ * next allocation goes to value.  cudamem._emm._manager_kind (registered
+ * as manager_kind) checks value and names its kind: "plugin", or that of a built-in manager of
  * this context, which must be the kind the context was made with. */
 static int
 cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
@@ -789,7 +785,7 @@ cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
     static const char *const names[] = {"default", "pool", "async"};
     static const int kinds[] = {CM_MM_DEFAULT, CM_MM_POOL, CM_MM_ASYNC};
     cm_context *c = (cm_context *)self;
-    PyObject *m;
+    PyObject *fn;
     PyObject *kind;
     int mm = -1;
     size_t i;
@@ -800,12 +796,11 @@ cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
                         "cannot delete memory_manager");
         return -1;
     }
-    m = PyImport_ImportModule("cudamem._emm");
-    if (m == NULL) {
+    fn = CM_REGISTERED(manager_kind);
+    if (fn == NULL) {
         return -1;
     }
-    kind = PyObject_CallMethod(m, "_manager_kind", "OO", self, value);
-    Py_DECREF(m);
+    kind = PyObject_CallFunctionObjArgs(fn, self, value, NULL);
     if (kind == NULL) {
         return -1;
     }

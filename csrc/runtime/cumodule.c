@@ -520,22 +520,20 @@ cm_module_getattro(PyObject *self, PyObject *name)
     return cm_module_get_function_impl((cm_module *)self, name, 1);
 }
 
-/* cudamem._kernel._global_view(owner, ptr, nbytes, dtype, shape). */
+/* cudamem._kernel._global_view(owner, ptr, nbytes, dtype, shape), as
+ * the package registered it (global_view). */
 static PyObject *
 cm_global_view(PyObject *owner, CUdeviceptr ptr, size_t nbytes,
                PyObject *dtype, PyObject *shape)
 {
-    PyObject *mod = PyImport_ImportModule("cudamem._kernel");
-    PyObject *r;
+    PyObject *fn = CM_REGISTERED(global_view);
 
-    if (mod == NULL) {
+    if (fn == NULL) {
         return NULL;
     }
-    r = PyObject_CallMethod(mod, "_global_view", "OKnOO", owner,
-                            (unsigned long long)ptr, (Py_ssize_t)nbytes,
-                            dtype, shape);
-    Py_DECREF(mod);
-    return r;
+    return PyObject_CallFunction(fn, "OKnOO", owner,
+                                 (unsigned long long)ptr,
+                                 (Py_ssize_t)nbytes, dtype, shape);
 }
 
 PyDoc_STRVAR(cm_module_get_global_doc,
@@ -567,7 +565,7 @@ cm_module_get_global(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     if (m->handle == NULL) {
-        PyErr_SetString(cm_st->CudaSupportError, cm_no_gpu_msg);
+        CM_RAISE(CudaSupportError, "%s", cm_no_gpu_msg);
         return NULL;
     }
     if ((sym = cm_module_symbol(m, name)) == NULL

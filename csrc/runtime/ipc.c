@@ -64,8 +64,6 @@
 #include <unistd.h>
 
 /* Interned names: the description's "dtype" and the identity's keys. */
-PyObject *cm_str_dtype;
-PyObject *cm_str_pci[3];
 const char *const cm_pci_keys[3] = {
     "pci_domain_id", "pci_bus_id", "pci_device_id",
 };

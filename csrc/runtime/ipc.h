@@ -70,9 +70,8 @@ typedef struct {
 } cm_ipcah;
 
 /* Interned names: the description's "dtype" and the identity's keys. */
-extern PyObject *cm_str_dtype;
-
-extern PyObject *cm_str_pci[3];
+#define cm_str_dtype (cm_st->str_dtype)
+#define cm_str_pci (cm_st->str_pci)
 
 extern const char *const cm_pci_keys[3];
 

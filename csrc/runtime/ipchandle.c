@@ -26,65 +26,21 @@ cm_ipc_no_attr(PyObject *self, const char *name)
     return NULL;
 }
 
-/* Fetch what the export makes or calls in Python (cm_state's IpcHandle
- * ... MemoryPointer), once.  0, or -1 with an exception. */
+/* Check that the package registered what the export makes or calls in
+ * Python (cm_state's IpcHandle ... MemoryPointer; _register checked
+ * their bases).  0, or -1 with RuntimeError naming a missing one. */
 int
 cm_ipc_classes(void)
 {
-    static const char *const names[6] = {
-        "MemoryPointer", "_RawHandle", "_export_array", "_IpcPointer",
-        "IpcArrayHandle", "IpcHandle",
-    };
-    PyObject **slots[6];
-    PyObject *got[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-    PyObject *mod;
-    int i;
-
-    if (cm_st->IpcHandle != NULL) {
-        return 0;
-    }
-    slots[0] = &cm_st->MemoryPointer;
-    slots[1] = &cm_st->IpcRawHandle;
-    slots[2] = &cm_st->ipc_export_array;
-    slots[3] = &cm_st->IpcPointer;
-    slots[4] = &cm_st->IpcArrayHandle;
-    slots[5] = &cm_st->IpcHandle;
-    mod = PyImport_ImportModule("cudamem._ipc");
-    if (mod == NULL) {
+    if (CM_REGISTERED(MemoryPointer) == NULL
+        || CM_REGISTERED(IpcRawHandle) == NULL
+        || CM_REGISTERED(ipc_export_array) == NULL
+        || CM_REGISTERED(IpcPointer) == NULL
+        || CM_REGISTERED(IpcArrayHandle) == NULL
+        || CM_REGISTERED(IpcHandle) == NULL) {
         return -1;
     }
-    for (i = 0; i < 6; i++) {
-        got[i] = PyObject_GetAttrString(mod, names[i]);
-        if (got[i] == NULL) {
-            goto err_drop_fetched;
-        }
-    }
-    if (!PyType_Check(got[3]) || !PyType_Check(got[4])
-        || !PyType_Check(got[5])
-        || !PyType_IsSubtype((PyTypeObject *)got[3], cm_st->IpcMemory_type)
-        || !PyType_IsSubtype((PyTypeObject *)got[4],
-                             cm_st->IpcArrayHandleBase_type)
-        || !PyType_IsSubtype((PyTypeObject *)got[5],
-                             cm_st->IpcHandleBase_type)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "cudamem._ipc's _IpcPointer, IpcHandle and "
-                        "IpcArrayHandle must subclass cudamem._core's "
-                        "IpcMemory and handle bases");
-        goto err_drop_fetched;
-    }
-    Py_DECREF(mod);
-    /* IpcHandle last: it says the others are there. */
-    for (i = 0; i < 6; i++) {
-        Py_XSETREF(*slots[i], got[i]);
-    }
     return 0;
-
-err_drop_fetched:
-    for (i = 0; i < 6; i++) {
-        Py_XDECREF(got[i]);
-    }
-    Py_DECREF(mod);
-    return -1;
 }
 
 /* ---- IpcHandle's state ---- */
@@ -624,10 +580,6 @@ cm_ipc_init(PyObject *mod, cm_state *st)
 {
     int i;
 
-    cm_str_dtype = PyUnicode_InternFromString("dtype");
-    if (cm_str_dtype == NULL) {
-        return -1;
-    }
     for (i = 0; i < 3; i++) {
         cm_str_pci[i] = PyUnicode_InternFromString(cm_pci_keys[i]);
         if (cm_str_pci[i] == NULL) {

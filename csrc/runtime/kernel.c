@@ -606,7 +606,7 @@ cm_launch_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
         ptrs[i] = buf + k->params[i].offset;
     }
     if (k->fn == NULL) {
-        PyErr_SetString(cm_st->CudaSupportError, cm_no_gpu_msg);
+        CM_RAISE(CudaSupportError, "%s", cm_no_gpu_msg);
         goto out_free;
     }
     if (cm_context_enter(k->module->ctx, &prev) < 0) {
@@ -703,7 +703,7 @@ cm_kernel_get_attributes(PyObject *self, void *closure)
 
     (void)closure;
     if (k->fn == NULL) {
-        PyErr_SetString(cm_st->CudaSupportError, cm_no_gpu_msg);
+        CM_RAISE(CudaSupportError, "%s", cm_no_gpu_msg);
         return NULL;
     }
     if (cm_context_activate(k->module->ctx) < 0

@@ -10,38 +10,23 @@
 
 #include "runtime/runtime.h"
 
-/* interned strings, made once in init */
-extern PyObject *cm_str_cuda_stream;     /* "__cuda_stream__" */
-
-extern PyObject *cm_str_stream;          /* "stream" */
-
-extern PyObject *cm_str_callback;        /* "callback" */
-
-extern PyObject *cm_str_arg;             /* "arg" */
-
-extern PyObject *cm_str_timing;          /* "timing" */
-
-extern PyObject *cm_str_ptr;             /* "ptr" */
-
-extern PyObject *cm_str_evtstart;        /* "evtstart" */
-
-extern PyObject *cm_str_evtend;          /* "evtend" */
-
-extern PyObject *cm_str_done;            /* "done" */
-
-extern PyObject *cm_str_set_result;      /* "set_result" */
-
-extern PyObject *cm_str_set_exception;   /* "set_exception" */
-
-extern PyObject *cm_str_create_future;   /* "create_future" */
-
-extern PyObject *cm_str_await;           /* "__await__" */
-
-extern PyObject *cm_str_drain;           /* "_drain" */
-
-extern PyTypeObject *cm_autosync_type;   /* the auto_synchronize() helper */
-
-extern PyTypeObject *cm_notifier_type;   /* one per asyncio loop */
+/* interned strings and types, fields of the module state (cm.h) */
+#define cm_str_cuda_stream (cm_st->str_cuda_stream)
+#define cm_str_stream (cm_st->str_stream)
+#define cm_str_callback (cm_st->str_callback)
+#define cm_str_arg (cm_st->str_arg)
+#define cm_str_timing (cm_st->str_timing)
+#define cm_str_ptr (cm_st->str_ptr)
+#define cm_str_evtstart (cm_st->str_evtstart)
+#define cm_str_evtend (cm_st->str_evtend)
+#define cm_str_done (cm_st->str_done)
+#define cm_str_set_result (cm_st->str_set_result)
+#define cm_str_set_exception (cm_st->str_set_exception)
+#define cm_str_create_future (cm_st->str_create_future)
+#define cm_str_await (cm_st->str_await)
+#define cm_str_drain (cm_st->str_drain)
+#define cm_autosync_type (cm_st->autosync_type)
+#define cm_notifier_type (cm_st->notifier_type)
 
 /* ------------------------------------------------------------------ */
 /* Argument binding                                                    */

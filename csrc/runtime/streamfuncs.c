@@ -411,13 +411,6 @@ cm_stream_resolve(PyObject *obj, CUstream *handle)
 /* Init                                                                */
 /* ------------------------------------------------------------------ */
 
-static int
-cm_stream_intern(PyObject **slot, const char *s)
-{
-    *slot = PyUnicode_InternFromString(s);
-    return *slot == NULL ? -1 : 0;
-}
-
 /* Register _callbacks_atexit with atexit. */
 static int
 cm_stream_register_atexit(PyObject *mod)
@@ -448,22 +441,6 @@ cm_stream_register_atexit(PyObject *mod)
 int
 cm_stream_init(PyObject *mod, cm_state *st)
 {
-    if (cm_stream_intern(&cm_str_cuda_stream, "__cuda_stream__") < 0
-        || cm_stream_intern(&cm_str_stream, "stream") < 0
-        || cm_stream_intern(&cm_str_callback, "callback") < 0
-        || cm_stream_intern(&cm_str_arg, "arg") < 0
-        || cm_stream_intern(&cm_str_timing, "timing") < 0
-        || cm_stream_intern(&cm_str_ptr, "ptr") < 0
-        || cm_stream_intern(&cm_str_evtstart, "evtstart") < 0
-        || cm_stream_intern(&cm_str_evtend, "evtend") < 0
-        || cm_stream_intern(&cm_str_done, "done") < 0
-        || cm_stream_intern(&cm_str_set_result, "set_result") < 0
-        || cm_stream_intern(&cm_str_set_exception, "set_exception") < 0
-        || cm_stream_intern(&cm_str_create_future, "create_future") < 0
-        || cm_stream_intern(&cm_str_await, "__await__") < 0
-        || cm_stream_intern(&cm_str_drain, "_drain") < 0) {
-        return -1;
-    }
     st->Stream_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_stream_spec, NULL);
     if (st->Stream_type == NULL
@@ -478,8 +455,8 @@ cm_stream_init(PyObject *mod, cm_state *st)
                                  (PyObject *)st->Event_type) < 0) {
         return -1;
     }
-    /* Private helper types live as long as the process (one interpreter);
-     * the module keeps a reference as attributes too. */
+    /* Private helper types, kept in the module state; the module keeps
+     * a reference as attributes too. */
     cm_autosync_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_autosync_spec, NULL);
     if (cm_autosync_type == NULL
