@@ -20,8 +20,8 @@ cm_state *cm_st;
 /* Visit or clear every object field of the state, in one list so that
  * traverse and clear cannot drift apart; what holds objects of cudamem's
  * types comes first, so that their deallocs see the state whole.
- * Interned strings and small constants cannot be in a cycle: clear drops
- * them, traverse skips them. */
+ * Interned strings and small constants cannot be in a cycle: free drops
+ * them, traverse and clear skip them. */
 #define CM_STATE_OBJECTS(X)                                            \
     X(torch_table) X(torch_error) X(notifiers) X(get_running_loop)     \
     X(Device_type) X(Context_type) X(Mem_type) X(Pending_type)         \
@@ -66,16 +66,32 @@ cm_module_traverse(PyObject *mod, visitproc visit, void *arg)
     return 0;
 }
 
+/* Drop what may be in a cycle.  The interned strings and constants stay
+ * until free: code that runs between a clear and the free (a dealloc
+ * late in finalisation) may still use them. */
 static int
 cm_module_clear(PyObject *mod)
 {
     cm_state *st = PyModule_GetState(mod);
-    size_t i;
 
     if (st == NULL) {
         return 0;
     }
     CM_STATE_OBJECTS(CM_CLEAR_FIELD)
+    return 0;
+}
+
+static void
+cm_module_free(void *mod)
+{
+    cm_state *st = PyModule_GetState((PyObject *)mod);
+    size_t i;
+
+    cm_module_clear((PyObject *)mod);
+    cm_st = NULL;
+    if (st == NULL) {
+        return;
+    }
     CM_STATE_CONSTANTS(CM_CLEAR_FIELD)
     for (i = 0; i < 3; i++) {
         Py_CLEAR(st->str_pci[i]);
@@ -89,14 +105,6 @@ cm_module_clear(PyObject *mod)
     for (i = 0; i < CM_DLPACK_KW_N; i++) {
         Py_CLEAR(st->dl_kw[i]);
     }
-    return 0;
-}
-
-static void
-cm_module_free(void *mod)
-{
-    cm_module_clear((PyObject *)mod);
-    cm_st = NULL;
 }
 
 /* ------------------------------------------------------------------ */
