@@ -402,8 +402,9 @@ typedef struct {
 
 typedef struct cm_pending cm_pending;
 typedef struct cm_pool cm_pool;
+typedef struct cm_mm_ops cm_mm_ops;
 
-/* Which memory manager a context has (cm_context.mm_kind). */
+/* Which kind of memory manager a context has (cm_mm_ops.kind). */
 enum {
     CM_MM_DEFAULT = 0,    /* cuMemAlloc, frees through the queue */
     CM_MM_PLUGIN,         /* a Python EMM plugin (memory_manager) */
@@ -437,11 +438,12 @@ typedef struct {
                            * caches of modules loaded in it */
     PyObject *memory_manager;  /* the memory manager object, made on first
                                 * use for the built-in managers */
-    int mm_kind;          /* CM_MM_*: the built-in kind, or CM_MM_PLUGIN
-                           * while memory_manager is a plugin (set when
-                           * the context is made or memory_manager is
-                           * assigned) */
-    int mm_builtin;       /* the built-in kind chosen when it was made */
+    const cm_mm_ops *mm;  /* the manager that allocates: the built-in
+                           * one, or cm_mm_plugin while memory_manager is
+                           * a plugin (set when the context is made or
+                           * memory_manager is assigned) */
+    const cm_mm_ops *mm_builtin;  /* the built-in manager chosen when it
+                                   * was made: pool holds its state */
     int mm_info_busy;     /* NOTE: guarded by the GIL: a plugin's
                            * get_memory_info is running */
     cm_pool *pool;        /* pool and async managers' state, else NULL;

@@ -133,7 +133,7 @@ cm_hist_record(int action, int kind, cm_context *ctx, uintptr_t stream,
     e->stream = stream;
     e->action = action;
     e->kind = kind;
-    e->manager = ctx != NULL ? ctx->mm_kind : CM_MM_DEFAULT;
+    e->manager = ctx != NULL ? ctx->mm->kind : CM_MM_DEFAULT;
     e->device = ctx != NULL && ctx->device != NULL ? ctx->device->id : -1;
 }
 
@@ -292,7 +292,7 @@ cm_allocation_info_fn(PyObject *mod, PyObject *obj)
     if (m->freed || m->ctx == NULL) {
         Py_RETURN_NONE;
     }
-    mgr = m->kind >= 0 && m->kind < 4 ? m->kind : 0;
+    mgr = m->mm->kind >= 0 && m->mm->kind < 4 ? m->mm->kind : 0;
     return Py_BuildValue("(KnsKi)", (unsigned long long)m->ptr,
                          (Py_ssize_t)m->size, cm_hist_managers[mgr],
                          (unsigned long long)(uintptr_t)m->stream,

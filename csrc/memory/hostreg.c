@@ -301,7 +301,7 @@ cm_register_arrays_fn(PyObject *mod, PyObject *args)
     r->mapped = mapped;
     r->closed = 0;
     PyObject_GC_Track(r);
-    if (((ctx->mm_kind == CM_MM_PLUGIN) ? cm_reg_plugin(r) : cm_reg_default(r)) < 0) {
+    if (((ctx->mm == &cm_mm_plugin) ? cm_reg_plugin(r) : cm_reg_default(r)) < 0) {
         /* Unregisters whatever was registered, silently. */
         r->closed = 1;
         Py_CLEAR(r->plugin_pins);

@@ -13,10 +13,13 @@
  *   defer_cleanup() holds it; and on out-of-memory, close() and reset().
  * - DefaultMemoryManager, the manager every context gets unless a plugin
  *   or another built-in manager is set: cuMemAlloc, with the queue above
- *   as its free path.  The allocation path dispatches on the context's
- *   manager (default, plugin, pool, async: pool.c), and every manager
- *   shares one out-of-memory policy: flush pending frees, trim pools,
- *   gc.collect(), retry once, then CudaOutOfMemoryError with a snapshot.
+ *   as its free path (its table cm_mm_default is in default.c).  The
+ *   allocation path calls the context's manager through its table
+ *   (cm_mm_ops in memory/memory.h: default, plugin, and the pool and
+ *   async managers of poolops.c), never the other way round, and every
+ *   built-in manager shares one out-of-memory policy: flush pending
+ *   frees, trim pools, gc.collect(), retry once, then
+ *   CudaOutOfMemoryError with a snapshot.
  * - DeviceAllocation, the reference-counted owner of one allocation.
  *   Arrays and views hold a strong reference; when the last one goes the
  *   free is queued.  A context that was closed or reset frees nothing.
@@ -87,13 +90,16 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
     case CM_REL_ASYNC:
     case CM_REL_POOL_SYNC:
     case CM_REL_ASYNC_SYNC:
-        return cm_pool_release(ctx, it->kind, it->handle, it->stream);
+        return ctx->mm_builtin->release(ctx, it->kind, it->handle,
+                                        it->stream);
     case CM_REL_DEVICE:
         return CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
     case CM_REL_HOST:
         return CM_CU_RAW(MemFreeHost, ((void *)it->handle));
     case CM_REL_STREAM:
-        cm_pool_stream_gone(ctx, (CUstream)it->handle);
+        if (ctx->mm_builtin->stream_gone != NULL) {
+            ctx->mm_builtin->stream_gone(ctx, (CUstream)it->handle);
+        }
         return CM_CU_RAW(StreamDestroy, ((CUstream)it->handle));
     case CM_REL_EVENT:
         return CM_CU_RAW(EventDestroy, ((CUevent)it->handle));
@@ -358,8 +364,8 @@ cm_pending_disable(PyObject *self, PyObject *arg)
      * and async managers never waits, so their queues still apply the
      * thresholds here. */
     if (q->disabled == 0 && q->has_byte_limit
-        && (q->ctx->mm_kind == CM_MM_POOL || q->ctx->mm_kind == CM_MM_ASYNC)
-        && cm_pending_over(q) && cm_pending_flush(q) < 0) {
+        && q->ctx->mm->ordered && cm_pending_over(q)
+        && cm_pending_flush(q) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -446,7 +452,7 @@ cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
         }
         pushed = 1;
     }
-    rc = cm_pool_release(ctx, kind, handle, stream);
+    rc = ctx->mm_builtin->release(ctx, kind, handle, stream);
     if (pushed) {
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
@@ -551,13 +557,14 @@ static int
 cm_mem_order_release(cm_mem *m, CUstream *on)
 {
     cm_context *ctx = m->ctx;
+    const cm_mm_ops *mm = m->mm;
     CUstream hs[8];
     CUstream *v = hs;
     CUcontext prev;
     int n = m->uses != NULL ? m->uses->n : 0;
     int deferred;
     int i;
-    int kind = m->kind == CM_MM_POOL ? CM_REL_POOL : CM_REL_ASYNC;
+    int kind = mm->rel;
     int own_default = cm_stream_handle_is_default(m->stream);
 
     if (!ctx->alive || cm_forked || ctx->memq == NULL) {
@@ -569,13 +576,12 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
     }
     if (cm_on_driver_thread()) {
         /* No driver call here: the flush waits for the context. */
-        return m->kind == CM_MM_POOL ? CM_REL_POOL_SYNC : CM_REL_ASYNC_SYNC;
+        return mm->rel_sync;
     }
     if (n > (int)(sizeof(hs) / sizeof(hs[0]))) {
         v = PyMem_Malloc((size_t)n * sizeof(*v));
         if (v == NULL) {
-            return m->kind == CM_MM_POOL ? CM_REL_POOL_SYNC
-                                         : CM_REL_ASYNC_SYNC;
+            return mm->rel_sync;
         }
     }
     for (i = 0; i < n; i++) {
@@ -583,15 +589,12 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
     }
     if (cm_context_enter(ctx, &prev) < 0) {
         PyErr_Clear();
-        kind = m->kind == CM_MM_POOL ? CM_REL_POOL_SYNC : CM_REL_ASYNC_SYNC;
+        kind = mm->rel_sync;
     }
     else {
-        if (m->kind == CM_MM_POOL) {
-            cm_pool_retire(ctx, m->blk, m->stream, v, n);
-        }
-        else if (cm_pool_async_join(ctx, m->stream, v, n, on)
-                 != CUDA_SUCCESS) {
-            kind = CM_REL_ASYNC_SYNC;
+        if (mm->order(ctx, m->handle, m->stream, v, n, on)
+            != CUDA_SUCCESS) {
+            kind = mm->rel_sync;
         }
         cm_context_leave(ctx, prev);
     }
@@ -614,20 +617,13 @@ cm_mem_release(cm_mem *m)
     m->freed = 1;
     cm_hist_note(CM_HIST_FREE, CM_HIST_DEVICE, m->ctx, (uintptr_t)m->stream,
                  (uintptr_t)m->ptr, m->size);
-    switch (m->kind) {
-    case CM_MM_POOL:
+    if (m->mm->ordered) {
         on = m->stream;
         kind = cm_mem_order_release(m, &on);
-        cm_ctx_release_on(m->ctx, kind, (uintptr_t)m->blk, m->size, on);
-        break;
-    case CM_MM_ASYNC:
-        on = m->stream;
-        kind = cm_mem_order_release(m, &on);
-        cm_ctx_release_on(m->ctx, kind, (uintptr_t)m->ptr, m->size, on);
-        break;
-    default:
-        cm_ctx_release(m->ctx, CM_REL_DEVICE, (uintptr_t)m->ptr, m->size);
-        break;
+        cm_ctx_release_on(m->ctx, kind, m->handle, m->size, on);
+    }
+    else {
+        cm_ctx_release(m->ctx, m->mm->rel, m->handle, m->size);
     }
     cm_mem_clear_uses(m);
     Py_CLEAR(m->stream_obj);
@@ -648,7 +644,7 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
         }
     }
     m = (cm_mem *)owner;
-    if ((m->kind != CM_MM_POOL && m->kind != CM_MM_ASYNC) || m->freed
+    if (!m->mm->ordered || m->freed
         || h == m->stream) {
         return 0;
     }
@@ -717,11 +713,12 @@ cm_set_attr_steal(PyObject *exc, const char *name, PyObject *v)
     return r;
 }
 
-/* Raise out-of-memory with a snapshot of where the memory is. */
+/* Raise out-of-memory of manager mm with a snapshot of where the memory
+ * is. */
 static void
-cm_raise_oom(cm_context *ctx, CUresult rc, size_t size)
+cm_raise_oom(cm_context *ctx, const cm_mm_ops *mm, CUresult rc, size_t size)
 {
-    cm_raise_oom_at(ctx, rc, size, cm_pool_alloc_fn(ctx), CM_OOM_DEVICE);
+    cm_raise_oom_at(ctx, rc, size, mm->alloc_fn(ctx), CM_OOM_DEVICE);
 }
 
 void
@@ -756,7 +753,7 @@ cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
     else {
         /* Device and managed memory both come from the device's. */
         (void)CM_CU_RAW(MemGetInfo, (&free_b, &total_b));
-        cm_pool_stats(ctx, &reserved, &pool_free, &largest);
+        ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
         snprintf(wbuf, sizeof(wbuf), "on device %d", ctx->device->id);
     }
     cm_hist_note(CM_HIST_OOM, where == CM_OOM_HOST ? CM_HIST_PINNED
@@ -845,49 +842,17 @@ cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out)
     return 0;
 }
 
-/* One allocation attempt through ctx's built-in manager. */
-static CUresult
-cm_mm_try(cm_context *ctx, size_t size, CUstream stream, CUdeviceptr *p,
-          void **blk)
-{
-    CUresult rc;
-
-    if (ctx->mm_kind == CM_MM_POOL || ctx->mm_kind == CM_MM_ASYNC) {
-        return cm_pool_alloc(ctx, size, stream, p, blk);
-    }
-    *blk = NULL;
-    CM_DRIVER_BEGIN_NOGIL
-    rc = CM_CU_RAW(MemAlloc, (p, size));
-    CM_DRIVER_END_NOGIL
-    return rc;
-}
-
 /* The out-of-memory policy before the one retry: run pending frees, trim
  * the pools, collect cycles (their frees run or queue), and again. */
 static int
 cm_oom_recover(cm_context *ctx)
 {
-    if (cm_pending_flush(ctx->memq) < 0 || cm_pool_trim(ctx) < 0
+    if (cm_pending_flush(ctx->memq) < 0 || ctx->mm_builtin->trim(ctx) < 0
         || cm_gc_collect() < 0 || cm_pending_flush(ctx->memq) < 0
-        || cm_pool_trim(ctx) < 0) {
+        || ctx->mm_builtin->trim(ctx) < 0) {
         return -1;
     }
     return 0;
-}
-
-/* Give back an allocation whose owner could not be made. */
-static void
-cm_mm_undo(cm_context *ctx, CUdeviceptr p, void *blk, CUstream stream)
-{
-    if (ctx->mm_kind == CM_MM_POOL) {
-        (void)cm_pool_release(ctx, CM_REL_POOL, (uintptr_t)blk, stream);
-    }
-    else if (ctx->mm_kind == CM_MM_ASYNC) {
-        (void)cm_pool_release(ctx, CM_REL_ASYNC, (uintptr_t)p, stream);
-    }
-    else {
-        (void)CM_CU_RAW(MemFree, (p));
-    }
 }
 
 static PyObject *cm_mem_alloc_on_run(cm_context *ctx, size_t size,
@@ -903,8 +868,9 @@ static PyObject *
 cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
                     CUdeviceptr *out)
 {
+    const cm_mm_ops *mm = ctx->mm;
     CUdeviceptr p = 0;
-    void *blk = NULL;
+    uintptr_t handle = 0;
     CUresult rc;
     cm_mem *m;
     PyObject *mp;
@@ -914,7 +880,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     if (cm_context_activate(ctx) < 0) {
         return NULL;
     }
-    if (ctx->mm_kind == CM_MM_PLUGIN) {
+    if (mm->alloc == NULL) {
         /* A Python plugin: its users pay for the call. */
         mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
                                  (Py_ssize_t)size);
@@ -927,7 +893,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
         return mp;
     }
     for (attempt = 0;; attempt++) {
-        rc = cm_mm_try(ctx, size, stream, &p, &blk);
+        rc = mm->alloc(ctx, size, stream, &p, &handle);
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
@@ -936,25 +902,27 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
         }
     }
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-        cm_raise_oom(ctx, rc, size);
+        cm_raise_oom(ctx, mm, rc, size);
         return NULL;
     }
-    if (cm_cu_check(rc, cm_pool_alloc_fn(ctx)) < 0) {
+    if (rc != CUDA_SUCCESS) {
+        (void)cm_cu_check(rc, mm->alloc_fn(ctx));
         return NULL;
     }
     m = PyObject_GC_New(cm_mem, cm_st->Mem_type);
     if (m == NULL) {
-        cm_mm_undo(ctx, p, blk, stream);
+        /* Give back the allocation whose owner could not be made. */
+        (void)mm->release(ctx, mm->rel, handle, stream);
         return NULL;
     }
     m->ctx = (cm_context *)Py_NewRef(ctx);
     m->ptr = p;
     m->size = size;
     m->freed = 0;
-    m->kind = ctx->mm_kind;
+    m->mm = mm;
     m->stream = stream;
     m->stream_obj = NULL;
-    m->blk = blk;
+    m->handle = handle;
     m->uses = NULL;
     m->weakreflist = NULL;
     PyObject_GC_Track(m);
@@ -998,8 +966,7 @@ cm_mem_alloc_for(cm_context *ctx, size_t size, PyObject *stream_obj,
     PyObject *r;
     int bound = 0;
 
-    if (stream_obj != NULL && (ctx->mm_kind == CM_MM_POOL
-                               || ctx->mm_kind == CM_MM_ASYNC)) {
+    if (stream_obj != NULL && ctx->mm->ordered) {
         bound = cm_stream_resolve(stream_obj, &h);
         if (bound < 0) {
             return NULL;
@@ -1179,13 +1146,8 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     if (ctx == NULL) {
         return NULL;
     }
-    cm_pool_stats(ctx, &reserved, &pool_free, &largest);
-    switch (ctx->mm_kind) {
-    case CM_MM_PLUGIN: name = "plugin"; break;
-    case CM_MM_POOL: name = "pool"; break;
-    case CM_MM_ASYNC: name = "async"; break;
-    default: name = "default"; break;
-    }
+    ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
+    name = ctx->mm->name;
     return Py_BuildValue(
         "{snsnsnsnsnsnsnsnsnsssN}",
         "allocated_bytes", (Py_ssize_t)ctx->st_bytes,
@@ -1199,6 +1161,38 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         "pinned_bytes", (Py_ssize_t)ctx->st_pinned,
         "manager", name,
         "by_client", cm_interop_by_client(ctx));
+}
+
+PyDoc_STRVAR(cm_memalloc_on_doc,
+"_memalloc_on(ctx, size, stream_handle)\n--\n\n"
+"Allocate size bytes in ctx for the stream with that raw handle (0: the "
+"default stream); the owner, as Context.memalloc gives.");
+
+static PyObject *
+cm_memalloc_on_fn(PyObject *mod, PyObject *args)
+{
+    PyObject *o;
+    Py_ssize_t n;
+    unsigned long long h;
+    cm_context *c;
+    CUdeviceptr p;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnK:_memalloc_on", &o, &n, &h)) {
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(o, cm_st->Context_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a Context, got %.100s",
+                     Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    c = (cm_context *)o;
+    if (n <= 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "memalloc size must be positive, got %zd", n);
+        return NULL;
+    }
+    return cm_mem_alloc_on(c, (size_t)n, (CUstream)(uintptr_t)h, &p);
 }
 
 /* Make sure a context is current; the raw helpers below run in it. */
@@ -1491,6 +1485,7 @@ static PyMethodDef cm_memory_functions[] = {
     {"_device_alloc", cm_device_alloc_fn, METH_O, cm_device_alloc_doc},
     {"_device_free", cm_device_free_fn, METH_O, cm_device_free_doc},
     {"_memset", cm_memset_fn, METH_VARARGS, cm_memset_doc},
+    {"_memalloc_on", cm_memalloc_on_fn, METH_VARARGS, cm_memalloc_on_doc},
     {"_set_dealloc_config", cm_set_dealloc_config, METH_VARARGS,
      cm_set_dealloc_config_doc},
     {"memory_stats", (PyCFunction)(void (*)(void))cm_memory_stats,

@@ -24,13 +24,14 @@ typedef struct {
     CUdeviceptr ptr;      /* device address; 0 for a zero-size owner */
     size_t size;          /* bytes */
     int freed;            /* NOTE: set once, before the free is issued */
-    int kind;             /* CM_MM_* of the manager that allocated it */
+    const cm_mm_ops *mm;  /* the manager that allocated it */
     CUstream stream;      /* the stream it was allocated for */
     PyObject *stream_obj; /* strong or NULL: the object that stream came
                            * from (a Stream, or a __cuda_stream__
                            * object), kept so that its handle stays valid
                            * until the release has been ordered after it */
-    void *blk;            /* the pool's block (CM_MM_POOL), else NULL */
+    uintptr_t handle;     /* what the manager's release takes (the
+                           * pool's block, else the address) */
     struct cm_uses *uses; /* NULL, or the other streams that work queued
                            * by cudamem used the memory on (pool and async
                            * managers only): the release waits for them */
@@ -140,72 +141,97 @@ PyObject *cm_mem_alloc_for(cm_context *ctx, size_t size,
                            PyObject *stream_obj, CUdeviceptr *ptr);
 
 /* ------------------------------------------------------------------ */
-/* pool.c: the built-in pool and async managers                        */
+/* The memory managers' interface                                      */
 /* ------------------------------------------------------------------ */
 
-/* The built-in kind (CM_MM_DEFAULT, _POOL or _ASYNC) that contexts made
- * from now on get, unless a plugin is set. */
-int cm_mm_builtin_kind(void);
-/* Give ctx (alive; it need not be current) the state of manager kind;
- * 0, or -1 with an exception. */
-int cm_pool_create(cm_context *ctx, int kind);
-/* Give everything ctx's pool holds back to the driver (the context is
- * being closed or reset; it is still alive).  Never raises. */
-void cm_pool_destroy(cm_context *ctx);
-/* Free the C state (Context dealloc). */
-void cm_pool_free(cm_context *ctx);
-/* Allocate size bytes for stream from ctx's pool or async allocator,
- * ctx current, GIL held (released around calls that can block).  No
- * exception is set: the CUresult says what happened. */
-CUresult cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
-                       CUdeviceptr *ptr, void **blk);
-/* Run a CM_REL_POOL / CM_REL_ASYNC release; ctx current, with or without
- * the GIL.  No exception is set. */
-CUresult cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
-                         CUstream stream);
-/* Before the release of pool block blk (in use; ctx current, GIL
- * held): record an event on each of the n streams, and on own unless it
- * is a default stream, so that the block is handed out again only once
- * all of them have completed (own: the stream it was allocated for).
- * Never raises: a block whose event cannot be recorded is never reused
- * (trim() gives its segment back). */
-void cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
-                    const CUstream *streams, int n);
-/* For the async manager: the stream (*on, the pool's own) on which a
- * free follows the work queued so far on own and on each of the n
- * streams, without making any of them wait for another.  ctx current;
- * CUresult. */
-CUresult cm_pool_async_join(cm_context *ctx, CUstream own,
-                            const CUstream *streams, int n, CUstream *on);
-/* Stream h of ctx is about to be destroyed by cudamem: free pool blocks
- * that wait for it to reach their release get an event recorded on it
- * now, while the handle is valid.  ctx current, with or without the
- * GIL; never raises. */
-void cm_pool_stream_gone(cm_context *ctx, CUstream h);
-/* Give every wholly free pooled byte back to the driver (the async
- * manager waits for the context first); 0, or -1 with an exception. */
-int cm_pool_trim(cm_context *ctx);
-/* Whether device memory at base (an allocation's start) comes from the
- * pool of ctx's async manager: 1, 0 (another manager, another pool, or
- * no pool), or -1 with an exception. */
-int cm_pool_owns(cm_context *ctx, CUdeviceptr base);
-/* Export the allocation at base of ctx's async pool for another process:
- * its cuMemPoolExportPointer data, the descriptor of the pool's
- * shareable handle (exported on the first call, kept until the context
- * is closed) and the token that names the pool.  GIL held, ctx current.
- * 0, or -1 with an exception: CudaAPIError CUDA_ERROR_NOT_SUPPORTED,
- * saying why, when the pool was made without a shareable handle type. */
-int cm_pool_export(cm_context *ctx, CUdeviceptr base,
-                   CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
-/* Whether ctx's async pool can be shared with other processes. */
-int cm_pool_shareable(cm_context *ctx);
-/* The entry point that allocates for ctx's built-in manager kind, for
- * messages ("cuMemAllocFromPoolAsync" for a shareable async pool). */
-const char *cm_pool_alloc_fn(cm_context *ctx);
-/* Bytes the pool holds, how many of them are free, and the largest free
- * block (-1 when the manager cannot know).  Zeros without a pool. */
-void cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
-                   long long *largest);
+/* One kind of memory manager, as the allocation path (memory.c) and the
+ * context (runtime/context.c) use it, instead of switching on the kind.
+ * One constant table per kind: cm_mm_default and cm_mm_plugin
+ * (memory.c), cm_mm_pool and cm_mm_async (poolops.c).  A context points
+ * at two: ctx->mm, the manager that allocates, and ctx->mm_builtin, the
+ * built-in one it was made with, whose state ctx->pool holds (they
+ * differ while a plugin is assigned); a DeviceAllocation points at the
+ * one that made it.  Calls go one way: memory.c calls the managers
+ * through their tables, the pool files never call memory.c.
+ *
+ * The plugin's table has no functions (the allocation path calls the
+ * Python object).  In the built-in ones, alloc, release, trim, stats
+ * and alloc_fn are never NULL; the others are NULL where the manager
+ * has nothing to do (no state, no stream order, nothing to export). */
+struct cm_mm_ops {
+    int kind;             /* CM_MM_* (the history records it) */
+    const char *name;     /* memory_stats()'s "manager", and the name
+                           * that selects the built-in one */
+    const char *emm_class;  /* the class of cudamem._emm that
+                             * Context.memory_manager makes for it */
+    int ordered;          /* allocates for a stream and releases ordered
+                           * on it (pool, async): the release runs at
+                           * once unless defer_cleanup() holds the
+                           * queue, and uses on other streams are noted */
+    int rel;              /* the CM_REL_* that releases an allocation */
+    int rel_sync;         /* the same when the streams that used it
+                           * cannot be recorded (the flush waits for the
+                           * context first) */
+    /* Give ctx (alive; it need not be current) the manager's state; 0,
+     * or -1 with an exception. */
+    int (*create)(cm_context *ctx);
+    /* Give everything the state holds back to the driver (the context
+     * is being closed or reset; it is still alive).  Never raises. */
+    void (*destroy)(cm_context *ctx);
+    /* Free the C state (Context dealloc). */
+    void (*free)(cm_context *ctx);
+    /* Allocate size bytes for stream, ctx current, GIL held (released
+     * around calls that can block); *handle: what release takes.  No
+     * exception is set: the CUresult says what happened. */
+    CUresult (*alloc)(cm_context *ctx, size_t size, CUstream stream,
+                      CUdeviceptr *ptr, uintptr_t *handle);
+    /* Run a release (kind: rel or rel_sync) of handle on stream; ctx
+     * current, with or without the GIL.  No exception is set. */
+    CUresult (*release)(cm_context *ctx, int kind, uintptr_t handle,
+                        CUstream stream);
+    /* Before the release of an allocation (handle, allocated for own)
+     * that work queued by cudamem also used on the n streams (ctx
+     * current, GIL held): order the release after that work.  *on (own
+     * on entry): the stream the release goes to.  Not CUDA_SUCCESS:
+     * release with rel_sync.  Ordered managers only. */
+    CUresult (*order)(cm_context *ctx, uintptr_t handle, CUstream own,
+                      const CUstream *streams, int n, CUstream *on);
+    /* Stream h of ctx is about to be destroyed by cudamem: what waits
+     * for it is ordered now, while the handle is valid.  ctx current,
+     * with or without the GIL; never raises. */
+    void (*stream_gone)(cm_context *ctx, CUstream h);
+    /* Give every wholly free cached byte back to the driver; 0, or -1
+     * with an exception. */
+    int (*trim)(cm_context *ctx);
+    /* Bytes the manager holds, how many of them are free, and the
+     * largest free block (-1 when the manager cannot know); zeros
+     * without state. */
+    void (*stats)(cm_context *ctx, size_t *reserved, size_t *free_b,
+                  long long *largest);
+    /* The entry point that allocates, for messages. */
+    const char *(*alloc_fn)(cm_context *ctx);
+    /* Whether device memory at base (an allocation's start) comes from
+     * the manager's own exportable pool: 1, 0, or -1 with an exception. */
+    int (*owns)(cm_context *ctx, CUdeviceptr base);
+    /* Export the allocation at base for another process: its
+     * cuMemPoolExportPointer data, the descriptor of the pool's
+     * shareable handle (exported on the first call, kept until the
+     * context is closed) and the token that names the pool.  GIL held,
+     * ctx current.  0, or -1 with an exception: CudaAPIError
+     * CUDA_ERROR_NOT_SUPPORTED, saying why, when the pool was made
+     * without a shareable handle type. */
+    int (*export)(cm_context *ctx, CUdeviceptr base,
+                  CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
+};
+
+extern const cm_mm_ops cm_mm_default;  /* cuMemAlloc, queued cuMemFree */
+extern const cm_mm_ops cm_mm_plugin;   /* a Python EMM plugin */
+extern const cm_mm_ops cm_mm_pool;     /* cudamem's caching allocator */
+extern const cm_mm_ops cm_mm_async;    /* the stream-ordered allocator */
+
+/* The built-in manager (cm_mm_default, _pool or _async) that contexts
+ * made from now on get, unless a plugin is set. */
+const cm_mm_ops *cm_mm_builtin(void);
 
 /* ------------------------------------------------------------------ */
 /* staging.c: the staged pipeline for large pageable transfers        */
@@ -299,7 +325,7 @@ cm_hist_note(int action, int kind, cm_context *ctx, uintptr_t stream,
 }
 
 int cm_history_init(PyObject *mod, cm_state *st);
-/* pool.c: the segments of ctx's pool manager, a list of dicts (base,
+/* poolops.c: the segments of ctx's pool manager, a list of dicts (base,
  * size, small, blocks: a list of (address, size, state) with state
  * 'used', 'free' or 'pending'); an empty list for other managers.  A
  * new reference, or NULL with an exception. */

@@ -58,8 +58,8 @@
 #include <unistd.h>
 #define CM_POOL_LARGE_SPLIT ((size_t)1 << 20) /* least large remainder */
 
-/* The built-in kind for new contexts. */
-int cm_builtin = CM_MM_DEFAULT;
+/* The built-in manager for new contexts. */
+const cm_mm_ops *cm_builtin = &cm_mm_default;
 /* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
 size_t cm_default_limit;
 /* CUDAMEM_POOL_POISON: the byte pools made from now on fill every block
@@ -68,8 +68,8 @@ int cm_pool_poison = -1;
 /* CUDAMEM_ASYNC_RELEASE_THRESHOLD: the async pool's threshold. */
 cuuint64_t cm_async_threshold = UINT64_MAX;
 
-int
-cm_mm_builtin_kind(void)
+const cm_mm_ops *
+cm_mm_builtin(void)
 {
     return cm_builtin;
 }

@@ -115,8 +115,8 @@ struct cm_pool {
                            * wait for all of them; NULL until then */
 };
 
-/* The built-in kind for new contexts. */
-extern int cm_builtin;
+/* The built-in manager for new contexts. */
+extern const cm_mm_ops *cm_builtin;
 
 /* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
 extern size_t cm_default_limit;

@@ -61,7 +61,11 @@ PyDoc_STRVAR(cm_set_builtin_doc,
 static PyObject *
 cm_set_builtin_fn(PyObject *mod, PyObject *arg)
 {
+    static const cm_mm_ops *const builtins[] = {
+        &cm_mm_default, &cm_mm_pool, &cm_mm_async,
+    };
     const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    size_t i;
 
     (void)mod;
     if (s == NULL) {
@@ -70,21 +74,15 @@ cm_set_builtin_fn(PyObject *mod, PyObject *arg)
         }
         return NULL;
     }
-    if (strcmp(s, "default") == 0) {
-        cm_builtin = CM_MM_DEFAULT;
+    for (i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++) {
+        if (strcmp(s, builtins[i]->name) == 0) {
+            cm_builtin = builtins[i];
+            Py_RETURN_NONE;
+        }
     }
-    else if (strcmp(s, "pool") == 0) {
-        cm_builtin = CM_MM_POOL;
-    }
-    else if (strcmp(s, "async") == 0) {
-        cm_builtin = CM_MM_ASYNC;
-    }
-    else {
-        PyErr_Format(PyExc_ValueError,
-                     "unknown built-in memory manager %R", arg);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    PyErr_Format(PyExc_ValueError, "unknown built-in memory manager %R",
+                 arg);
+    return NULL;
 }
 
 PyDoc_STRVAR(cm_get_builtin_doc,
@@ -96,9 +94,7 @@ cm_get_builtin_fn(PyObject *mod, PyObject *unused)
 {
     (void)mod;
     (void)unused;
-    return PyUnicode_FromString(cm_builtin == CM_MM_POOL ? "pool"
-                                : cm_builtin == CM_MM_ASYNC ? "async"
-                                : "default");
+    return PyUnicode_FromString(cm_builtin->name);
 }
 
 PyDoc_STRVAR(cm_pool_trim_doc,
@@ -112,7 +108,7 @@ cm_pool_trim_fn(PyObject *mod, PyObject *arg)
     cm_context *c = NULL;
 
     (void)mod;
-    if (cm_pool_arg(arg, &c) == NULL || cm_pool_trim(c) < 0) {
+    if (cm_pool_arg(arg, &c) == NULL || c->mm_builtin->trim(c) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -236,7 +232,7 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
     if ((p = cm_pool_arg(arg, &c)) == NULL) {
         return NULL;
     }
-    cm_pool_stats(c, &reserved, &free_b, &largest);
+    c->mm_builtin->stats(c, &reserved, &free_b, &largest);
     cm_mu_lock(&p->mu);
     for (g = p->segs; g != NULL; g = g->next) {
         nseg++;
@@ -252,33 +248,6 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
                       "limit", (Py_ssize_t)p->limit);
     Py_DECREF(lg);
     return r;
-}
-
-PyDoc_STRVAR(cm_memalloc_on_doc,
-"_memalloc_on(ctx, size, stream_handle)\n--\n\n"
-"Allocate size bytes in ctx for the stream with that raw handle (0: the "
-"default stream); the owner, as Context.memalloc gives.");
-
-static PyObject *
-cm_memalloc_on_fn(PyObject *mod, PyObject *args)
-{
-    PyObject *o;
-    Py_ssize_t n;
-    unsigned long long h;
-    cm_context *c;
-    CUdeviceptr p;
-
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "OnK:_memalloc_on", &o, &n, &h)
-        || (c = cm_ctx_arg(o)) == NULL) {
-        return NULL;
-    }
-    if (n <= 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "memalloc size must be positive, got %zd", n);
-        return NULL;
-    }
-    return cm_mem_alloc_on(c, (size_t)n, (CUstream)(uintptr_t)h, &p);
 }
 
 /* Test helpers: raw streams and a gate that holds a stream's worker. */
@@ -512,7 +481,6 @@ static PyMethodDef cm_pool_functions[] = {
      cm_async_threshold_doc},
     {"_async_shareable", cm_async_shareable_fn, METH_O,
      cm_async_shareable_doc},
-    {"_memalloc_on", cm_memalloc_on_fn, METH_VARARGS, cm_memalloc_on_doc},
     {"_raw_stream_create", cm_raw_stream_create_fn, METH_VARARGS,
      cm_raw_stream_create_doc},
     {"_raw_stream_destroy", cm_raw_stream_destroy_fn, METH_O,

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * memory/poolops.c: the pool and async managers as memory.c and
- * context.c call them: create, allocate, release, retire, trim, export,
- * statistics.
+ * context.c call them, through their tables cm_mm_pool and cm_mm_async
+ * (memory/memory.h): create, allocate, release, order a release after
+ * other streams, trim, export, statistics.
  */
 #include "memory/pool.h"
 
@@ -14,7 +15,7 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ */
-/* The interface to memory.c and context.c                             */
+/* State: create, destroy, free (both managers)                       */
 /* ------------------------------------------------------------------ */
 
 /* Give the async manager of ctx its pool: one of its own that other
@@ -73,8 +74,10 @@ cm_async_pool_make(cm_context *ctx, cm_pool *p)
     return CM_CU(DeviceGetDefaultMemPool, (&p->mempool, dev));
 }
 
-int
-cm_pool_create(cm_context *ctx, int kind)
+/* Give ctx the state of manager kind (CM_MM_POOL or CM_MM_ASYNC); 0, or
+ * -1 with an exception. */
+static int
+cm_pool_make(cm_context *ctx, int kind)
 {
     cm_pool *p = calloc(1, sizeof(*p));
     int err;
@@ -125,7 +128,19 @@ cm_pool_create(cm_context *ctx, int kind)
     return 0;
 }
 
-void
+static int
+cm_pool_create(cm_context *ctx)
+{
+    return cm_pool_make(ctx, CM_MM_POOL);
+}
+
+static int
+cm_async_create(cm_context *ctx)
+{
+    return cm_pool_make(ctx, CM_MM_ASYNC);
+}
+
+static void
 cm_pool_destroy(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
@@ -214,7 +229,7 @@ cm_pool_destroy(cm_context *ctx)
     free(events);
 }
 
-void
+static void
 cm_pool_free(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
@@ -331,9 +346,49 @@ cm_pool_unlock(cm_pool *p, cm_pool_guard *g)
     }
 }
 
-CUresult
+/* ------------------------------------------------------------------ */
+/* Allocation and release                                              */
+/* ------------------------------------------------------------------ */
+
+/* The async manager's allocation: the driver's pool, on stream; the
+ * handle its release takes is the address. */
+static CUresult
+cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
+               CUdeviceptr *ptr, uintptr_t *handle)
+{
+    cm_pool *p = ctx->pool;
+    CUresult rc;
+
+    if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
+                                            ? ctx->st_bytes
+                                            : p->limit)) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CM_DRIVER_BEGIN_NOGIL
+    if (p->shareable) {
+        rc = CM_CU_RAW(MemAllocFromPoolAsync,
+                       (ptr, size, p->mempool, stream));
+    }
+    else {
+        rc = CM_CU_RAW(MemAllocAsync, (ptr, size, stream));
+    }
+    if (rc == CUDA_SUCCESS && p->poison >= 0) {
+        rc = CM_CU_RAW(MemsetD8Async, (*ptr, (unsigned char)p->poison,
+                                       size, stream));
+        if (rc != CUDA_SUCCESS) {
+            (void)CM_CU_RAW(MemFreeAsync, (*ptr, stream));
+        }
+    }
+    CM_DRIVER_END_NOGIL
+    *handle = (uintptr_t)*ptr;
+    return rc;
+}
+
+/* The pool manager's allocation: a block for stream from the bins, or
+ * from a new segment; the handle its release takes is the block. */
+static CUresult
 cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
-              CUdeviceptr *ptr, void **blk)
+              CUdeviceptr *ptr, uintptr_t *handle)
 {
     cm_pool *p = ctx->pool;
     uintptr_t s = cm_stream_key(stream);
@@ -341,31 +396,6 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     CUresult rc;
     cm_pool_guard gd;
 
-    if (p->kind == CM_MM_ASYNC) {
-        if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
-                                                ? ctx->st_bytes
-                                                : p->limit)) {
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        *blk = NULL;
-        CM_DRIVER_BEGIN_NOGIL
-        if (p->shareable) {
-            rc = CM_CU_RAW(MemAllocFromPoolAsync,
-                           (ptr, size, p->mempool, stream));
-        }
-        else {
-            rc = CM_CU_RAW(MemAllocAsync, (ptr, size, stream));
-        }
-        if (rc == CUDA_SUCCESS && p->poison >= 0) {
-            rc = CM_CU_RAW(MemsetD8Async, (*ptr, (unsigned char)p->poison,
-                                           size, stream));
-            if (rc != CUDA_SUCCESS) {
-                (void)CM_CU_RAW(MemFreeAsync, (*ptr, stream));
-            }
-        }
-        CM_DRIVER_END_NOGIL
-        return rc;
-    }
     size = cm_round(size, CM_POOL_ROUND);
     if (size == 0) {
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -390,7 +420,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         }
     }
     *ptr = b->ptr;
-    *blk = b;
+    *handle = (uintptr_t)b;
     if (p->poison >= 0) {
         CM_DRIVER_BEGIN_NOGIL
         rc = CM_CU_RAW(MemsetD8Async, (b->ptr, (unsigned char)p->poison,
@@ -408,18 +438,19 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     return CUDA_SUCCESS;
 }
 
-CUresult
-cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
-                CUstream stream)
+/* The async manager's release (CM_REL_ASYNC, or CM_REL_ASYNC_SYNC:
+ * after the context, on the default stream): cuMemFreeAsync. */
+static CUresult
+cm_async_release(cm_context *ctx, int kind, uintptr_t handle,
+                 CUstream stream)
 {
     cm_pool *p = ctx->pool;
-    cm_blk *b = (cm_blk *)handle;
     CUresult rc;
 
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
-    if (kind == CM_REL_POOL_SYNC || kind == CM_REL_ASYNC_SYNC) {
+    if (kind == CM_REL_ASYNC_SYNC) {
         /* Released where no stream could be recorded: every stream that
          * used it is done once the context is. */
         rc = CM_CU_RAW(CtxSynchronize, ());
@@ -427,10 +458,31 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
             return rc;
         }
     }
-    if (kind == CM_REL_ASYNC || kind == CM_REL_ASYNC_SYNC) {
-        return CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
-                                        kind == CM_REL_ASYNC ? stream
-                                                             : NULL));
+    return CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
+                                    kind == CM_REL_ASYNC ? stream : NULL));
+}
+
+/* The pool manager's release (CM_REL_POOL, or CM_REL_POOL_SYNC: after
+ * the context, free for any stream): the block back to the bins. */
+static CUresult
+cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
+                CUstream stream)
+{
+    cm_pool *p = ctx->pool;
+    cm_blk *b = (cm_blk *)handle;
+    CUresult rc;
+
+    (void)stream;
+    if (p == NULL || p->dead) {
+        return CUDA_SUCCESS;
+    }
+    if (kind == CM_REL_POOL_SYNC) {
+        /* Released where no stream could be recorded: every stream that
+         * used it is done once the context is. */
+        rc = CM_CU_RAW(CtxSynchronize, ());
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
     }
     cm_mu_lock(&p->mu);
     if (!p->dead) {
@@ -459,23 +511,29 @@ cm_blk_add_wait(cm_blk *b, CUevent e)
     return 0;
 }
 
-void
-cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
-               const CUstream *streams, int n)
+/* The pool manager's order: record an event on each of the n streams,
+ * and on own unless it is a default stream, so that block handle is
+ * handed out again only once all of them have completed.  Always
+ * CUDA_SUCCESS: a block whose event cannot be recorded is never reused
+ * (trim() gives its segment back). */
+static CUresult
+cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
+              const CUstream *streams, int n, CUstream *on)
 {
     cm_pool *p = ctx->pool;
-    cm_blk *b = blk;
+    cm_blk *b = (cm_blk *)handle;
     CUevent e;
     int i;
     cm_pool_guard gd;
 
-    if (p == NULL || p->kind != CM_MM_POOL) {
-        return;
+    (void)on;
+    if (p == NULL) {
+        return CUDA_SUCCESS;
     }
     cm_pool_lock(p, &gd);
     if (p->dead) {
         cm_pool_unlock(p, &gd);
-        return;
+        return CUDA_SUCCESS;
     }
     for (i = 0; i <= n; i++) {
         CUstream h = i < n ? streams[i] : own;
@@ -492,18 +550,22 @@ cm_pool_retire(cm_context *ctx, void *blk, CUstream own,
             b->stream = CM_POOL_STUCK;
             b->any_after = 0;
             cm_pool_unlock(p, &gd);
-            return;
+            return CUDA_SUCCESS;
         }
         if (i == n) {
             b->any_after = 1;
         }
     }
     cm_pool_unlock(p, &gd);
+    return CUDA_SUCCESS;
 }
 
-CUresult
-cm_pool_async_join(cm_context *ctx, CUstream own, const CUstream *streams,
-                   int n, CUstream *on)
+/* The async manager's order: *on becomes the pool's own side stream, on
+ * which a free follows the work queued so far on own and on each of the
+ * n streams, without making any of them wait for another. */
+static CUresult
+cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
+               const CUstream *streams, int n, CUstream *on)
 {
     cm_pool *p = ctx->pool;
     CUresult rc = CUDA_SUCCESS;
@@ -511,6 +573,7 @@ cm_pool_async_join(cm_context *ctx, CUstream own, const CUstream *streams,
     int i;
     cm_pool_guard gd;
 
+    (void)handle;
     if (p == NULL || p->dead) {
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
@@ -533,7 +596,9 @@ cm_pool_async_join(cm_context *ctx, CUstream own, const CUstream *streams,
     return rc;
 }
 
-void
+/* The pool manager's stream_gone: free blocks that wait for stream h
+ * to reach their release get an event recorded on it now. */
+static void
 cm_pool_stream_gone(cm_context *ctx, CUstream h)
 {
     cm_pool *p = ctx->pool;
@@ -542,8 +607,7 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
     cm_blk *b;
     cm_pool_guard gd;
 
-    if (p == NULL || p->kind != CM_MM_POOL
-        || cm_stream_handle_is_default(h)) {
+    if (p == NULL || cm_stream_handle_is_default(h)) {
         return;
     }
     cm_pool_lock(p, &gd);
@@ -560,7 +624,38 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
     cm_pool_unlock(p, &gd);
 }
 
-int
+/* ------------------------------------------------------------------ */
+/* Trim, export, statistics                                            */
+/* ------------------------------------------------------------------ */
+
+/* The async manager's trim: wait for the context, then trim the
+ * driver's pool to 0. */
+static int
+cm_async_trim(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+    CUresult rc;
+    const char *fn;
+
+    if (p == NULL || p->dead || cm_context_activate(ctx) < 0) {
+        return p == NULL || p->dead ? 0 : -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = CM_CU_RAW(CtxSynchronize, ());
+    if (rc == CUDA_SUCCESS) {
+        rc = CM_CU_RAW(MemPoolTrimTo, (p->mempool, 0));
+        fn = "cuMemPoolTrimTo";
+    }
+    else {
+        fn = "cuCtxSynchronize";
+    }
+    Py_END_ALLOW_THREADS
+    return cm_cu_check(rc, fn);
+}
+
+/* The pool manager's trim: every wholly free segment back to the
+ * driver (after the device, when blocks wait for other streams). */
+static int
 cm_pool_trim(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
@@ -570,19 +665,6 @@ cm_pool_trim(cm_context *ctx)
 
     if (p == NULL || p->dead || cm_context_activate(ctx) < 0) {
         return p == NULL || p->dead ? 0 : -1;
-    }
-    if (p->kind == CM_MM_ASYNC) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = CM_CU_RAW(CtxSynchronize, ());
-        if (rc == CUDA_SUCCESS) {
-            rc = CM_CU_RAW(MemPoolTrimTo, (p->mempool, 0));
-            fn = "cuMemPoolTrimTo";
-        }
-        else {
-            fn = "cuCtxSynchronize";
-        }
-        Py_END_ALLOW_THREADS
-        return cm_cu_check(rc, fn);
     }
     if (p->pending != NULL) {
         /* Blocks that wait for other streams: their segments may be
@@ -608,35 +690,31 @@ cm_pool_trim(cm_context *ctx)
     return cm_cu_check(rc, fn);
 }
 
-int
-cm_pool_shareable(cm_context *ctx)
+static const char *
+cm_pool_alloc_fn(cm_context *ctx)
+{
+    (void)ctx;
+    return "cuMemAlloc (pool)";
+}
+
+/* "cuMemAllocFromPoolAsync" from a shareable pool of its own. */
+static const char *
+cm_async_alloc_fn(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
 
-    return p != NULL && p->kind == CM_MM_ASYNC && p->shareable;
+    return p != NULL && p->shareable ? "cuMemAllocFromPoolAsync"
+                                     : "cuMemAllocAsync";
 }
 
-const char *
-cm_pool_alloc_fn(cm_context *ctx)
-{
-    switch (ctx->mm_kind) {
-    case CM_MM_POOL:
-        return "cuMemAlloc (pool)";
-    case CM_MM_ASYNC:
-        return cm_pool_shareable(ctx) ? "cuMemAllocFromPoolAsync"
-                                      : "cuMemAllocAsync";
-    default:
-        return "cuMemAlloc";
-    }
-}
-
-int
-cm_pool_owns(cm_context *ctx, CUdeviceptr base)
+/* The async manager's owns: the driver names the allocation's pool. */
+static int
+cm_async_owns(cm_context *ctx, CUdeviceptr base)
 {
     cm_pool *p = ctx->pool;
     CUmemoryPool mp = NULL;
 
-    if (p == NULL || p->kind != CM_MM_ASYNC || p->dead) {
+    if (p == NULL || p->dead) {
         return 0;
     }
     if (CM_CU(PointerGetAttribute,
@@ -646,9 +724,10 @@ cm_pool_owns(cm_context *ctx, CUdeviceptr base)
     return mp != NULL && mp == p->mempool;
 }
 
-int
-cm_pool_export(cm_context *ctx, CUdeviceptr base,
-               CUmemPoolPtrExportData *data, int *fd, uint64_t *token)
+/* The async manager's export: the pool's shareable handle. */
+static int
+cm_async_export(cm_context *ctx, CUdeviceptr base,
+                CUmemPoolPtrExportData *data, int *fd, uint64_t *token)
 {
     cm_pool *p = ctx->pool;
     PyObject *msg;
@@ -656,7 +735,7 @@ cm_pool_export(cm_context *ctx, CUdeviceptr base,
     int got = -1;
     int err;
 
-    if (p == NULL || p->kind != CM_MM_ASYNC || p->dead) {
+    if (p == NULL || p->dead) {
         PyErr_SetString(PyExc_ValueError,
                         "the context's async memory pool is closed");
         return -1;
@@ -731,32 +810,47 @@ cm_bins_largest(const cm_bins *bs)
     return 0;
 }
 
-void
-cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
-              long long *largest)
+/* The async manager's statistics: the driver pool's attributes; the
+ * largest free block is unknown. */
+static void
+cm_async_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
+               long long *largest)
 {
     cm_pool *p = ctx->pool;
     cuuint64_t r = 0;
     cuuint64_t u = 0;
+
+    *reserved = 0;
+    *free_b = 0;
+    *largest = -1;
+    if (p == NULL || p->dead) {
+        return;
+    }
+    if (CM_CU_RAW(MemPoolGetAttribute,
+                  (p->mempool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r))
+            == CUDA_SUCCESS
+        && CM_CU_RAW(MemPoolGetAttribute,
+                     (p->mempool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u))
+               == CUDA_SUCCESS) {
+        *reserved = (size_t)r;
+        *free_b = r > u ? (size_t)(r - u) : 0;
+    }
+}
+
+/* The pool manager's statistics, largest free block included (0 with
+ * no pool while it allocates; unknown while a plugin does). */
+static void
+cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
+              long long *largest)
+{
+    cm_pool *p = ctx->pool;
     size_t a;
     size_t b;
 
     *reserved = 0;
     *free_b = 0;
-    *largest = ctx->mm_kind == CM_MM_POOL ? 0 : -1;
+    *largest = ctx->mm == &cm_mm_pool ? 0 : -1;
     if (p == NULL || p->dead) {
-        return;
-    }
-    if (p->kind == CM_MM_ASYNC) {
-        if (CM_CU_RAW(MemPoolGetAttribute,
-                      (p->mempool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r))
-                == CUDA_SUCCESS
-            && CM_CU_RAW(MemPoolGetAttribute,
-                         (p->mempool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u))
-                   == CUDA_SUCCESS) {
-            *reserved = (size_t)r;
-            *free_b = r > u ? (size_t)(r - u) : 0;
-        }
         return;
     }
     cm_mu_lock(&p->mu);
@@ -875,3 +969,46 @@ err_free:
     free(small);
     return NULL;
 }
+
+/* ------------------------------------------------------------------ */
+/* The tables                                                          */
+/* ------------------------------------------------------------------ */
+
+const cm_mm_ops cm_mm_pool = {
+    .kind = CM_MM_POOL,
+    .name = "pool",
+    .emm_class = "PoolMemoryManager",
+    .ordered = 1,
+    .rel = CM_REL_POOL,
+    .rel_sync = CM_REL_POOL_SYNC,
+    .create = cm_pool_create,
+    .destroy = cm_pool_destroy,
+    .free = cm_pool_free,
+    .alloc = cm_pool_alloc,
+    .release = cm_pool_release,
+    .order = cm_pool_order,
+    .stream_gone = cm_pool_stream_gone,
+    .trim = cm_pool_trim,
+    .stats = cm_pool_stats,
+    .alloc_fn = cm_pool_alloc_fn,
+};
+
+const cm_mm_ops cm_mm_async = {
+    .kind = CM_MM_ASYNC,
+    .name = "async",
+    .emm_class = "AsyncMemoryManager",
+    .ordered = 1,
+    .rel = CM_REL_ASYNC,
+    .rel_sync = CM_REL_ASYNC_SYNC,
+    .create = cm_async_create,
+    .destroy = cm_pool_destroy,
+    .free = cm_pool_free,
+    .alloc = cm_async_alloc,
+    .release = cm_async_release,
+    .order = cm_async_order,
+    .trim = cm_async_trim,
+    .stats = cm_async_stats,
+    .alloc_fn = cm_async_alloc_fn,
+    .owns = cm_async_owns,
+    .export = cm_async_export,
+};

@@ -55,16 +55,16 @@ cm_context_make_manager(cm_context *c)
     }
     if (mm == Py_None) {
         Py_DECREF(mm);
-        c->mm_kind = cm_mm_builtin_kind();
-        c->mm_builtin = c->mm_kind;
-        if (c->mm_kind == CM_MM_DEFAULT) {
+        c->mm_builtin = cm_mm_builtin();
+        c->mm = c->mm_builtin;
+        if (c->mm->create == NULL) {
             return 0;
         }
-        return cm_pool_create(c, c->mm_kind);
+        return c->mm->create(c);
     }
     c->memory_manager = mm;
-    c->mm_kind = CM_MM_PLUGIN;
-    c->mm_builtin = CM_MM_DEFAULT;
+    c->mm = &cm_mm_plugin;
+    c->mm_builtin = &cm_mm_default;
     return 0;
 }
 
@@ -131,8 +131,8 @@ again:
     c->total_mem = total;
     c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
-    c->mm_kind = CM_MM_DEFAULT;
-    c->mm_builtin = CM_MM_DEFAULT;
+    c->mm = &cm_mm_default;
+    c->mm_builtin = &cm_mm_default;
     c->mm_info_busy = 0;
     c->pool = NULL;
     c->memq = NULL;
@@ -551,7 +551,9 @@ cm_context_release_device(int i)
         PyErr_WriteUnraisable((PyObject *)c);
     }
     cm_ipc_context_closing(c);
-    cm_pool_destroy(c);
+    if (c->mm_builtin->destroy != NULL) {
+        c->mm_builtin->destroy(c);
+    }
     cm_ctxs[i] = NULL;
     c->alive = 0;
     /* Calls other threads began on its objects end before it goes. */
@@ -620,7 +622,9 @@ cm_context_dealloc(PyObject *self)
         PyObject_ClearWeakRefs(self);
     }
     cm_context_clear(self);
-    cm_pool_free(c);
+    if (c->mm_builtin->free != NULL) {
+        c->mm_builtin->free(c);
+    }
     Py_CLEAR(c->device);
     tp->tp_free(self);
     Py_DECREF(tp);
@@ -657,7 +661,7 @@ cm_context_get_memory_info(PyObject *self, PyObject *unused)
     int err;
 
     (void)unused;
-    if (c->mm_kind == CM_MM_PLUGIN && c->memory_manager != NULL
+    if (c->mm == &cm_mm_plugin && c->memory_manager != NULL
         && !c->mm_info_busy) {
         c->mm_info_busy = 1;
         r = PyObject_CallMethod(c->memory_manager, "get_memory_info", NULL);
@@ -760,8 +764,8 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
 
     (void)unused;
     if (c->memory_manager == NULL) {
-        cls = c->mm_kind == CM_MM_POOL ? CM_REGISTERED(PoolMemoryManager)
-              : c->mm_kind == CM_MM_ASYNC
+        cls = c->mm == &cm_mm_pool ? CM_REGISTERED(PoolMemoryManager)
+              : c->mm == &cm_mm_async
                   ? CM_REGISTERED(AsyncMemoryManager)
                   : CM_REGISTERED(DefaultMemoryManager);
         if (cls == NULL) {
@@ -782,12 +786,13 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
 static int
 cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
 {
-    static const char *const names[] = {"default", "pool", "async"};
-    static const int kinds[] = {CM_MM_DEFAULT, CM_MM_POOL, CM_MM_ASYNC};
+    static const cm_mm_ops *const builtins[] = {
+        &cm_mm_default, &cm_mm_pool, &cm_mm_async,
+    };
     cm_context *c = (cm_context *)self;
     PyObject *fn;
     PyObject *kind;
-    int mm = -1;
+    const cm_mm_ops *mm = NULL;
     size_t i;
 
     (void)unused;
@@ -806,22 +811,23 @@ cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
     }
     if (PyUnicode_Check(kind)
         && PyUnicode_CompareWithASCIIString(kind, "plugin") == 0) {
-        mm = CM_MM_PLUGIN;
+        mm = &cm_mm_plugin;
     }
     for (i = 0; PyUnicode_Check(kind) && i < 3; i++) {
-        if (PyUnicode_CompareWithASCIIString(kind, names[i]) == 0) {
-            mm = kinds[i];
+        if (PyUnicode_CompareWithASCIIString(kind, builtins[i]->name)
+            == 0) {
+            mm = builtins[i];
         }
     }
     Py_DECREF(kind);
-    if (mm != CM_MM_PLUGIN && mm != c->mm_builtin) {
+    if (mm != &cm_mm_plugin && mm != c->mm_builtin) {
         PyErr_SetString(PyExc_ValueError,
                         "a built-in memory manager can only be given back "
                         "to the context it belongs to, of the kind the "
                         "context was made with");
         return -1;
     }
-    c->mm_kind = mm;
+    c->mm = mm;
     Py_XSETREF(c->memory_manager, Py_NewRef(value));
     return 0;
 }

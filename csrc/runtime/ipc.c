@@ -98,6 +98,23 @@ const char cm_ipc_export_doc[] = PyDoc_STR(
 _Static_assert(sizeof(CUmemPoolPtrExportData) == CU_IPC_HANDLE_SIZE,
                "both kinds of export have 64 bytes");
 
+/* Export the allocation at b of the pool of ctx's built-in manager
+ * (ValueError when it has none to export from, as for a closed pool); 0,
+ * or -1 with an exception. */
+static int
+cm_ipc_export_pooled(cm_context *ctx, CUdeviceptr b,
+                     CUmemPoolPtrExportData *data, cm_ipc_exp *out)
+{
+    const cm_mm_ops *mm = ctx->mm_builtin;
+
+    if (mm->export == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the context's async memory pool is closed");
+        return -1;
+    }
+    return mm->export(ctx, b, data, &out->fd, &out->token);
+}
+
 /* Export the allocation of ctx that contains addr.  pooled: 1 when it is
  * known to come from the async manager's pool, 0 when known not to, -1
  * to ask the driver.  0, or -1 with an exception. */
@@ -122,14 +139,15 @@ cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
         return -1;
     }
     if (pooled < 0) {
-        pooled = cm_pool_owns(ctx, b);
+        pooled = ctx->mm_builtin->owns != NULL
+                 ? ctx->mm_builtin->owns(ctx, b) : 0;
         if (pooled < 0) {
             return -1;
         }
     }
     memset(out, 0, sizeof(*out));
     if (pooled) {
-        if (cm_pool_export(ctx, b, &data, &out->fd, &out->token) < 0) {
+        if (cm_ipc_export_pooled(ctx, b, &data, out) < 0) {
             return -1;
         }
         memcpy(out->raw, data.reserved, sizeof(out->raw));

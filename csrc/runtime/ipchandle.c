@@ -492,7 +492,7 @@ cm_ipc_export_array(PyObject *self)
      * get_ipc_handle (or the current context's, for memory cudamem did
      * not allocate) is asked from Python. */
     if (!Py_IS_TYPE(d.gpu_data, cm_st->Mem_type)
-        || ((cm_mem *)d.gpu_data)->ctx->mm_kind == CM_MM_PLUGIN) {
+        || ((cm_mem *)d.gpu_data)->ctx->mm == &cm_mm_plugin) {
         return PyObject_CallOneArg(cm_st->ipc_export_array, self);
     }
     ctx = ((cm_mem *)d.gpu_data)->ctx;
@@ -502,7 +502,8 @@ cm_ipc_export_array(PyObject *self)
      * element. */
     low = (CUdeviceptr)d.view.addr - (CUdeviceptr)(-lo);
     if (cm_ipc_export_raw(ctx, low,
-                          ((cm_mem *)d.gpu_data)->kind == CM_MM_ASYNC, &x) < 0
+                          ((cm_mem *)d.gpu_data)->mm->export != NULL, &x)
+           < 0
         || cm_device_pci(ctx->device, pci) < 0) {
         return NULL;
     }

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/default.c: the tables of the default memory manager
+ * (cm_mm_default: cuMemAlloc, stream-blind, its memory freed by a
+ * cuMemFree queued on the context's memory queue, which memory.c runs)
+ * and of a Python EMM plugin (cm_mm_plugin: no functions, memory.c calls
+ * the plugin object).  See cm_mm_ops in memory/memory.h.
+ *
+ * Locking: none of its own; the allocation runs with the GIL released.
+ */
+#include "memory/memory.h"
+
+/* cuMemAlloc, stream-blind, with the GIL released. */
+static CUresult
+cm_default_alloc(cm_context *ctx, size_t size, CUstream stream,
+                 CUdeviceptr *p, uintptr_t *handle)
+{
+    CUresult rc;
+
+    (void)ctx;
+    (void)stream;
+    CM_DRIVER_BEGIN_NOGIL
+    rc = CM_CU_RAW(MemAlloc, (p, size));
+    CM_DRIVER_END_NOGIL
+    *handle = (uintptr_t)*p;
+    return rc;
+}
+
+/* cuMemFree (it waits for the device itself: no stream rule). */
+static CUresult
+cm_default_release(cm_context *ctx, int kind, uintptr_t handle,
+                   CUstream stream)
+{
+    (void)ctx;
+    (void)kind;
+    (void)stream;
+    return CM_CU_RAW(MemFree, ((CUdeviceptr)handle));
+}
+
+/* Nothing is cached: nothing to trim. */
+static int
+cm_default_trim(cm_context *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+/* Nothing is held; the largest free block is unknown. */
+static void
+cm_default_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
+                 long long *largest)
+{
+    (void)ctx;
+    *reserved = 0;
+    *free_b = 0;
+    *largest = -1;
+}
+
+static const char *
+cm_default_alloc_fn(cm_context *ctx)
+{
+    (void)ctx;
+    return "cuMemAlloc";
+}
+
+/* The default manager: cuMemAlloc, and cuMemFree through the context's
+ * memory queue. */
+const cm_mm_ops cm_mm_default = {
+    .kind = CM_MM_DEFAULT,
+    .name = "default",
+    .emm_class = "DefaultMemoryManager",
+    .ordered = 0,
+    .rel = CM_REL_DEVICE,
+    .rel_sync = CM_REL_DEVICE,
+    .alloc = cm_default_alloc,
+    .release = cm_default_release,
+    .trim = cm_default_trim,
+    .stats = cm_default_stats,
+    .alloc_fn = cm_default_alloc_fn,
+};
+
+/* A Python EMM plugin (ctx->memory_manager): the allocation path calls
+ * its memalloc; it frees when its pointer objects go. */
+const cm_mm_ops cm_mm_plugin = {
+    .kind = CM_MM_PLUGIN,
+    .name = "plugin",
+    .emm_class = "DefaultMemoryManager",
+};
