@@ -477,6 +477,36 @@ int cm_context_activate(cm_context *ctx);
 int cm_context_enter(cm_context *ctx, CUcontext *prev);
 /* Undo cm_context_enter.  Never raises. */
 void cm_context_leave(cm_context *ctx, CUcontext prev);
+/* r = call, evaluated between enter(obj, &prev) and leave(obj, prev), an
+ * enter/leave pair of the cm_context_enter kind (cm_da_enter and
+ * cm_da_leave take an array).  When enter fails, call does not run and
+ * r = fail, with the exception set.  obj is evaluated more than once.
+ * The one spelling of "run this with that context current": the wrapper
+ * of a method body (its *_run function) is this line and a return. */
+#define CM_ENTERED(enter, leave, obj, r, fail, call)                        \
+    do {                                                                    \
+        CUcontext cm_entered_prev_;                                         \
+        if (enter((obj), &cm_entered_prev_) < 0) {                          \
+            (r) = (fail);                                                   \
+        }                                                                   \
+        else {                                                              \
+            (r) = (call);                                                   \
+            leave((obj), cm_entered_prev_);                                 \
+        }                                                                   \
+    } while (0)
+/* CM_ENTERED with cm_context_enter/cm_context_leave for ctx; a NULL ctx
+ * runs call as it is, in whatever context the thread has. */
+#define CM_IN_CONTEXT(ctx, r, fail, call)                                   \
+    do {                                                                    \
+        cm_context *cm_in_ctx_ = (ctx);                                     \
+        if (cm_in_ctx_ == NULL) {                                           \
+            (r) = (call);                                                   \
+        }                                                                   \
+        else {                                                              \
+            CM_ENTERED(cm_context_enter, cm_context_leave, cm_in_ctx_, r,   \
+                       fail, call);                                         \
+        }                                                                   \
+    } while (0)
 /* The registered Context of a CUcontext handle, or NULL (no exception). */
 cm_context *cm_context_of_handle(CUcontext h);
 /* The registered Context that owns device memory at p, as the driver's

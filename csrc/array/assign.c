@@ -512,14 +512,10 @@ int
 cm_da_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
                    PyObject *stream)
 {
-    CUcontext prev;
     int r;
 
-    if (cm_da_enter(self, &prev) < 0) {
-        return -1;
-    }
-    r = cm_da_setitem_impl_run(self, key, value, stream);
-    cm_da_leave(self, prev);
+    CM_ENTERED(cm_da_enter, cm_da_leave, self, r, -1,
+               cm_da_setitem_impl_run(self, key, value, stream));
     return r;
 }
 

@@ -398,14 +398,10 @@ cm_da_getitem_impl_run(cm_da *self, PyObject *item, PyObject *stream)
 PyObject *
 cm_da_getitem_impl(cm_da *self, PyObject *item, PyObject *stream)
 {
-    CUcontext prev;
     PyObject *r;
 
-    if (cm_da_enter(self, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_da_getitem_impl_run(self, item, stream);
-    cm_da_leave(self, prev);
+    CM_ENTERED(cm_da_enter, cm_da_leave, self, r, NULL,
+               cm_da_getitem_impl_run(self, item, stream));
     return r;
 }
 

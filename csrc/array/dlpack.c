@@ -599,18 +599,11 @@ cm_dlpack_export(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                  PyObject *kwnames)
 {
     cm_da_desc d;
-    CUcontext prev;
     PyObject *r;
 
-    if (!cm_da_describe(self, &d) || d.ctx == NULL) {
-        return cm_dlpack_export_as(self, CM_DLDEV_CUDA, args, nargs,
-                                   kwnames);
-    }
-    if (cm_context_enter(d.ctx, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_dlpack_export_as(self, CM_DLDEV_CUDA, args, nargs, kwnames);
-    cm_context_leave(d.ctx, prev);
+    CM_IN_CONTEXT(cm_da_describe(self, &d) ? d.ctx : NULL, r, NULL,
+                  cm_dlpack_export_as(self, CM_DLDEV_CUDA, args, nargs,
+                                      kwnames));
     return r;
 }
 

@@ -584,14 +584,10 @@ cm_da_transpose_impl_run(cm_da *a, PyObject *axes)
 static PyObject *
 cm_da_transpose_impl(cm_da *a, PyObject *axes)
 {
-    CUcontext prev;
     PyObject *r;
 
-    if (cm_da_enter(a, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_da_transpose_impl_run(a, axes);
-    cm_da_leave(a, prev);
+    CM_ENTERED(cm_da_enter, cm_da_leave, a, r, NULL,
+               cm_da_transpose_impl_run(a, axes));
     return r;
 }
 

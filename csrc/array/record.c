@@ -80,14 +80,10 @@ cm_rec_getitem_impl_run(cm_da *self, PyObject *key, PyObject *stream)
 static PyObject *
 cm_rec_getitem_impl(cm_da *self, PyObject *key, PyObject *stream)
 {
-    CUcontext prev;
     PyObject *r;
 
-    if (cm_da_enter(self, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_rec_getitem_impl_run(self, key, stream);
-    cm_da_leave(self, prev);
+    CM_ENTERED(cm_da_enter, cm_da_leave, self, r, NULL,
+               cm_rec_getitem_impl_run(self, key, stream));
     return r;
 }
 
@@ -145,14 +141,10 @@ static int
 cm_rec_setitem_impl(cm_da *self, PyObject *key, PyObject *value,
                     PyObject *stream)
 {
-    CUcontext prev;
     int r;
 
-    if (cm_da_enter(self, &prev) < 0) {
-        return -1;
-    }
-    r = cm_rec_setitem_impl_run(self, key, value, stream);
-    cm_da_leave(self, prev);
+    CM_ENTERED(cm_da_enter, cm_da_leave, self, r, -1,
+               cm_rec_setitem_impl_run(self, key, value, stream));
     return r;
 }
 

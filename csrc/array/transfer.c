@@ -194,14 +194,10 @@ out_src:
 int
 cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream)
 {
-    CUcontext prev;
     int r;
 
-    if (cm_da_enter(self, &prev) < 0) {
-        return -1;
-    }
-    r = cm_da_copy_from_run(self, ary, stream);
-    cm_da_leave(self, prev);
+    CM_ENTERED(cm_da_enter, cm_da_leave, self, r, -1,
+               cm_da_copy_from_run(self, ary, stream));
     return r;
 }
 
@@ -345,14 +341,10 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
 PyObject *
 cm_da_copy_to_host_impl(cm_da *self, PyObject *ary, PyObject *stream)
 {
-    CUcontext prev;
     PyObject *r;
 
-    if (cm_da_enter(self, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_da_copy_to_host_impl_run(self, ary, stream);
-    cm_da_leave(self, prev);
+    CM_ENTERED(cm_da_enter, cm_da_leave, self, r, NULL,
+               cm_da_copy_to_host_impl_run(self, ary, stream));
     return r;
 }
 

@@ -877,9 +877,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     uintptr_t addr = 0;
     int attempt;
 
-    if (cm_context_activate(ctx) < 0) {
-        return NULL;
-    }
+    /* ctx is current: cm_mem_alloc_on entered it just before. */
     if (mm->alloc == NULL) {
         /* A Python plugin: its users pay for the call. */
         mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
@@ -943,18 +941,9 @@ PyObject *
 cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
                 CUdeviceptr *out)
 {
-    cm_context *c = ctx;
-    CUcontext prev;
     PyObject *r;
 
-    if (c == NULL) {
-        return cm_mem_alloc_on_run(ctx, size, stream, out);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_mem_alloc_on_run(ctx, size, stream, out);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(ctx, r, NULL, cm_mem_alloc_on_run(ctx, size, stream, out));
     return r;
 }
 

@@ -85,18 +85,10 @@ static PyObject *
 cm_event_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                 PyObject *kwnames)
 {
-    cm_context *c = ((cm_event *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
-    if (c == NULL) {
-        return cm_event_record_run(self, args, nargs, kwnames);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_event_record_run(self, args, nargs, kwnames);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_event *)self)->ctx, r, NULL,
+                  cm_event_record_run(self, args, nargs, kwnames));
     return r;
 }
 
@@ -128,18 +120,10 @@ static PyObject *
 cm_event_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
               PyObject *kwnames)
 {
-    cm_context *c = ((cm_event *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
-    if (c == NULL) {
-        return cm_event_wait_run(self, args, nargs, kwnames);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_event_wait_run(self, args, nargs, kwnames);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_event *)self)->ctx, r, NULL,
+                  cm_event_wait_run(self, args, nargs, kwnames));
     return r;
 }
 
@@ -170,8 +154,6 @@ cm_event_synchronize_run(PyObject *self, PyObject *unused)
 static PyObject *
 cm_event_synchronize(PyObject *self, PyObject *unused)
 {
-    cm_context *c = ((cm_event *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
     /* Before any driver call: on the callback thread even the context
@@ -179,14 +161,8 @@ cm_event_synchronize(PyObject *self, PyObject *unused)
     if (cm_check_not_in_callback("synchronize") < 0) {
         return NULL;
     }
-    if (c == NULL) {
-        return cm_event_synchronize_run(self, unused);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_event_synchronize_run(self, unused);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_event *)self)->ctx, r, NULL,
+                  cm_event_synchronize_run(self, unused));
     return r;
 }
 
@@ -219,18 +195,10 @@ cm_event_query_run(PyObject *self, PyObject *unused)
 static PyObject *
 cm_event_query(PyObject *self, PyObject *unused)
 {
-    cm_context *c = ((cm_event *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
-    if (c == NULL) {
-        return cm_event_query_run(self, unused);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_event_query_run(self, unused);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_event *)self)->ctx, r, NULL,
+                  cm_event_query_run(self, unused));
     return r;
 }
 

@@ -161,8 +161,6 @@ cm_stream_synchronize_run(PyObject *self, PyObject *unused)
 static PyObject *
 cm_stream_synchronize(PyObject *self, PyObject *unused)
 {
-    cm_context *c = ((cm_stream *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
     /* Before any driver call: on the callback thread even the context
@@ -170,14 +168,8 @@ cm_stream_synchronize(PyObject *self, PyObject *unused)
     if (cm_check_not_in_callback("synchronize") < 0) {
         return NULL;
     }
-    if (c == NULL) {
-        return cm_stream_synchronize_run(self, unused);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_stream_synchronize_run(self, unused);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_stream *)self)->ctx, r, NULL,
+                  cm_stream_synchronize_run(self, unused));
     return r;
 }
 
@@ -210,18 +202,10 @@ cm_stream_query_run(PyObject *self, PyObject *unused)
 static PyObject *
 cm_stream_query(PyObject *self, PyObject *unused)
 {
-    cm_context *c = ((cm_stream *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
-    if (c == NULL) {
-        return cm_stream_query_run(self, unused);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_stream_query_run(self, unused);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_stream *)self)->ctx, r, NULL,
+                  cm_stream_query_run(self, unused));
     return r;
 }
 
@@ -293,18 +277,10 @@ static PyObject *
 cm_stream_add_callback(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
-    cm_context *c = ((cm_stream *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
-    if (c == NULL) {
-        return cm_stream_add_callback_run(self, args, nargs, kwnames);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_stream_add_callback_run(self, args, nargs, kwnames);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_stream *)self)->ctx, r, NULL,
+                  cm_stream_add_callback_run(self, args, nargs, kwnames));
     return r;
 }
 
@@ -363,18 +339,10 @@ cm_stream_wait_event_run(PyObject *self, PyObject *event)
 static PyObject *
 cm_stream_wait_event(PyObject *self, PyObject *event)
 {
-    cm_context *c = ((cm_stream *)self)->ctx;
-    CUcontext prev;
     PyObject *r;
 
-    if (c == NULL) {
-        return cm_stream_wait_event_run(self, event);
-    }
-    if (cm_context_enter(c, &prev) < 0) {
-        return NULL;
-    }
-    r = cm_stream_wait_event_run(self, event);
-    cm_context_leave(c, prev);
+    CM_IN_CONTEXT(((cm_stream *)self)->ctx, r, NULL,
+                  cm_stream_wait_event_run(self, event));
     return r;
 }
 
