@@ -19,6 +19,8 @@ typedef struct {
     unsigned long gen;    /* the context's gen; 0: slot empty */
     int busy;             /* taken: between cm_hostval_take and
                            * cm_hostval_queued, or being (re)filled */
+    unsigned long uses;   /* times taken: an event query made with the
+                           * GIL released speaks of the use it began in */
     void *buf;            /* cuMemHostAlloc'd, mapped */
     CUdeviceptr dptr;     /* its address on the device */
     size_t cap;           /* bytes */
@@ -86,6 +88,8 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     int empty = -1;
     int spare = -1;
     cm_hostval *v;
+    unsigned long use;
+    unsigned long spare_use = 0;
     CUresult rc;
 
     if (n > CM_HV_MAX || cm_forked) {
@@ -111,17 +115,22 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         if (v->gen != ctx->gen) {
             continue;
         }
+        use = v->uses;
         rc = CM_CU_RAW(EventQuery, (v->ev));
         /* The GIL may have been released: another thread may have taken
-         * it meanwhile. */
-        if (rc != CUDA_SUCCESS || v->busy || v->gen != ctx->gen) {
+         * it meanwhile, and even used it and recorded its event again
+         * (then the answer is about the old record). */
+        if (rc != CUDA_SUCCESS || v->busy || v->gen != ctx->gen
+            || v->uses != use) {
             continue;
         }
         if (v->cap >= n) {
             v->busy = 1;
+            v->uses++;
             goto found;
         }
         spare = i;
+        spare_use = use;
     }
     if (empty >= 0 && (cm_hv[empty].busy || cm_hv[empty].gen != 0)) {
         empty = -1;        /* another thread took it meanwhile */
@@ -133,8 +142,9 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         cm_hv[empty].busy = 0;
     }
     if (empty < 0 && (spare < 0 || cm_hv[spare].busy
-                      || cm_hv[spare].gen != ctx->gen)) {
-        return -1;
+                      || cm_hv[spare].gen != ctx->gen
+                      || cm_hv[spare].uses != spare_use)) {
+        return -1;          /* none, or the idle one was taken meanwhile */
     }
     if (empty < 0) {
         /* An idle buffer too small: replaced by a larger one. */
@@ -143,6 +153,7 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         i = spare;
         v = &cm_hv[i];
         v->busy = 1;
+        v->uses++;
         old = v->buf;
         v->gen = 0;
         cm_hv_bytes -= v->cap;
@@ -154,6 +165,7 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     }
     i = empty;
     cm_hv[i].busy = 1;
+    cm_hv[i].uses++;
     if (cm_hostval_fill(ctx, i, n) < 0) {
         cm_hv[i].busy = 0;
         return -1;

@@ -140,6 +140,38 @@ cm_async_create(cm_context *ctx)
     return cm_pool_make(ctx, CM_MM_ASYNC);
 }
 
+/* p->mu taken by a thread that may hold the GIL.  Driver calls are made
+ * under the mutex (events of the settle, the put and the retire: alloc,
+ * release, retire, join, stream_gone and trim), so while Python
+ * callbacks are in flight the GIL is released before the mutex is taken
+ * and taken back after it is given back (see cm_gil_yield_needed); the
+ * code between uses no Python object. */
+typedef struct {
+    PyThreadState *ts;
+    int epoch;
+} cm_pool_guard;
+
+static void
+cm_pool_lock(cm_pool *p, cm_pool_guard *g)
+{
+    g->ts = NULL;
+    if (cm_gil_yield_needed()) {
+        g->epoch = cm_driver_call_begin();
+        g->ts = PyEval_SaveThread();
+    }
+    cm_mu_lock(&p->mu);
+}
+
+static void
+cm_pool_unlock(cm_pool *p, cm_pool_guard *g)
+{
+    cm_mu_unlock(&p->mu);
+    if (g->ts != NULL) {
+        PyEval_RestoreThread(g->ts);
+        cm_driver_call_end(g->epoch);
+    }
+}
+
 static void
 cm_pool_destroy(cm_context *ctx)
 {
@@ -315,36 +347,6 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     return CUDA_SUCCESS;
 }
 
-/* p->mu taken by a thread that may hold the GIL.  Driver calls are made
- * under the mutex (events of the settle and the retire), so while Python
- * callbacks are in flight the GIL is released before the mutex is taken
- * and taken back after it is given back (see cm_gil_yield_needed); the
- * code between uses no Python object. */
-typedef struct {
-    PyThreadState *ts;
-    int epoch;
-} cm_pool_guard;
-
-static void
-cm_pool_lock(cm_pool *p, cm_pool_guard *g)
-{
-    g->ts = NULL;
-    if (cm_gil_yield_needed()) {
-        g->epoch = cm_driver_call_begin();
-        g->ts = PyEval_SaveThread();
-    }
-    cm_mu_lock(&p->mu);
-}
-
-static void
-cm_pool_unlock(cm_pool *p, cm_pool_guard *g)
-{
-    cm_mu_unlock(&p->mu);
-    if (g->ts != NULL) {
-        PyEval_RestoreThread(g->ts);
-        cm_driver_call_end(g->epoch);
-    }
-}
 
 /* ------------------------------------------------------------------ */
 /* Allocation and release                                              */
@@ -471,6 +473,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
     cm_pool *p = ctx->pool;
     cm_blk *b = (cm_blk *)handle;
     CUresult rc;
+    cm_pool_guard gd;
 
     (void)stream;
     if (p == NULL || p->dead) {
@@ -484,7 +487,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
             return rc;
         }
     }
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     if (!p->dead) {
         if (kind == CM_REL_POOL_SYNC) {
             cm_blk_drop_waits(p, b);
@@ -493,7 +496,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
         }
         cm_pool_put(p, b);
     }
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     return CUDA_SUCCESS;
 }
 
@@ -659,6 +662,7 @@ static int
 cm_pool_trim(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
+    cm_pool_guard gd;
     cm_seg *segs = NULL;
     CUresult rc = CUDA_SUCCESS;
     const char *fn = "cuMemFree";
@@ -676,12 +680,12 @@ cm_pool_trim(cm_context *ctx)
             return cm_cu_check(rc, "cuCtxSynchronize");
         }
     }
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     if (p->pending != NULL) {
         cm_pool_settle(p);
     }
     cm_pool_collect_free_segs(p, &segs);
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     if (segs != NULL) {
         Py_BEGIN_ALLOW_THREADS
         rc = cm_segs_release(segs);
