@@ -86,9 +86,28 @@ def context():
     ctx.synchronize()
 
 
+def assign_async(counter=[0]):
+    # d[...] = value on a stream reads the value from a mapped buffer
+    # taken for it; buffers taken by threads whose GIL was released in
+    # between must never be shared: each thread reads back its own.
+    counter[0] += 1
+    v = float(counter[0] * 1000 + threading.get_ident() % 997)
+    s = cuda.stream()
+    d = cuda.device_array(64, dtype=np.float64, stream=s)
+    d.copy_to_device(np.zeros(64), stream=s)
+    d[:] = v
+    d[1:9] = np.arange(8.0) + v
+    out = d.copy_to_host(stream=s)
+    s.synchronize()
+    want = np.full(64, v)
+    want[1:9] = np.arange(8.0) + v
+    assert (out == want).all(), (v, out[:10])
+
+
 WORKERS = {"streams": streams, "events": events,
            "device_arrays": device_arrays, "kernels": kernels,
-           "hostmem": hostmem, "context": context}
+           "hostmem": hostmem, "context": context,
+           "assign_async": assign_async}
 
 
 def work(fn):
@@ -117,7 +136,8 @@ print("ok", done[0])
 
 
 @pytest.mark.parametrize("which", ["streams", "events", "device_arrays",
-                                   "kernels", "hostmem", "context", "all"])
+                                   "kernels", "hostmem", "context",
+                                   "assign_async", "all"])
 def test_driver_calls_beside_python_callbacks(which):
     p = run_child(CHILD, timeout=60, args=(which, "1.0"))
     assert p.stdout.startswith("ok"), p.output[-3000:]
