@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""Host memory: pinned allocation (fresh and pooled), registration of an
+"""Host memory: pinned allocation (with the pinned pool off, numba's way,
+and on, cudamem's default), registration of an
 existing array, mapped and managed allocation, and host<->device
 bandwidth from pinned memory.
 
@@ -233,11 +234,11 @@ def _size_name(n):
 
 
 OPS = [
-    {"name": "pinned_array(1 MiB)",
+    {"name": "pinned_array(1 MiB) [pool off]",
      "impls": {"cudamem": _pin_cudamem, "numba": _pin_numba,
                "cupy": _pin_cupy, "torch": _pin_torch,
                "driver": _pin_driver}},
-    {"name": "pinned_array(1 MiB) pooled",
+    {"name": "pinned_array(1 MiB) [default: pooled]",
      "impls": {"cudamem": _pin_cudamem_pooled, "cupy": _pin_cupy,
                "torch": _pin_torch}},
     {"name": "pinned() register 1 MiB",
