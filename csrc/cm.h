@@ -297,8 +297,33 @@ cm_driver_call_end(int e)
  * must not touch Python objects. */
 extern long cm_pycb_live;
 extern _Thread_local int cm_mu_depth;
-extern _Thread_local PyThreadState *cm_yield_ts;
-extern _Thread_local int cm_yield_epoch;
+
+/* The GIL released as one counted driver call: what cm_gil_drop saved,
+ * for cm_gil_take (ts is NULL when nothing was dropped). */
+typedef struct {
+    PyThreadState *ts;
+    int epoch;
+} cm_gil_saved;
+
+/* The save of the call in flight on this thread (CM_GIL_YIELD). */
+extern _Thread_local cm_gil_saved cm_yield_saved;
+
+static inline void
+cm_gil_drop(cm_gil_saved *s)
+{
+    s->epoch = cm_driver_call_begin();
+    s->ts = PyEval_SaveThread();
+}
+
+static inline void
+cm_gil_take(cm_gil_saved *s)
+{
+    if (s->ts != NULL) {
+        PyEval_RestoreThread(s->ts);
+        cm_driver_call_end(s->epoch);
+        s->ts = NULL;
+    }
+}
 
 static inline int
 cm_gil_yield_needed(void)
@@ -310,16 +335,14 @@ cm_gil_yield_needed(void)
 static inline int
 cm_gil_yield_begin(void)
 {
-    cm_yield_epoch = cm_driver_call_begin();
-    cm_yield_ts = PyEval_SaveThread();
+    cm_gil_drop(&cm_yield_saved);
     return 0;
 }
 
 static inline CUresult
 cm_gil_yield_end(CUresult rc)
 {
-    PyEval_RestoreThread(cm_yield_ts);
-    cm_driver_call_end(cm_yield_epoch);
+    cm_gil_take(&cm_yield_saved);
     return rc;
 }
 

@@ -158,9 +158,9 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         v->gen = 0;
         cm_hv_bytes -= v->cap;
         (void)CM_CU_RAW(EventDestroy, (v->ev));
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         (void)CM_CU_RAW(MemFreeHost, (old));
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         empty = i;
     }
     i = empty;

@@ -146,30 +146,21 @@ cm_async_create(cm_context *ctx)
  * callbacks are in flight the GIL is released before the mutex is taken
  * and taken back after it is given back (see cm_gil_yield_needed); the
  * code between uses no Python object. */
-typedef struct {
-    PyThreadState *ts;
-    int epoch;
-} cm_pool_guard;
-
 static void
-cm_pool_lock(cm_pool *p, cm_pool_guard *g)
+cm_pool_lock(cm_pool *p, cm_gil_saved *g)
 {
     g->ts = NULL;
     if (cm_gil_yield_needed()) {
-        g->epoch = cm_driver_call_begin();
-        g->ts = PyEval_SaveThread();
+        cm_gil_drop(g);
     }
     cm_mu_lock(&p->mu);
 }
 
 static void
-cm_pool_unlock(cm_pool *p, cm_pool_guard *g)
+cm_pool_unlock(cm_pool *p, cm_gil_saved *g)
 {
     cm_mu_unlock(&p->mu);
-    if (g->ts != NULL) {
-        PyEval_RestoreThread(g->ts);
-        cm_driver_call_end(g->epoch);
-    }
+    cm_gil_take(g);
 }
 
 static void
@@ -396,7 +387,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     uintptr_t s = cm_stream_key(stream);
     cm_blk *b;
     CUresult rc;
-    cm_pool_guard gd;
+    cm_gil_saved gd;
 
     size = cm_round(size, CM_POOL_ROUND);
     if (size == 0) {
@@ -473,7 +464,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
     cm_pool *p = ctx->pool;
     cm_blk *b = (cm_blk *)handle;
     CUresult rc;
-    cm_pool_guard gd;
+    cm_gil_saved gd;
 
     (void)stream;
     if (p == NULL || p->dead) {
@@ -527,7 +518,7 @@ cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
     cm_blk *b = (cm_blk *)handle;
     CUevent e;
     int i;
-    cm_pool_guard gd;
+    cm_gil_saved gd;
 
     (void)on;
     if (p == NULL) {
@@ -574,7 +565,7 @@ cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
     CUresult rc = CUDA_SUCCESS;
     CUevent e;
     int i;
-    cm_pool_guard gd;
+    cm_gil_saved gd;
 
     (void)handle;
     if (p == NULL || p->dead) {
@@ -608,7 +599,7 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
     uintptr_t s = cm_stream_key(h);
     cm_seg *g;
     cm_blk *b;
-    cm_pool_guard gd;
+    cm_gil_saved gd;
 
     if (p == NULL || cm_stream_handle_is_default(h)) {
         return;
@@ -662,7 +653,7 @@ static int
 cm_pool_trim(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
-    cm_pool_guard gd;
+    cm_gil_saved gd;
     cm_seg *segs = NULL;
     CUresult rc = CUDA_SUCCESS;
     const char *fn = "cuMemFree";

@@ -419,8 +419,7 @@ cm_pycall_free(cm_pycall *pc)
 
 long cm_pycb_live;
 _Thread_local int cm_mu_depth;
-_Thread_local PyThreadState *cm_yield_ts;
-_Thread_local int cm_yield_epoch;
+_Thread_local cm_gil_saved cm_yield_saved;
 
 /* On the driver thread, without the GIL. */
 void

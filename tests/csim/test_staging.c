@@ -50,8 +50,7 @@ cm_context_live(cm_context **out)
  * in the extension): no Python callback is ever in flight here. */
 long cm_pycb_live;
 _Thread_local int cm_mu_depth;
-_Thread_local PyThreadState *cm_yield_ts;
-_Thread_local int cm_yield_epoch;
+_Thread_local cm_gil_saved cm_yield_saved;
 long cm_driver_calls[2];
 unsigned long cm_driver_epoch;
 
