@@ -394,7 +394,7 @@ sim_pointer_attr(const sim_alloc *a, void *data,
     /* Booleans are written as unsigned int, the type the driver uses. */
     switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = (CUcontext)(void *)a->ctx;
+        *(CUcontext *)data = sim_ctx_handle(a->ctx);
         break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned int *)data = host ? CU_MEMORYTYPE_HOST

@@ -115,9 +115,10 @@ sim_DevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         d->primary->dev = dev;
+        d->last = d->primary;
     }
     d->retains++;
-    *pctx = (CUcontext)(void *)d->primary;
+    *pctx = sim_ctx_handle(d->primary);
     sim_unlock();
     return CUDA_SUCCESS;
 }
@@ -186,7 +187,7 @@ sim_CtxGetCurrent(CUcontext *pctx)
     if (pctx == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    *pctx = (CUcontext)(void *)sim_top();
+    *pctx = tls != NULL && tls->n > 0 ? tls->stack[tls->n - 1] : NULL;
     return CUDA_SUCCESS;
 }
 
@@ -208,19 +209,19 @@ sim_stack_put(CUcontext h, int replace)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (replace && t->n > 0) {
-        t->stack[t->n - 1] = (sim_ctx *)(void *)h;
+        t->stack[t->n - 1] = h;
         return CUDA_SUCCESS;
     }
     if (t->n == t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 8;
-        sim_ctx **v = realloc(t->stack, cap * sizeof(*v));
+        CUcontext *v = realloc(t->stack, cap * sizeof(*v));
         if (v == NULL) {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         t->stack = v;
         t->cap = cap;
     }
-    t->stack[t->n++] = (sim_ctx *)(void *)h;
+    t->stack[t->n++] = h;
     return CUDA_SUCCESS;
 }
 
@@ -256,7 +257,7 @@ sim_CtxPopCurrent(CUcontext *pctx)
     }
     tls->n--;
     if (pctx != NULL) {
-        *pctx = (CUcontext)(void *)tls->stack[tls->n];
+        *pctx = tls->stack[tls->n];
     }
     return CUDA_SUCCESS;
 }
@@ -315,7 +316,7 @@ sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
         rc = sim_ctx_check(peerContext);
     }
     if (rc == CUDA_SUCCESS) {
-        peer = (sim_ctx *)(void *)peerContext;
+        peer = sim_ctx_of(peerContext);
         if (peer->dev == c->dev) {
             rc = CUDA_ERROR_INVALID_DEVICE;
         }

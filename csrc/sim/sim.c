@@ -1213,7 +1213,28 @@ sim_tls_get(void)
 sim_ctx *
 sim_top(void)
 {
-    return tls != NULL && tls->n > 0 ? tls->stack[tls->n - 1] : NULL;
+    return tls != NULL && tls->n > 0 ? sim_ctx_of(tls->stack[tls->n - 1])
+                                     : NULL;
+}
+
+CUcontext
+sim_ctx_handle(const sim_ctx *c)
+{
+    return (CUcontext)(void *)&sim.dev[c->dev].handle;
+}
+
+sim_ctx *
+sim_ctx_of(CUcontext h)
+{
+    int d;
+
+    for (d = 0; d < sim.ndev; d++) {
+        if ((uintptr_t)h == (uintptr_t)&sim.dev[d].handle) {
+            return sim.dev[d].primary != NULL ? sim.dev[d].primary
+                                              : sim.dev[d].last;
+        }
+    }
+    return NULL;
 }
 
 /* The current context, or why there is no usable one. */
@@ -1236,17 +1257,15 @@ sim_current(sim_ctx **out)
 CUresult
 sim_ctx_check(CUcontext h)
 {
-    const sim_ctx *c;
     int d;
 
     for (d = 0; d < sim.ndev; d++) {
-        if ((uintptr_t)sim.dev[d].primary == (uintptr_t)h && h != NULL) {
-            return CUDA_SUCCESS;
-        }
-    }
-    for (c = sim.dead; c != NULL; c = c->next_dead) {
-        if ((uintptr_t)c == (uintptr_t)h) {
-            return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        if ((uintptr_t)h == (uintptr_t)&sim.dev[d].handle) {
+            return sim.dev[d].primary != NULL
+                       ? CUDA_SUCCESS
+                       : (sim.dev[d].last != NULL
+                              ? CUDA_ERROR_CONTEXT_IS_DESTROYED
+                              : CUDA_ERROR_INVALID_CONTEXT);
         }
     }
     return CUDA_ERROR_INVALID_CONTEXT;

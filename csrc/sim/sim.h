@@ -56,7 +56,11 @@ typedef struct sim_ipc sim_ipc;
 
 typedef struct sim_mempool sim_mempool;
 
-/* A primary context.  The CUcontext handle is its address. */
+/* One life of a device's primary context, from retain to reset or last
+ * release.  The CUcontext handle is not its address but its device's
+ * (sim_ctx_handle), the same across lives as on the driver: a thread
+ * whose current context was reset sees the handle destroyed until
+ * someone retains the context again, and then uses the new life. */
 struct sim_ctx {
     int dev;                /* device ordinal */
     int destroyed;          /* set once by reset/release; never freed */
@@ -241,6 +245,8 @@ struct sim_mempool {
 /* One simulated device. */
 typedef struct {
     sim_ctx *primary;       /* the live primary context, or NULL */
+    sim_ctx *last;          /* the latest life, live or destroyed */
+    unsigned char handle;   /* its address is the primary's CUcontext */
     int retains;            /* primary context retain count */
     unsigned int flags;     /* primary context flags (always 0) */
     size_t used;            /* bytes charged against sim.capacity */
@@ -273,7 +279,7 @@ typedef struct {
 
 /* What the simulator keeps per thread. */
 typedef struct {
-    sim_ctx **stack;        /* the context stack, top last */
+    CUcontext *stack;       /* the context stack, top last */
     size_t n;               /* its depth */
     size_t cap;             /* allocated entries */
     sim_ptds *ptds;         /* per-thread default streams */
@@ -486,6 +492,13 @@ CUresult sim_current(sim_ctx **out);
 
 /* Whether h is a live context, a destroyed one, or no context at all. */
 CUresult sim_ctx_check(CUcontext h);
+
+/* The CUcontext of c's device's primary context. */
+CUcontext sim_ctx_handle(const sim_ctx *c);
+
+/* The latest life of the context h names (live or destroyed), or NULL
+ * when h names none. */
+sim_ctx *sim_ctx_of(CUcontext h);
 
 /* ------------------------------------------------------------------ */
 /* Streams and operations (lock held unless noted)                     */

@@ -531,14 +531,18 @@ group_contexts(void)
     EXPECT(cu.CtxPushCurrent(c0), CUDA_ERROR_CONTEXT_IS_DESTROYED);
     OK(cu.CtxGetCurrent(&cur));
     CHECK(cur == c0);
-    OK(cu.CtxPopCurrent(&old));
-    CHECK(old == c0);
-    /* A new retain makes a new context with all memory free. */
+    /* A new retain makes a new context with all memory free, under the
+     * same handle, as the driver does: the thread that kept the old one
+     * current uses the new one without a push. */
     OK(cu.DevicePrimaryCtxRetain(&c0b, 0));
-    CHECK(c0b != c0);
-    OK(cu.CtxPushCurrent(c0b));
+    CHECK(c0b == c0);
+    OK(cu.CtxGetDevice(&dev));
+    CHECK(dev == 0);
     OK(cu.MemGetInfo(&freeb, &total));
     CHECK(freeb == total);
+    OK(cu.CtxPopCurrent(&old));
+    CHECK(old == c0);
+    OK(cu.CtxPushCurrent(c0b));
     EXPECT(cu.MemFree(d), CUDA_ERROR_INVALID_VALUE);
     /* The peer access went with the old context. */
     OK(cu.CtxSetCurrent(c1));
