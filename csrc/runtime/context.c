@@ -68,6 +68,28 @@ cm_context_make_manager(cm_context *c)
     return 0;
 }
 
+/* The handle each device's primary context had when cudamem last
+ * retained it.  The driver keeps that handle across resets (a thread
+ * whose current context was reset still has it current, destroyed until
+ * someone retains the context again), so a current context found here is
+ * known to be device i's primary without asking the driver, whose answer
+ * about a context being reset by another thread is not to be relied on. */
+static CUcontext cm_primary_seen[CM_MAX_DEVICES];
+
+/* The device whose primary context cudamem knew as h, or -1. */
+static int
+cm_primary_device(CUcontext h)
+{
+    int i;
+
+    for (i = 0; h != NULL && i < CM_MAX_DEVICES && i < cm_ndev; i++) {
+        if (cm_primary_seen[i] == h) {
+            return i;
+        }
+    }
+    return -1;
+}
+
 /* The Context of device i, retaining its primary context if needed.
  * Borrowed reference. */
 cm_context *
@@ -126,6 +148,7 @@ again:
     }
     c->device = (cm_device *)Py_NewRef(d);
     c->handle = h;
+    cm_primary_seen[i] = h;
     c->alive = 1;
     c->pycalls = 0;
     c->total_mem = total;
@@ -192,6 +215,35 @@ cm_context_current(void)
 again:
     if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
         return NULL;
+    }
+    c = cur != NULL ? cm_context_find(cur) : NULL;
+    if (c != NULL) {
+        return c;
+    }
+    i = cm_primary_device(cur);
+    if (i >= 0) {
+        /* A primary context of cudamem's, closed since (close(),
+         * Device.reset(), maybe by another thread) and still current
+         * here. */
+        if (cm_resetting[i]
+            && cm_resetter[i] != PyThread_get_thread_ident()) {
+            PyErr_Format(PyExc_ValueError,
+                         "the context of device %d was closed or reset "
+                         "by another thread", i);
+            return NULL;
+        }
+        c = cm_context_get(i);
+        if (c == NULL) {
+            return NULL;
+        }
+        if (c->handle != cur) {
+            /* A driver that gave the fresh context a new handle: it
+             * replaces the dead one on this thread's stack. */
+            if (CM_CU(CtxSetCurrent, (c->handle)) < 0) {
+                return NULL;
+            }
+        }
+        return c;
     }
     /* A context destroyed while current here (Device.reset(), another
      * thread's close(), another library's reset) is popped, as close()

@@ -150,6 +150,44 @@ def test_device_reset_spares_the_other_devices(ndev):
     assert np.array_equal(b1.copy_to_host(), np.arange(3.0))
 
 
+def test_thread_keeps_its_device_across_another_threads_reset(ndev):
+    """A thread with device 1 current, whose context the main thread
+    resets: its next call gets device 1's fresh context (the driver keeps
+    the primary context's handle across a reset, so the thread still has
+    it current), not device 0's."""
+    ready = threading.Event()
+    go = threading.Event()
+    out = {}
+
+    def work():
+        try:
+            cuda.select_device(1)
+            old = cuda.current_context()
+            cuda.stream().synchronize()
+            ready.set()
+            go.wait(30)
+            s = cuda.stream()
+            d = cuda.to_device(np.arange(4.0), stream=s)
+            out["dev"] = cuda.current_context().device.id
+            out["fresh"] = cuda.current_context() is not old
+            out["array_dev"] = dl_device(d)
+            out["values"] = d.copy_to_host(stream=s).tolist()
+            cuda.close()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            out["error"] = e
+            ready.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    assert ready.wait(30)
+    cuda.gpus[1].reset()
+    go.set()
+    t.join(60)
+    assert "error" not in out, out
+    assert out == {"dev": 1, "fresh": True, "array_dev": 1,
+                   "values": [0.0, 1.0, 2.0, 3.0]}
+
+
 def test_close_resets_every_device():
     run_child("""
         import numpy as np, cudamem as cuda
