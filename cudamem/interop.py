@@ -100,18 +100,12 @@ class CupyAdapter:
         self.pinned = pinned
         self._previous = cupy.cuda.get_allocator()
         self._active = False
-
-    def malloc(self, size):
-        """CuPy's allocator: ``size`` bytes for CuPy's current stream."""
-        cupy = self._cupy
-        dev = cupy.cuda.runtime.getDevice()
-        if size == 0:
-            return cupy.cuda.MemoryPointer(
-                cupy.cuda.UnownedMemory(0, 0, None, dev), 0)
-        stream = cupy.cuda.get_current_stream().ptr
-        owner = _core._client_alloc(dev, size, stream, _CUPY)
-        mem = cupy.cuda.UnownedMemory(owner.ptr, size, owner, dev)
-        return cupy.cuda.MemoryPointer(mem, 0)
+        #: CuPy's allocator: ``malloc(size)`` gives ``size`` bytes for
+        #: CuPy's current stream from the current context's manager, as a
+        #: ``cupy.cuda.MemoryPointer`` (in C, around CuPy's own classes).
+        self.malloc = _core._cupy_allocator(
+            cupy.cuda.get_current_stream, cupy.cuda.UnownedMemory,
+            cupy.cuda.MemoryPointer)
 
     def pinned_malloc(self, size):
         """CuPy's pinned allocator: cudamem's pinned memory."""

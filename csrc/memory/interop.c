@@ -12,6 +12,7 @@
  *   allocation is released (stream-ordered for the pool manager).
  * - The per-device, per-client byte counters behind memory_stats()'s
  *   "by_client" and the out-of-memory message.
+ * - CuPy's allocator, a C function over CuPy's own classes;
  * - cudamem_torch_alloc / cudamem_torch_free, the entry points of
  *   PyTorch's CUDAPluggableAllocator, exported from the extension with
  *   default visibility, and the table (address -> ClientAllocation) that
@@ -410,6 +411,143 @@ cm_client_stats_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ------------------------------------------------------------------ */
+/* CuPy's allocator                                                    */
+/* ------------------------------------------------------------------ */
+
+/* CuPy's allocator (what cupy.cuda.set_allocator calls with a size): size
+ * bytes for CuPy's current stream from the current context's manager,
+ * counted for CuPy, as a cupy.cuda.MemoryPointer over an UnownedMemory
+ * that keeps the ClientAllocation.  self is the tuple that
+ * _cupy_allocator made: (cupy.cuda.get_current_stream,
+ * cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer).  In C so that an
+ * allocation costs CuPy's own calls and no Python frame. */
+static PyObject *
+cm_cupy_malloc(PyObject *self, PyObject *arg)
+{
+    PyObject *get_stream = PyTuple_GET_ITEM(self, 0);
+    PyObject *unowned = PyTuple_GET_ITEM(self, 1);
+    PyObject *memptr = PyTuple_GET_ITEM(self, 2);
+    PyObject *owner = NULL;
+    PyObject *st = NULL;
+    PyObject *sp = NULL;
+    PyObject *a[4] = {NULL, NULL, NULL, NULL};
+    PyObject *mem = NULL;
+    PyObject *r = NULL;
+    cm_context *ctx;
+    CUstream stream;
+    CUdeviceptr ptr = 0;
+    Py_ssize_t size = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "negative allocation size %zd",
+                     size);
+        return NULL;
+    }
+    ctx = cm_context_current();
+    if (ctx == NULL) {
+        return NULL;
+    }
+    if (size > 0) {
+        st = PyObject_CallNoArgs(get_stream);
+        sp = st == NULL ? NULL : PyObject_GetAttr(st, cm_st->str_ptr);
+        if (sp == NULL) {
+            goto out;
+        }
+        stream = (CUstream)PyLong_AsVoidPtr(sp);
+        if (stream == NULL && PyErr_Occurred()) {
+            goto out;
+        }
+        owner = cm_client_alloc(NULL, (size_t)size, stream, CM_CLIENT_CUPY);
+        if (owner == NULL) {
+            goto out;
+        }
+        ptr = ((cm_client_mem *)owner)->ptr;
+    }
+    a[0] = PyLong_FromUnsignedLongLong(ptr);
+    a[1] = PyLong_FromSsize_t(size);
+    a[2] = owner != NULL ? owner : Py_None;
+    a[3] = PyLong_FromLong(ctx->device->id);
+    if (a[0] == NULL || a[1] == NULL || a[3] == NULL) {
+        goto out;
+    }
+    mem = PyObject_Vectorcall(unowned, a, 4, NULL);
+    if (mem == NULL) {
+        goto out;
+    }
+    Py_SETREF(a[1], PyLong_FromLong(0));
+    if (a[1] == NULL) {
+        goto out;
+    }
+    {
+        PyObject *b[2] = {mem, a[1]};
+
+        r = PyObject_Vectorcall(memptr, b, 2, NULL);
+    }
+
+out:
+    Py_XDECREF(a[0]);
+    Py_XDECREF(a[1]);
+    Py_XDECREF(a[3]);
+    Py_XDECREF(mem);
+    Py_XDECREF(owner);
+    Py_XDECREF(sp);
+    Py_XDECREF(st);
+    return r;
+}
+
+static PyMethodDef cm_cupy_malloc_def = {
+    "cupy_malloc", cm_cupy_malloc, METH_O,
+    "cupy_malloc(size, /)\n--\n\n"
+    "CuPy's allocator installed by cudamem.interop.use_with_cupy(): size "
+    "bytes for CuPy's current stream from the current context's cudamem "
+    "memory manager, counted for CuPy; a cupy.cuda.MemoryPointer.",
+};
+
+PyDoc_STRVAR(cm_cupy_allocator_doc,
+"_cupy_allocator(get_current_stream, UnownedMemory, MemoryPointer, /)\n"
+"--\n\n"
+"CuPy's allocator over cudamem, made in C around CuPy's own "
+"cupy.cuda.get_current_stream, cupy.cuda.UnownedMemory and "
+"cupy.cuda.MemoryPointer (passed in: cudamem imports no library).");
+
+static PyObject *
+cm_cupy_allocator_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *t;
+    PyObject *f;
+    Py_ssize_t i;
+
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError,
+                     "_cupy_allocator() takes 3 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    for (i = 0; i < 3; i++) {
+        if (!PyCallable_Check(args[i])) {
+            PyErr_Format(PyExc_TypeError,
+                         "_cupy_allocator() argument %zd must be callable, "
+                         "not %.100s", i + 1, Py_TYPE(args[i])->tp_name);
+            return NULL;
+        }
+    }
+    t = PyTuple_New(3);
+    if (t == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < 3; i++) {
+        PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
+    }
+    (void)mod;
+    f = PyCFunction_NewEx(&cm_cupy_malloc_def, t, NULL);
+    Py_DECREF(t);
+    return f;
+}
+
+/* ------------------------------------------------------------------ */
 /* PyTorch's pluggable allocator                                       */
 /* ------------------------------------------------------------------ */
 
@@ -570,6 +708,8 @@ static PyMethodDef cm_interop_functions[] = {
      (PyCFunction)(void (*)(void))cm_torch_last_error_fn, METH_FASTCALL,
      cm_torch_last_error_doc},
     {"_torch_live", cm_torch_live_fn, METH_NOARGS, cm_torch_live_doc},
+    {"_cupy_allocator", (PyCFunction)(void (*)(void))cm_cupy_allocator_fn,
+     METH_FASTCALL, cm_cupy_allocator_doc},
     {NULL, NULL, 0, NULL},
 };
 

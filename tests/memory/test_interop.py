@@ -387,6 +387,56 @@ def test_cupy_adapter_with_a_stand_in(ctx, monkeypatch):
     adapter.undo()                           # a second undo does nothing
 
 
+def test_cupy_allocator_bad_input_leaks_nothing(ctx, monkeypatch):
+    """The C allocator refuses bad sizes and passes on what CuPy's own
+    callables raise, without keeping the memory it had taken."""
+    fake = _fake_cupy(cudamem.get_current_device().id)
+    with pytest.raises(TypeError, match="3 arguments"):
+        _core._cupy_allocator(fake.cuda.get_current_stream)
+    with pytest.raises(TypeError, match="callable"):
+        _core._cupy_allocator(1, fake.cuda.UnownedMemory,
+                              fake.cuda.MemoryPointer)
+    before = by_client()["cupy"]
+    malloc = _core._cupy_allocator(fake.cuda.get_current_stream,
+                                   fake.cuda.UnownedMemory,
+                                   fake.cuda.MemoryPointer)
+    with pytest.raises(ValueError, match="negative"):
+        malloc(-1)
+    with pytest.raises(TypeError):
+        malloc("10")
+    with pytest.raises(OverflowError):
+        malloc(2 ** 70)
+
+    def raising():
+        raise RuntimeError("no stream")
+
+    class NoPtr:
+        pass
+
+    class BadMemory:
+        def __init__(self, *args):
+            raise RuntimeError("refused")
+
+    for parts, exc in (((raising, fake.cuda.UnownedMemory,
+                         fake.cuda.MemoryPointer), "no stream"),
+                       ((NoPtr, fake.cuda.UnownedMemory,
+                         fake.cuda.MemoryPointer), "ptr"),
+                       ((fake.cuda.get_current_stream, BadMemory,
+                         fake.cuda.MemoryPointer), "refused"),
+                       ((fake.cuda.get_current_stream,
+                         fake.cuda.UnownedMemory, BadMemory), "refused")):
+        bad = _core._cupy_allocator(*parts)
+        with pytest.raises((RuntimeError, AttributeError), match=exc):
+            bad(4096)
+        gc.collect()
+        assert by_client()["cupy"] == before
+    mp = malloc(256)
+    assert by_client()["cupy"] == before + 256
+    del mp
+    gc.collect()
+    assert by_client()["cupy"] == before
+
+
 def test_cupy_adapter_installed_twice_restores_the_original(ctx,
                                                             monkeypatch):
     fake = _fake_cupy(cudamem.get_current_device().id)
