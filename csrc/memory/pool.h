@@ -128,6 +128,30 @@ extern int cm_pool_poison;
 /* CUDAMEM_ASYNC_RELEASE_THRESHOLD: the async pool's threshold. */
 extern cuuint64_t cm_async_threshold;
 
+/* p->mu, taken by a thread that may hold the GIL.  Its holders make
+ * driver calls (the events of the settle, the put and the retire), and
+ * a driver call can wait for a Python stream callback that waits for the
+ * GIL; so while callbacks are in flight the GIL is released before the
+ * mutex is taken and taken back after it is given back (see
+ * cm_gil_yield_needed).  Every taker of p->mu goes through these; the
+ * code between uses no Python object. */
+static inline void
+cm_pool_lock(cm_pool *p, cm_gil_saved *g)
+{
+    g->ts = NULL;
+    if (cm_gil_yield_needed()) {
+        cm_gil_drop(g);
+    }
+    cm_mu_lock(&p->mu);
+}
+
+static inline void
+cm_pool_unlock(cm_pool *p, cm_gil_saved *g)
+{
+    cm_mu_unlock(&p->mu);
+    cm_gil_take(g);
+}
+
 /* ------------------------------------------------------------------ */
 /* Events (mutex held)                                                 */
 /* ------------------------------------------------------------------ */

@@ -127,6 +127,7 @@ cm_pool_limit_fn(PyObject *mod, PyObject *args)
     cm_context *c = NULL;
     cm_pool *p;
     size_t n;
+    cm_gil_saved gd;
 
     (void)mod;
     if (!PyArg_ParseTuple(args, "O|O:_pool_limit", &o, &v)
@@ -138,9 +139,9 @@ cm_pool_limit_fn(PyObject *mod, PyObject *args)
         if (n == (size_t)-1 && PyErr_Occurred()) {
             return NULL;
         }
-        cm_mu_lock(&p->mu);
+        cm_pool_lock(p, &gd);
         p->limit = n;
-        cm_mu_unlock(&p->mu);
+        cm_pool_unlock(p, &gd);
     }
     return PyLong_FromSize_t(p->limit);
 }
@@ -227,17 +228,18 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
     cm_seg *g;
     PyObject *lg;
     PyObject *r;
+    cm_gil_saved gd;
 
     (void)mod;
     if ((p = cm_pool_arg(arg, &c)) == NULL) {
         return NULL;
     }
     c->mm_builtin->stats(c, &reserved, &free_b, &largest);
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     for (g = p->segs; g != NULL; g = g->next) {
         nseg++;
     }
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     lg = largest < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(largest);
     if (lg == NULL) {
         return NULL;

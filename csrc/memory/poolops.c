@@ -140,29 +140,6 @@ cm_async_create(cm_context *ctx)
     return cm_pool_make(ctx, CM_MM_ASYNC);
 }
 
-/* p->mu taken by a thread that may hold the GIL.  Driver calls are made
- * under the mutex (events of the settle, the put and the retire: alloc,
- * release, retire, join, stream_gone and trim), so while Python
- * callbacks are in flight the GIL is released before the mutex is taken
- * and taken back after it is given back (see cm_gil_yield_needed); the
- * code between uses no Python object. */
-static void
-cm_pool_lock(cm_pool *p, cm_gil_saved *g)
-{
-    g->ts = NULL;
-    if (cm_gil_yield_needed()) {
-        cm_gil_drop(g);
-    }
-    cm_mu_lock(&p->mu);
-}
-
-static void
-cm_pool_unlock(cm_pool *p, cm_gil_saved *g)
-{
-    cm_mu_unlock(&p->mu);
-    cm_gil_take(g);
-}
-
 static void
 cm_pool_destroy(cm_context *ctx)
 {
@@ -178,11 +155,12 @@ cm_pool_destroy(cm_context *ctx)
     CUcontext popped;
     CUmemoryPool mp;
     int pushed = 0;
+    cm_gil_saved gd;
 
     if (p == NULL || p->dead) {
         return;
     }
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     p->dead = 1;
     all = p->segs;
     p->segs = NULL;
@@ -211,7 +189,7 @@ cm_pool_destroy(cm_context *ctx)
     p->nevents = 0;
     p->capevents = 0;
     mp = p->mempool;
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     if (p->export_fd >= 0) {
         /* Importers can no longer take it; what they imported stays. */
         close(p->export_fd);
@@ -287,6 +265,7 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     CUdeviceptr base = 0;
     CUresult rc;
     cm_blk *b;
+    cm_gil_saved gd;
 
     if (small) {
         want = CM_POOL_SMALL_SEG;
@@ -296,10 +275,10 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
         exact = cm_round(size, CM_POOL_LARGE_ROUND);
         want = size < CM_POOL_LARGE_OWN ? CM_POOL_LARGE_SEG : exact;
     }
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     reserved = p->reserved;
     limit = p->limit;
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     if (limit != 0 && want > limit - (reserved < limit ? reserved : limit)) {
         want = exact;
         if (want > limit - (reserved < limit ? reserved : limit)) {
@@ -318,15 +297,15 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
         Py_DECREF(ctx);
         return rc;
     }
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     if (p->dead) {
         /* Closed meanwhile: the context's reset took the memory. */
-        cm_mu_unlock(&p->mu);
+        cm_pool_unlock(p, &gd);
         Py_DECREF(ctx);
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
     b = cm_pool_add_seg(p, base, want, small, size, s);
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     Py_DECREF(ctx);
     if (b == NULL) {
         Py_BEGIN_ALLOW_THREADS
@@ -841,6 +820,7 @@ cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
     cm_pool *p = ctx->pool;
     size_t a;
     size_t b;
+    cm_gil_saved gd;
 
     *reserved = 0;
     *free_b = 0;
@@ -848,13 +828,13 @@ cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
     if (p == NULL || p->dead) {
         return;
     }
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     *reserved = p->reserved;
     *free_b = p->free_bytes;
     a = cm_bins_largest(&p->small);
     b = cm_bins_largest(&p->large);
     *largest = (long long)(a > b ? a : b);
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
 }
 
 /* One block as cm_pool_segments copies it out (mutex held). */
@@ -882,13 +862,14 @@ cm_pool_segments(cm_context *ctx)
     cm_blk *b;
     PyObject *list;
     PyObject *blocks = NULL;
+    cm_gil_saved gd;
 
     list = PyList_New(0);
     if (list == NULL || p == NULL || p->dead || p->kind != CM_MM_POOL) {
         return list;
     }
     /* Copied out under the mutex, turned into objects after it. */
-    cm_mu_lock(&p->mu);
+    cm_pool_lock(p, &gd);
     for (g = p->segs; g != NULL; g = g->next) {
         ns++;
         for (b = g->first; b != NULL; b = b->next) {
@@ -914,7 +895,7 @@ cm_pool_segments(cm_context *ctx)
             }
         }
     }
-    cm_mu_unlock(&p->mu);
+    cm_pool_unlock(p, &gd);
     if (v == NULL || base == NULL || size == NULL || small == NULL) {
         PyErr_NoMemory();
         goto err_free;

@@ -104,10 +104,21 @@ def assign_async(counter=[0]):
     assert (out == want).all(), (v, out[:10])
 
 
+def pool_stats(counter=[0]):
+    # Allocations of changing sizes (the pool manager grows) and
+    # memory_stats(): both take the pool's mutex, which other threads hold
+    # across driver calls.
+    counter[0] += 1
+    n = (1 << 20) * (1 + counter[0] % 7) + 64 * (counter[0] % 13)
+    d = cuda.device_array(n, dtype=np.uint8)
+    cuda.memory_stats()
+    del d
+
+
 WORKERS = {"streams": streams, "events": events,
            "device_arrays": device_arrays, "kernels": kernels,
            "hostmem": hostmem, "context": context,
-           "assign_async": assign_async}
+           "assign_async": assign_async, "pool_stats": pool_stats}
 
 
 def work(fn):
@@ -137,7 +148,7 @@ print("ok", done[0])
 
 @pytest.mark.parametrize("which", ["streams", "events", "device_arrays",
                                    "kernels", "hostmem", "context",
-                                   "assign_async", "all"])
+                                   "assign_async", "pool_stats", "all"])
 def test_driver_calls_beside_python_callbacks(which):
     p = run_child(CHILD, timeout=60, args=(which, "1.0"))
     assert p.stdout.startswith("ok"), p.output[-3000:]
