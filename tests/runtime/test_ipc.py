@@ -36,6 +36,11 @@ class Child:
         theirs.close()
 
     def call(self, op, *args):
+        # Nothing orders the other process after this one's queued work,
+        # and a small to_device returns before its data lands (as the
+        # driver's copy of pageable memory does): the H200, with eight
+        # test processes sharing it, once had the child read zeros.
+        cuda.synchronize()
         self.conn.send((op,) + args)
         if not self.conn.poll(60):
             raise TimeoutError("the child did not answer %s" % op)
