@@ -9,6 +9,12 @@ library's own column its own allocator):
 - ``torch.empty(256) [use_with_torch]``: PyTorch's; the adapter must be
   installed before PyTorch's first allocation, so cudamem's timing comes
   from a subprocess (as the ``[pool]`` rows of ops_alloc do);
+- ``torch.empty(256) [pluggable floor]``: the same under a
+  ``CUDAPluggableAllocator`` that does nearly nothing (torch_floor.c,
+  compiled at run time: a stack of freed blocks over one region that
+  cudamem allocates first), in the driver column: what PyTorch's
+  pluggable-allocator interface costs by itself, the floor of any
+  allocator behind it;
 - ``numba device_array(256) [plugin]``: numba's, the plugin named by
   NUMBA_CUDA_MEMORY_MANAGER in a subprocess;
 - ``peak reserved MiB, mixed``: a workload that uses CuPy, then PyTorch,
@@ -66,6 +72,10 @@ def _measure(which, repeats=31):
 
         def fn():
             torch.empty(N, device="cuda")
+    elif which == "torch_floor":
+        import torch
+
+        fn = _torch_floor(torch)
     elif which == "numba":
         import numpy as np
         from numba import cuda
@@ -78,6 +88,36 @@ def _measure(which, repeats=31):
     else:
         raise ValueError(which)
     return harness.time_callable(fn, repeats=repeats)
+
+
+def _torch_floor(torch):
+    """Install torch_floor.c's allocator in this process (before
+    PyTorch's first CUDA allocation); the allocate-and-drop to time."""
+    import ctypes
+    import shutil
+    import tempfile
+
+    import cudamem
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise harness.Skip("no C compiler to build torch_floor.c")
+    out = pathlib.Path(tempfile.mkdtemp()) / "torch_floor.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out),
+                    str(HERE / "torch_floor.c")], check=True)
+    region = cudamem.current_context().memalloc(64 * MIB)
+    lib = ctypes.CDLL(str(out))
+    lib.floor_init.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    lib.floor_init(region.device_pointer, 64 * MIB)
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        str(out), "floor_alloc", "floor_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+    _torch_floor.keep = (region, lib, alloc)
+
+    def fn():
+        torch.empty(N, device="cuda")
+
+    return fn
 
 
 def _used():
@@ -242,6 +282,9 @@ OPS = [
      "impls": {"cudamem": _adapter("cupy"), "cupy": _cupy}},
     {"name": "torch.empty(256) [use_with_torch]",
      "impls": {"cudamem": _adapter("torch"), "torch": _torch}},
+    {"name": "torch.empty(256) [pluggable floor] (drv: no-op pluggable)",
+     "impls": {"cudamem": _adapter("torch"), "torch": _torch,
+               "driver": _adapter("torch_floor")}},
     {"name": "numba device_array(256) [plugin]",
      "impls": {"cudamem": _adapter("numba", NUMBA_PLUGIN),
                "numba": _numba}},
