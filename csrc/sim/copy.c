@@ -170,6 +170,44 @@ sim_submit_async_copy(sim_op *op, const sim_side *dst, const sim_side *src,
     return rc;
 }
 
+/* A synchronous copy from pageable host memory to the device, as the
+ * driver makes it: the default stream's earlier work is waited for, the
+ * source is consumed (copied into a snapshot the op owns), and the call
+ * returns then, before the bytes land on the device: work on the
+ * default stream (and on the streams that synchronise with it) sees
+ * them, anything else (a non-blocking stream, another process through
+ * IPC) may not yet.  CUDAMEM_SIM_DELAY_US widens that window.  Lock
+ * held; always consumes op. */
+static CUresult
+sim_submit_pageable_upload(sim_op *op, const char *sp)
+{
+    sim_stream *s;
+    CUresult rc;
+    size_t span = (op->u.copy.depth - 1) * op->u.copy.sslice
+                  + (op->u.copy.height - 1) * op->u.copy.spitch
+                  + op->u.copy.width;
+
+    op->u.copy.owned = malloc(span);
+    if (op->u.copy.owned == NULL) {
+        sim_op_free(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(op->u.copy.owned, sp, span);
+    op->u.copy.src = op->u.copy.owned;
+    rc = sim_stream_get(NULL, &s);
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        return rc;
+    }
+    rc = sim_enqueue(s, op);
+    if (rc == CUDA_SUCCESS && s->submitted > 1) {
+        sim_driver_lock_take();
+        rc = sim_wait(s, s->submitted - 1);
+        sim_driver_lock_give();
+    }
+    return rc;
+}
+
 /* Every copy: dst <- src, w bytes by h rows by d slices. */
 static CUresult
 sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
@@ -210,8 +248,16 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
             op->u.copy.dslice = d > 1 ? dst->pitch * dst->height : 0;
             op->u.copy.sslice = d > 1 ? src->pitch * src->height : 0;
             op->u.copy.owned = NULL;
-            rc = sync ? sim_submit(op, hs, 1)
-                      : sim_submit_async_copy(op, dst, src, dp, sp, hs);
+            if (sync && sim_side_pageable(src, sp)
+                && !sim_side_pageable(dst, dp)
+                && sim_alloc_find_any((uintptr_t)dp) != NULL
+                && sim_alloc_find_any((uintptr_t)dp)->kind == SIM_MEM_DEVICE) {
+                rc = sim_submit_pageable_upload(op, sp);
+            }
+            else {
+                rc = sync ? sim_submit(op, hs, 1)
+                          : sim_submit_async_copy(op, dst, src, dp, sp, hs);
+            }
         }
     }
     sim_unlock();

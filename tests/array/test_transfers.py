@@ -278,3 +278,32 @@ def test_oom_is_memory_error(ctx, simulator):
     free, total = ctx.get_memory_info()
     with pytest.raises(MemoryError):
         cuda.device_array(total + 1, dtype=np.uint8)
+
+
+@pytest.mark.sim
+def test_small_to_device_returns_before_the_data_lands():
+    """As the driver's synchronous copy of pageable memory: to_device of
+    a small array returns once the host bytes are taken, before they
+    land on the device; work on the default stream (and cuda.synchronize())
+    comes after them.  The simulator slows each device operation by
+    CUDAMEM_SIM_DELAY_US, so the landing is late enough to see."""
+    from helpers import run_child
+
+    p = run_child("""
+        import time
+        import numpy as np
+        import cudamem as cuda
+        cuda.current_context()
+        h = np.arange(64, dtype=np.float32)
+        t0 = time.perf_counter()
+        d = cuda.to_device(h)
+        h[:] = -1                       # the bytes were taken: no effect
+        returned = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cuda.synchronize()
+        landed = time.perf_counter() - t0
+        assert (d.copy_to_host() == np.arange(64, dtype=np.float32)).all()
+        print(returned, landed)
+    """, env={"CUDAMEM_SIM_DELAY_US": "400000"})
+    returned, landed = map(float, p.stdout.split())
+    assert returned < 0.2 and landed > 0.2, (returned, landed)
