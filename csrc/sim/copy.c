@@ -127,6 +127,27 @@ sim_side_pageable(const sim_side *sd, const char *first)
     return sim_alloc_find_any((uintptr_t)first) == NULL;
 }
 
+/* Copy a pageable source into a snapshot that op owns and reads from
+ * instead, as the driver consumes pageable memory before the call
+ * returns.  Lock held; frees op and returns OUT_OF_MEMORY on failure. */
+static CUresult
+sim_copy_snapshot(sim_op *op, const char *sp)
+{
+    /* Validated not to overflow by sim_side_check. */
+    size_t span = (op->u.copy.depth - 1) * op->u.copy.sslice
+                  + (op->u.copy.height - 1) * op->u.copy.spitch
+                  + op->u.copy.width;
+
+    op->u.copy.owned = malloc(span);
+    if (op->u.copy.owned == NULL) {
+        sim_op_free(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(op->u.copy.owned, sp, span);
+    op->u.copy.src = op->u.copy.owned;
+    return CUDA_SUCCESS;
+}
+
 /* Queue an asynchronous copy as the driver does with pageable host
  * memory: a pageable source is consumed before the call returns (here:
  * copied into a snapshot the op owns), and a copy into pageable memory
@@ -138,25 +159,15 @@ sim_submit_async_copy(sim_op *op, const sim_side *dst, const sim_side *src,
 {
     sim_stream *s;
     CUresult rc;
-    size_t span;
     int wait_after = sim_side_pageable(dst, dp);
 
     if (wait_after && tls_worker != NULL) {
         sim_op_free(op);
         return CUDA_ERROR_NOT_PERMITTED;
     }
-    if (sim_side_pageable(src, sp)) {
-        /* Validated not to overflow by sim_side_check. */
-        span = (op->u.copy.depth - 1) * op->u.copy.sslice
-               + (op->u.copy.height - 1) * op->u.copy.spitch
-               + op->u.copy.width;
-        op->u.copy.owned = malloc(span);
-        if (op->u.copy.owned == NULL) {
-            sim_op_free(op);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        memcpy(op->u.copy.owned, sp, span);
-        op->u.copy.src = op->u.copy.owned;
+    if (sim_side_pageable(src, sp)
+        && (rc = sim_copy_snapshot(op, sp)) != CUDA_SUCCESS) {
+        return rc;
     }
     rc = sim_stream_get(hs, &s);
     if (rc != CUDA_SUCCESS) {
@@ -182,18 +193,11 @@ static CUresult
 sim_submit_pageable_upload(sim_op *op, const char *sp)
 {
     sim_stream *s;
-    CUresult rc;
-    size_t span = (op->u.copy.depth - 1) * op->u.copy.sslice
-                  + (op->u.copy.height - 1) * op->u.copy.spitch
-                  + op->u.copy.width;
+    CUresult rc = sim_copy_snapshot(op, sp);
 
-    op->u.copy.owned = malloc(span);
-    if (op->u.copy.owned == NULL) {
-        sim_op_free(op);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc != CUDA_SUCCESS) {
+        return rc;
     }
-    memcpy(op->u.copy.owned, sp, span);
-    op->u.copy.src = op->u.copy.owned;
     rc = sim_stream_get(NULL, &s);
     if (rc != CUDA_SUCCESS) {
         sim_op_free(op);
@@ -215,6 +219,7 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
 {
     sim_ctx *c;
     sim_op *op;
+    const sim_alloc *dst_alloc;
     char *dp = NULL, *sp = NULL;
     CUresult rc;
 
@@ -248,10 +253,9 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
             op->u.copy.dslice = d > 1 ? dst->pitch * dst->height : 0;
             op->u.copy.sslice = d > 1 ? src->pitch * src->height : 0;
             op->u.copy.owned = NULL;
-            if (sync && sim_side_pageable(src, sp)
-                && !sim_side_pageable(dst, dp)
-                && sim_alloc_find_any((uintptr_t)dp) != NULL
-                && sim_alloc_find_any((uintptr_t)dp)->kind == SIM_MEM_DEVICE) {
+            dst_alloc = sim_alloc_find_any((uintptr_t)dp);
+            if (sync && sim_side_pageable(src, sp) && dst_alloc != NULL
+                && dst_alloc->kind == SIM_MEM_DEVICE) {
                 rc = sim_submit_pageable_upload(op, sp);
             }
             else {
