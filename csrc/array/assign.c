@@ -334,8 +334,10 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
             }
             if (cur != d->ctx) {
                 far = cm_context_can_access_peer(cur, d->ctx->device->id);
-                if (far < 0 || (far && cm_context_enable_peer(cur, d->ctx)
-                                       < 0)) {
+                if (far < 0 || (far && (cm_context_enable_peer(cur, d->ctx)
+                                            < 0
+                                        || cm_wait_other_default(d->ctx, h)
+                                               < 0))) {
                     goto out_rhs;
                 }
                 far = !far;

@@ -261,6 +261,13 @@ cm_da *cm_as_device_source(PyObject *obj);
  * dst's current (the caller's).  Complete when it returns. */
 int cm_copy_via_host(cm_da *dst, cm_da *src, CUstream h, int async);
 
+/* Order the work queued next on h (a stream of the current context)
+ * after what the default stream of another context, src, has queued so
+ * far: a synchronous to_device there returns before its bytes land (as
+ * the driver's pageable copy does), and nothing orders this context's
+ * streams after another's.  0, or -1 with an exception. */
+int cm_wait_other_default(cm_context *src, CUstream h);
+
 /* cm_da_copy_from_run with the array's context current. */
 int cm_da_copy_from(cm_da *self, PyObject *ary, PyObject *stream);
 

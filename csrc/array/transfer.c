@@ -72,6 +72,31 @@ out_free_buf:
     return rc;
 }
 
+int
+cm_wait_other_default(cm_context *src, CUstream h)
+{
+    CUcontext prev;
+    CUevent ev = NULL;
+    int rc;
+
+    if (cm_context_enter(src, &prev) < 0) {
+        return -1;
+    }
+    rc = CM_CU(EventCreate, (&ev, CU_EVENT_DISABLE_TIMING));
+    if (rc == 0) {
+        rc = CM_CU(EventRecord, (ev, NULL));
+    }
+    cm_context_leave(src, prev);
+    if (rc == 0) {
+        rc = CM_CU(StreamWaitEvent, (h, ev, 0));
+    }
+    if (ev != NULL) {
+        /* The driver keeps it until the wait is over. */
+        (void)CM_CU_RAW(EventDestroy, (ev));
+    }
+    return rc;
+}
+
 /* dst <- src, arrays of two devices, dst's context current: a peer copy
  * (peer access enabled on first need) when the devices have peer access,
  * else staged through pinned host memory. */
@@ -94,7 +119,8 @@ cm_copy_across(cm_da *dst, cm_da *src, CUstream h, int async)
     if (!can) {
         return cm_copy_via_host(dst, src, h, async);
     }
-    if (cm_context_enable_peer(dst->ctx, src->ctx) < 0) {
+    if (cm_context_enable_peer(dst->ctx, src->ctx) < 0
+        || cm_wait_other_default(src->ctx, h) < 0) {
         return -1;
     }
     if ((dst->c_contig && src->c_contig)

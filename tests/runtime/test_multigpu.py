@@ -512,3 +512,31 @@ def test_internal_kernel_on_another_device_leaves_the_current_one(ndev):
     assert _core._current_device_id() == 0
     out = on(1, d1.copy_to_host)
     np.testing.assert_array_equal(out, np.broadcast_to(np.arange(8.0), (8, 8)))
+
+
+@pytest.mark.sim
+def test_copy_from_another_device_waits_for_its_upload():
+    """A synchronous to_device returns before its bytes land; a copy or
+    assignment from that array on another device must come after them,
+    though nothing orders one context's streams after another's.  The
+    simulator's CUDAMEM_SIM_DELAY_US keeps the upload in flight."""
+    run_child("""
+        import numpy as np
+        import cudamem as cuda
+        full = np.arange(48.0).reshape(6, 8)
+        for layout in (full, np.asfortranarray(full)):
+            with cuda.gpus[0]:
+                src = cuda.to_device(layout)
+            with cuda.gpus[1]:
+                s = cuda.stream()
+                dst = cuda.device_array_like(layout)
+                dst.copy_to_device(src, stream=s)
+                s.synchronize()
+                assert (dst.copy_to_host() == layout).all()
+        with cuda.gpus[0]:
+            src = cuda.to_device(np.arange(8, dtype=np.int32))
+        with cuda.gpus[1]:
+            dst = cuda.to_device(np.zeros((2, 8), np.int32))
+            dst[1] = src
+            assert (dst.copy_to_host()[1] == np.arange(8)).all()
+    """, env={"CUDAMEM_SIM_DEVICES": "2", "CUDAMEM_SIM_DELAY_US": "20000"})
