@@ -9,6 +9,10 @@ library's own column its own allocator):
 - ``torch.empty(256) [use_with_torch]``: PyTorch's; the adapter must be
   installed before PyTorch's first allocation, so cudamem's timing comes
   from a subprocess (as the ``[pool]`` rows of ops_alloc do);
+- ``torch.empty(256) [torch_mempool]``: PyTorch's allocate-and-drop
+  inside ``torch.cuda.use_mem_pool(interop.torch_mempool())``: PyTorch's
+  caching allocator takes its segments from cudamem and caches blocks
+  within them;
 - ``torch.empty(256) [pluggable floor]``: the same under a
   ``CUDAPluggableAllocator`` that does nearly nothing (torch_floor.c,
   compiled at run time: a stack of freed blocks over one region that
@@ -69,6 +73,18 @@ def _measure(which, repeats=31):
         from cudamem import interop
 
         interop.use_with_torch()
+
+        def fn():
+            torch.empty(N, device="cuda")
+    elif which == "torch_mempool":
+        import torch
+
+        from cudamem import interop
+
+        pool = interop.torch_mempool()
+        scope = torch.cuda.use_mem_pool(pool)
+        scope.__enter__()
+        _measure.keep = (pool, scope)
 
         def fn():
             torch.empty(N, device="cuda")
@@ -282,6 +298,8 @@ OPS = [
      "impls": {"cudamem": _adapter("cupy"), "cupy": _cupy}},
     {"name": "torch.empty(256) [use_with_torch]",
      "impls": {"cudamem": _adapter("torch"), "torch": _torch}},
+    {"name": "torch.empty(256) [torch_mempool]",
+     "impls": {"cudamem": _adapter("torch_mempool"), "torch": _torch}},
     {"name": "torch.empty(256) [pluggable floor] (drv: no-op pluggable)",
      "impls": {"cudamem": _adapter("torch"), "torch": _torch,
                "driver": _adapter("torch_floor")}},
