@@ -161,9 +161,6 @@ typedef struct cm_state {
      * notifier; made on first use (runtime/callbacks.c) */
     PyObject *get_running_loop;
     PyObject *notifiers;
-    /* address (int) -> ClientAllocation, for cudamem_torch_free; NOTE:
-     * guarded by the GIL (memory/interop.c) */
-    PyObject *torch_table;
     /* the exception of the last failed cudamem_torch_alloc, or NULL;
      * NOTE: guarded by the GIL */
     PyObject *torch_error;
@@ -473,10 +470,20 @@ typedef struct {
                            * NOTE: freed only with the Context object */
     cm_pending *memq;     /* strong: the memory manager's release queue */
     cm_pending *ctxq;     /* strong: streams, events, modules */
+    /* The counters of memory_stats(): two sets, whose sums it reports.
+     * st_*: the allocations made with the GIL held (guarded by it);
+     * lane_*: those PyTorch's entry points make and release without it
+     * (interop.c; guarded by its lane mutex).  Each side writes its own
+     * with atomic stores and reads the other's with atomic loads. */
     size_t st_bytes;      /* device bytes allocated and not yet released */
-    size_t st_peak;       /* the most st_bytes has been */
+    size_t st_peak;       /* the most the two sets' bytes have been, as
+                           * seen by an allocation with the GIL */
     size_t st_count;      /* live device allocations */
     size_t st_total_count;  /* device allocations ever made */
+    size_t lane_bytes;
+    size_t lane_peak;     /* the same as seen by the lane */
+    size_t lane_count;
+    size_t lane_total_count;
     size_t st_pinned;     /* pinned host bytes allocated */
     /* [d]: gen of device d's context that this one enabled peer access
      * to (0: none); stale once that context is reset */

@@ -23,7 +23,7 @@ cm_state *cm_st;
  * Interned strings and small constants cannot be in a cycle: free drops
  * them, traverse and clear skip them. */
 #define CM_STATE_OBJECTS(X)                                            \
-    X(torch_table) X(torch_error) X(notifiers) X(get_running_loop)     \
+    X(torch_error) X(notifiers) X(get_running_loop)                    \
     X(Device_type) X(Context_type) X(Mem_type) X(Pending_type)         \
     X(DeviceNDArrayBase_type) X(DeviceNDArray_type)                    \
     X(DeviceRecord_type) X(IpcMemory_type) X(IpcHandleBase_type)       \

@@ -203,7 +203,9 @@ def use_with_torch():
     stream)``), through ``torch.cuda.memory.change_current_allocator``.
     Each allocation comes from the manager of cudamem's context of that
     device, for that stream; ``memory_stats()["by_client"]["torch"]``
-    counts it.
+    counts it.  With the ``pool`` manager, allocations the pool can serve
+    from what it holds, and frees, take neither the GIL nor a Python
+    object.
 
     This must run before PyTorch's first CUDA allocation: PyTorch
     refuses to swap an allocator that has already been used (a

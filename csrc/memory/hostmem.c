@@ -644,12 +644,7 @@ unpooled:
     if (m->kind == CM_HM_MANAGED) {
         m->host = addr;
         m->dptr = (CUdeviceptr)addr;
-        ctx->st_bytes += m->size;
-        ctx->st_count++;
-        ctx->st_total_count++;
-        if (ctx->st_bytes > ctx->st_peak) {
-            ctx->st_peak = ctx->st_bytes;
-        }
+        cm_ctx_count_alloc(ctx, m->size);
         cm_hist_note(CM_HIST_ALLOC, CM_HIST_MANAGED, ctx, 0, addr, m->size);
         return 0;
     }

@@ -49,7 +49,6 @@ static size_t cm_client_bytes[CM_MAX_DEVICES][CM_CLIENT_N];
  * cudamem_torch_free and the last failed cudamem_torch_alloc's exception:
  * fields of the module state (cm.h), which says how they are guarded. */
 #define cm_client_type (cm_st->client_type)
-#define cm_torch_table (cm_st->torch_table)
 #define cm_torch_error (cm_st->torch_error)
 
 /* One device allocation held by another library. */
@@ -280,6 +279,21 @@ cm_client_alloc_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 /* Statistics                                                          */
 /* ------------------------------------------------------------------ */
 
+/* The bytes client holds on device id, whose current context is ctx:
+ * its ClientAllocations', and with lane, for PyTorch, those of ctx's
+ * lane (which memory_stats()'s st_bytes does not count). */
+static size_t
+cm_client_held(cm_context *ctx, int id, int client, int lane)
+{
+    size_t held = id >= 0 && id < CM_MAX_DEVICES ? cm_client_bytes[id][client]
+                                                 : 0;
+
+    if (lane && client == CM_CLIENT_TORCH) {
+        held += __atomic_load_n(&ctx->lane_bytes, __ATOMIC_RELAXED);
+    }
+    return held;
+}
+
 PyObject *
 cm_interop_by_client(cm_context *ctx)
 {
@@ -294,8 +308,7 @@ cm_interop_by_client(cm_context *ctx)
         return NULL;
     }
     for (i = 0; i < CM_CLIENT_N; i++) {
-        held = id >= 0 && id < CM_MAX_DEVICES ? cm_client_bytes[id][i] : 0;
-        tagged += held;
+        tagged += cm_client_held(ctx, id, i, 0);
     }
     v = PyLong_FromSize_t(ctx->st_bytes > tagged ? ctx->st_bytes - tagged
                                                  : 0);
@@ -304,7 +317,7 @@ cm_interop_by_client(cm_context *ctx)
     }
     Py_DECREF(v);
     for (i = 0; i < CM_CLIENT_N; i++) {
-        held = id >= 0 && id < CM_MAX_DEVICES ? cm_client_bytes[id][i] : 0;
+        held = cm_client_held(ctx, id, i, 1);
         v = PyLong_FromSize_t(held);
         if (v == NULL || PyDict_SetItemString(d, cm_client_names[i], v) < 0) {
             goto err;
@@ -341,8 +354,7 @@ cm_interop_oom_note(cm_context *ctx, PyObject *exc)
         goto out;
     }
     for (i = 0; i < CM_CLIENT_N; i++) {
-        size_t held = id >= 0 && id < CM_MAX_DEVICES
-                          ? cm_client_bytes[id][i] : 0;
+        size_t held = cm_client_held(ctx, id, i, 1);
         PyObject *s;
 
         if (held == 0) {
@@ -548,6 +560,292 @@ cm_cupy_allocator_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ------------------------------------------------------------------ */
+/* PyTorch's allocations: the lanes and the table                      */
+/* ------------------------------------------------------------------ */
+
+/* A lane: cudamem's context of one device whose manager allocates
+ * without the GIL (mm->take: the pool manager), from which
+ * cudamem_torch_alloc takes blocks, and to which cudamem_torch_free
+ * gives them back, with no Python object and no GIL.  It outlives its
+ * context's close or reset while entries of the table name it: they
+ * are dropped then (the pool is dead), never used. */
+typedef struct {
+    cm_context *ctx;      /* strong; taken and dropped with the GIL */
+    CUcontext handle;     /* ctx->handle */
+    int retired;          /* no longer cm_lanes[its device] */
+    size_t holds;         /* table entries and calls in flight that use
+                           * it; the last to let go of a retired lane
+                           * frees it */
+} cm_lane;
+
+/* One allocation PyTorch holds. */
+typedef struct {
+    uintptr_t ptr;        /* its address, the key; 0: an empty slot */
+    size_t size;          /* the bytes PyTorch asked for */
+    CUstream stream;      /* the stream it was allocated for */
+    cm_lane *lane;        /* the lane it came from, with the manager's
+                           * release handle: */
+    uintptr_t handle;
+    PyObject *obj;        /* else its ClientAllocation (strong; the GIL
+                           * drops it) */
+} cm_torch_ent;
+
+/* Guards the lanes' fields, cm_lanes, the table and the lane_* counters
+ * of contexts.  No driver call and no Python call is made while it is
+ * held. */
+static pthread_mutex_t cm_lane_mu = PTHREAD_MUTEX_INITIALIZER;
+static cm_lane *cm_lanes[CM_MAX_DEVICES];
+/* The table: open addressing, linear probing, capacity a power of two
+ * (0 before the first entry), at most half full. */
+static cm_torch_ent *cm_torch_tab;
+static size_t cm_torch_cap;
+static size_t cm_torch_n;
+
+/* Whether the extension is ready for the entry points (set once). */
+static int cm_interop_ready;
+
+static size_t
+cm_torch_home(uintptr_t ptr)
+{
+    return (size_t)(((uint64_t)ptr * 0x9E3779B97F4A7C15ull) >> 32)
+           & (cm_torch_cap - 1);
+}
+
+/* Add e (lane mutex held); 0, or -1 when out of host memory. */
+static int
+cm_torch_put(const cm_torch_ent *e)
+{
+    size_t i;
+
+    if ((cm_torch_n + 1) * 2 > cm_torch_cap) {
+        size_t cap = cm_torch_cap ? cm_torch_cap * 2 : 64;
+        cm_torch_ent *old = cm_torch_tab;
+        size_t oldcap = cm_torch_cap;
+        cm_torch_ent *t = calloc(cap, sizeof(*t));
+        size_t k;
+
+        if (t == NULL) {
+            return -1;
+        }
+        cm_torch_tab = t;
+        cm_torch_cap = cap;
+        for (k = 0; k < oldcap; k++) {
+            if (old[k].ptr != 0) {
+                for (i = cm_torch_home(old[k].ptr); t[i].ptr != 0;
+                     i = (i + 1) & (cap - 1)) {
+                }
+                t[i] = old[k];
+            }
+        }
+        free(old);
+    }
+    for (i = cm_torch_home(e->ptr); cm_torch_tab[i].ptr != 0;
+         i = (i + 1) & (cm_torch_cap - 1)) {
+    }
+    cm_torch_tab[i] = *e;
+    cm_torch_n++;
+    return 0;
+}
+
+/* The slot of ptr, or -1 (lane mutex held). */
+static long
+cm_torch_find(uintptr_t ptr)
+{
+    size_t i;
+
+    if (cm_torch_cap == 0) {
+        return -1;
+    }
+    for (i = cm_torch_home(ptr); cm_torch_tab[i].ptr != 0;
+         i = (i + 1) & (cm_torch_cap - 1)) {
+        if (cm_torch_tab[i].ptr == ptr) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+/* Empty slot i, moving back the entries after it that probed past it
+ * (lane mutex held). */
+static void
+cm_torch_drop_slot(size_t i)
+{
+    size_t mask = cm_torch_cap - 1;
+    size_t j = i;
+    size_t k;
+
+    for (;;) {
+        j = (j + 1) & mask;
+        if (cm_torch_tab[j].ptr == 0) {
+            break;
+        }
+        k = cm_torch_home(cm_torch_tab[j].ptr);
+        /* The entry at j stays when its home lies cyclically in (i, j]. */
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) {
+            continue;
+        }
+        cm_torch_tab[i] = cm_torch_tab[j];
+        i = j;
+    }
+    memset(&cm_torch_tab[i], 0, sizeof(cm_torch_tab[i]));
+    cm_torch_n--;
+}
+
+/* Count size bytes taken (add) or given back in ctx's lane_* counters
+ * (lane mutex held). */
+static void
+cm_lane_count(cm_context *ctx, size_t size, int add)
+{
+    size_t b = add ? ctx->lane_bytes + size : ctx->lane_bytes - size;
+    size_t all;
+
+    __atomic_store_n(&ctx->lane_bytes, b, __ATOMIC_RELAXED);
+    if (!add) {
+        __atomic_store_n(&ctx->lane_count, ctx->lane_count - 1,
+                         __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_store_n(&ctx->lane_count, ctx->lane_count + 1,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&ctx->lane_total_count, ctx->lane_total_count + 1,
+                     __ATOMIC_RELAXED);
+    all = b + __atomic_load_n(&ctx->st_bytes, __ATOMIC_RELAXED);
+    if (all > ctx->lane_peak) {
+        __atomic_store_n(&ctx->lane_peak, all, __ATOMIC_RELAXED);
+    }
+}
+
+/* Let go of one hold on lane.  A retired lane that nobody holds any
+ * more drops its context, which needs the GIL: gil says whether the
+ * caller holds it, else it is taken here (or, while the interpreter
+ * finalises, the context is left alone). */
+static void
+cm_lane_release(cm_lane *lane, int gil)
+{
+    PyGILState_STATE g;
+    int last;
+
+    cm_mu_lock(&cm_lane_mu);
+    last = --lane->holds == 0 && lane->retired;
+    cm_mu_unlock(&cm_lane_mu);
+    if (!last) {
+        return;
+    }
+    if (gil) {
+        Py_DECREF(lane->ctx);
+    }
+    else if (Py_IsInitialized() && !Py_IsFinalizing()) {
+        g = PyGILState_Ensure();
+        Py_DECREF(lane->ctx);
+        PyGILState_Release(g);
+    }
+    free(lane);
+}
+
+/* The lane of ctx, held once for the caller; made (and the device's
+ * previous lane retired) when ctx is not the device's lane yet.  GIL
+ * held.  NULL with MemoryError. */
+static cm_lane *
+cm_lane_attach(cm_context *ctx)
+{
+    int id = ctx->device->id;
+    cm_lane *lane;
+    cm_lane *old = NULL;
+    int drop_old = 0;
+
+    cm_mu_lock(&cm_lane_mu);
+    lane = cm_lanes[id];
+    if (lane != NULL && lane->ctx == ctx) {
+        lane->holds++;
+        cm_mu_unlock(&cm_lane_mu);
+        return lane;
+    }
+    cm_mu_unlock(&cm_lane_mu);
+    lane = calloc(1, sizeof(*lane));
+    if (lane == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    lane->ctx = (cm_context *)Py_NewRef(ctx);
+    lane->handle = ctx->handle;
+    lane->holds = 2;      /* cm_lanes' and the caller's */
+    cm_mu_lock(&cm_lane_mu);
+    old = cm_lanes[id];
+    cm_lanes[id] = lane;
+    if (old != NULL) {
+        old->retired = 1;
+        drop_old = --old->holds == 0;
+    }
+    cm_mu_unlock(&cm_lane_mu);
+    if (drop_old) {
+        Py_DECREF(old->ctx);
+        free(old);
+    }
+    return lane;
+}
+
+void
+cm_interop_context_closing(cm_context *ctx)
+{
+    int id = ctx->device->id;
+    cm_lane *lane;
+    int last = 0;
+
+    if (id < 0 || id >= CM_MAX_DEVICES) {
+        return;
+    }
+    cm_mu_lock(&cm_lane_mu);
+    lane = cm_lanes[id];
+    if (lane != NULL && lane->ctx == ctx) {
+        cm_lanes[id] = NULL;
+        lane->retired = 1;
+        last = --lane->holds == 0;
+    }
+    cm_mu_unlock(&cm_lane_mu);
+    if (last) {
+        Py_DECREF(lane->ctx);
+        free(lane);
+    }
+}
+
+/* Make lane's context current on this thread: 1 when it was pushed (pop
+ * it after), 0 when it already was, -1 when the driver refused. */
+static int
+cm_lane_enter(cm_lane *lane)
+{
+    CUcontext cur = NULL;
+
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS) {
+        return -1;
+    }
+    if (cur == lane->handle) {
+        return 0;
+    }
+    return CM_CU_RAW(CtxPushCurrent, (lane->handle)) == CUDA_SUCCESS ? 1
+                                                                  : -1;
+}
+
+static void
+cm_lane_leave(int pushed)
+{
+    CUcontext popped;
+
+    if (pushed == 1) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+    }
+}
+
+/* Whether a lane may serve this thread now: not while the history
+ * records (it notes with the GIL), not on a driver callback thread (no
+ * driver call there), not in a forked child. */
+static int
+cm_lane_usable(void)
+{
+    return !cm_forked && !__atomic_load_n(&cm_hist_on, __ATOMIC_RELAXED)
+           && !cm_on_driver_thread();
+}
+
+/* ------------------------------------------------------------------ */
 /* PyTorch's pluggable allocator                                       */
 /* ------------------------------------------------------------------ */
 
@@ -563,62 +861,240 @@ static int
 cm_interop_python_ok(void)
 {
     return Py_IsInitialized() && !Py_IsFinalizing() && cm_st != NULL
-           && cm_torch_table != NULL;
+           && cm_interop_ready;
+}
+
+/* The lane's allocation, without the GIL: 1 with *out set, or 0 when
+ * only the path with the GIL can serve it. */
+static int
+cm_torch_alloc_lane(size_t size, int device, CUstream stream, void **out)
+{
+    cm_torch_ent e;
+    cm_lane *lane;
+    cm_context *ctx;
+    CUdeviceptr p = 0;
+    uintptr_t h = 0;
+    CUresult rc;
+    int epoch;
+    int pushed;
+    int ok = 0;
+
+    if (device < 0 || device >= CM_MAX_DEVICES || !cm_lane_usable()) {
+        return 0;
+    }
+    /* Counted from here: a close of the context on another thread waits
+     * for this call before its driver objects go. */
+    epoch = cm_driver_call_begin();
+    cm_mu_lock(&cm_lane_mu);
+    lane = cm_lanes[device];
+    if (lane != NULL) {
+        lane->holds++;
+    }
+    cm_mu_unlock(&cm_lane_mu);
+    if (lane == NULL) {
+        cm_driver_call_end(epoch);
+        return 0;
+    }
+    ctx = lane->ctx;
+    if (__atomic_load_n(&ctx->mm, __ATOMIC_RELAXED) != ctx->mm_builtin
+        || (pushed = cm_lane_enter(lane)) < 0) {
+        cm_driver_call_end(epoch);
+        cm_lane_release(lane, 0);
+        return 0;
+    }
+    rc = ctx->mm_builtin->take(ctx, size, stream, &p, &h);
+    if (rc == CUDA_SUCCESS) {
+        e.ptr = (uintptr_t)p;
+        e.size = size;
+        e.stream = stream;
+        e.lane = lane;
+        e.handle = h;
+        e.obj = NULL;
+        cm_mu_lock(&cm_lane_mu);
+        ok = cm_torch_put(&e) == 0;
+        if (ok) {
+            /* The entry keeps the hold this call took. */
+            cm_lane_count(ctx, size, 1);
+        }
+        cm_mu_unlock(&cm_lane_mu);
+        if (!ok) {
+            (void)ctx->mm_builtin->release(ctx, ctx->mm_builtin->rel, h,
+                                           stream);
+        }
+    }
+    cm_lane_leave(pushed);
+    cm_driver_call_end(epoch);
+    if (!ok) {
+        cm_lane_release(lane, 0);
+        return 0;
+    }
+    *out = (void *)(uintptr_t)p;
+    return 1;
+}
+
+/* The allocation with the GIL held: through the lane of the device's
+ * context when its manager has one (made or renewed here), else a
+ * ClientAllocation.  The address, or 0 with an exception. */
+static uintptr_t
+cm_torch_alloc_gil(size_t size, int device, CUstream stream)
+{
+    cm_torch_ent e;
+    cm_context *ctx;
+    cm_lane *lane;
+    PyObject *dev;
+    PyObject *o;
+    CUdeviceptr p = 0;
+    uintptr_t h = 0;
+    int err;
+    int r;
+
+    if (device < 0) {
+        PyErr_Format(PyExc_ValueError, "invalid device %d", device);
+        return 0;
+    }
+    dev = PyLong_FromLong(device);
+    if (dev == NULL) {
+        return 0;
+    }
+    ctx = cm_context_of_device(dev);
+    if (ctx == NULL) {
+        Py_DECREF(dev);
+        return 0;
+    }
+    memset(&e, 0, sizeof(e));
+    e.size = size;
+    e.stream = stream;
+    if (ctx->mm != ctx->mm_builtin || ctx->mm->take == NULL || cm_forked) {
+        o = cm_client_alloc(dev, size, stream, CM_CLIENT_TORCH);
+        Py_DECREF(dev);
+        if (o == NULL) {
+            return 0;
+        }
+        e.ptr = ((cm_client_mem *)o)->ptr;
+        e.obj = o;
+        cm_mu_lock(&cm_lane_mu);
+        err = cm_torch_put(&e);
+        cm_mu_unlock(&cm_lane_mu);
+        if (err < 0) {
+            Py_DECREF(o);
+            PyErr_NoMemory();
+            return 0;
+        }
+        return e.ptr;
+    }
+    Py_DECREF(dev);
+    lane = cm_lane_attach(ctx);
+    if (lane == NULL) {
+        return 0;
+    }
+    CM_IN_CONTEXT(ctx, r, -1, cm_mem_alloc_raw(ctx, size, stream, &p, &h));
+    if (r < 0) {
+        cm_lane_release(lane, 1);
+        return 0;
+    }
+    e.ptr = (uintptr_t)p;
+    e.lane = lane;
+    e.handle = h;
+    cm_mu_lock(&cm_lane_mu);
+    err = cm_torch_put(&e);
+    if (err == 0) {
+        cm_lane_count(ctx, size, 1);
+    }
+    cm_mu_unlock(&cm_lane_mu);
+    if (err < 0) {
+        cm_ctx_release_uncounted(ctx, ctx->mm_builtin->rel, h, size, stream);
+        cm_lane_release(lane, 1);
+        PyErr_NoMemory();
+        return 0;
+    }
+    cm_hist_note(CM_HIST_ALLOC, CM_HIST_DEVICE, ctx, (uintptr_t)stream,
+                 e.ptr, size);
+    return e.ptr;
 }
 
 /* PyTorch's alloc: size bytes on device for stream from that device's
  * cudamem manager, or NULL (the exception is kept for
- * _torch_last_error()). */
+ * _torch_last_error()).  The lane serves it without the GIL when it
+ * can. */
 CM_EXPORT void *
 cudamem_torch_alloc(size_t size, int device, CUstream stream)
 {
     PyGILState_STATE g;
     PyObject *saved;
-    PyObject *dev = NULL;
-    PyObject *o = NULL;
-    PyObject *key = NULL;
     void *r = NULL;
 
     if (size == 0 || size > (size_t)PY_SSIZE_T_MAX
         || !cm_interop_python_ok()) {
         return NULL;
     }
+    if (cm_torch_alloc_lane(size, device, stream, &r)) {
+        return r;
+    }
     g = PyGILState_Ensure();
     saved = PyErr_GetRaisedException();
-    if (!cm_interop_python_ok()) {
-        goto out;
+    if (cm_interop_python_ok()) {
+        r = (void *)cm_torch_alloc_gil(size, device, stream);
+        if (r == NULL) {
+            Py_XSETREF(cm_torch_error, PyErr_GetRaisedException());
+        }
     }
-    if (device < 0) {
-        PyErr_Format(PyExc_ValueError, "invalid device %d", device);
-        goto err;
-    }
-    dev = PyLong_FromLong(device);
-    if (dev == NULL) {
-        goto err;
-    }
-    o = cm_client_alloc(dev, size, stream, CM_CLIENT_TORCH);
-    if (o == NULL) {
-        goto err;
-    }
-    key = PyLong_FromUnsignedLongLong(((cm_client_mem *)o)->ptr);
-    if (key == NULL || PyDict_SetItem(cm_torch_table, key, o) < 0) {
-        goto err;
-    }
-    r = (void *)(uintptr_t)((cm_client_mem *)o)->ptr;
-    goto out;
-
-err:
-    Py_XSETREF(cm_torch_error, PyErr_GetRaisedException());
-out:
-    Py_XDECREF(dev);
-    Py_XDECREF(key);
-    Py_XDECREF(o);
     PyErr_SetRaisedException(saved);
     PyGILState_Release(g);
     return r;
 }
 
-/* PyTorch's free: drop the ClientAllocation of ptr (its release is
+/* Give back the memory of lane entry e, taken out of the table (its
+ * bytes no longer counted), on this thread without the GIL when
+ * nothing needs it: 1, or 0 when it must be done with the GIL. */
+static int
+cm_torch_free_lane(const cm_torch_ent *e)
+{
+    cm_context *ctx = e->lane->ctx;
+    int epoch;
+    int pushed;
+
+    if (!cm_lane_usable() || cm_ctx_deferring(ctx)) {
+        return 0;
+    }
+    epoch = cm_driver_call_begin();
+    if (__atomic_load_n(&ctx->alive, __ATOMIC_SEQ_CST)) {
+        pushed = cm_lane_enter(e->lane);
+        if (pushed < 0) {
+            cm_driver_call_end(epoch);
+            return 0;
+        }
+        /* The pool checks that it still lives before it touches the
+         * block. */
+        (void)ctx->mm_builtin->release(ctx, ctx->mm_builtin->rel,
+                                       e->handle, e->stream);
+        cm_lane_leave(pushed);
+    }
+    cm_driver_call_end(epoch);
+    cm_lane_release(e->lane, 0);
+    return 1;
+}
+
+/* The same with the GIL held: the release goes through the context's
+ * queue (held by defer_cleanup(), kept for later on a driver callback
+ * thread), and the history notes it. */
+static void
+cm_torch_free_gil(const cm_torch_ent *e)
+{
+    cm_context *ctx;
+
+    if (e->obj != NULL) {
+        Py_DECREF(e->obj);
+        return;
+    }
+    ctx = e->lane->ctx;
+    cm_hist_note(CM_HIST_FREE, CM_HIST_DEVICE, ctx, (uintptr_t)e->stream,
+                 e->ptr, e->size);
+    cm_ctx_release_uncounted(ctx, ctx->mm_builtin->rel, e->handle, e->size,
+                             e->stream);
+    cm_lane_release(e->lane, 1);
+}
+
+/* PyTorch's free: give back the allocation at ptr (its release is
  * ordered on the stream it was allocated for).  Unknown addresses are
  * ignored. */
 CM_EXPORT void
@@ -626,8 +1102,8 @@ cudamem_torch_free(void *ptr, size_t size, int device, CUstream stream)
 {
     PyGILState_STATE g;
     PyObject *saved;
-    PyObject *key;
-    PyObject *o = NULL;
+    cm_torch_ent e;
+    long i;
 
     (void)size;
     (void)device;
@@ -635,19 +1111,23 @@ cudamem_torch_free(void *ptr, size_t size, int device, CUstream stream)
     if (ptr == NULL || !cm_interop_python_ok()) {
         return;
     }
+    cm_mu_lock(&cm_lane_mu);
+    i = cm_torch_find((uintptr_t)ptr);
+    if (i >= 0) {
+        e = cm_torch_tab[i];
+        cm_torch_drop_slot((size_t)i);
+        if (e.lane != NULL) {
+            cm_lane_count(e.lane->ctx, e.size, 0);
+        }
+    }
+    cm_mu_unlock(&cm_lane_mu);
+    if (i < 0 || (e.lane != NULL && cm_torch_free_lane(&e))) {
+        return;
+    }
     g = PyGILState_Ensure();
     saved = PyErr_GetRaisedException();
     if (cm_interop_python_ok()) {
-        key = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)ptr);
-        if (key != NULL) {
-            o = PyDict_GetItemWithError(cm_torch_table, key);
-            Py_XINCREF(o);
-            if (o != NULL && PyDict_DelItem(cm_torch_table, key) < 0) {
-                Py_XSETREF(cm_torch_error, PyErr_GetRaisedException());
-            }
-        }
-        Py_XDECREF(key);
-        Py_XDECREF(o);
+        cm_torch_free_gil(&e);
         PyErr_Clear();
     }
     PyErr_SetRaisedException(saved);
@@ -690,9 +1170,14 @@ PyDoc_STRVAR(cm_torch_live_doc,
 static PyObject *
 cm_torch_live_fn(PyObject *mod, PyObject *unused)
 {
+    size_t n;
+
     (void)mod;
     (void)unused;
-    return PyLong_FromSsize_t(PyDict_GET_SIZE(cm_torch_table));
+    cm_mu_lock(&cm_lane_mu);
+    n = cm_torch_n;
+    cm_mu_unlock(&cm_lane_mu);
+    return PyLong_FromSize_t(n);
 }
 
 /* ------------------------------------------------------------------ */
@@ -724,11 +1209,9 @@ cm_interop_init(PyObject *mod, cm_state *st)
                                  (PyObject *)cm_client_type) < 0) {
         return -1;
     }
-    if (cm_torch_table == NULL) {
-        cm_torch_table = PyDict_New();
-        if (cm_torch_table == NULL) {
-            return -1;
-        }
+    if (PyModule_AddFunctions(mod, cm_interop_functions) < 0) {
+        return -1;
     }
-    return PyModule_AddFunctions(mod, cm_interop_functions);
+    cm_interop_ready = 1;
+    return 0;
 }

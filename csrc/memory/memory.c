@@ -459,9 +459,54 @@ cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
     return cm_cu_check(rc, cm_rel_fn(kind));
 }
 
+int
+cm_ctx_deferring(cm_context *ctx)
+{
+    return __atomic_load_n(&ctx->memq->disabled, __ATOMIC_RELAXED) != 0;
+}
+
+void
+cm_ctx_count_alloc(cm_context *ctx, size_t size)
+{
+    size_t b = ctx->st_bytes + size;
+    size_t all = b + __atomic_load_n(&ctx->lane_bytes, __ATOMIC_RELAXED);
+
+    __atomic_store_n(&ctx->st_bytes, b, __ATOMIC_RELAXED);
+    __atomic_store_n(&ctx->st_count, ctx->st_count + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&ctx->st_total_count, ctx->st_total_count + 1,
+                     __ATOMIC_RELAXED);
+    if (all > ctx->st_peak) {
+        __atomic_store_n(&ctx->st_peak, all, __ATOMIC_RELAXED);
+    }
+}
+
+void
+cm_ctx_count_free(cm_context *ctx, size_t size)
+{
+    __atomic_store_n(&ctx->st_bytes, ctx->st_bytes - size, __ATOMIC_RELAXED);
+    __atomic_store_n(&ctx->st_count, ctx->st_count - 1, __ATOMIC_RELAXED);
+}
+
 void
 cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle, size_t size,
                   CUstream stream)
+{
+    int memory = kind == CM_REL_DEVICE || kind == CM_REL_POOL
+                 || kind == CM_REL_ASYNC || kind == CM_REL_POOL_SYNC
+                 || kind == CM_REL_ASYNC_SYNC;
+
+    if (handle == 0 || !ctx->alive || cm_forked) {
+        return;
+    }
+    if (memory) {
+        cm_ctx_count_free(ctx, size);
+    }
+    cm_ctx_release_uncounted(ctx, kind, handle, size, stream);
+}
+
+void
+cm_ctx_release_uncounted(cm_context *ctx, int kind, uintptr_t handle,
+                         size_t size, CUstream stream)
 {
     cm_pending *q;
     int memory = kind == CM_REL_DEVICE || kind == CM_REL_POOL
@@ -473,10 +518,6 @@ cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     }
     q = (memory || kind == CM_REL_HOST || kind == CM_REL_IPC
          || kind == CM_REL_IPC_POOL) ? ctx->memq : ctx->ctxq;
-    if (memory) {
-        ctx->st_bytes -= size;
-        ctx->st_count--;
-    }
     if ((kind == CM_REL_POOL || kind == CM_REL_ASYNC) && !q->disabled
         && !cm_on_driver_thread()) {
         if (cm_pool_release_now(ctx, kind, handle, stream) < 0) {
@@ -864,6 +905,34 @@ cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
     return cm_mem_alloc_on(ctx, size, NULL, out);
 }
 
+int
+cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
+                 CUdeviceptr *ptr, uintptr_t *handle)
+{
+    const cm_mm_ops *mm = ctx->mm_builtin;
+    CUresult rc;
+    int attempt;
+
+    for (attempt = 0;; attempt++) {
+        rc = mm->alloc(ctx, size, stream, ptr, handle);
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
+            break;
+        }
+        if (cm_oom_recover(ctx) < 0 || cm_context_activate(ctx) < 0) {
+            return -1;
+        }
+    }
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        cm_raise_oom(ctx, mm, rc, size);
+        return -1;
+    }
+    if (rc != CUDA_SUCCESS) {
+        (void)cm_cu_check(rc, mm->alloc_fn(ctx));
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
                     CUdeviceptr *out)
@@ -871,11 +940,9 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     const cm_mm_ops *mm = ctx->mm;
     CUdeviceptr p = 0;
     uintptr_t handle = 0;
-    CUresult rc;
     cm_mem *m;
     PyObject *mp;
     uintptr_t addr = 0;
-    int attempt;
 
     /* ctx is current: cm_mem_alloc_on entered it just before. */
     if (mm->alloc == NULL) {
@@ -890,21 +957,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
         *out = (CUdeviceptr)addr;
         return mp;
     }
-    for (attempt = 0;; attempt++) {
-        rc = mm->alloc(ctx, size, stream, &p, &handle);
-        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
-            break;
-        }
-        if (cm_oom_recover(ctx) < 0 || cm_context_activate(ctx) < 0) {
-            return NULL;
-        }
-    }
-    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-        cm_raise_oom(ctx, mm, rc, size);
-        return NULL;
-    }
-    if (rc != CUDA_SUCCESS) {
-        (void)cm_cu_check(rc, mm->alloc_fn(ctx));
+    if (cm_mem_alloc_raw(ctx, size, stream, &p, &handle) < 0) {
         return NULL;
     }
     m = PyObject_GC_New(cm_mem, cm_st->Mem_type);
@@ -924,12 +977,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     m->uses = NULL;
     m->weakreflist = NULL;
     PyObject_GC_Track(m);
-    ctx->st_bytes += size;
-    ctx->st_count++;
-    ctx->st_total_count++;
-    if (ctx->st_bytes > ctx->st_peak) {
-        ctx->st_peak = ctx->st_bytes;
-    }
+    cm_ctx_count_alloc(ctx, size);
     cm_hist_note(CM_HIST_ALLOC, CM_HIST_DEVICE, ctx, (uintptr_t)stream,
                  (uintptr_t)p, size);
     *out = p;
@@ -1117,6 +1165,10 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     size_t reserved = 0;
     size_t pool_free = 0;
     long long largest = -1;
+    size_t lane_bytes;
+    size_t lane_peak;
+    size_t lane_count;
+    size_t lane_total;
     const char *name;
 
     (void)mod;
@@ -1136,13 +1188,18 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         return NULL;
     }
     ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
+    lane_bytes = __atomic_load_n(&ctx->lane_bytes, __ATOMIC_RELAXED);
+    lane_peak = __atomic_load_n(&ctx->lane_peak, __ATOMIC_RELAXED);
+    lane_count = __atomic_load_n(&ctx->lane_count, __ATOMIC_RELAXED);
+    lane_total = __atomic_load_n(&ctx->lane_total_count, __ATOMIC_RELAXED);
     name = ctx->mm->name;
     return Py_BuildValue(
         "{snsnsnsnsnsnsnsnsnsssN}",
-        "allocated_bytes", (Py_ssize_t)ctx->st_bytes,
-        "peak_allocated_bytes", (Py_ssize_t)ctx->st_peak,
-        "allocation_count", (Py_ssize_t)ctx->st_count,
-        "total_allocations", (Py_ssize_t)ctx->st_total_count,
+        "allocated_bytes", (Py_ssize_t)(ctx->st_bytes + lane_bytes),
+        "peak_allocated_bytes",
+        (Py_ssize_t)(ctx->st_peak > lane_peak ? ctx->st_peak : lane_peak),
+        "allocation_count", (Py_ssize_t)(ctx->st_count + lane_count),
+        "total_allocations", (Py_ssize_t)(ctx->st_total_count + lane_total),
         "pending_free_count", ctx->memq->n + ctx->ctxq->n,
         "pending_free_bytes", (Py_ssize_t)ctx->memq->bytes,
         "pool_reserved_bytes", (Py_ssize_t)reserved,

@@ -106,6 +106,18 @@ void cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle,
  * never waits, and the pool itself keeps reuse safe across streams. */
 void cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle,
                        size_t size, CUstream stream);
+/* cm_ctx_release_on for memory that memory_stats()'s st_* counters do
+ * not count (interop.c's lane counts its own). */
+void cm_ctx_release_uncounted(cm_context *ctx, int kind, uintptr_t handle,
+                              size_t size, CUstream stream);
+/* Whether defer_cleanup() holds ctx's memory queue now: a read without
+ * the GIL, for interop.c's lane, which leaves such releases to the
+ * queue. */
+int cm_ctx_deferring(cm_context *ctx);
+/* Count an allocation of size bytes in ctx's st_* counters, or a release
+ * (GIL held). */
+void cm_ctx_count_alloc(cm_context *ctx, size_t size);
+void cm_ctx_count_free(cm_context *ctx, size_t size);
 /* Flush both of ctx's queues now (unless defer_cleanup holds them). */
 int cm_ctx_flush(cm_context *ctx);
 /* Flush one queue; 0, or -1 with the first driver error raised. */
@@ -134,6 +146,13 @@ PyObject *cm_mem_alloc(cm_context *ctx, size_t size, CUdeviceptr *ptr);
  * the default manager and plugins ignore it. */
 PyObject *cm_mem_alloc_on(cm_context *ctx, size_t size, CUstream stream,
                           CUdeviceptr *ptr);
+/* Allocate size bytes for stream from ctx's built-in manager, ctx
+ * current, as cm_mem_alloc_on does (one retry after flushing and
+ * collecting, CudaOutOfMemoryError when the device is full) but with no
+ * owner object and nothing counted: *ptr and the manager's release
+ * handle in *handle.  0, or -1 with an exception. */
+int cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
+                     CUdeviceptr *ptr, uintptr_t *handle);
 /* The same for work on the stream that stream_obj names (a Stream, an
  * object with __cuda_stream__, or 0/None/False for the default stream):
  * the DeviceAllocation keeps stream_obj alive until its release. */
@@ -222,6 +241,17 @@ struct cm_mm_ops {
      * without a shareable handle type. */
     int (*export)(cm_context *ctx, CUdeviceptr base,
                   CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
+    /* Allocate size bytes for stream from what the manager already
+     * holds, with or without the GIL, never growing: the path of callers
+     * that hold no Python object (interop.c's PyTorch entry points).
+     * ctx is current and kept alive by the caller, which counts itself
+     * as a driver call in flight (cm_driver_call_begin) from before the
+     * call until it is done with the memory.  CUDA_SUCCESS;
+     * CUDA_ERROR_NOT_READY when only alloc (GIL held) can serve it
+     * (nothing free fits); CUDA_ERROR_CONTEXT_IS_DESTROYED once the
+     * manager was destroyed.  NULL: the manager has no such path. */
+    CUresult (*take)(cm_context *ctx, size_t size, CUstream stream,
+                     CUdeviceptr *ptr, uintptr_t *handle);
 };
 
 extern const cm_mm_ops cm_mm_default;  /* cuMemAlloc, queued cuMemFree */
@@ -286,6 +316,10 @@ void cm_hostmem_context_restore(cm_context *ctx);
  * bytes each library holds on ctx's device, with "cudamem" for the rest
  * of ctx's allocated bytes: a new dict, or NULL. */
 PyObject *cm_interop_by_client(cm_context *ctx);
+/* ctx is being closed or reset (still alive, GIL held): PyTorch's entry
+ * points stop serving from its pool, and the reference they keep to it
+ * goes once PyTorch gives back what it took.  Never raises. */
+void cm_interop_context_closing(cm_context *ctx);
 /* Set exc.by_client and, when a library holds memory, name the holders
  * in exc.msg; 0, or -1 with an exception. */
 int cm_interop_oom_note(cm_context *ctx, PyObject *exc);

@@ -356,6 +356,49 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
     return rc;
 }
 
+/* A free block of at least size bytes (rounded) for stream key s, in
+ * use, settling the pending blocks once if none fits; NULL if still
+ * none (mutex held). */
+static cm_blk *
+cm_pool_take_for(cm_pool *p, size_t size, uintptr_t s)
+{
+    cm_blk *b;
+
+    if (p->first_stream == CM_POOL_ANY) {
+        p->first_stream = s;
+    }
+    else if (p->first_stream != s) {
+        p->multi_stream = 1;
+    }
+    b = cm_pool_take(p, size, s);
+    if (b == NULL) {
+        cm_pool_settle(p);
+        b = cm_pool_take(p, size, s);
+    }
+    return b;
+}
+
+/* Fill n bytes at ptr, a block b just taken, with the pool's poison
+ * byte on stream; on failure the block goes back to the pool. */
+static CUresult
+cm_pool_poison_fill(cm_pool *p, cm_blk *b, CUdeviceptr ptr, size_t n,
+                    CUstream stream)
+{
+    CUresult rc;
+    cm_gil_saved gd;
+
+    rc = CM_CU_RAW(MemsetD8Async, (ptr, (unsigned char)p->poison, n,
+                                   stream));
+    if (rc != CUDA_SUCCESS) {
+        cm_pool_lock(p, &gd);
+        if (!p->dead) {
+            cm_pool_put(p, b);
+        }
+        cm_pool_unlock(p, &gd);
+    }
+    return rc;
+}
+
 /* The pool manager's allocation: a block for stream from the bins, or
  * from a new segment; the handle its release takes is the block. */
 static CUresult
@@ -373,17 +416,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     cm_pool_lock(p, &gd);
-    if (p->first_stream == CM_POOL_ANY) {
-        p->first_stream = s;
-    }
-    else if (p->first_stream != s) {
-        p->multi_stream = 1;
-    }
-    b = cm_pool_take(p, size, s);
-    if (b == NULL) {
-        cm_pool_settle(p);
-        b = cm_pool_take(p, size, s);
-    }
+    b = cm_pool_take_for(p, size, s);
     cm_pool_unlock(p, &gd);
     if (b == NULL) {
         rc = cm_pool_grow(ctx, p, size, s, &b);
@@ -394,20 +427,55 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     *ptr = b->ptr;
     *handle = (uintptr_t)b;
     if (p->poison >= 0) {
+        CUresult prc;
+
         CM_DRIVER_BEGIN_NOGIL
-        rc = CM_CU_RAW(MemsetD8Async, (b->ptr, (unsigned char)p->poison,
-                                       b->size, stream));
+        prc = cm_pool_poison_fill(p, b, b->ptr, b->size, stream);
         CM_DRIVER_END_NOGIL
-        if (rc != CUDA_SUCCESS) {
-            cm_pool_lock(p, &gd);
-            if (!p->dead) {
-                cm_pool_put(p, b);
-            }
-            cm_pool_unlock(p, &gd);
-            return rc;
-        }
+        return prc;
     }
     return CUDA_SUCCESS;
+}
+
+/* The pool manager's take: a block from the bins only.  The block's
+ * address and size are read under the mutex: once it is given back, a
+ * close of the context on another thread may free the block. */
+static CUresult
+cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
+                  CUdeviceptr *ptr, uintptr_t *handle)
+{
+    cm_pool *p = ctx->pool;
+    uintptr_t s = cm_stream_key(stream);
+    CUdeviceptr at = 0;
+    size_t n = 0;
+    cm_blk *b;
+    cm_gil_saved gd;
+
+    size = cm_round(size, CM_POOL_ROUND);
+    if (size == 0) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (p == NULL) {
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    cm_pool_lock(p, &gd);
+    if (p->dead) {
+        cm_pool_unlock(p, &gd);
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    b = cm_pool_take_for(p, size, s);
+    if (b != NULL) {
+        at = b->ptr;
+        n = b->size;
+    }
+    cm_pool_unlock(p, &gd);
+    if (b == NULL) {
+        return CUDA_ERROR_NOT_READY;
+    }
+    *ptr = at;
+    *handle = (uintptr_t)b;
+    return p->poison >= 0 ? cm_pool_poison_fill(p, b, at, n, stream)
+                          : CUDA_SUCCESS;
 }
 
 /* The async manager's release (CM_REL_ASYNC, or CM_REL_ASYNC_SYNC:
@@ -967,6 +1035,7 @@ const cm_mm_ops cm_mm_pool = {
     .trim = cm_pool_trim,
     .stats = cm_pool_stats,
     .alloc_fn = cm_pool_alloc_fn,
+    .take = cm_pool_take_only,
 };
 
 const cm_mm_ops cm_mm_async = {

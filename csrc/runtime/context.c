@@ -164,6 +164,10 @@ again:
     c->st_peak = 0;
     c->st_count = 0;
     c->st_total_count = 0;
+    c->lane_bytes = 0;
+    c->lane_peak = 0;
+    c->lane_count = 0;
+    c->lane_total_count = 0;
     c->st_pinned = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
     c->n_stream_cache = 0;
@@ -603,6 +607,7 @@ cm_context_release_device(int i)
         PyErr_WriteUnraisable((PyObject *)c);
     }
     cm_ipc_context_closing(c);
+    cm_interop_context_closing(c);
     if (c->mm_builtin->destroy != NULL) {
         c->mm_builtin->destroy(c);
     }
