@@ -751,6 +751,48 @@ def test_torch_through_cudamem():
 
 
 @pytest.mark.gpu
+def test_torch_tensors_on_two_streams_through_the_lane():
+    # Thousands of tensors of mixed sizes made and dropped on two PyTorch
+    # streams, most of them served by the pool's lane without the GIL;
+    # each tensor's value is checked on its stream before it goes.
+    pytest.importorskip("torch")
+    out = _run_child("""
+        import gc, json, random
+        import torch, cudamem
+        from cudamem import interop
+        cudamem.set_memory_manager("pool")
+        interop.use_with_torch()
+        rng = random.Random(7)
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        live = []
+        bad = 0
+        for i in range(3000):
+            s = rng.choice(streams)
+            with torch.cuda.stream(s):
+                n = rng.choice([1, 100, 4096, 70000, 300000])
+                live.append((torch.full((n,), float(i), device="cuda"),
+                             float(i), s))
+            if len(live) > 24:
+                t, v, s = live.pop(rng.randrange(len(live)))
+                with torch.cuda.stream(s):
+                    bad += not bool((t == v).all().item())
+                del t
+        for t, v, s in live:
+            with torch.cuda.stream(s):
+                bad += not bool((t == v).all().item())
+        del live, t
+        torch.cuda.synchronize()
+        gc.collect()
+        st = cudamem.memory_stats()
+        print(json.dumps({"bad": bad, "after": st["by_client"]["torch"],
+                          "total": st["total_allocations"]}))
+    """)
+    assert out["bad"] == 0
+    assert out["after"] == 0
+    assert out["total"] >= 3000
+
+
+@pytest.mark.gpu
 def test_torch_mempool_through_cudamem():
     torch = pytest.importorskip("torch")
     if not hasattr(torch.cuda, "MemPool"):

@@ -23,10 +23,25 @@ import pytest
 import cudamem
 from cudamem import _core, interop
 from helpers.crashutil import run_child
-from helpers.isolation import manager_context
+from helpers.isolation import (manager_context, run_module_in_a_child,
+                               skip_unless_own_process)
 
 KiB = 1 << 10
 SIZES = [1, 100, 512, 4 * KiB, 64 * KiB, 300 * KiB, 2 << 20]
+
+
+# These tests switch managers with close(), which resets the primary
+# context that other libraries of the test process share on a GPU: there
+# the module runs in a child process of its own.
+
+
+@pytest.fixture(autouse=True)
+def _isolated_on_a_gpu(request):
+    skip_unless_own_process(request, "test_lane_module_in_a_child")
+
+
+def test_lane_module_in_a_child_process():
+    run_module_in_a_child(__file__)
 
 
 @pytest.fixture
