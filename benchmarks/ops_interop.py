@@ -31,8 +31,11 @@ library's own column its own allocator):
   LocalCluster (TCP, host frames) of a DeviceNDArray (cudamem column)
   against a NumPy array of the same size (driver column), in GB/s.
 
-Every adapter row runs in a subprocess started with
-CUDAMEM_MEMORY_MANAGER=pool.
+Every timing runs in a subprocess of its own started with
+CUDAMEM_MEMORY_MANAGER=pool: the adapter's and the library's own alike,
+so that both columns of a row see the same conditions (timings in the
+benchmark's own process differed from a fresh process's by up to 2x on
+the H200).
 """
 
 import json
@@ -57,8 +60,22 @@ DASK_BYTES = 256 * MIB
 
 def _measure(which, repeats=31):
     """Run in a subprocess: time one allocate-and-drop under an adapter
-    (which: cupy, torch, numba); (median, p10, p90)."""
-    if which == "cupy":
+    (which: cupy, torch, torch_mempool, torch_floor, numba) or on the
+    library's own allocator (cupy_own, torch_own, numba_own); (median,
+    p10, p90)."""
+    if which == "cupy_own":
+        import cupy
+
+        fn = _cupy(cupy)
+    elif which == "torch_own":
+        import torch
+
+        fn = _torch(torch)
+    elif which == "numba_own":
+        from numba import cuda
+
+        fn = _numba(cuda)
+    elif which == "cupy":
         import cupy
 
         from cudamem import interop
@@ -221,8 +238,17 @@ def _mib(mode, env=None):
 
 
 # ---------------------------------------------------------------------------
-# The libraries' own allocators, in this process
+# The libraries' own allocators (timed in a subprocess too, so that both
+# columns of a row are measured under the same conditions)
 # ---------------------------------------------------------------------------
+
+
+def _own(lib):
+    def factory(mod):
+        return harness.Measured(_child("_measure", lib + "_own", {}))
+
+    return factory
+
 
 
 def _cupy(cp):
@@ -236,6 +262,8 @@ def _torch(torch):
 def _numba(cuda):
     import numpy as np
 
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
     return lambda: cuda.device_array(N, dtype=np.float32)
 
 
@@ -295,17 +323,17 @@ NUMBA_PLUGIN = {"NUMBA_CUDA_MEMORY_MANAGER": "cudamem.numba_plugin"}
 
 OPS = [
     {"name": "cupy.empty(256) [use_with_cupy]",
-     "impls": {"cudamem": _adapter("cupy"), "cupy": _cupy}},
+     "impls": {"cudamem": _adapter("cupy"), "cupy": _own("cupy")}},
     {"name": "torch.empty(256) [use_with_torch]",
-     "impls": {"cudamem": _adapter("torch"), "torch": _torch}},
+     "impls": {"cudamem": _adapter("torch"), "torch": _own("torch")}},
     {"name": "torch.empty(256) [torch_mempool]",
-     "impls": {"cudamem": _adapter("torch_mempool"), "torch": _torch}},
+     "impls": {"cudamem": _adapter("torch_mempool"), "torch": _own("torch")}},
     {"name": "torch.empty(256) [pluggable floor] (drv: no-op pluggable)",
-     "impls": {"cudamem": _adapter("torch"), "torch": _torch,
+     "impls": {"cudamem": _adapter("torch"), "torch": _own("torch"),
                "driver": _adapter("torch_floor")}},
     {"name": "numba device_array(256) [plugin]",
      "impls": {"cudamem": _adapter("numba", NUMBA_PLUGIN),
-               "numba": _numba}},
+               "numba": _own("numba")}},
     {"name": "peak reserved MiB, mixed",
      "impls": {"cudamem": _mib("adapters", NUMBA_PLUGIN),
                "numba": _mib("numba"), "cupy": _mib("cupy"),
