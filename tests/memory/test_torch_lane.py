@@ -351,7 +351,7 @@ def test_close_while_pytorch_holds_memory(lib):
     lib.cudamem_torch_free(p, 4 * KiB, dev, None)
     gc.collect()
     assert ref() is None           # and lets it go with the last entry
-    with manager_context("pool") as ctx:
+    with manager_context("pool"):
         q = lib.cudamem_torch_alloc(4 * KiB, dev, None)
         assert q and stats()["by_client"]["torch"] == 4 * KiB
         lib.cudamem_torch_free(q, 4 * KiB, dev, None)
