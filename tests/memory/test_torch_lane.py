@@ -427,3 +427,50 @@ def test_out_of_memory_names_what_pytorch_holds(pool_ctx, lib):
     assert e.by_client["torch"] == 64 * KiB
     assert "torch 65536 bytes" in str(e)
     lib.cudamem_torch_free(held, 64 * KiB, dev, None)
+
+
+@pytest.mark.multi_gpu
+def test_each_device_has_its_lane():
+    # PyTorch allocates on device 1 from a thread whose current device
+    # is 0: the lane of device 1 serves it in device 1's context and
+    # leaves device 0 current.
+    run_child("""
+        import ctypes
+        import numpy as np
+        import cudamem
+        from cudamem import _core
+        cudamem.set_memory_manager("pool")
+        lib = ctypes.CDLL(_core.__file__)
+        lib.cudamem_torch_alloc.restype = ctypes.c_void_p
+        lib.cudamem_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int,
+                                            ctypes.c_void_p]
+        lib.cudamem_torch_free.restype = None
+        lib.cudamem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
+                                           ctypes.c_int, ctypes.c_void_p]
+        cudamem.select_device(0)
+        cudamem.current_context()
+
+        def torch_bytes(dev):
+            return cudamem.memory_stats(dev)["by_client"]["torch"]
+
+        for rnd in range(3):      # the first grows the pools, then lanes
+            p1 = lib.cudamem_torch_alloc(4096, 1, None)
+            p0 = lib.cudamem_torch_alloc(4096, 0, None)
+            assert p1 and p0 and p1 != p0
+            assert _core._current_device_id() == 0
+            assert torch_bytes(1) == 4096 and torch_bytes(0) == 4096
+            with cudamem.gpus[1]:
+                v = cudamem.from_cuda_array_interface(
+                    {"shape": (512,), "typestr": "<f8", "data": (p1, False),
+                     "version": 3, "strides": None})
+                assert v.__dlpack_device__() == (2, 1)
+                v.copy_to_device(np.arange(512.0))
+                assert (v.copy_to_host() == np.arange(512.0)).all()
+                del v
+            lib.cudamem_torch_free(p1, 4096, 1, None)
+            lib.cudamem_torch_free(p0, 4096, 0, None)
+            assert torch_bytes(1) == 0 and torch_bytes(0) == 0
+            assert _core._current_device_id() == 0
+        assert _core._torch_live() == 0
+        print("ok")
+    """, timeout=120)
