@@ -21,16 +21,6 @@ extern const char *const cm_hm_kind_names[];
 
 #define cm_hm_zero (cm_st->zero)     /* the int 0: the unbound stream */
 
-/* ------------------------------------------------------------------ */
-/* Context switching without the GIL                                   */
-/* ------------------------------------------------------------------ */
-
-/* Make h current if it is not; *pushed says whether to pop.  No GIL
- * needed. */
-CUresult cm_ctx_enter(CUcontext h, int *pushed);
-
-void cm_ctx_leave(int pushed);
-
 #define CM_POOL_CLASSES 40            /* 4 KiB .. 2 PiB */
 
 /* One page-locked block of a size class. */

@@ -190,22 +190,16 @@ static PyType_Spec cm_client_spec = {
 /* Allocation                                                          */
 /* ------------------------------------------------------------------ */
 
-/* size bytes for client from the manager of device's context (dev: an
- * ordinal or Device; NULL: the current context) for stream.  A new
+/* size bytes for client from the manager of ctx for stream.  A new
  * ClientAllocation, or NULL with an exception. */
 static PyObject *
-cm_client_alloc(PyObject *dev, size_t size, CUstream stream, int client)
+cm_client_alloc(cm_context *ctx, size_t size, CUstream stream, int client)
 {
-    cm_context *ctx;
     cm_client_mem *c;
     PyObject *mem;
     CUdeviceptr p = 0;
     int id;
 
-    ctx = dev == NULL ? cm_context_current() : cm_context_of_device(dev);
-    if (ctx == NULL) {
-        return NULL;
-    }
     id = ctx->device->id;
     mem = cm_mem_alloc_on(ctx, size, stream, &p);
     if (mem == NULL) {
@@ -239,6 +233,7 @@ PyDoc_STRVAR(cm_client_alloc_doc,
 static PyObject *
 cm_client_alloc_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
+    cm_context *ctx;
     Py_ssize_t size;
     unsigned long long h;
     long client;
@@ -270,8 +265,12 @@ cm_client_alloc_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_ValueError, "unknown client %ld", client);
         return NULL;
     }
-    return cm_client_alloc(args[0] == Py_None ? NULL : args[0],
-                           (size_t)size, (CUstream)(uintptr_t)h,
+    ctx = args[0] == Py_None ? cm_context_current()
+                             : cm_context_of_device(args[0]);
+    if (ctx == NULL) {
+        return NULL;
+    }
+    return cm_client_alloc(ctx, (size_t)size, (CUstream)(uintptr_t)h,
                            (int)client);
 }
 
@@ -472,7 +471,7 @@ cm_cupy_malloc(PyObject *self, PyObject *arg)
         if (stream == NULL && PyErr_Occurred()) {
             goto out;
         }
-        owner = cm_client_alloc(NULL, (size_t)size, stream, CM_CLIENT_CUPY);
+        owner = cm_client_alloc(ctx, (size_t)size, stream, CM_CLIENT_CUPY);
         if (owner == NULL) {
             goto out;
         }
@@ -571,7 +570,6 @@ cm_cupy_allocator_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * are dropped then (the pool is dead), never used. */
 typedef struct {
     cm_context *ctx;      /* strong; taken and dropped with the GIL */
-    CUcontext handle;     /* ctx->handle */
     int retired;          /* no longer cm_lanes[its device] */
     size_t holds;         /* table entries and calls in flight that use
                            * it; the last to let go of a retired lane
@@ -715,6 +713,23 @@ cm_lane_count(cm_context *ctx, size_t size, int add)
     }
 }
 
+/* Take lane out of cm_lanes' service (lane mutex held): whether nobody
+ * holds it any more, when cm_lane_free must follow. */
+static int
+cm_lane_retire(cm_lane *lane)
+{
+    lane->retired = 1;
+    return --lane->holds == 0;
+}
+
+/* Free a retired lane nobody holds (GIL held). */
+static void
+cm_lane_free(cm_lane *lane)
+{
+    Py_DECREF(lane->ctx);
+    free(lane);
+}
+
 /* Let go of one hold on lane.  A retired lane that nobody holds any
  * more drops its context, which needs the GIL: gil says whether the
  * caller holds it, else it is taken here (or, while the interpreter
@@ -732,14 +747,16 @@ cm_lane_release(cm_lane *lane, int gil)
         return;
     }
     if (gil) {
-        Py_DECREF(lane->ctx);
+        cm_lane_free(lane);
     }
     else if (Py_IsInitialized() && !Py_IsFinalizing()) {
         g = PyGILState_Ensure();
-        Py_DECREF(lane->ctx);
+        cm_lane_free(lane);
         PyGILState_Release(g);
     }
-    free(lane);
+    else {
+        free(lane);           /* the context is left alone */
+    }
 }
 
 /* The lane of ctx, held once for the caller; made (and the device's
@@ -767,19 +784,14 @@ cm_lane_attach(cm_context *ctx)
         return NULL;
     }
     lane->ctx = (cm_context *)Py_NewRef(ctx);
-    lane->handle = ctx->handle;
     lane->holds = 2;      /* cm_lanes' and the caller's */
     cm_mu_lock(&cm_lane_mu);
     old = cm_lanes[id];
     cm_lanes[id] = lane;
-    if (old != NULL) {
-        old->retired = 1;
-        drop_old = --old->holds == 0;
-    }
+    drop_old = old != NULL && cm_lane_retire(old);
     cm_mu_unlock(&cm_lane_mu);
     if (drop_old) {
-        Py_DECREF(old->ctx);
-        free(old);
+        cm_lane_free(old);
     }
     return lane;
 }
@@ -798,40 +810,11 @@ cm_interop_context_closing(cm_context *ctx)
     lane = cm_lanes[id];
     if (lane != NULL && lane->ctx == ctx) {
         cm_lanes[id] = NULL;
-        lane->retired = 1;
-        last = --lane->holds == 0;
+        last = cm_lane_retire(lane);
     }
     cm_mu_unlock(&cm_lane_mu);
     if (last) {
-        Py_DECREF(lane->ctx);
-        free(lane);
-    }
-}
-
-/* Make lane's context current on this thread: 1 when it was pushed (pop
- * it after), 0 when it already was, -1 when the driver refused. */
-static int
-cm_lane_enter(cm_lane *lane)
-{
-    CUcontext cur = NULL;
-
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS) {
-        return -1;
-    }
-    if (cur == lane->handle) {
-        return 0;
-    }
-    return CM_CU_RAW(CtxPushCurrent, (lane->handle)) == CUDA_SUCCESS ? 1
-                                                                  : -1;
-}
-
-static void
-cm_lane_leave(int pushed)
-{
-    CUcontext popped;
-
-    if (pushed == 1) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+        cm_lane_free(lane);
     }
 }
 
@@ -897,7 +880,7 @@ cm_torch_alloc_lane(size_t size, int device, CUstream stream, void **out)
     }
     ctx = lane->ctx;
     if (__atomic_load_n(&ctx->mm, __ATOMIC_RELAXED) != ctx->mm_builtin
-        || (pushed = cm_lane_enter(lane)) < 0) {
+        || cm_ctx_enter(ctx->handle, &pushed) != CUDA_SUCCESS) {
         cm_driver_call_end(epoch);
         cm_lane_release(lane, 0);
         return 0;
@@ -922,7 +905,7 @@ cm_torch_alloc_lane(size_t size, int device, CUstream stream, void **out)
                                            stream);
         }
     }
-    cm_lane_leave(pushed);
+    cm_ctx_leave(pushed);
     cm_driver_call_end(epoch);
     if (!ok) {
         cm_lane_release(lane, 0);
@@ -965,8 +948,8 @@ cm_torch_alloc_gil(size_t size, int device, CUstream stream)
     e.size = size;
     e.stream = stream;
     if (ctx->mm != ctx->mm_builtin || ctx->mm->take == NULL || cm_forked) {
-        o = cm_client_alloc(dev, size, stream, CM_CLIENT_TORCH);
         Py_DECREF(dev);
+        o = cm_client_alloc(ctx, size, stream, CM_CLIENT_TORCH);
         if (o == NULL) {
             return 0;
         }
@@ -1058,8 +1041,7 @@ cm_torch_free_lane(const cm_torch_ent *e)
     }
     epoch = cm_driver_call_begin();
     if (__atomic_load_n(&ctx->alive, __ATOMIC_SEQ_CST)) {
-        pushed = cm_lane_enter(e->lane);
-        if (pushed < 0) {
+        if (cm_ctx_enter(ctx->handle, &pushed) != CUDA_SUCCESS) {
             cm_driver_call_end(epoch);
             return 0;
         }
@@ -1067,7 +1049,7 @@ cm_torch_free_lane(const cm_torch_ent *e)
          * block. */
         (void)ctx->mm_builtin->release(ctx, ctx->mm_builtin->rel,
                                        e->handle, e->stream);
-        cm_lane_leave(pushed);
+        cm_ctx_leave(pushed);
     }
     cm_driver_call_end(epoch);
     cm_lane_release(e->lane, 0);
