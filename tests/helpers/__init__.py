@@ -17,7 +17,8 @@ tests/).
 - emm_plugin: EMM plugins written against numba's interface;
 - ipc_child: the importing side of the IPC tests (spawned processes);
 - robust_prelude: the adversarial objects of the robustness sweep;
-- stream_model: the model-based stream test, run as a script.
+- stream_model: the model-based stream test, run as a script;
+- torch_entry: PyTorch's entry points of the extension, typed for ctypes.
 """
 
 from .crashutil import ChildResult, child_env, run_child, run_py

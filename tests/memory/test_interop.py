@@ -25,6 +25,7 @@ import pytest
 import cudamem
 from cudamem import _core, interop
 from helpers.isolation import manager_context
+from helpers.torch_entry import entry_points
 
 # Reads the device's free memory (or loads the whole machine): on a GPU
 # it runs alone, not beside other test processes (.ci/gpu).
@@ -49,13 +50,7 @@ def pool_ctx():
 def torch_lib():
     """The extension loaded with ctypes, the PyTorch entry points typed as
     PyTorch calls them."""
-    lib = ctypes.CDLL(_core.__file__)
-    lib.cudamem_torch_alloc.restype = ctypes.c_void_p
-    lib.cudamem_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int,
-                                        ctypes.c_void_p]
-    lib.cudamem_torch_free.restype = None
-    lib.cudamem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
-                                       ctypes.c_int, ctypes.c_void_p]
+    lib = entry_points()
     interop.torch_last_error()
     yield lib
     assert _core._torch_live() == 0

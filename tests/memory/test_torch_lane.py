@@ -12,7 +12,6 @@ work queued on the first before the free can still use it, and that
 memory_stats() counts what the model holds.  The failing seed is in the
 assertion message."""
 
-import ctypes
 import gc
 import random
 import threading
@@ -25,6 +24,7 @@ from cudamem import _core, interop
 from helpers.crashutil import run_child
 from helpers.isolation import (manager_context, run_module_in_a_child,
                                skip_unless_own_process)
+from helpers.torch_entry import entry_points
 
 KiB = 1 << 10
 SIZES = [1, 100, 512, 4 * KiB, 64 * KiB, 300 * KiB, 2 << 20]
@@ -47,13 +47,7 @@ def test_lane_module_in_a_child_process():
 @pytest.fixture
 def lib():
     """The extension loaded with ctypes, typed as PyTorch calls it."""
-    lib = ctypes.CDLL(_core.__file__)
-    lib.cudamem_torch_alloc.restype = ctypes.c_void_p
-    lib.cudamem_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int,
-                                        ctypes.c_void_p]
-    lib.cudamem_torch_free.restype = None
-    lib.cudamem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
-                                       ctypes.c_int, ctypes.c_void_p]
+    lib = entry_points()
     interop.torch_last_error()
     yield lib
     assert _core._torch_live() == 0
@@ -364,18 +358,13 @@ def test_close_and_reset_beside_threads_on_the_lane():
     # reason kept); nothing may crash or hang, and everything given
     # back leaves nothing counted.
     run_child("""
-        import ctypes, threading, time, random
+        import threading, time, random
         import cudamem
         from cudamem import _core, interop
         cudamem.set_memory_manager("pool")
         cudamem.current_context()
-        lib = ctypes.CDLL(_core.__file__)
-        lib.cudamem_torch_alloc.restype = ctypes.c_void_p
-        lib.cudamem_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int,
-                                            ctypes.c_void_p]
-        lib.cudamem_torch_free.restype = None
-        lib.cudamem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
-                                           ctypes.c_int, ctypes.c_void_p]
+        from helpers.torch_entry import entry_points
+        lib = entry_points()
         stop = time.monotonic() + 1.5
         nulls = [0]
 
@@ -435,18 +424,12 @@ def test_each_device_has_its_lane():
     # is 0: the lane of device 1 serves it in device 1's context and
     # leaves device 0 current.
     run_child("""
-        import ctypes
         import numpy as np
         import cudamem
         from cudamem import _core
         cudamem.set_memory_manager("pool")
-        lib = ctypes.CDLL(_core.__file__)
-        lib.cudamem_torch_alloc.restype = ctypes.c_void_p
-        lib.cudamem_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int,
-                                            ctypes.c_void_p]
-        lib.cudamem_torch_free.restype = None
-        lib.cudamem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
-                                           ctypes.c_int, ctypes.c_void_p]
+        from helpers.torch_entry import entry_points
+        lib = entry_points()
         cudamem.select_device(0)
         cudamem.current_context()
 
