@@ -359,7 +359,15 @@ cm_mu_unlock(pthread_mutex_t *m)
     pthread_mutex_unlock(m);
 }
 
-#define CM_CU_CALL_(fn, args) (cm_cu.fn ? cm_cu.fn args : cm_cu_missing)
+/* Every driver call goes through here.  In the child of a fork() after
+ * the driver was initialised none reaches the driver: the parent's
+ * handles mean nothing there, and a lock of the driver's that another
+ * parent thread held at the fork would never be given back.  The call
+ * answers CUDA_ERROR_NOT_INITIALIZED, which cm_raise_cu turns into
+ * numba's "CUDA initialized before forking". */
+#define CM_CU_CALL_(fn, args)                                          \
+    (cm_forked ? CUDA_ERROR_NOT_INITIALIZED                            \
+     : cm_cu.fn ? cm_cu.fn args : cm_cu_missing)
 
 /* call, a CUresult expression that enters the driver, with the GIL
  * released around it while Python callbacks are in flight. */
@@ -384,6 +392,20 @@ cm_mu_unlock(pthread_mutex_t *m)
 extern int cm_driver_ready_flag;
 /* Set in the child of a fork() after the driver was initialised. */
 extern volatile int cm_forked;
+
+/* Add fn to what the child of a fork() runs, after cm_forked is set:
+ * a layer's own reset (its locks made fresh, its counts of other
+ * threads' work dropped).  fn may not call the driver or the Python
+ * API.  0, or -1 with an exception set. */
+int cm_atfork_child_add(void (*fn)(void));
+/* Add a process-wide mutex of a layer's to those the child makes fresh
+ * (before the handlers of cm_atfork_child_add run).  0, or -1 with an
+ * exception set. */
+int cm_atfork_mutex_add(pthread_mutex_t *m);
+/* For the tests: whether every such mutex can be taken now (1/0); and
+ * all of them taken (on: 1) or given back (0) by the calling thread. */
+int cm_atfork_mutexes_free(void);
+void cm_atfork_mutexes_pretend(int on);
 
 /* Load the backend and run cuInit once; 0, or -1 with CudaSupportError
  * (or CudaDriverError after fork) set.  Cheap after the first call. */

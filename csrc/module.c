@@ -11,6 +11,7 @@
  * interpreter per process: exec refuses to run twice.
  */
 #define CM_MODULE_C
+#include "runtime/context.h"
 #include "runtime/runtime.h"
 
 #include <stdarg.h>
@@ -295,9 +296,67 @@ cm_register(PyObject *mod, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_fork_state_doc,
+"_fork_state($module, /)\n--\n\n"
+"For the tests: what the child of a fork() must have made fresh, as a\n"
+"dict: forked (the driver refuses), calls_in_flight (driver calls made\n"
+"with the GIL released), callbacks_in_flight, resetting (devices being\n"
+"closed) and locks_free (every process-wide mutex can be taken).");
+
+static PyObject *
+cm_fork_state_fn(PyObject *mod, PyObject *unused)
+{
+    PyObject *d = cm_runtime_fork_state();
+    PyObject *free_;
+
+    (void)mod;
+    (void)unused;
+    if (d == NULL) {
+        return NULL;
+    }
+    free_ = cm_atfork_mutexes_free() ? Py_True : Py_False;
+    if (PyDict_SetItemString(d, "locks_free", free_) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+PyDoc_STRVAR(cm_fork_state_debug_doc,
+"_fork_state_debug($module, on, /)\n--\n\n"
+"For the tests, around a fork() only: on=1 makes this process look as if\n"
+"other threads were busy (a driver call with the GIL released, a reset\n"
+"of device 0, a Python callback in flight, every process-wide mutex\n"
+"held); on=0 takes that back.  The calling thread must use no device\n"
+"in between.");
+
+static PyObject *
+cm_fork_state_debug_fn(PyObject *mod, PyObject *arg)
+{
+    static int on_now;
+    int on = PyObject_IsTrue(arg);
+
+    (void)mod;
+    if (on < 0) {
+        return NULL;
+    }
+    if (on == on_now) {
+        PyErr_SetString(PyExc_ValueError,
+                        on ? "already on" : "not on");
+        return NULL;
+    }
+    on_now = on;
+    cm_runtime_fork_pretend(on);
+    cm_atfork_mutexes_pretend(on);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cm_module_functions[] = {
     {"_register", (PyCFunction)(void (*)(void))cm_register,
      METH_VARARGS | METH_KEYWORDS, cm_register_doc},
+    {"_fork_state", cm_fork_state_fn, METH_NOARGS, cm_fork_state_doc},
+    {"_fork_state_debug", cm_fork_state_debug_fn, METH_O,
+     cm_fork_state_debug_doc},
     {NULL, NULL, 0, NULL},
 };
 

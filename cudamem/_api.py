@@ -9,6 +9,8 @@ directly; nothing here is on a per-operation path.
 import contextlib
 import atexit
 import functools
+import os
+import sys
 import threading
 
 from . import _core
@@ -357,3 +359,19 @@ def _wait_at_exit():
 
 
 atexit.register(_wait_at_exit)
+
+
+def _after_fork_in_child():
+    """The package's locks, fresh in a fork's child: another thread of the
+    parent may have held one at the fork, and it is not there to give it
+    back.  (The C locks are made fresh by the module's own handler.)"""
+    gpus._lock = threading.Lock()
+    from . import _emm
+    _emm._lock = threading.Lock()
+    interop = sys.modules.get(__package__ + ".interop")
+    if interop is not None:
+        interop._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -75,11 +75,101 @@ cm_env_simulator(void)
     return cm_env_first_flag(names, 0);
 }
 
+/* The child handlers of the layers above (cm_atfork_child_add), run in
+ * the order they were added, after cm_forked is set. */
+#define CM_ATFORK_MAX 16
+static void (*cm_atfork_fns[CM_ATFORK_MAX])(void);
+static int cm_atfork_n;
+/* The process-wide mutexes of the layers above (cm_atfork_mutex_add),
+ * made fresh in the child. */
+static pthread_mutex_t *cm_atfork_mus[CM_ATFORK_MAX];
+static int cm_atfork_nmu;
+
+/* In the child of a fork(): only the thread that forked exists.  Once
+ * the driver was initialised here, every driver call refuses
+ * (CM_CU_CALL_), so nothing waits on a lock or a thread of the driver's
+ * that the fork left behind; the loader's lock is fresh, and each layer
+ * above forgets what other threads held (its locks, counters of calls in
+ * flight, worker threads). */
 static void
 cm_atfork_child(void)
 {
+    int i;
+
     if (cm_driver_ready_flag) {
         cm_forked = 1;
+    }
+    pthread_mutex_init(&cm_load_lock, NULL);
+    for (i = 0; i < cm_atfork_nmu; i++) {
+        pthread_mutex_init(cm_atfork_mus[i], NULL);
+    }
+    for (i = 0; i < cm_atfork_n; i++) {
+        cm_atfork_fns[i]();
+    }
+}
+
+int
+cm_atfork_child_add(void (*fn)(void))
+{
+    int i;
+
+    for (i = 0; i < cm_atfork_n; i++) {
+        if (cm_atfork_fns[i] == fn) {
+            return 0;             /* a second module exec */
+        }
+    }
+    if (cm_atfork_n == CM_ATFORK_MAX) {
+        PyErr_SetString(PyExc_RuntimeError, "too many fork handlers");
+        return -1;
+    }
+    cm_atfork_fns[cm_atfork_n++] = fn;
+    return 0;
+}
+
+int
+cm_atfork_mutex_add(pthread_mutex_t *m)
+{
+    int i;
+
+    for (i = 0; i < cm_atfork_nmu; i++) {
+        if (cm_atfork_mus[i] == m) {
+            return 0;
+        }
+    }
+    if (cm_atfork_nmu == CM_ATFORK_MAX) {
+        PyErr_SetString(PyExc_RuntimeError, "too many fork mutexes");
+        return -1;
+    }
+    cm_atfork_mus[cm_atfork_nmu++] = m;
+    return 0;
+}
+
+int
+cm_atfork_mutexes_free(void)
+{
+    int i;
+
+    for (i = 0; i < cm_atfork_nmu; i++) {
+        if (pthread_mutex_trylock(cm_atfork_mus[i]) != 0) {
+            return 0;
+        }
+        pthread_mutex_unlock(cm_atfork_mus[i]);
+    }
+    return 1;
+}
+
+void
+cm_atfork_mutexes_pretend(int on)
+{
+    int i;
+
+    for (i = 0; i < cm_atfork_nmu; i++) {
+        if (on) {
+            pthread_mutex_lock(cm_atfork_mus[i]);
+        }
+        else {
+            pthread_mutex_unlock(cm_atfork_mus[i]);
+        }
     }
 }
 

@@ -237,6 +237,19 @@ static PyType_Spec cm_hbuf_spec = {
     .slots = cm_hbuf_slots,
 };
 
+/* In a fork's child the registry's lock may be one another parent
+ * thread held (it is held across cuMemHostRegister): a fresh one.  The
+ * old one is left as it is (it may be taken). */
+static void
+cm_reg_atfork_child(void)
+{
+    PyThread_type_lock l = PyThread_allocate_lock();
+
+    if (l != NULL) {
+        cm_reg_lock = l;
+    }
+}
+
 int
 cm_hostmem_init(PyObject *mod, cm_state *st)
 {
@@ -254,6 +267,9 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
         cm_reg_lock = PyThread_allocate_lock();
         if (cm_reg_lock == NULL) {
             PyErr_NoMemory();
+            return -1;
+        }
+        if (cm_atfork_child_add(cm_reg_atfork_child) < 0) {
             return -1;
         }
     }

@@ -1184,6 +1184,11 @@ int
 cm_interop_init(PyObject *mod, cm_state *st)
 {
     (void)st;
+    /* A fork's child: PyTorch's entry points there find the lanes of
+     * the parent's contexts, whose driver calls refuse (cm_forked). */
+    if (cm_atfork_mutex_add(&cm_lane_mu) < 0) {
+        return -1;
+    }
     cm_client_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_client_spec, NULL);
     if (cm_client_type == NULL

@@ -113,7 +113,12 @@ struct cm_pool {
                            * first need, never blocking) on which the
                            * frees of memory that several streams used
                            * wait for all of them; NULL until then */
+    cm_pool *all_next;    /* NOTE: GIL; the list of every pool */
+    cm_pool *all_prev;
 };
+
+/* In a fork's child: every pool dead, with a fresh mutex (poolops.c). */
+void cm_pool_atfork_child(void);
 
 /* The built-in manager for new contexts. */
 extern const cm_mm_ops *cm_builtin;

@@ -581,6 +581,9 @@ int
 cm_pool_init(PyObject *mod, cm_state *st)
 {
     (void)st;
+    if (cm_atfork_child_add(cm_pool_atfork_child) < 0) {
+        return -1;
+    }
     cm_default_limit = (size_t)cm_env_bytes("CUDAMEM_POOL_LIMIT", 0);
     if (cm_pool_poison_env() < 0) {
         return -1;

@@ -74,6 +74,25 @@ cm_async_pool_make(cm_context *ctx, cm_pool *p)
     return CM_CU(DeviceGetDefaultMemPool, (&p->mempool, dev));
 }
 
+/* NOTE: GIL; every pool made and not yet freed. */
+static cm_pool *cm_pools_all;
+
+/* In a fork's child a pool's lists may be half relinked by a thread
+ * that no longer exists, and its mutex held: every pool becomes dead
+ * there (its operations return at once, nothing walks it) with a fresh
+ * mutex.  Frees in the child are dropped before they reach a pool
+ * (cm_forked). */
+void
+cm_pool_atfork_child(void)
+{
+    cm_pool *p;
+
+    for (p = cm_pools_all; p != NULL; p = p->all_next) {
+        pthread_mutex_init(&p->mu, NULL);
+        p->dead = 1;
+    }
+}
+
 /* Give ctx the state of manager kind (CM_MM_POOL or CM_MM_ASYNC); 0, or
  * -1 with an exception. */
 static int
@@ -125,6 +144,11 @@ cm_pool_make(cm_context *ctx, int kind)
         }
     }
     ctx->pool = p;
+    p->all_next = cm_pools_all;
+    if (cm_pools_all != NULL) {
+        cm_pools_all->all_prev = p;
+    }
+    cm_pools_all = p;
     return 0;
 }
 
@@ -240,6 +264,15 @@ cm_pool_free(cm_context *ctx)
         return;
     }
     ctx->pool = NULL;
+    if (p->all_prev != NULL) {
+        p->all_prev->all_next = p->all_next;
+    }
+    else {
+        cm_pools_all = p->all_next;
+    }
+    if (p->all_next != NULL) {
+        p->all_next->all_prev = p->all_prev;
+    }
     if (p->export_fd >= 0) {
         close(p->export_fd);
     }

@@ -1558,8 +1558,7 @@ cm_staging_init(PyObject *mod, cm_state *st)
 
     (void)st;
     if (!atfork_done) {
-        if (pthread_atfork(NULL, NULL, cm_staging_atfork_child) != 0) {
-            PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+        if (cm_atfork_child_add(cm_staging_atfork_child) < 0) {
             return -1;
         }
         atfork_done = 1;

@@ -379,7 +379,8 @@ cm_hostcall_enqueue(CUstream h, cm_hostcall *hc, const char **fn)
 {
     if (cm_cu.StreamAddCallback != NULL) {
         *fn = "cuStreamAddCallback";
-        return cm_cu.StreamAddCallback(h, cm_hostcall_stream_cb, hc, 0);
+        return CM_CU_CALL_(StreamAddCallback,
+                           (h, cm_hostcall_stream_cb, hc, 0));
     }
     *fn = "cuLaunchHostFunc";
     return CM_CU_RAW(LaunchHostFunc, (h, cm_hostcall_fn, hc));

@@ -624,17 +624,13 @@ cm_context_release_device(int i)
          * held so that no Python thread touches them meanwhile (not
          * released even while callbacks are in flight: the save let this
          * context's finish first). */
-        if (cm_cu.DevicePrimaryCtxRelease) {
-            (void)cm_cu.DevicePrimaryCtxRelease(h);
-        }
+        (void)CM_CU_CALL_(DevicePrimaryCtxRelease, (h));
         err = cm_cu_check(CM_CU_CALL_(DevicePrimaryCtxReset, (h)),
                           "cuDevicePrimaryCtxReset");
     }
     else {
         Py_BEGIN_ALLOW_THREADS
-        if (cm_cu.DevicePrimaryCtxRelease) {
-            (void)cm_cu.DevicePrimaryCtxRelease(h);
-        }
+        (void)CM_CU_CALL_(DevicePrimaryCtxRelease, (h));
         Py_END_ALLOW_THREADS
         CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
     }

@@ -35,6 +35,14 @@ int cm_context_wait_reset(int i);
  * starts; calls begun later, of other contexts, are not waited for. */
 void cm_context_quiesce(void);
 
+/* The runtime's part of a fork's child (device.c): 0, or -1 with an
+ * exception set. */
+int cm_runtime_fork_init(void);
+/* For the tests: the state a fork's child must have made fresh, as a
+ * dict; and a pretence of other threads' work in flight (on: 1/0). */
+PyObject *cm_runtime_fork_state(void);
+void cm_runtime_fork_pretend(int on);
+
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
 /* ------------------------------------------------------------------ */

@@ -590,6 +590,9 @@ static PyMethodDef cm_context_functions[] = {
 int
 cm_context_init(PyObject *mod, cm_state *st)
 {
+    if (cm_runtime_fork_init() < 0) {
+        return -1;
+    }
     st->Device_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_device_spec, NULL);
     if (st->Device_type == NULL

@@ -71,6 +71,61 @@ cm_context_quiesce(void)
     Py_END_ALLOW_THREADS
 }
 
+/* In the child of a fork(): the driver calls, resets and Python
+ * callbacks that other parent threads had in flight never end there,
+ * so nothing may wait for them (cm_context_quiesce, wait_reset and the
+ * GIL's yield would).  The contexts stay as they were: their objects
+ * refuse (the driver does) and free nothing (cm_forked). */
+static void
+cm_runtime_atfork_child(void)
+{
+    memset(cm_driver_calls, 0, sizeof(cm_driver_calls));
+    memset(cm_resetting, 0, sizeof(cm_resetting));
+    memset(cm_resetter, 0, sizeof(cm_resetter));
+    __atomic_store_n(&cm_pycb_live, 0, __ATOMIC_SEQ_CST);
+}
+
+int
+cm_runtime_fork_init(void)
+{
+    return cm_atfork_child_add(cm_runtime_atfork_child);
+}
+
+/* What a fork's child must have made fresh, for the tests. */
+PyObject *
+cm_runtime_fork_state(void)
+{
+    long calls = __atomic_load_n(&cm_driver_calls[0], __ATOMIC_SEQ_CST)
+                 + __atomic_load_n(&cm_driver_calls[1], __ATOMIC_SEQ_CST);
+    int resetting = 0;
+    int i;
+
+    for (i = 0; i < CM_MAX_DEVICES; i++) {
+        resetting += cm_resetting[i];
+    }
+    return Py_BuildValue(
+        "{s:O,s:l,s:l,s:i}", "forked", cm_forked ? Py_True : Py_False,
+        "calls_in_flight", calls, "callbacks_in_flight",
+        __atomic_load_n(&cm_pycb_live, __ATOMIC_SEQ_CST), "resetting",
+        resetting);
+}
+
+/* For the tests: on (1), pretend that another thread is in a driver call
+ * with the GIL released, that device 0 is being reset by another thread
+ * and that a Python callback is in flight; off (0) takes it back.  Only
+ * meant around a fork (this thread must not touch device 0 meanwhile). */
+void
+cm_runtime_fork_pretend(int on)
+{
+    long d = on ? 1 : -1;
+
+    (void)__atomic_fetch_add(&cm_driver_calls[0], d, __ATOMIC_SEQ_CST);
+    (void)__atomic_fetch_add(&cm_driver_calls[1], d, __ATOMIC_SEQ_CST);
+    (void)__atomic_fetch_add(&cm_pycb_live, d, __ATOMIC_SEQ_CST);
+    cm_resetting[0] = (unsigned char)(on != 0);
+    cm_resetter[0] = on ? (unsigned long)-1 : 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
 /* ------------------------------------------------------------------ */

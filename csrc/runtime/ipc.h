@@ -127,6 +127,10 @@ PyObject *cm_ipc_can_access_peer(PyObject *mod, PyObject *const *args,
  * ... MemoryPointer), once.  0, or -1 with an exception. */
 int cm_ipc_classes(void);
 
+/* The imported pools' mutex made fresh in a fork's child (ipcpool.c).
+ * 0, or -1 with an exception set. */
+int cm_ipcpool_fork_init(void);
+
 
 /* Docstrings of functions whose tables live in another file. */
 extern const char cm_ipc_export_doc[];

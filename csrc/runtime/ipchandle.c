@@ -581,6 +581,9 @@ cm_ipc_init(PyObject *mod, cm_state *st)
 {
     int i;
 
+    if (cm_ipcpool_fork_init() < 0) {
+        return -1;
+    }
     for (i = 0; i < 3; i++) {
         cm_str_pci[i] = PyUnicode_InternFromString(cm_pci_keys[i]);
         if (cm_str_pci[i] == NULL) {

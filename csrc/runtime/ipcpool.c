@@ -49,6 +49,15 @@ static pthread_mutex_t cm_imp_mu = PTHREAD_MUTEX_INITIALIZER;
 static cm_ipool *cm_ipools;
 static cm_iptr *cm_iptrs;
 
+int
+cm_ipcpool_fork_init(void)
+{
+    /* In a fork's child the lists are the parent's; nothing there frees
+     * through them (cm_forked), but the mutex must not be one another
+     * parent thread held. */
+    return cm_atfork_mutex_add(&cm_imp_mu);
+}
+
 /* Drop a reference to ip; the last unlinks it and destroys the imported
  * pool (unless its context was closed, or driver is 0).  No GIL needed;
  * some context current when driver is 1. */
