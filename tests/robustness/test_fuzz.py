@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: MIT
 """Replay each fuzz harness's seed corpus (tests/fuzz/corpus/<name>/)
 through its TestOneInput, in a child process per harness, so that an
-input that once found a bug keeps being checked by the ordinary suite.
+input that once found a bug keeps being checked by the ordinary suite,
+on the backend the suite runs on (the real driver on a GPU, under a
+device memory limit so that no input can take the card).
 The fuzzing itself is tests/fuzz/run.py (run by .ci/run).  Inputs that
 hit bugs already filed are stepped around (CUDAMEM_FUZZ_SKIP_KNOWN=1);
 skipped without atheris."""
@@ -26,14 +28,14 @@ for p in sorted(pathlib.Path(sys.argv[1]).iterdir()):
 """
 
 
-@pytest.mark.sim
 @pytest.mark.parametrize("name", NAMES)
 def test_seed_corpus_replays_clean(name):
     pytest.importorskip("atheris")
     seeds = FUZZ / "corpus" / name
     assert any(seeds.iterdir()), "no seed corpus for %s" % name
     env = dict(os.environ, CUDAMEM_FUZZ_SKIP_KNOWN="1",
-               CUDAMEM_SIMULATOR="1")
+               CUDAMEM_SIMULATOR=os.environ.get("CUDAMEM_SIMULATOR", "1"),
+               CUDAMEM_DEVICE_MEMORY_LIMIT="2GiB")
     env.pop("CUDAMEM_FUZZ_LAST_INPUT", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(FUZZ.parent.parent), str(FUZZ)]
