@@ -596,22 +596,41 @@ def write_json(res, path):
         json.dump(res, f, indent=1)
 
 
+# One colour per library (the line style says the method), the same in
+# every run, so that a plot is read at a glance and checked by its pixels.
+LIBRARY_COLORS = {"cudamem": "#1f77b4", "driver": "#ff7f0e",
+                  "numba": "#2ca02c", "cupy": "#d62728", "torch": "#9467bd",
+                  "rmm": "#8c564b", "cuda.core": "#e377c2"}
+LIMIT_COLOR = "#808080"
+
+
 def write_plot(res, path):
     """Bandwidth against size, one line per library and method, with the
     pinned path's best host-to-device figure as a reference line.  Needs
-    matplotlib (``pip install cudamem[plot]``)."""
+    matplotlib (``pip install cudamem[plot]``).
+
+    Returns what was drawn: ``size`` (width, height) of the PNG in
+    pixels; ``axes``, per panel its ``title`` and ``box`` (left, top,
+    right, bottom pixels of its frame, from the image's top left);
+    ``series``, per line its ``library``, ``method``, ``direction``,
+    ``color`` and ``points``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5), sharey=True)
+    dpi = 110
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.6), sharey=True, dpi=dpi)
     styles = {"pinned": "-", "pageable-direct": "--",
               "pageable-staged": ":"}
     markers = {"cudamem": "o", "driver": "s", "numba": "^", "cupy": "v",
-               "torch": "D"}
+               "torch": "D", "rmm": "P", "cuda.core": "X"}
+    titles = {"htod": "host to device", "dtoh": "device to host",
+              "bidir": "bidirectional"}
+    drawn = []
     for ax, direction in zip(axes, DIRECTIONS, strict=True):
         for lib in res["libraries"]:
+            color = LIBRARY_COLORS.get(lib)
             for method in METHODS:
                 pts = sorted((r["size"], r["gbps"]) for r in res["bandwidth"]
                              if r["library"] == lib
@@ -619,25 +638,47 @@ def write_plot(res, path):
                              and r["direction"] == direction)
                 if not pts:
                     continue
-                ax.plot([p[0] for p in pts], [p[1] for p in pts],
-                        linestyle=styles[method],
-                        marker=markers.get(lib, "."), markersize=4,
-                        label="%s %s" % (lib, method))
+                line, = ax.plot([p[0] for p in pts], [p[1] for p in pts],
+                                linestyle=styles[method], color=color,
+                                marker=markers.get(lib, "."), markersize=4,
+                                label="%s %s" % (lib, method))
+                drawn.append({"library": lib, "method": method,
+                              "direction": direction,
+                              "color": matplotlib.colors.to_hex(
+                                  line.get_color()),
+                              "points": pts})
         if res["pcie_limit_gbps"]:
-            ax.axhline(res["pcie_limit_gbps"], color="grey", linewidth=1,
-                       linestyle="-.", label="pinned limit %.1f GB/s"
+            ax.axhline(res["pcie_limit_gbps"], color=LIMIT_COLOR,
+                       linewidth=1, linestyle="-.",
+                       label="pinned limit %.1f GB/s"
                        % res["pcie_limit_gbps"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("transfer size (bytes)")
-        ax.set_title({"htod": "host to device", "dtoh": "device to host",
-                      "bidir": "bidirectional"}[direction])
+        ax.set_title(titles[direction])
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("GB/s")
-    axes[-1].legend(fontsize=7, loc="best")
+    # The legend goes under the panels, where it hides no line.
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", fontsize=8,
+               ncol=min(len(labels), 6), frameon=False)
     title = "cudamem bench: %s" % res["device"]["name"]
     if res["simulated"]:
         title += " (SIMULATED: CPU simulator, not a GPU)"
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    rows = (len(labels) + 5) // 6
+    fig.tight_layout(rect=(0, 0.035 * rows + 0.02, 1, 1))
+    fig.savefig(path, dpi=dpi)
+    width, height = fig.canvas.get_width_height()
+    boxes = []
+    for ax, direction in zip(axes, DIRECTIONS, strict=True):
+        b = ax.get_window_extent()
+        boxes.append({"title": titles[direction],
+                      "box": [float(b.x0), float(height - b.y1),
+                              float(b.x1), float(height - b.y0)]})
     plt.close(fig)
+    return {"size": [width, height], "axes": boxes, "series": drawn}
