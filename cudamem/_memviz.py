@@ -318,9 +318,11 @@ def _timeline_svg(ser, ooms, records):
                 "device %d, %s, %s manager, at t = %.4g s"
                 % (e["device"], _stream_name(e["stream"]), e["manager"], t)]
         idx = records.add(head, e.get("stack"), "failed at")
-        parts.append('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" '
-                     'stroke="#d00" stroke-width="1.5" '
-                     'stroke-dasharray="4 3"/>' % (x(t), x(t), top, top + ph))
+        # Two pixels wide on whole pixels: a crisp line, not a blur.
+        parts.append('<line x1="%d" x2="%d" y1="%d" y2="%d" '
+                     'stroke="#d00" stroke-width="2" '
+                     'stroke-dasharray="4 3"/>'
+                     % (round(x(t)), round(x(t)), top, top + ph))
         parts.append('<text x="%.1f" y="%d" text-anchor="end" fill="#d00">'
                      'OOM</text>' % (x(t) - 2, top - 4))
         # A band wider than the line, so that it is easy to point at.

@@ -228,7 +228,8 @@ def test_page_loads_and_draws(browser, recorded, capsys):
         if name == "managed":        # 64 KiB: a line along the axis
             continue
         assert _count(rows, svg, _hex(stroke), 30) > 30, name
-    assert _count(rows, svg, (0xdd, 0, 0), 30) > 50            # OOM mark
+    oom = _box(tab, "rect.oom")
+    assert _count(rows, oom, (0xdd, 0, 0), 30) > 100           # OOM mark
     segs = _box(tab, "svg.segments")
     assert _count(rows, segs, _hex("#d62728"), 20) > 500      # used
     assert _count(rows, segs, _hex("#2ca02c"), 20) > 500      # free
