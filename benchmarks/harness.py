@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """The benchmark harness: every operation, for every library that is
-installed, timed side by side in one process.
+installed (numba-cuda, CuPy, PyTorch, RMM, cuda.core, each imported only
+when it is), timed side by side in one process.
 
 An operation is a name and, per library, a factory that returns the
 callable to time (or raises ``Skip`` / ImportError when that library
@@ -29,7 +30,9 @@ class Measured(tuple):
     can be chosen): (median, p10, p90) seconds per call."""
 
 
-LIBS = ("cudamem", "numba", "cupy", "torch", "driver")
+# rmm and cuda.core are passed to a factory as the objects it needs made
+# once (cudamem._bench.load_rmm / load_cuda_core say which).
+LIBS = ("cudamem", "numba", "cupy", "torch", "rmm", "cuda.core", "driver")
 
 
 def load_lib(name):
@@ -61,6 +64,11 @@ def load_lib(name):
                 return None
             torch.cuda.init()
             return torch
+        if name in ("rmm", "cuda.core"):
+            from cudamem import _bench
+
+            return _bench.load_rmm() if name == "rmm" \
+                else _bench.load_cuda_core()
         if name == "driver":
             from cudamem import _core
 

@@ -8,7 +8,10 @@ cudamem's context would reset the primary context the peers share, so
 the pool and async rows time cudamem in a subprocess started with
 CUDAMEM_MEMORY_MANAGER=<kind> (the same timing code, see ``_measure``);
 the default rows time it in this process.  The peers run in this process
-in every row, so each row's ratios compare like with like.
+in every row, so each row's ratios compare like with like: RMM with a
+DeviceBuffer from its PoolMemoryResource (a sub-allocator, as cudamem's
+pool), cuda.core with a Buffer from its DeviceMemoryResource (the
+driver's stream-ordered pool, as cudamem's async manager).
 
 Nothing here synchronises: an allocation enqueues no device work (the
 async manager's cuMemFreeAsync is stream-ordered, and PyTorch's and
@@ -94,6 +97,27 @@ def _torch_alloc(op):
     return factory
 
 
+def _rmm_alloc(op):
+    """RMM: a DeviceBuffer from its pool resource, dropped."""
+    def factory(p):
+        nxt = _sizes(op)
+        buf, pool = p.rmm.DeviceBuffer, p.pool
+        return lambda: buf(size=nxt(), mr=pool)
+
+    return factory
+
+
+def _core_alloc(op):
+    """cuda.core: a Buffer from its DeviceMemoryResource (the driver's
+    stream-ordered pool) on one of its streams, closed on it."""
+    def factory(p):
+        nxt = _sizes(op)
+        alloc, s = p.mr.allocate, p.stream
+        return lambda: alloc(nxt(), stream=s).close(s)
+
+    return factory
+
+
 def _driver_alloc(op):
     def factory(core):
         nxt = _sizes(op)
@@ -143,6 +167,8 @@ def _alloc_ops():
                         "impls": {"cudamem": cm, "numba": _numba_alloc(op),
                                   "cupy": _cupy_alloc(op),
                                   "torch": _torch_alloc(op),
+                                  "rmm": _rmm_alloc(op),
+                                  "cuda.core": _core_alloc(op),
                                   "driver": _driver_alloc(op)}})
     # The memory history's cost: the [pool] row above is the same work
     # with it off.
@@ -152,7 +178,9 @@ def _alloc_ops():
                     "impls": {"cudamem": _cm_alloc_in("pool", "small",
                                                       history),
                               "cupy": _cupy_alloc("small"),
-                              "torch": _torch_alloc("small")}})
+                              "torch": _torch_alloc("small"),
+                              "rmm": _rmm_alloc("small"),
+                              "cuda.core": _core_alloc("small")}})
     return ops
 
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Host memory: pinned allocation (with the pinned pool off, numba's way,
-and on, cudamem's default), registration of an
+and on, cudamem's default; RMM's and cuda.core's pinned resources, and
+each one's pool of them), registration of an
 existing array, mapped and managed allocation, and host<->device
 bandwidth from pinned memory.
 
@@ -59,6 +60,34 @@ def _pin_cupy(cp):
 
 def _pin_torch(torch):
     return lambda: torch.empty(MiB, dtype=torch.uint8, pin_memory=True)
+
+
+def _pin_rmm(p):
+    """RMM's PinnedHostMemoryResource (cudaMallocHost / cudaFreeHost)."""
+    mr = p.pinned
+    return lambda: mr.deallocate(mr.allocate(MiB), MiB)
+
+
+def _pin_rmm_pooled(p):
+    """A PoolMemoryResource over RMM's pinned resource."""
+    mr = p.mr.PoolMemoryResource(p.pinned, initial_pool_size=64 * MiB)
+    return lambda: mr.deallocate(mr.allocate(MiB), MiB)
+
+
+def _pin_core(p):
+    """cuda.core's LegacyPinnedMemoryResource (cuMemAllocHost)."""
+    mr = p.pinned
+    return lambda: mr.allocate(MiB).close()
+
+
+def _pin_core_pooled(p):
+    """cuda.core's PinnedMemoryResource: a stream-ordered pool of host
+    memory (newer releases, on devices with host memory pools)."""
+    if not hasattr(p.cc, "PinnedMemoryResource"):
+        raise Skip("this cuda.core has no PinnedMemoryResource")
+    mr = p.cc.PinnedMemoryResource()
+    s = p.stream
+    return lambda: mr.allocate(MiB, stream=s).close(s)
 
 
 def _pin_driver(core):
@@ -236,11 +265,12 @@ def _size_name(n):
 OPS = [
     {"name": "pinned_array(1 MiB) [pool off]",
      "impls": {"cudamem": _pin_cudamem, "numba": _pin_numba,
-               "cupy": _pin_cupy, "torch": _pin_torch,
-               "driver": _pin_driver}},
+               "cupy": _pin_cupy, "torch": _pin_torch, "rmm": _pin_rmm,
+               "cuda.core": _pin_core, "driver": _pin_driver}},
     {"name": "pinned_array(1 MiB) [default: pooled]",
      "impls": {"cudamem": _pin_cudamem_pooled, "cupy": _pin_cupy,
-               "torch": _pin_torch}},
+               "torch": _pin_torch, "rmm": _pin_rmm_pooled,
+               "cuda.core": _pin_core_pooled}},
     {"name": "pinned() register 1 MiB",
      "impls": {"cudamem": _reg_cudamem, "numba": _reg_numba,
                "cupy": _reg_cupy, "driver": _reg_driver}},

@@ -5,7 +5,9 @@ cudamem's pool, and DeviceNDArrays moving between Dask workers.
 Rows (the cudamem column is the library under cudamem's adapter, the
 library's own column its own allocator):
 
-- ``cupy.empty(256) [use_with_cupy]``: CuPy's allocate-and-drop;
+- ``cupy.empty(256) [use_with_cupy]``: CuPy's allocate-and-drop; the
+  rmm column is CuPy under ``rmm.allocators.cupy.rmm_cupy_allocator``
+  with RMM's PoolMemoryResource as the current device resource;
 - ``torch.empty(256) [use_with_torch]``: PyTorch's; the adapter must be
   installed before PyTorch's first allocation, so cudamem's timing comes
   from a subprocess (as the ``[pool]`` rows of ops_alloc do);
@@ -60,12 +62,23 @@ DASK_BYTES = 256 * MIB
 
 def _measure(which, repeats=31):
     """Run in a subprocess: time one allocate-and-drop under an adapter
-    (which: cupy, torch, torch_mempool, torch_floor, numba) or on the
-    library's own allocator (cupy_own, torch_own, numba_own); (median,
-    p10, p90)."""
+    (which: cupy, torch, torch_mempool, torch_floor, numba), on the
+    library's own allocator (cupy_own, torch_own, numba_own), or CuPy's
+    through RMM's CuPy allocator over its pool resource (cupy_rmm);
+    (median, p10, p90)."""
     if which == "cupy_own":
         import cupy
 
+        fn = _cupy(cupy)
+    elif which == "cupy_rmm":
+        import cupy
+        import rmm
+        import rmm.mr
+        from rmm.allocators.cupy import rmm_cupy_allocator
+
+        rmm.mr.set_current_device_resource(rmm.mr.PoolMemoryResource(
+            rmm.mr.CudaMemoryResource(), initial_pool_size=256 * MIB))
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
         fn = _cupy(cupy)
     elif which == "torch_own":
         import torch
@@ -323,7 +336,8 @@ NUMBA_PLUGIN = {"NUMBA_CUDA_MEMORY_MANAGER": "cudamem.numba_plugin"}
 
 OPS = [
     {"name": "cupy.empty(256) [use_with_cupy]",
-     "impls": {"cudamem": _adapter("cupy"), "cupy": _own("cupy")}},
+     "impls": {"cudamem": _adapter("cupy"), "cupy": _own("cupy"),
+               "rmm": _adapter("cupy_rmm")}},
     {"name": "torch.empty(256) [use_with_torch]",
      "impls": {"cudamem": _adapter("torch"), "torch": _own("torch")}},
     {"name": "torch.empty(256) [torch_mempool]",

@@ -31,6 +31,15 @@ def _stream_torch(torch):
     return torch.cuda.Stream
 
 
+def _stream_rmm(p):
+    return p.Stream                  # a new CUDA stream, destroyed with it
+
+
+def _stream_core(p):
+    dev = p.dev
+    return lambda: dev.create_stream().close()
+
+
 def _stream_driver(core):
     create, destroy = core._raw_stream_create, core._raw_stream_destroy
     return lambda: destroy(create())
@@ -289,6 +298,7 @@ OPS = [
     {"name": "stream() create+drop",
      "impls": {"cudamem": _stream_cm, "numba": _stream_numba,
                "cupy": _stream_cupy, "torch": _stream_torch,
+               "rmm": _stream_rmm, "cuda.core": _stream_core,
                "driver": _stream_driver}},
     {"name": "stream.synchronize() idle",
      "impls": {"cudamem": _sync_cm, "numba": _sync_numba,

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""Run cudamem's benchmarks side by side with numba-cuda, CuPy, PyTorch and
-the bare driver, whichever are installed, and print one table.
+"""Run cudamem's benchmarks side by side with numba-cuda, CuPy, PyTorch,
+RMM, cuda.core and the bare driver, whichever are installed, and print
+one table.
 
     python benchmarks/run.py [-k SUBSTRING ...] [--json FILE] [--repeats N]
 

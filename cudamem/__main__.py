@@ -7,7 +7,8 @@ memory; exits 1 when no backend can be used, after saying why.
 
 ``python -m cudamem bench [--quick] [--compare] [--json FILE]
 [--plot FILE.png]`` measures transfer bandwidth and call latency beside
-the bare driver (and numba-cuda, CuPy, PyTorch with ``--compare``).
+the bare driver (and numba-cuda, CuPy, PyTorch, RMM, cuda.core with
+``--compare``).
 
 ``python -m cudamem memviz SNAPSHOT.json -o memory.html|memory.png``
 draws a snapshot written by ``cudamem.dump_snapshot``.
@@ -67,7 +68,8 @@ def _parser():
     b.add_argument("--quick", action="store_true",
                    help="fewer sizes and samples (seconds, not minutes)")
     b.add_argument("--compare", action="store_true",
-                   help="also numba-cuda, CuPy and PyTorch when installed")
+                   help="also numba-cuda, CuPy, PyTorch, RMM and cuda.core "
+                        "when installed")
     b.add_argument("--json", metavar="FILE", help="write the figures")
     b.add_argument("--plot", metavar="FILE.png",
                    help="draw bandwidth against size (needs matplotlib: "

@@ -9,7 +9,10 @@ staging pipeline; and the latency of device_array, to_device,
 copy_to_host, pinned_array, stream and event calls.  Every figure of
 cudamem's stands beside the bare driver's for the same work (cudamem's
 raw test helpers, which make the driver call and nothing else), and, with
-``compare=True``, beside numba-cuda, CuPy and PyTorch where installed.
+``compare=True``, beside numba-cuda, CuPy, PyTorch, RMM (its pool
+resource, pinned resource and streams) and cuda.core (its
+DeviceMemoryResource, LegacyPinnedMemoryResource and streams) where
+installed; each is imported only then.
 
 Each timing is the median of a few samples; a sample is the mean of
 enough back-to-back calls to last a moment, and every call leaves the
@@ -174,8 +177,82 @@ class _Pair:
 # libraries
 
 
+RMM_POOL_BYTES = 256 * MiB
+
+
+def cuda_core_module():
+    """cuda.core's namespace: ``cuda.core`` where it exports the classes
+    (newer releases), else ``cuda.core.experimental``.  ImportError when
+    neither is installed."""
+    try:
+        from cuda import core
+
+        core.Device                          # noqa: B018 - probe
+        return core
+    except (ImportError, AttributeError):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from cuda.core import experimental
+        return experimental
+
+
+def load_rmm():
+    """RMM's objects the benchmarks use, made once, or None (not
+    installed, or no device): ``rmm``; ``pool``, a PoolMemoryResource of
+    RMM_POOL_BYTES over CudaMemoryResource (what RMM's users pick for
+    many small allocations); ``pinned``, a PinnedHostMemoryResource;
+    ``Stream``, RMM's stream class (a new CUDA stream per call, destroyed
+    with it)."""
+    try:
+        import types
+
+        import rmm
+        import rmm.mr
+
+        try:
+            from rmm.pylibrmm.stream import Stream
+        except ImportError:                  # releases before 24.12
+            from rmm._cuda.stream import Stream
+        pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
+                                         initial_pool_size=RMM_POOL_BYTES)
+        rmm.DeviceBuffer(size=256, mr=pool)  # a device that works
+        return types.SimpleNamespace(
+            name="rmm", rmm=rmm, mr=rmm.mr, pool=pool,
+            pinned=rmm.mr.PinnedHostMemoryResource(), Stream=Stream)
+    except Exception:  # noqa: BLE001 - any failure means "not here"
+        return None
+
+
+def load_cuda_core():
+    """cuda.core's objects the benchmarks use, made once, or None:
+    ``cc`` (the namespace), ``dev`` (device 0, made current), ``stream``
+    (one of its streams), ``mr`` (its DeviceMemoryResource: the driver's
+    stream-ordered pool) and ``pinned`` (a LegacyPinnedMemoryResource:
+    cuMemAllocHost)."""
+    try:
+        import types
+
+        cc = cuda_core_module()
+        dev = cc.Device(0)
+        dev.set_current()
+        stream = dev.create_stream()
+        mr = cc.DeviceMemoryResource(dev.device_id)
+        mr.allocate(256, stream=stream).close(stream)
+        return types.SimpleNamespace(
+            name="cuda.core", cc=cc, dev=dev, stream=stream, mr=mr,
+            pinned=cc.LegacyPinnedMemoryResource())
+    except Exception:  # noqa: BLE001 - any failure means "not here"
+        return None
+
+
 def _load(name):
     """The module of a library to compare with, or None."""
+    if name == "rmm":
+        return load_rmm()
+    if name == "cuda.core":
+        return load_cuda_core()
     try:
         if name == "numba":
             from numba import cuda
@@ -238,6 +315,40 @@ def _bw_callables(lib, mod, method, b):
                 lambda: _core._memcpy_dtoh(dst, pb))
     if method == "pageable-staged":
         raise _Skip
+    if lib == "rmm":
+        # Device buffers from its pool, a stream per direction (the
+        # default stream would serialise the two of bidir).
+        da = mod.rmm.DeviceBuffer(size=b.n, mr=mod.pool)
+        db = mod.rmm.DeviceBuffer(size=b.n, mr=mod.pool)
+        s1, s2 = mod.Stream(), mod.Stream()
+
+        def rhtod():
+            da.copy_from_host(src, s1)
+            s1.synchronize()
+
+        def rdtoh():
+            db.copy_to_host(dst, s2)
+            s2.synchronize()
+        return rhtod, rdtoh
+    if lib == "cuda.core":
+        # Its buffers copy to and from its own buffers: host memory is its
+        # pinned resource's, so it has no pageable figure.
+        if not pinned:
+            raise _Skip
+        s1, s2 = mod.dev.create_stream(), mod.dev.create_stream()
+        hp = mod.pinned.allocate(b.n)
+        hq = mod.pinned.allocate(b.n)
+        da = mod.mr.allocate(b.n, stream=s1)
+        db = mod.mr.allocate(b.n, stream=s2)
+
+        def chtod():
+            da.copy_from(hp, stream=s1)
+            s1.sync()
+
+        def cdtoh():
+            hq.copy_from(db, stream=s2)
+            s2.sync()
+        return chtod, cdtoh
     if lib == "numba":
         da = mod.device_array(b.n, np.uint8)
         db = mod.device_array(b.n, np.uint8)
@@ -333,6 +444,35 @@ def _lat_callables(lib, mod):
             _core._device_free(p)
             _core._raw_event_destroy(ev)
         return ops, cleanup
+    if lib == "rmm":
+        buf, pool, pinned = mod.rmm.DeviceBuffer, mod.pool, mod.pinned
+        d = buf(size=n, mr=pool)
+        d.copy_from_host(host)
+        out = np.empty_like(host)
+
+        def rto_dev():
+            x = buf(size=n, mr=pool)
+            x.copy_from_host(host)               # the default stream: synced
+            return x
+        ops["device_array"] = lambda: buf(size=n, mr=pool)
+        ops["to_device"] = rto_dev
+        ops["copy_to_host"] = lambda: d.copy_to_host(out)
+        ops["pinned_array"] = lambda: pinned.deallocate(
+            pinned.allocate(MiB), MiB)
+        ops["stream"] = mod.Stream
+        return ops, (d,)
+    if lib == "cuda.core":
+        s, mr, pinned, dev = mod.stream, mod.mr, mod.pinned, mod.dev
+        ev = s.record()
+        ops["device_array"] = lambda: mr.allocate(n, stream=s).close(s)
+        ops["pinned_array"] = lambda: pinned.allocate(MiB).close()
+        ops["stream"] = lambda: dev.create_stream().close()
+
+        def cevent():
+            s.record(ev)
+            ev.sync()
+        ops["event"] = cevent
+        return ops, (ev,)
     if lib == "numba":
         cuda = mod
         d = cuda.to_device(host)
@@ -426,7 +566,8 @@ def run(quick=False, compare=False, progress=False, max_size=None,
     quick : bool
         Fewer sizes (4 KiB to 256 MiB) and samples.
     compare : bool
-        Also time numba-cuda, CuPy and PyTorch where installed.
+        Also time numba-cuda, CuPy, PyTorch, RMM and cuda.core where
+        installed.
     progress : bool
         Draw a progress bar on ``stream`` (default: stderr).
     max_size : int, optional
@@ -445,7 +586,7 @@ def run(quick=False, compare=False, progress=False, max_size=None,
     libs = ["cudamem", "driver"]
     mods = {"cudamem": cudamem, "driver": _core}
     if compare:
-        for name in ("numba", "cupy", "torch"):
+        for name in ("numba", "cupy", "torch", "rmm", "cuda.core"):
             m = _load(name)
             if m is not None:
                 libs.append(name)
@@ -596,22 +737,41 @@ def write_json(res, path):
         json.dump(res, f, indent=1)
 
 
+# One colour per library (the line style says the method), the same in
+# every run, so that a plot is read at a glance and checked by its pixels.
+LIBRARY_COLORS = {"cudamem": "#1f77b4", "driver": "#ff7f0e",
+                  "numba": "#2ca02c", "cupy": "#d62728", "torch": "#9467bd",
+                  "rmm": "#8c564b", "cuda.core": "#e377c2"}
+LIMIT_COLOR = "#808080"
+
+
 def write_plot(res, path):
     """Bandwidth against size, one line per library and method, with the
     pinned path's best host-to-device figure as a reference line.  Needs
-    matplotlib (``pip install cudamem[plot]``)."""
+    matplotlib (``pip install cudamem[plot]``).
+
+    Returns what was drawn: ``size`` (width, height) of the PNG in
+    pixels; ``axes``, per panel its ``title`` and ``box`` (left, top,
+    right, bottom pixels of its frame, from the image's top left);
+    ``series``, per line its ``library``, ``method``, ``direction``,
+    ``color`` and ``points``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5), sharey=True)
+    dpi = 110
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.6), sharey=True, dpi=dpi)
     styles = {"pinned": "-", "pageable-direct": "--",
               "pageable-staged": ":"}
     markers = {"cudamem": "o", "driver": "s", "numba": "^", "cupy": "v",
-               "torch": "D"}
+               "torch": "D", "rmm": "P", "cuda.core": "X"}
+    titles = {"htod": "host to device", "dtoh": "device to host",
+              "bidir": "bidirectional"}
+    drawn = []
     for ax, direction in zip(axes, DIRECTIONS, strict=True):
         for lib in res["libraries"]:
+            color = LIBRARY_COLORS.get(lib)
             for method in METHODS:
                 pts = sorted((r["size"], r["gbps"]) for r in res["bandwidth"]
                              if r["library"] == lib
@@ -619,25 +779,47 @@ def write_plot(res, path):
                              and r["direction"] == direction)
                 if not pts:
                     continue
-                ax.plot([p[0] for p in pts], [p[1] for p in pts],
-                        linestyle=styles[method],
-                        marker=markers.get(lib, "."), markersize=4,
-                        label="%s %s" % (lib, method))
+                line, = ax.plot([p[0] for p in pts], [p[1] for p in pts],
+                                linestyle=styles[method], color=color,
+                                marker=markers.get(lib, "."), markersize=4,
+                                label="%s %s" % (lib, method))
+                drawn.append({"library": lib, "method": method,
+                              "direction": direction,
+                              "color": matplotlib.colors.to_hex(
+                                  line.get_color()),
+                              "points": pts})
         if res["pcie_limit_gbps"]:
-            ax.axhline(res["pcie_limit_gbps"], color="grey", linewidth=1,
-                       linestyle="-.", label="pinned limit %.1f GB/s"
+            ax.axhline(res["pcie_limit_gbps"], color=LIMIT_COLOR,
+                       linewidth=1, linestyle="-.",
+                       label="pinned limit %.1f GB/s"
                        % res["pcie_limit_gbps"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("transfer size (bytes)")
-        ax.set_title({"htod": "host to device", "dtoh": "device to host",
-                      "bidir": "bidirectional"}[direction])
+        ax.set_title(titles[direction])
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("GB/s")
-    axes[-1].legend(fontsize=7, loc="best")
+    # The legend goes under the panels, where it hides no line.
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", fontsize=8,
+               ncol=min(len(labels), 6), frameon=False)
     title = "cudamem bench: %s" % res["device"]["name"]
     if res["simulated"]:
         title += " (SIMULATED: CPU simulator, not a GPU)"
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    rows = (len(labels) + 5) // 6
+    fig.tight_layout(rect=(0, 0.035 * rows + 0.02, 1, 1))
+    fig.savefig(path, dpi=dpi)
+    width, height = fig.canvas.get_width_height()
+    boxes = []
+    for ax, direction in zip(axes, DIRECTIONS, strict=True):
+        b = ax.get_window_extent()
+        boxes.append({"title": titles[direction],
+                      "box": [float(b.x0), float(height - b.y1),
+                              float(b.x1), float(height - b.y0)]})
     plt.close(fig)
+    return {"size": [width, height], "axes": boxes, "series": drawn}

@@ -45,25 +45,29 @@ def _series_key(kind, device, stream, multi_device):
 
 
 def _decimate(points):
+    """At most about MAX_POINTS points: past it, the lowest and the
+    highest point of each time bucket, in time order, so that the drawn
+    line keeps both the peaks and the troughs."""
     if len(points) <= MAX_POINTS:
         return points
     t0, t1 = points[0][0], points[-1][0]
-    width = (t1 - t0) / (MAX_POINTS // 2) or 1.0
-    out = [points[0]]
-    bucket = None
-    best = None
-    for t, v in points[1:-1]:
-        b = int((t - t0) / width)
+    width = (t1 - t0) / (MAX_POINTS // 2 - 1) or 1.0
+    keep = [0]
+    bucket = lo = hi = None
+    for i in range(1, len(points) - 1):
+        b = int((points[i][0] - t0) / width)
         if b != bucket:
-            if best is not None:
-                out.append(best)
-            bucket, best = b, (t, v)
-        elif v > best[1]:
-            best = (t, v)
-    if best is not None:
-        out.append(best)
-    out.append(points[-1])
-    return out
+            if bucket is not None:
+                keep.extend(sorted({lo, hi}))
+            bucket, lo, hi = b, i, i
+        elif points[i][1] < points[lo][1]:
+            lo = i
+        elif points[i][1] > points[hi][1]:
+            hi = i
+    if bucket is not None:
+        keep.extend(sorted({lo, hi}))
+    keep.append(len(points) - 1)
+    return [points[i] for i in keep]
 
 
 def series(snap):
@@ -127,28 +131,84 @@ h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;
 border-bottom:1px solid #ddd}th{background:#f4f4f4}
 td.l,th.l{text-align:left}.sim{color:#b00;font-weight:bold}
-svg text{font:11px sans-serif}.legend span{margin-right:14px}
+svg text{font:11px sans-serif}
+.legend>span{display:inline-block;white-space:nowrap;margin-right:14px}
 .sw{display:inline-block;width:12px;height:12px;margin-right:4px;
-vertical-align:middle}#tip{position:fixed;background:#ffe;border:1px
-solid #999;padding:2px 6px;pointer-events:none;display:none;font-size:12px}
+vertical-align:middle}.hint{color:#666;font-size:12px}
+#tip{position:fixed;background:#ffe;border:1px solid #999;padding:3px 6px;
+pointer-events:none;display:none;font:12px/1.35 monospace;white-space:pre;
+max-width:70vw;overflow:hidden;z-index:2}
+#detail{position:fixed;right:12px;bottom:12px;max-width:min(900px,90vw);
+max-height:45vh;overflow:auto;background:#fff;border:1px solid #888;
+box-shadow:0 2px 8px rgba(0,0,0,.25);padding:6px 10px;display:none;
+z-index:3}#detail pre{font:12px/1.35 monospace;margin:0}
+#detail button{float:right;margin-left:8px}
+rect.block.sel,rect.oom.sel{stroke:#000;stroke-width:2}
 pre{margin:2px 0;font-size:12px}details{margin:0}
 """
 
+# The page's script: one listener for the whole page (not one per
+# element, which a page of many blocks would make slow), a tooltip kept
+# inside the window, the live bytes of every series under the cursor on
+# the timeline, and on a click the chosen block's or event's whole
+# record, stack included, in a panel that stays.
 _JS = """
-(function(){var tip=document.getElementById('tip');
-document.querySelectorAll('[data-tip]').forEach(function(el){
-el.addEventListener('mousemove',function(ev){tip.textContent=
-el.getAttribute('data-tip');tip.style.left=(ev.clientX+12)+'px';
-tip.style.top=(ev.clientY+12)+'px';tip.style.display='block';});
-el.addEventListener('mouseleave',function(){tip.style.display='none';});
-});})();
+(function(){
+var data=JSON.parse(document.getElementById('memviz-data').textContent);
+var tip=document.getElementById('tip'),
+detail=document.getElementById('detail'),
+detailText=document.getElementById('detail-text'),
+tl=document.getElementById('timeline'),cur=document.getElementById('cursor');
+var U=['B','KiB','MiB','GiB','TiB','PiB'];
+function fmt(n){var i=0;while(Math.abs(n)>=1024&&i<5){n/=1024;i++;}
+return i?n.toFixed(1)+' '+U[i]:Math.floor(n)+' B';}
+function record(i,full){var a=data.allocs[i],t=a.head.join('\\n');
+var st=a.stack>=0?data.stacks[a.stack]:null;
+if(!st)return t+'\\nno stack recorded';
+var fr=full?st:st.slice(0,8);t+='\\n'+a.at+':\\n  '+fr.join('\\n  ');
+if(fr.length<st.length)t+='\\n  ... '+(st.length-fr.length)+
+' more frames (click)';return t;}
+function textOf(el,full){var i=el.getAttribute('data-alloc');
+return i===null?el.getAttribute('data-tip'):record(+i,full);}
+function show(text,ev){tip.textContent=text;tip.style.display='block';
+var x=ev.clientX+14,y=ev.clientY+14,w=tip.offsetWidth,h=tip.offsetHeight;
+if(x+w>innerWidth-4)x=Math.max(4,ev.clientX-14-w);
+if(y+h>innerHeight-4)y=Math.max(4,ev.clientY-14-h);
+tip.style.left=x+'px';tip.style.top=y+'px';}
+function hide(){tip.style.display='none';if(cur)cur.style.display='none';}
+function at(p,t){if(!p.length||t<p[0][0])return 0;var lo=0,hi=p.length-1;
+while(lo<hi){var m=(lo+hi+1)>>1;if(p[m][0]<=t)lo=m;else hi=m-1;}
+return p[lo][1];}
+function readout(ev){var r=tl.getBoundingClientRect();if(!r.width)return null;
+var x=(ev.clientX-r.left)*tl.viewBox.baseVal.width/r.width,
+L=+tl.dataset.left,W=+tl.dataset.width,T=+tl.dataset.tmax;
+if(x<L||x>L+W)return null;var t=(x-L)/W*T,
+lines=['t = '+t.toPrecision(4)+' s'];
+data.order.forEach(function(k){lines.push(k+': '+fmt(at(data.series[k],t)));});
+cur.setAttribute('x1',x);cur.setAttribute('x2',x);cur.style.display='';
+return lines.join('\\n');}
+function target(ev){return ev.target&&ev.target.closest?
+ev.target.closest('[data-tip]'):null;}
+document.addEventListener('mousemove',function(ev){var el=target(ev);
+if(el){if(cur)cur.style.display='none';show(textOf(el,false),ev);return;}
+if(tl&&tl.contains(ev.target)){var t=readout(ev);if(t){show(t,ev);return;}}
+hide();});
+document.documentElement.addEventListener('mouseleave',hide);
+document.addEventListener('click',function(ev){var el=target(ev);if(!el)return;
+var old=document.querySelector('.sel');if(old)old.classList.remove('sel');
+el.classList.add('sel');detailText.textContent=textOf(el,true);
+detail.style.display='block';});
+document.getElementById('detail-close').addEventListener('click',function(){
+detail.style.display='none';var old=document.querySelector('.sel');
+if(old)old.classList.remove('sel');});
+})();
 """
 
 
 def _fmt_bytes(n):
     n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
             return ("%d %s" % (n, unit)) if unit == "B" else (
                 "%.1f %s" % (n, unit))
         n /= 1024
@@ -159,11 +219,52 @@ def _e(s):
     return html.escape(str(s), quote=True)
 
 
-def _timeline_svg(ser):
-    w, h, left, bottom, top, right = 900, 320, 70, 30, 10, 10
+def _stream_name(stream):
+    return "stream 0x%x" % stream if stream else "default stream"
+
+
+class _Records:
+    """What the page's script shows for a block or an event: its lines of
+    text and its stack, each stack stored once (many allocations share
+    one), referred to by index from the element's data-alloc."""
+
+    def __init__(self):
+        self.allocs = []
+        self.stacks = []
+        self._ids = {}
+
+    def _stack(self, stack):
+        if not stack:
+            return -1
+        key = tuple((f["filename"], f["line"], f["function"])
+                    for f in stack)
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self.stacks)
+            self.stacks.append(["%s:%d in %s" % f for f in key])
+        return i
+
+    def add(self, head, stack, at):
+        self.allocs.append({"head": head, "stack": self._stack(stack),
+                            "at": at})
+        return len(self.allocs) - 1
+
+
+def _t_first(snap):
+    """The time the timeline starts at: the first allocation or free
+    recorded (the snapshot's time without one)."""
+    for e in snap["history"]["entries"]:
+        if e["action"] in ("alloc", "free"):
+            return e["time"]
+    return snap.get("time", 0.0)
+
+
+def _timeline_svg(ser, ooms, records):
+    """The timeline and its legend; ooms: [(seconds, entry)]."""
+    w, h, left, bottom, top, right = 900, 320, 70, 30, 16, 12
     names = [k for k in ser if k != "total"] + ["total"]
     t_max = max((pts[-1][0] for pts in ser.values() if pts), default=1.0)
-    t_max = t_max or 1.0
+    t_max = max([t_max] + [t for t, _ in ooms]) or 1.0
     y_max = max((v for pts in ser.values() for _, v in pts), default=1)
     y_max = y_max or 1
     pw, ph = w - left - right, h - top - bottom
@@ -175,7 +276,9 @@ def _timeline_svg(ser):
         return top + ph - ph * v / y_max
 
     parts = ['<svg id="timeline" xmlns="http://www.w3.org/2000/svg" '
-             'width="%d" height="%d" viewBox="0 0 %d %d">' % (w, h, w, h)]
+             'width="%d" height="%d" viewBox="0 0 %d %d" data-left="%d" '
+             'data-width="%d" data-tmax="%r">'
+             % (w, h, w, h, left, pw, t_max)]
     parts.append('<rect x="%d" y="%d" width="%d" height="%d" fill="#fafafa" '
                  'stroke="#ccc"/>' % (left, top, pw, ph))
     for i in range(5):
@@ -186,8 +289,9 @@ def _timeline_svg(ser):
                      % (left - 4, y(v) + 4, _e(_fmt_bytes(v))))
     for i in range(5):
         t = t_max * i / 4
-        parts.append('<text x="%.1f" y="%d" text-anchor="middle">%.3g s'
-                     '</text>' % (x(t), h - 10, t))
+        # The last label ends at the axis's end, inside the picture.
+        parts.append('<text x="%.1f" y="%d" text-anchor="%s">%.3g s</text>'
+                     % (x(t), h - 10, "end" if i == 4 else "middle", t))
     legend = []
     for i, k in enumerate(names):
         pts = ser[k]
@@ -202,17 +306,44 @@ def _timeline_svg(ser):
             prev = v
         peak = max(v for _, v in pts)
         parts.append(
-            '<path class="series" data-series="%s" data-tip="%s: peak %s" '
-            'd="%s" fill="none" stroke="%s" stroke-width="%s"/>'
-            % (_e(k), _e(k), _e(_fmt_bytes(peak)), " ".join(d), color,
-               "2" if k == "total" else "1.5"))
-        legend.append('<span><i class="sw" style="background:%s"></i>%s'
-                      '</span>' % (color, _e(k)))
+            '<path class="series" data-series="%s" d="%s" fill="none" '
+            'stroke="%s" stroke-width="%s"/>'
+            % (_e(k), " ".join(d), color, "2" if k == "total" else "1.5"))
+        legend.append('<span><i class="sw" style="background:%s"></i>%s '
+                      '<span class="hint">(peak %s)</span></span>'
+                      % (color, _e(k), _e(_fmt_bytes(peak))))
+    for t, e in ooms:
+        head = ["out of memory: %s of %s memory asked for"
+                % (_fmt_bytes(e["size"]), e["kind"]),
+                "device %d, %s, %s manager, at t = %.4g s"
+                % (e["device"], _stream_name(e["stream"]), e["manager"], t)]
+        idx = records.add(head, e.get("stack"), "failed at")
+        # Two pixels wide on whole pixels: a crisp line, not a blur.
+        parts.append('<line x1="%d" x2="%d" y1="%d" y2="%d" '
+                     'stroke="#d00" stroke-width="2" '
+                     'stroke-dasharray="4 3"/>'
+                     % (round(x(t)), round(x(t)), top, top + ph))
+        parts.append('<text x="%.1f" y="%d" text-anchor="end" fill="#d00">'
+                     'OOM</text>' % (x(t) - 2, top - 4))
+        # A band wider than the line, so that it is easy to point at.
+        parts.append('<rect class="oom" x="%.1f" y="%d" width="9" '
+                     'height="%d" fill="transparent" pointer-events="all" '
+                     'data-tip="%s" data-alloc="%d"/>'
+                     % (x(t) - 4.5, top, ph, _e("\n".join(head)), idx))
+    if ooms:
+        legend.append('<span><i class="sw" style="background:#d00"></i>'
+                      'out of memory</span>')
+    parts.append('<line id="cursor" x1="0" x2="0" y1="%d" y2="%d" '
+                 'stroke="#888" stroke-width="1" style="display:none"/>'
+                 % (top, top + ph))
     parts.append("</svg>")
     return "".join(parts), '<div class="legend">%s</div>' % "".join(legend)
 
 
-def _segments_svg(dev):
+def _segments_svg(dev, live, records):
+    """The pool's segments of one device, each block to scale; a used
+    block's record is its live allocation (size asked for, stream,
+    stack)."""
     segs = dev.get("segments") or []
     if not segs:
         return ""
@@ -231,12 +362,21 @@ def _segments_svg(dev):
         for addr, size, state in s["blocks"]:
             bx = left + (addr - s["base"]) * scale
             bw = max(size * scale, 1.0)
+            tip = "block 0x%x: %s, %s" % (addr, _fmt_bytes(size), state)
+            ref = ""
+            b = live.get((dev["device"], addr)) if state == "used" else None
+            if b is not None:
+                head = [tip, "allocation: %s of %s memory, device %d, %s"
+                        % (_fmt_bytes(b["size"]), b["kind"], b["device"],
+                           _stream_name(b.get("stream")))]
+                ref = ' data-alloc="%d"' % records.add(
+                    head, b.get("stack"), "allocated at")
             parts.append(
                 '<rect class="block %s" x="%.1f" y="%d" width="%.1f" '
                 'height="%d" fill="%s" stroke="#fff" stroke-width="0.5" '
-                'data-tip="0x%x %s %s"/>'
+                'data-tip="%s"%s/>'
                 % (state, bx, y, bw, row - 6, colors.get(state, "#999"),
-                   addr, _e(_fmt_bytes(size)), state))
+                   _e(tip), ref))
     parts.append("</svg>")
     legend = "".join('<span><i class="sw" style="background:%s"></i>%s'
                      '</span>' % (c, s) for s, c in colors.items())
@@ -258,6 +398,7 @@ def render_html(snap):
     ser = series(snap)
     hist = snap["history"]
     sim = snap.get("backend") != "driver"
+    records = _Records()
     when = time.strftime("%Y-%m-%d %H:%M:%S",
                          time.localtime(snap.get("time", 0)))
     out = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
@@ -293,14 +434,24 @@ def render_html(snap):
                        _fmt_bytes(st["pool_free_bytes"]),
                        _fmt_bytes(st["pinned_bytes"])))
     out.append("</table>")
-    svg, legend = _timeline_svg(ser)
+    t0 = _t_first(snap)
+    ooms = [(e["time"] - t0, e) for e in hist["entries"]
+            if e["action"] == "oom"]
+    svg, legend = _timeline_svg(ser, ooms, records)
     out.append("<h2>Live bytes over time</h2>")
     if len(hist["entries"]) == 0:
         out.append("<p>No history recorded: call "
                    "<code>cudamem.memory_history(True)</code> before the "
                    "allocations of interest.</p>")
+    else:
+        out.append('<p class="hint">Point at the timeline for the live '
+                   'bytes at that moment; point at or click a block or an '
+                   'out-of-memory mark for its size and stack.</p>')
     out.append(svg + legend)
-    frag = [_segments_svg(d) for d in snap.get("devices", [])]
+    live = {(b["device"], b["address"]): b for b in snap["live"]
+            if b["kind"] == "device"}
+    frag = [_segments_svg(d, live, records)
+            for d in snap.get("devices", [])]
     frag = [f for f in frag if f]
     out.append("<h2>Pool segments</h2>")
     out.append("".join(frag) if frag else
@@ -317,11 +468,16 @@ def render_html(snap):
                        "0x%x" % b["stream"] if b.get("stream") else
                        "default", b["address"], _stack_html(b.get("stack"))))
     out.append("</table>")
-    data = json.dumps({"series": ser}).replace("</", "<\\/")
+    names = [k for k in ser if k != "total"] + ["total"]
+    data = json.dumps({"series": ser, "order": names,
+                       "allocs": records.allocs,
+                       "stacks": records.stacks}).replace("</", "<\\/")
     out.append('<script type="application/json" id="memviz-data">%s'
                '</script>' % data)
-    out.append('<div id="tip"></div><script>%s</script></body></html>'
-               % _JS)
+    out.append('<div id="tip"></div><div id="detail"><button '
+               'id="detail-close" title="close">&#215;</button><pre '
+               'id="detail-text"></pre></div><script>%s</script></body>'
+               '</html>' % _JS)
     return "\n".join(out)
 
 

@@ -18,7 +18,9 @@ tests/).
 - ipc_child: the importing side of the IPC tests (spawned processes);
 - robust_prelude: the adversarial objects of the robustness sweep;
 - stream_model: the model-based stream test, run as a script;
-- torch_entry: PyTorch's entry points of the extension, typed for ctypes.
+- torch_entry: PyTorch's entry points of the extension, typed for ctypes;
+- browser: a headless Chromium over the DevTools protocol's pipe, and a
+  PNG reader, for the tests that look at a page as a person would.
 """
 
 from .crashutil import ChildResult, child_env, run_child, run_py

@@ -95,19 +95,65 @@ def test_quick_table(quick):
     assert "figures written to" in out
 
 
+def _rgb(color):
+    color = color.lstrip("#")
+    return [int(color[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+
+
 def test_plot(tmp_path):
+    """The PNG is read back: three framed panels with tick labels, and
+    in every panel the colour of every library measured, and no other
+    library's."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib.image as mimage
     except ImportError:
         p = cli("bench", "--quick", "--plot", str(tmp_path / "b.png"))
         assert p.returncode == 2
         assert "pip install 'cudamem[plot]'" in p.stderr
         pytest.skip("matplotlib is not installed")
+    import numpy as np
+
     png = tmp_path / "bench.png"
+    figures = tmp_path / "bench.json"
     p = cli("bench", "--quick", "--max-size", str(1 << 16), "--plot",
-            str(png))
+            str(png), "--json", str(figures))
     assert p.returncode == 0, p.stdout + p.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = mimage.imread(png)[:, :, :3]
+    res = json.loads(figures.read_text())
+    # Where the panels are: the same figures drawn again here give the
+    # same picture, pixel for pixel, and say where they put each panel.
+    again = tmp_path / "again.png"
+    drawn = _bench.write_plot(res, again)
+    assert np.array_equal(img, mimage.imread(again)[:, :, :3])
+    assert img.shape[:2] == (drawn["size"][1], drawn["size"][0])
+    measured = [lib for lib in res["libraries"]
+                if any(r["library"] == lib for r in res["bandwidth"])]
+    assert sorted({s["library"] for s in drawn["series"]}) == sorted(
+        measured)
+    dark = img.mean(axis=2) < 0.5
+    assert len(drawn["axes"]) == 3
+    for ax in drawn["axes"]:
+        x0, y0, x1, y1 = (int(round(v)) for v in ax["box"])
+        # The frame: each edge a dark line (within a pixel of the box).
+        for edge in (dark[y0 - 1:y0 + 2, x0 + 2:x1 - 2].any(axis=0),
+                     dark[y1 - 2:y1 + 1, x0 + 2:x1 - 2].any(axis=0),
+                     dark[y0 + 2:y1 - 2, x0 - 1:x0 + 2].any(axis=1),
+                     dark[y0 + 2:y1 - 2, x1 - 2:x1 + 1].any(axis=1)):
+            assert edge.mean() > 0.95, ax["title"]
+        # The tick labels under it, and its title above.
+        assert dark[y1 + 4:y1 + 30, x0:x1].sum() > 100, ax["title"]
+        assert dark[max(y0 - 30, 0):y0 - 3, x0:x1].sum() > 50
+        inside = img[y0 + 3:y1 - 3, x0 + 3:x1 - 3]
+        for lib, color in _bench.LIBRARY_COLORS.items():
+            near = (np.abs(inside - _rgb(color)) < 0.12).all(axis=2).sum()
+            if lib in measured:
+                assert near > 100, (ax["title"], lib, near)
+            else:
+                assert near < 5, (ax["title"], lib, near)
+    # The y axis's labels, left of the first panel.
+    x0, y0, _, y1 = (int(round(v)) for v in drawn["axes"][0]["box"])
+    assert dark[y0:y1, max(x0 - 40, 0):x0 - 3].sum() > 100
 
 
 def test_plain_progress(monkeypatch):
