@@ -21,6 +21,12 @@ Pageable host arrays are touched NumPy arrays (torch tensors) copied on
 the stream; the libraries and the driver take the driver's pageable path
 for them (cudamem's staging pipeline starts at 4 MiB).
 
+After the table's rows, cudamem's round trips run once more with the
+GIL probe on (``_core._gil_probe``): the ``GIL wait/rt`` rows give the
+time its threads waited to take the GIL back after a driver call, per
+round trip, and a short table before the main one the releases per round
+trip, the time run with the GIL released and the waits' spread.
+
 Timing: the threads set up and make 50 round trips each, then every
 sample starts them together and stops them after ``MS`` milliseconds;
 a sample's figure is its length over the round trips all threads
@@ -45,10 +51,14 @@ MS = 50
 WARM = 50
 
 
-def threaded(nthreads, setup, samples=None, ms=None, warm=WARM):
+def threaded(nthreads, setup, samples=None, ms=None, warm=WARM,
+             tally=None, on_start=None):
     """Time a round trip made by nthreads Python threads at once.
     setup(i) runs in thread i and returns its round trip (a callable).
-    harness.Measured: seconds per round trip of all threads together."""
+    harness.Measured: seconds per round trip of all threads together.
+    tally, a list, gets the round trips each sample counted; on_start()
+    runs once every thread has set up and warmed up, before the first
+    sample."""
     samples = SAMPLES if samples is None else samples
     ms = MS if ms is None else ms
     barrier = threading.Barrier(nthreads + 1, timeout=300)
@@ -65,6 +75,8 @@ def threaded(nthreads, setup, samples=None, ms=None, warm=WARM):
         except BaseException as e:  # noqa: BLE001 - raised by the caller
             errors.append(e)
             step = None
+        if on_start is not None:
+            barrier.wait()
         for k in range(samples):
             barrier.wait()
             n = 0
@@ -88,12 +100,19 @@ def threaded(nthreads, setup, samples=None, ms=None, warm=WARM):
             t.start()
         for k in range(samples):
             stop[0] = False
-            barrier.wait()
+            if k == 0 and on_start is not None:
+                barrier.wait()      # every thread set up and warm
+                on_start()
+                barrier.wait()
+            else:
+                barrier.wait()
             t0 = time.perf_counter()
             time.sleep(ms / 1e3)
             stop[0] = True
             barrier.wait()
             total = sum(c[k] for c in counts)
+            if tally is not None:
+                tally.append(total)
             if total:
                 per.append((time.perf_counter() - t0) / total)
     finally:
@@ -108,7 +127,7 @@ def threaded(nthreads, setup, samples=None, ms=None, warm=WARM):
     return harness.Measured(harness.summarize(per))
 
 
-def _cudamem(nthreads, size, pinned):
+def _cudamem(nthreads, size, pinned, tally=None, on_start=None):
     def factory(cm):
         def setup(i):
             s = cm.stream()
@@ -130,7 +149,7 @@ def _cudamem(nthreads, size, pinned):
                 sync()
             return step
 
-        return threaded(nthreads, setup)
+        return threaded(nthreads, setup, tally=tally, on_start=on_start)
 
     return factory
 
@@ -223,3 +242,121 @@ def _ops():
 
 
 OPS = _ops()
+
+
+# The GIL probe ------------------------------------------------------------
+
+
+def _probe(cm, nthreads, size, pinned):
+    """cudamem's round trip once more with _core._gil_probe on: the
+    probe's counts, the round trips they cover and the time per round
+    trip (harness.Measured)."""
+    core = cm._core
+    tally = []
+    try:
+        m = _cudamem(nthreads, size, pinned, tally,
+                     lambda: core._gil_probe(True))(cm)
+        stats = core._gil_probe_stats()
+    finally:
+        core._gil_probe(False)
+    return stats, sum(tally), m
+
+
+def _hist_quantile(hist, q):
+    """The upper bound in ns of the histogram bucket holding quantile q
+    (bucket k: shorter than 2**(k + 8) ns; None for the open last one)."""
+    total = sum(hist)
+    seen = 0
+    for k, n in enumerate(hist):
+        seen += n
+        if total and seen >= q * total:
+            return None if k == len(hist) - 1 else 256 << k
+    return None
+
+
+def probe_rows(cm, select=None):
+    """Rows ``GIL wait/rt ...`` for the round-trip rows selected: cudamem
+    timed again with the GIL probe on (its cost is a clock read per end
+    of a release); the cell is the time a round trip's threads waited to
+    take the GIL back, per round trip.  The row's "probe" entry holds the
+    counts (per round trip: GIL releases, time run with it released, time
+    waited for it; the waits' median and 99th percentile buckets)."""
+    rows = []
+    for size, label in SIZES:
+        for pinned in (True, False):
+            for n in THREADS:
+                name = row_name(label, pinned, n)
+                if select and not any(k in name for k in select):
+                    continue
+                short = "GIL wait/rt %s %s [%d thread%s]" % (
+                    label.replace(" KiB", "K"),
+                    "pinned" if pinned else "pageable", n,
+                    "" if n == 1 else "s")
+                row = {"op": short, "unit": "us", "bytes": None,
+                       "times": {}}
+                try:
+                    stats, trips, m = _probe(cm, n, size, pinned)
+                except Exception as e:  # noqa: BLE001 - reported
+                    row["errors"] = {"cudamem": "%s: %s" % (
+                        type(e).__name__, str(e)[:120])}
+                    rows.append(row)
+                    continue
+                g = stats["nogil"]
+                d = stats["drop"]
+                trips = max(trips, 1)
+                wait = (g["wait_ns"] + d["wait_ns"]) / trips * 1e-9
+                row["times"]["cudamem"] = (wait, wait, wait)
+                row["probe"] = {
+                    "round_trips": trips,
+                    "releases_per_rt": (g["releases"] + d["releases"])
+                    / trips,
+                    "released_us_per_rt": (g["released_ns"]
+                                           + d["released_ns"]) / trips
+                    / 1e3,
+                    "wait_us_per_rt": wait * 1e6,
+                    # The threads' time spent waiting for the GIL.
+                    "wait_share": wait / (n * m[0]),
+                    "wait_p50_below_us": _hist_quantile(g["wait_hist"],
+                                                        0.5),
+                    "wait_p99_below_us": _hist_quantile(g["wait_hist"],
+                                                        0.99),
+                    "max_wait_us": max(g["max_wait_ns"],
+                                       d["max_wait_ns"]) / 1e3,
+                    "stats": stats}
+                for key in ("wait_p50_below_us", "wait_p99_below_us"):
+                    v = row["probe"][key]
+                    row["probe"][key] = None if v is None else v / 1e3
+                rows.append(row)
+    return rows
+
+
+def format_probe(rows):
+    """The probe rows' counts, one line each."""
+    lines = ["GIL probe, cudamem, per round trip (thread time): GIL "
+             "releases, us run with it released, us waited to take it "
+             "back; the share of the threads' time spent waiting; a "
+             "wait's median and 99th percentile (below, us); the longest "
+             "(us)"]
+    for row in rows:
+        p = row.get("probe")
+        if p is None:
+            continue
+        q = ["%g" % v if v is not None else "more"
+             for v in (p["wait_p50_below_us"], p["wait_p99_below_us"])]
+        lines.append("  %-40s %5.2f %8.2f %8.2f %4.0f%%  <%s <%s  %9.1f" % (
+            row["op"], p["releases_per_rt"], p["released_us_per_rt"],
+            p["wait_us_per_rt"], 100 * p["wait_share"], q[0], q[1],
+            p["max_wait_us"]))
+    return "\n".join(lines)
+
+
+def run_extra(libs, select=None, repeats=None):
+    """The GIL probe's rows (see probe_rows), where cudamem is here and
+    has the probe; its counts printed first."""
+    cm = libs.get("cudamem")
+    if cm is None or not hasattr(cm._core, "_gil_probe"):
+        return []
+    rows = probe_rows(cm, select)
+    if rows:
+        print(format_probe(rows))
+    return rows
