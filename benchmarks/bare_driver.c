@@ -13,7 +13,9 @@
  *       buffers of BYTES bytes (cuMemHostAlloc, or malloc'd and touched),
  *       repeat cuMemcpyHtoDAsync, cuMemcpyDtoHAsync and
  *       cuStreamSynchronize on that stream.  A sample starts every
- *       thread at once and stops them after MS milliseconds.
+ *       thread at once and stops them after MS milliseconds (each
+ *       finishes its round trip, and makes one at least); it counts
+ *       until the last one stopped.
  *   bare_driver churn plain|deferred COUNT SAMPLES MS
  *       One thread: cuMemAlloc of sizes cycling 1 KiB .. 4 MiB, each
  *       freed at once (plain) or queued and freed in a batch when more
@@ -285,10 +287,15 @@ run:
         long n = 0;
 
         pthread_barrier_wait(&bd_barrier);
-        while (ok && !atomic_load_explicit(&bd_stop, memory_order_relaxed)
-               && !atomic_load_explicit(&bd_failed, memory_order_relaxed)) {
+        /* At least one round trip per sample, so that a sample shorter
+         * than a round trip still measures one. */
+        while (ok) {
             ok = bd_round_trip(d, src, dst, w->bytes, s) == 0;
             n += ok;
+            if (atomic_load_explicit(&bd_stop, memory_order_relaxed)
+                || atomic_load_explicit(&bd_failed, memory_order_relaxed)) {
+                break;
+            }
         }
         w->counts[k] = n;
         pthread_barrier_wait(&bd_barrier);
@@ -349,7 +356,7 @@ bd_roundtrip(int nthreads, size_t bytes, int pinned, int samples, long ms)
         for (i = 0; i < nthreads; i++) {
             total += workers[i].counts[k];
         }
-        per[k] = total > 0 ? (t1 - t0) / (double)total : 0.0;
+        per[k] = total > 0 ? (t1 - t0) / (double)total : 0.0;  /* failed */
     }
     for (i = 0; i < nthreads; i++) {
         pthread_join(tids[i], NULL);

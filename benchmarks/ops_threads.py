@@ -25,14 +25,19 @@ After the table's rows, cudamem's round trips run once more with the
 GIL probe on (``_core._gil_probe``): the ``GIL wait/rt`` rows give the
 time its threads waited to take the GIL back after a driver call, per
 round trip, and a short table before the main one the releases per round
-trip, the time run with the GIL released and the waits' spread.
+trip, the time run with the GIL released and the waits' spread.  For
+pinned memory they run a third time with the experiment
+``_core._copy_keep_gil`` on (the copies keep the GIL, only the
+synchronize releases it): the ``keep-GIL rt`` rows, in k/s beside the C
+program's figure.
 
 Timing: the threads set up and make 50 round trips each, then every
-sample starts them together and stops them after ``MS`` milliseconds;
-a sample's figure is its length over the round trips all threads
-finished.  The row gives the median and the 10th / 90th percentiles of
-``SAMPLES`` samples.  The Python libraries run in this process, the C
-program in a child process of its own.
+sample starts them together and stops them after ``MS`` milliseconds
+(each finishes the round trip it is in, and makes one at least); a
+sample's figure is the time until the last one stopped over the round
+trips all threads made.  The row gives the median and the 10th / 90th
+percentiles of ``SAMPLES`` samples.  The Python libraries run in this
+process, the C program in a child process of its own.
 """
 
 import gc
@@ -81,9 +86,13 @@ def threaded(nthreads, setup, samples=None, ms=None, warm=WARM,
             barrier.wait()
             n = 0
             try:
-                while step is not None and not stop[0]:
+                # At least one round trip per sample, so that a sample
+                # shorter than a round trip still measures one.
+                while step is not None:
                     step()
                     n += 1
+                    if stop[0]:
+                        break
             except BaseException as e:  # noqa: BLE001 - as above
                 errors.append(e)
                 step = None
@@ -113,7 +122,7 @@ def threaded(nthreads, setup, samples=None, ms=None, warm=WARM,
             total = sum(c[k] for c in counts)
             if tally is not None:
                 tally.append(total)
-            if total:
+            if total:   # 0 only when every thread failed
                 per.append((time.perf_counter() - t0) / total)
     finally:
         if gc_was:
@@ -212,11 +221,17 @@ def _torch(nthreads, size, pinned):
     return factory
 
 
+# The C program's figures, by (threads, bytes, pinned), for the
+# experiment's rows below.
+_driver_seen = {}
+
+
 def _driver(nthreads, size, pinned):
     def factory(core):
-        return bare_driver.run("roundtrip", nthreads, size,
-                               "pinned" if pinned else "pageable", SAMPLES,
-                               MS)
+        m = bare_driver.run("roundtrip", nthreads, size,
+                            "pinned" if pinned else "pageable", SAMPLES, MS)
+        _driver_seen[(nthreads, size, pinned)] = m
+        return m
 
     return factory
 
@@ -244,21 +259,25 @@ def _ops():
 OPS = _ops()
 
 
-# The GIL probe ------------------------------------------------------------
+# The GIL probe and the keep-GIL experiment -------------------------------
 
 
-def _probe(cm, nthreads, size, pinned):
-    """cudamem's round trip once more with _core._gil_probe on: the
-    probe's counts, the round trips they cover and the time per round
-    trip (harness.Measured)."""
+def _probe(cm, nthreads, size, pinned, keep_gil=False):
+    """cudamem's round trip once more with _core._gil_probe on (from the
+    first sample: setup and warm-up are not counted), and with the
+    experiment _core._copy_keep_gil set to keep_gil: the probe's counts,
+    the round trips they cover, the time per round trip
+    (harness.Measured)."""
     core = cm._core
     tally = []
+    old = core._copy_keep_gil(keep_gil)
     try:
         m = _cudamem(nthreads, size, pinned, tally,
                      lambda: core._gil_probe(True))(cm)
         stats = core._gil_probe_stats()
     finally:
         core._gil_probe(False)
+        core._copy_keep_gil(old)
     return stats, sum(tally), m
 
 
@@ -274,13 +293,46 @@ def _hist_quantile(hist, q):
     return None
 
 
+def _summary(stats, trips, m, nthreads):
+    """The probe's counts per round trip (thread time, all threads)."""
+    g = stats["nogil"]
+    d = stats["drop"]
+    trips = max(trips, 1)
+    wait = (g["wait_ns"] + d["wait_ns"]) / trips * 1e-9
+    q = [_hist_quantile(g["wait_hist"], x) for x in (0.5, 0.99)]
+    return {
+        "round_trips": trips,
+        "k_per_s": 1e-3 / m[0],
+        "releases_per_rt": (g["releases"] + d["releases"]) / trips,
+        "released_us_per_rt": (g["released_ns"] + d["released_ns"])
+        / trips / 1e3,
+        "wait_us_per_rt": wait * 1e6,
+        # The threads' time spent waiting for the GIL.
+        "wait_share": wait / (nthreads * m[0]),
+        "wait_p50_below_us": None if q[0] is None else q[0] / 1e3,
+        "wait_p99_below_us": None if q[1] is None else q[1] / 1e3,
+        "max_wait_us": max(g["max_wait_ns"], d["max_wait_ns"]) / 1e3,
+        "stats": stats}
+
+
+def _error_row(name, e):
+    return {"op": name, "unit": "us", "bytes": None, "times": {},
+            "errors": {"cudamem": "%s: %s" % (type(e).__name__,
+                                                str(e)[:120])}}
+
+
 def probe_rows(cm, select=None):
-    """Rows ``GIL wait/rt ...`` for the round-trip rows selected: cudamem
-    timed again with the GIL probe on (its cost is a clock read per end
-    of a release); the cell is the time a round trip's threads waited to
-    take the GIL back, per round trip.  The row's "probe" entry holds the
-    counts (per round trip: GIL releases, time run with it released, time
-    waited for it; the waits' median and 99th percentile buckets)."""
+    """For each round-trip row selected, cudamem's round trips again with
+    the GIL probe on (its cost: a clock read at each end of a release):
+
+    - ``GIL wait/rt ...`` (us): the time its threads waited to take the
+      GIL back, per round trip;
+    - pinned rows only, ``keep-GIL rt ...`` (k/s): the same loop with the
+      experiment _core._copy_keep_gil on (the two copies keep the GIL,
+      only the synchronize releases it), beside the C program's figure
+      of the row when it ran.
+
+    Each row's "probe" entry holds the counts (see _summary)."""
     rows = []
     for size, label in SIZES:
         for pinned in (True, False):
@@ -288,73 +340,66 @@ def probe_rows(cm, select=None):
                 name = row_name(label, pinned, n)
                 if select and not any(k in name for k in select):
                     continue
-                short = "GIL wait/rt %s %s [%d thread%s]" % (
+                tag = "%s %s [%d thread%s]" % (
                     label.replace(" KiB", "K"),
                     "pinned" if pinned else "pageable", n,
                     "" if n == 1 else "s")
-                row = {"op": short, "unit": "us", "bytes": None,
-                       "times": {}}
+                short = "GIL wait/rt " + tag
                 try:
                     stats, trips, m = _probe(cm, n, size, pinned)
                 except Exception as e:  # noqa: BLE001 - reported
-                    row["errors"] = {"cudamem": "%s: %s" % (
-                        type(e).__name__, str(e)[:120])}
-                    rows.append(row)
+                    rows.append(_error_row(short, e))
                     continue
-                g = stats["nogil"]
-                d = stats["drop"]
-                trips = max(trips, 1)
-                wait = (g["wait_ns"] + d["wait_ns"]) / trips * 1e-9
-                row["times"]["cudamem"] = (wait, wait, wait)
-                row["probe"] = {
-                    "round_trips": trips,
-                    "releases_per_rt": (g["releases"] + d["releases"])
-                    / trips,
-                    "released_us_per_rt": (g["released_ns"]
-                                           + d["released_ns"]) / trips
-                    / 1e3,
-                    "wait_us_per_rt": wait * 1e6,
-                    # The threads' time spent waiting for the GIL.
-                    "wait_share": wait / (n * m[0]),
-                    "wait_p50_below_us": _hist_quantile(g["wait_hist"],
-                                                        0.5),
-                    "wait_p99_below_us": _hist_quantile(g["wait_hist"],
-                                                        0.99),
-                    "max_wait_us": max(g["max_wait_ns"],
-                                       d["max_wait_ns"]) / 1e3,
-                    "stats": stats}
-                for key in ("wait_p50_below_us", "wait_p99_below_us"):
-                    v = row["probe"][key]
-                    row["probe"][key] = None if v is None else v / 1e3
+                p = _summary(stats, trips, m, n)
+                wait = p["wait_us_per_rt"] * 1e-6
+                rows.append({"op": short, "unit": "us", "bytes": None,
+                             "times": {"cudamem": (wait, wait, wait)},
+                             "probe": p})
+                if not pinned:
+                    continue
+                short = "keep-GIL rt " + tag
+                try:
+                    stats, trips, m = _probe(cm, n, size, pinned, True)
+                except Exception as e:  # noqa: BLE001 - reported
+                    rows.append(_error_row(short, e))
+                    continue
+                row = {"op": short, "unit": "k/s", "bytes": None,
+                       "times": {"cudamem": tuple(m)},
+                       "probe": _summary(stats, trips, m, n)}
+                drv = _driver_seen.get((n, size, pinned))
+                if drv is not None:
+                    row["times"]["driver"] = tuple(drv)
                 rows.append(row)
     return rows
 
 
 def format_probe(rows):
     """The probe rows' counts, one line each."""
-    lines = ["GIL probe, cudamem, per round trip (thread time): GIL "
-             "releases, us run with it released, us waited to take it "
-             "back; the share of the threads' time spent waiting; a "
-             "wait's median and 99th percentile (below, us); the longest "
-             "(us)"]
+    lines = ["GIL probe, cudamem (probe on): k round trips/s; per round "
+             "trip (thread time): GIL releases, us run with it released, "
+             "us waited to take it back; the share of the threads' time "
+             "spent waiting; a wait's median and 99th percentile (below, "
+             "us); the longest wait (us)"]
     for row in rows:
         p = row.get("probe")
         if p is None:
             continue
         q = ["%g" % v if v is not None else "more"
              for v in (p["wait_p50_below_us"], p["wait_p99_below_us"])]
-        lines.append("  %-40s %5.2f %8.2f %8.2f %4.0f%%  <%s <%s  %9.1f" % (
-            row["op"], p["releases_per_rt"], p["released_us_per_rt"],
-            p["wait_us_per_rt"], 100 * p["wait_share"], q[0], q[1],
-            p["max_wait_us"]))
+        lines.append(
+            "  %-38s %6.1f %5.2f %8.2f %8.2f %4.0f%%  <%s <%s  %9.1f" % (
+                row["op"], p["k_per_s"], p["releases_per_rt"],
+                p["released_us_per_rt"], p["wait_us_per_rt"],
+                100 * p["wait_share"], q[0], q[1], p["max_wait_us"]))
     return "\n".join(lines)
 
 
 def run_extra(libs, select=None, repeats=None):
-    """The GIL probe's rows (see probe_rows), where cudamem is here and
-    has the probe; its counts printed first."""
+    """The probe's and the experiment's rows (see probe_rows), where
+    cudamem is here and has them; the counts printed first."""
     cm = libs.get("cudamem")
-    if cm is None or not hasattr(cm._core, "_gil_probe"):
+    if cm is None or not hasattr(cm._core, "_gil_probe") \
+            or not hasattr(cm._core, "_copy_keep_gil"):
         return []
     rows = probe_rows(cm, select)
     if rows:

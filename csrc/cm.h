@@ -269,6 +269,8 @@ cm_driver_call_end(int e)
  * counts. */
 enum { CM_PROBE_NOGIL, CM_PROBE_DROP, CM_PROBE_KINDS };
 extern int cm_gil_probe_on;
+/* The experiment _core._copy_keep_gil (see cm_copy_host). */
+extern int cm_copy_keep_gil;
 uint64_t cm_gil_probe_clock(void);
 void cm_gil_probe_note(int kind, uint64_t t0, uint64_t t1);
 

@@ -542,6 +542,7 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
 #define CM_PROBE_BUCKETS 17
 
 int cm_gil_probe_on;
+int cm_copy_keep_gil;
 
 /* NOTE: guarded by the GIL: noted by a thread that took it back. */
 static struct {
@@ -664,7 +665,39 @@ cm_gil_probe_stats_fn(PyObject *mod, PyObject *unused)
                          "nogil", nogil, "drop", drop);
 }
 
+PyDoc_STRVAR(cm_copy_keep_gil_doc,
+"_copy_keep_gil(on=None, /)\n--\n\n"
+"An experiment for the benchmarks, off by default: while on, an\n"
+"asynchronous copy_to_device / copy_to_host of one piece between a\n"
+"device array and cudamem's page-locked host memory (pinned_array,\n"
+"mapped_array) keeps the GIL around the driver call, which only\n"
+"enqueues.  Sets it when on is given; returns the previous setting.");
+
+static PyObject *
+cm_copy_keep_gil_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    int old = __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED);
+    int on;
+
+    (void)mod;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_copy_keep_gil takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        on = PyObject_IsTrue(args[0]);
+        if (on < 0) {
+            return NULL;
+        }
+        __atomic_store_n(&cm_copy_keep_gil, on, __ATOMIC_RELAXED);
+    }
+    return PyBool_FromLong(old);
+}
+
 static PyMethodDef cm_driver_methods[] = {
+    {"_copy_keep_gil", (PyCFunction)(void (*)(void))cm_copy_keep_gil_fn,
+     METH_FASTCALL, cm_copy_keep_gil_doc},
     {"_gil_probe", cm_gil_probe_fn, METH_O, cm_gil_probe_doc},
     {"_gil_probe_stats", cm_gil_probe_stats_fn, METH_NOARGS,
      cm_gil_probe_stats_doc},
