@@ -59,7 +59,6 @@ def test_one_release_per_synchronize(probe):
     assert sum(g["wait_hist"]) == 40
     assert g["released_ns"] > 0
     assert 0 <= g["max_wait_ns"] <= g["wait_ns"]
-    assert st["drop"]["releases"] == 0
     # Switching it on again starts from zero.
     probe._gil_probe(True)
     assert probe._gil_probe_stats()["nogil"]["releases"] == 0
@@ -157,8 +156,8 @@ def test_benchmark_probe_rows(monkeypatch):
     assert 3 <= rows[0]["probe"]["releases_per_rt"] < 3.5
     assert 1 <= rows[1]["probe"]["releases_per_rt"] < 1.5
     assert rows[0]["unit"] == "us" and rows[1]["unit"] == "k/s"
-    assert rows[0]["times"]["cudamem"][0] == \
-        rows[0]["probe"]["wait_us_per_rt"] / 1e6
+    assert rows[0]["times"]["cudamem"][0] == pytest.approx(
+        rows[0]["probe"]["wait_us_per_rt"] / 1e6)
     # The experiment's row stands beside the C program's figure.
     assert rows[1]["times"]["driver"] == tuple(fake)
     text = ops_threads.format_probe(rows)
