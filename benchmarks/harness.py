@@ -11,7 +11,11 @@ returns (it synchronises itself), so a timing covers the whole operation.
 Timing: ``repeats`` samples, each the mean of ``inner`` back-to-back calls
 (``inner`` chosen so a sample lasts about 2 ms), after 20 ms of warm-up.  The
 table gives the median and the 10th / 90th percentiles of the samples in
-microseconds, and cudamem's median over the best peer's median.
+microseconds, and cudamem's median over the best peer's median.  Rows
+with ``"unit": "k/s"`` time one operation of several threads together
+(seconds per operation, all threads counted) and print thousands of
+operations per second; their ratios are still of times (below 1: cudamem
+does more per second).
 """
 
 import gc
@@ -108,7 +112,12 @@ def time_callable(fn, repeats=31, target_s=0.002, max_inner=10000):
     finally:
         if gc_was:
             gc.enable()
-    samples.sort()
+    return summarize(samples)
+
+
+def summarize(samples):
+    """(median, p10, p90) of a list of samples."""
+    samples = sorted(samples)
     return (statistics.median(samples), _percentile(samples, 0.1),
             _percentile(samples, 0.9))
 
@@ -164,18 +173,20 @@ def driver_ratio(row):
 def format_table(results):
     """A fixed-width table: one line per op, median [p10-p90] per lib."""
     lines = []
-    head = "%-34s" % "operation (us: median [p10, p90])"
+    head = "%-40s" % "operation (us: median [p10, p90])"
     for lib in LIBS:
         head += " %-22s" % lib
     head += " %8s %8s" % ("vs best", "vs drv")
     lines.append(head)
     lines.append("-" * len(head))
     for row in results:
-        line = "%-34s" % row["op"][:34]
+        line = "%-40s" % row["op"][:40]
         for lib in LIBS:
             v = row["times"].get(lib)
             if v is None:
                 cell = "-"
+            elif row.get("unit") == "k/s":
+                cell = "%.1f k/s" % (1e-3 / v[0])
             elif row.get("bytes"):
                 cell = "%.1f GB/s" % (row["bytes"] / v[0] / 1e9)
             else:

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: MIT
 """Allocation: one small device array made and dropped; allocate+drop
 churn over sizes 1 KiB - 4 MiB; one small allocation; each under every
-cudamem memory manager (default, pool, async) beside the peers.
+cudamem memory manager (default, pool, async) beside the peers.  The
+churn's ``[C, plain]`` and ``[C, deferred]`` rows put cudamem's default
+manager beside bare_driver.c making the same allocations from C, freed
+at once or in batches as the default manager frees them.
 
 A memory manager is chosen before a context exists, and closing
 cudamem's context would reset the primary context the peers share, so
@@ -27,6 +30,7 @@ import sys
 
 import numpy as np
 
+import bare_driver
 import harness
 
 SIZES = [1 << k for k in range(10, 23)]   # 1 KiB .. 4 MiB
@@ -128,6 +132,21 @@ def _driver_alloc(op):
     return factory
 
 
+def _c_churn(how):
+    """bare_driver.c's churn: cuMemAlloc of the same sizes from C, each
+    freed at once (plain) or queued and freed in a batch once more than
+    config.CUDA_DEALLOCS_COUNT are queued, the default manager's rule
+    (deferred).  Samples of 2 ms, as the harness's."""
+
+    def factory(core):
+        from cudamem import config
+
+        return bare_driver.run("churn", how, config.CUDA_DEALLOCS_COUNT,
+                               31, 2)
+
+    return factory
+
+
 def _measure(op, repeats=31, history=None):
     """Time cudamem's allocation op here (the manager came from the
     environment); (median, p10, p90).  history: None (off), "on" or
@@ -170,6 +189,16 @@ def _alloc_ops():
                                   "rmm": _rmm_alloc(op),
                                   "cuda.core": _core_alloc(op),
                                   "driver": _driver_alloc(op)}})
+            if op == "churn" and kind == "default":
+                # The same cudamem timing beside the driver called from
+                # C: freeing at once, and freeing as the default manager
+                # does (numba's deferred frees).  The first ratio is
+                # what numba's semantics and cudamem cost together, the
+                # second what cudamem costs by itself.
+                for how in ("plain", "deferred"):
+                    ops.append({"name": "%s [C, %s]" % (label, how),
+                                "impls": {"cudamem": cm,
+                                          "driver": _c_churn(how)}})
     # The memory history's cost: the [pool] row above is the same work
     # with it off.
     for history, label in (("on", "history on"),

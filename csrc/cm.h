@@ -260,13 +260,42 @@ cm_driver_call_end(int e)
     (void)__atomic_fetch_sub(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
 }
 
+/* The GIL probe (_core._gil_probe, for the benchmarks): while it is on,
+ * every counted release of the GIL records how long the thread ran with
+ * it released and how long it then waited to take it back, per kind
+ * (CM_PROBE_NOGIL: CM_DRIVER_BEGIN/END_NOGIL; CM_PROBE_DROP:
+ * cm_gil_drop/cm_gil_take).  Off, it costs one relaxed load per release.
+ * cm_gil_probe_note runs with the GIL held (taken back), which guards the
+ * counts. */
+enum { CM_PROBE_NOGIL, CM_PROBE_DROP, CM_PROBE_KINDS };
+extern int cm_gil_probe_on;
+/* The experiment _core._copy_keep_gil (see cm_copy_host). */
+extern int cm_copy_keep_gil;
+uint64_t cm_gil_probe_clock(void);
+void cm_gil_probe_note(int kind, uint64_t t0, uint64_t t1);
+
+/* Nanoseconds now while the probe is on, else 0 (nothing to note). */
+static inline uint64_t
+cm_gil_probe_now(void)
+{
+    return __atomic_load_n(&cm_gil_probe_on, __ATOMIC_RELAXED)
+               ? cm_gil_probe_clock()
+               : 0;
+}
+
 /* Py_BEGIN/END_ALLOW_THREADS around driver calls, counted as above. */
 #define CM_DRIVER_BEGIN_NOGIL                                          \
     {                                                                  \
         int cm_epoch_ = cm_driver_call_begin();                        \
+        uint64_t cm_probe0_ = cm_gil_probe_now();                      \
+        uint64_t cm_probe1_;                                           \
         Py_BEGIN_ALLOW_THREADS
 #define CM_DRIVER_END_NOGIL                                            \
+        cm_probe1_ = cm_probe0_ ? cm_gil_probe_clock() : 0;            \
         Py_END_ALLOW_THREADS                                           \
+        if (cm_probe0_) {                                              \
+            cm_gil_probe_note(CM_PROBE_NOGIL, cm_probe0_, cm_probe1_); \
+        }                                                              \
         cm_driver_call_end(cm_epoch_);                                 \
     }
 
@@ -300,6 +329,7 @@ extern _Thread_local int cm_mu_depth;
 typedef struct {
     PyThreadState *ts;
     int epoch;
+    uint64_t probe;       /* cm_gil_probe_now() at the drop */
 } cm_gil_saved;
 
 /* The save of the call in flight on this thread (CM_GIL_YIELD). */
@@ -309,6 +339,7 @@ static inline void
 cm_gil_drop(cm_gil_saved *s)
 {
     s->epoch = cm_driver_call_begin();
+    s->probe = cm_gil_probe_now();
     s->ts = PyEval_SaveThread();
 }
 
@@ -316,7 +347,12 @@ static inline void
 cm_gil_take(cm_gil_saved *s)
 {
     if (s->ts != NULL) {
+        uint64_t t1 = s->probe ? cm_gil_probe_clock() : 0;
+
         PyEval_RestoreThread(s->ts);
+        if (s->probe) {
+            cm_gil_probe_note(CM_PROBE_DROP, s->probe, t1);
+        }
         cm_driver_call_end(s->epoch);
         s->ts = NULL;
     }

@@ -93,6 +93,13 @@ int cm_layout_check(int ndim, const Py_ssize_t *shape,
  * return.  0, or -1 with an exception set. */
 int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
             int async);
+/* cm_copy of one side in page-locked host memory (locked: the caller
+ * knows, cm_hostmem_page_locked), the other on the device.  While the
+ * experiment _core._copy_keep_gil is on, an asynchronous copy of one
+ * piece is issued with the GIL kept (it only enqueues); otherwise, and
+ * when not locked, it is cm_copy. */
+int cm_copy_host(const cm_view *dst, const cm_view *src, CUstream stream,
+                 int async, int locked);
 
 /* Whether o is a cudamem device array (DeviceNDArrayBase or a subclass):
  * 1 with the address of its first element in *ptr, else 0.  The fast

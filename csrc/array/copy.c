@@ -350,7 +350,8 @@ cm_stream_wait(CUstream stream)
 }
 
 static int cm_copy_impl(const cm_view *dst, const cm_view *src,
-                        CUstream stream, int async, int may_stage);
+                        CUstream stream, int async, int may_stage,
+                        int locked);
 
 /* Copy through a compact host buffer laid out like key (a view of the
  * same shape as dst and src): first src into the buffer, then the buffer
@@ -379,7 +380,7 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     tmp.strides = tstrides;
     tmp.itemsize = key->itemsize;
     tmp.device = 0;
-    if (cm_copy_impl(&tmp, src, stream, async, 0) < 0) {
+    if (cm_copy_impl(&tmp, src, stream, async, 0, 0) < 0) {
         goto out_free_buf;
     }
     if (async && src->device && cm_stream_wait(stream) < 0) {
@@ -388,7 +389,7 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     /* A device-to-device copy staged in src's order may need the host
      * buffer reordered for dst: one more (host-only) staging. */
     if (cm_copy_impl(dst, &tmp, stream, async,
-                     src->device && dst->device) < 0) {
+                     src->device && dst->device, 0) < 0) {
         goto out_free_buf;
     }
     if (async && dst->device && cm_stream_wait(stream) < 0) {
@@ -463,7 +464,7 @@ cm_copy_try_staging(const cm_joint *j, CUstream stream, int async)
 
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
-             int async, int may_stage)
+             int async, int may_stage, int locked)
 {
     cm_joint j;
     cm_plan p;
@@ -503,6 +504,13 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
         return cm_copy_staged(dst, src, src->device ? src : dst, stream,
                               async);
     }
+    if (locked && async && p.pieces == 1 && dst->device != src->device
+        && __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED)) {
+        /* One enqueue from or into page-locked memory: the GIL kept
+         * (CM_CU_RAW still gives it up while callbacks are in flight). */
+        rc = cm_pieces_run(&j, &p, stream, async, &fn);
+        return cm_cu_check(rc, fn);
+    }
     CM_DRIVER_BEGIN_NOGIL
     rc = cm_pieces_run(&j, &p, stream, async, &fn);
     CM_DRIVER_END_NOGIL
@@ -512,5 +520,12 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
 int
 cm_copy(const cm_view *dst, const cm_view *src, CUstream stream, int async)
 {
-    return cm_copy_impl(dst, src, stream, async, 1);
+    return cm_copy_impl(dst, src, stream, async, 1, 0);
+}
+
+int
+cm_copy_host(const cm_view *dst, const cm_view *src, CUstream stream,
+             int async, int locked)
+{
+    return cm_copy_impl(dst, src, stream, async, 1, locked);
 }

@@ -205,7 +205,9 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         goto out_src;
     }
     cm_da_view(self, &dv);
-    rc = cm_copy(&dv, &sv, h, async);
+    rc = cm_copy_host(&dv, &sv, h, async,
+                      !cm_da_check(src)
+                      && cm_hostmem_page_locked(src, self->ctx));
     if (cm_da_used_on(self, async, h, sobj) < 0
         || (cm_da_check(src)
             && cm_da_used_on((cm_da *)src, async, h, sobj) < 0)) {
@@ -357,7 +359,8 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_nd_view(dst, &dv);
     cm_da_view(self, &sv);
-    if (cm_copy(&dv, &sv, h, async) < 0) {
+    if (cm_copy_host(&dv, &sv, h, async,
+                     cm_hostmem_page_locked(ary, self->ctx)) < 0) {
         return NULL;
     }
     return Py_NewRef(ary);

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 cm_cu_table cm_cu;
@@ -532,7 +533,174 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
     return PyBool_FromLong(cm_sim_stream_live(h));
 }
 
+/* ------------------------------------------------------------------ */
+/* The GIL probe (see cm_gil_probe_now in cm.h)                        */
+/* ------------------------------------------------------------------ */
+
+/* Waits in bucket k are shorter than 2**(k + 8) ns; the last bucket
+ * holds the longer ones. */
+#define CM_PROBE_BUCKETS 17
+
+int cm_gil_probe_on;
+int cm_copy_keep_gil;
+
+/* NOTE: guarded by the GIL: noted by a thread that took it back. */
+static struct {
+    unsigned long long releases;     /* GIL releases noted */
+    unsigned long long released_ns;  /* time run with the GIL released */
+    unsigned long long wait_ns;      /* time waited to take it back */
+    unsigned long long max_wait_ns;  /* the longest such wait */
+    unsigned long long hist[CM_PROBE_BUCKETS];  /* the waits by length */
+} cm_probe[CM_PROBE_KINDS];
+
+uint64_t
+cm_gil_probe_clock(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One release of kind: GIL released at t0, given back to the GIL's
+ * waiters at t1, taken back now. */
+void
+cm_gil_probe_note(int kind, uint64_t t0, uint64_t t1)
+{
+    uint64_t wait = cm_gil_probe_clock() - t1;
+    int k = 0;
+
+    while (k < CM_PROBE_BUCKETS - 1 && wait >= ((uint64_t)256 << k)) {
+        k++;
+    }
+    cm_probe[kind].releases++;
+    cm_probe[kind].released_ns += t1 - t0;
+    cm_probe[kind].wait_ns += wait;
+    if (wait > cm_probe[kind].max_wait_ns) {
+        cm_probe[kind].max_wait_ns = wait;
+    }
+    cm_probe[kind].hist[k]++;
+}
+
+PyDoc_STRVAR(cm_gil_probe_doc,
+"_gil_probe(on, /)\n--\n\n"
+"Switch the GIL probe on (its counts start from zero) or off.  While on,\n"
+"every release of the GIL around driver calls records how long the\n"
+"thread ran with the GIL released and how long it then waited to take\n"
+"it back (_gil_probe_stats()).  A measuring aid for the benchmarks.");
+
+static PyObject *
+cm_gil_probe_fn(PyObject *mod, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+
+    (void)mod;
+    if (on < 0) {
+        return NULL;
+    }
+    if (on) {
+        memset(cm_probe, 0, sizeof(cm_probe));
+    }
+    __atomic_store_n(&cm_gil_probe_on, on, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_gil_probe_stats_doc,
+"_gil_probe_stats()\n--\n\n"
+"The GIL probe's counts since it was last switched on: {'on': bool,\n"
+"'nogil': {...}, 'drop': {...}}, 'nogil' for the driver calls made with\n"
+"the GIL released, 'drop' for the GIL given up around a mutex or a call\n"
+"while host callbacks are in flight; each with 'releases',\n"
+"'released_ns', 'wait_ns', 'max_wait_ns' and 'wait_hist' (a list: item k\n"
+"counts the waits shorter than 2**(k + 8) ns, the last the longer ones).");
+
+static PyObject *
+cm_gil_probe_kind(int kind)
+{
+    PyObject *hist = PyList_New(CM_PROBE_BUCKETS);
+    PyObject *d;
+    int k;
+
+    if (hist == NULL) {
+        return NULL;
+    }
+    for (k = 0; k < CM_PROBE_BUCKETS; k++) {
+        PyObject *n = PyLong_FromUnsignedLongLong(cm_probe[kind].hist[k]);
+
+        if (n == NULL) {
+            Py_DECREF(hist);
+            return NULL;
+        }
+        PyList_SET_ITEM(hist, k, n);   /* steals n */
+    }
+    /* "N" steals hist, also on failure. */
+    d = Py_BuildValue("{sKsKsKsKsN}", "releases", cm_probe[kind].releases,
+                      "released_ns", cm_probe[kind].released_ns,
+                      "wait_ns", cm_probe[kind].wait_ns,
+                      "max_wait_ns", cm_probe[kind].max_wait_ns,
+                      "wait_hist", hist);
+    return d;
+}
+
+static PyObject *
+cm_gil_probe_stats_fn(PyObject *mod, PyObject *unused)
+{
+    PyObject *nogil;
+    PyObject *drop;
+    int on = __atomic_load_n(&cm_gil_probe_on, __ATOMIC_RELAXED);
+
+    (void)mod;
+    (void)unused;
+    nogil = cm_gil_probe_kind(CM_PROBE_NOGIL);
+    if (nogil == NULL) {
+        return NULL;
+    }
+    drop = cm_gil_probe_kind(CM_PROBE_DROP);
+    if (drop == NULL) {
+        Py_DECREF(nogil);
+        return NULL;
+    }
+    /* "N" steals nogil and drop, also on failure. */
+    return Py_BuildValue("{sOsNsN}", "on", on ? Py_True : Py_False,
+                         "nogil", nogil, "drop", drop);
+}
+
+PyDoc_STRVAR(cm_copy_keep_gil_doc,
+"_copy_keep_gil(on=None, /)\n--\n\n"
+"An experiment for the benchmarks, off by default: while on, an\n"
+"asynchronous copy_to_device / copy_to_host of one piece between a\n"
+"device array and cudamem's page-locked host memory (pinned_array,\n"
+"mapped_array) keeps the GIL around the driver call, which only\n"
+"enqueues.  Sets it when on is given; returns the previous setting.");
+
+static PyObject *
+cm_copy_keep_gil_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    int old = __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED);
+    int on;
+
+    (void)mod;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_copy_keep_gil takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        on = PyObject_IsTrue(args[0]);
+        if (on < 0) {
+            return NULL;
+        }
+        __atomic_store_n(&cm_copy_keep_gil, on, __ATOMIC_RELAXED);
+    }
+    return PyBool_FromLong(old);
+}
+
 static PyMethodDef cm_driver_methods[] = {
+    {"_copy_keep_gil", (PyCFunction)(void (*)(void))cm_copy_keep_gil_fn,
+     METH_FASTCALL, cm_copy_keep_gil_doc},
+    {"_gil_probe", cm_gil_probe_fn, METH_O, cm_gil_probe_doc},
+    {"_gil_probe_stats", cm_gil_probe_stats_fn, METH_NOARGS,
+     cm_gil_probe_stats_doc},
     {"_init_driver", cm_init_driver, METH_NOARGS, cm_init_driver_doc},
     {"_init_error", cm_init_error_fn, METH_NOARGS, cm_init_error_doc},
     {"_backend", cm_backend_fn, METH_NOARGS, cm_backend_doc},

@@ -406,6 +406,24 @@ cm_hm_check(PyObject *o)
 }
 
 int
+cm_hostmem_page_locked(PyObject *arr, cm_context *ctx)
+{
+    PyObject *base = arr;
+    cm_hostmem *m;
+
+    while (base != NULL && PyArray_Check(base)) {
+        base = PyArray_BASE((PyArrayObject *)base);
+    }
+    if (base == NULL || !cm_hm_check(base)) {
+        return 0;
+    }
+    m = (cm_hostmem *)base;
+    return m->kind != CM_HM_MANAGED && m->host != 0 && m->rescue == NULL
+           && m->plugin_mem == NULL
+           && (m->ctx == ctx || (m->flags & CU_MEMHOSTALLOC_PORTABLE));
+}
+
+int
 cm_hm_traverse(PyObject *self, visitproc visit, void *arg)
 {
     cm_hostmem *m = (cm_hostmem *)self;

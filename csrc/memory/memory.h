@@ -297,6 +297,11 @@ int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
 /* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
  * the driver (pinned() / mapped()).  Call without the GIL. */
 int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
+/* hostmem.c: 1 if arr is a NumPy array over page-locked host memory of
+ * cudamem's own for ctx (pinned_array, mapped_array: a pinned or mapped
+ * allocation made in ctx or portable, not a plugin's, still in place),
+ * else 0.  Never raises. */
+int cm_hostmem_page_locked(PyObject *arr, cm_context *ctx);
 /* hostmem.c: 1 if o is a HostRegistration (the gpu_data of mapped()'s
  * device arrays) that was closed, else 0.  Never raises. */
 int cm_hostreg_closed(PyObject *o);

@@ -1,0 +1,301 @@
+# SPDX-License-Identifier: MIT
+"""_core._gil_probe: the benchmarks' count of the GIL's releases around
+driver calls, of the time run with it released and of the waits to take
+it back (benchmarks/ops_threads.py prints it per round trip); and the
+experiment _core._copy_keep_gil, which keeps the GIL around asynchronous
+copies between device arrays and cudamem's page-locked host memory."""
+
+import pathlib
+import threading
+
+import numpy as np
+import pytest
+
+import cudamem as cuda
+from cudamem import _core
+from helpers import ROOT
+from helpers.crashutil import run_child
+from helpers.streamutil import Gate
+
+KINDS = ("nogil", "drop")
+KEYS = {"releases", "released_ns", "wait_ns", "max_wait_ns", "wait_hist"}
+
+
+@pytest.fixture
+def probe():
+    _core._gil_probe(False)
+    old = _core._copy_keep_gil(False)
+    yield _core
+    _core._gil_probe(False)
+    _core._copy_keep_gil(old)
+
+
+def test_off_by_default_and_counts_nothing_when_off(probe):
+    s = cuda.stream()
+    probe._gil_probe(True)
+    probe._gil_probe(False)
+    for _ in range(5):
+        s.synchronize()
+    st = probe._gil_probe_stats()
+    assert st["on"] is False
+    assert set(st) == {"on", *KINDS}
+    for kind in KINDS:
+        assert set(st[kind]) == KEYS
+        assert st[kind]["releases"] == 0
+        assert st[kind]["wait_hist"] == [0] * 17
+
+
+def test_one_release_per_synchronize(probe):
+    s = cuda.stream()
+    s.synchronize()
+    probe._gil_probe(True)
+    for _ in range(40):
+        s.synchronize()
+    st = probe._gil_probe_stats()
+    probe._gil_probe(False)
+    g = st["nogil"]
+    assert st["on"] is True
+    assert g["releases"] == 40
+    assert sum(g["wait_hist"]) == 40
+    assert g["released_ns"] > 0
+    assert 0 <= g["max_wait_ns"] <= g["wait_ns"]
+    # Switching it on again starts from zero.
+    probe._gil_probe(True)
+    assert probe._gil_probe_stats()["nogil"]["releases"] == 0
+
+
+def test_threads_round_trip(probe):
+    """Three releases per round trip (two copies, a synchronize), from
+    every thread; the waits are counted as well."""
+    n, trips = 4, 200
+    ready = threading.Barrier(n + 1)
+    go = threading.Barrier(n + 1)
+    errors = []
+
+    def work():
+        try:
+            s = cuda.stream()
+            h = cuda.pinned_array(1024, np.uint8)
+            d = cuda.device_array(1024, np.uint8)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        ready.wait()
+        go.wait()
+        if errors:
+            return
+        for _ in range(trips):
+            d.copy_to_device(h, stream=s)
+            d.copy_to_host(h, stream=s)
+            s.synchronize()
+
+    ts = [threading.Thread(target=work) for _ in range(n)]
+    for t in ts:
+        t.start()
+    ready.wait()
+    probe._gil_probe(True)
+    go.wait()
+    for t in ts:
+        t.join(120)
+    st = probe._gil_probe_stats()
+    assert not errors, errors
+    g = st["nogil"]
+    assert g["releases"] == 3 * n * trips
+    assert sum(g["wait_hist"]) == g["releases"]
+    assert g["wait_ns"] >= g["max_wait_ns"] > 0
+
+
+def test_drop_counted_while_a_callback_is_in_flight(probe):
+    """With a Python host callback in flight, a driver call made with the
+    GIL held gives it up around the call (cm_gil_drop): counted apart."""
+    s1 = cuda.stream()
+    s2 = cuda.stream()
+    with Gate() as gate:
+        gate.block(s1)
+        assert gate.entered.wait(20)
+        probe._gil_probe(True)
+        s2.synchronize()
+        st = probe._gil_probe_stats()
+        probe._gil_probe(False)
+    s1.synchronize()
+    assert not gate.timed_out
+    assert st["drop"]["releases"] >= 1
+    assert sum(st["drop"]["wait_hist"]) == st["drop"]["releases"]
+
+
+def test_bad_argument(probe):
+    class Bad:
+        def __bool__(self):
+            raise ZeroDivisionError("no truth")
+
+    with pytest.raises(ZeroDivisionError, match="no truth"):
+        probe._gil_probe(Bad())
+    assert probe._gil_probe_stats()["on"] is False
+
+
+def test_benchmark_probe_rows(monkeypatch):
+    bench = pathlib.Path(ROOT) / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import harness
+    import ops_threads
+
+    monkeypatch.setattr(ops_threads, "SAMPLES", 2)
+    monkeypatch.setattr(ops_threads, "MS", 20)
+    fake = harness.Measured((1e-5, 9e-6, 2e-5))
+    monkeypatch.setitem(ops_threads._driver_seen, (2, 1024, True), fake)
+    rows = ops_threads.probe_rows(cuda,
+                                  ["round trip 1 KiB pinned [2 threads]"])
+    assert [r["op"] for r in rows] == ["GIL wait/rt 1K pinned [2 threads]",
+                                       "keep-GIL rt 1K pinned [2 threads]"]
+    for row in rows:
+        assert "errors" not in row
+        p = row["probe"]
+        assert p["round_trips"] > 0 and p["k_per_s"] > 0
+        assert p["released_us_per_rt"] > 0 and 0 <= p["wait_share"] < 1
+    # Three releases per round trip (and those of the trips cut by the
+    # stop); one with the experiment on.
+    assert 3 <= rows[0]["probe"]["releases_per_rt"] < 3.5
+    assert 1 <= rows[1]["probe"]["releases_per_rt"] < 1.5
+    assert rows[0]["unit"] == "us" and rows[1]["unit"] == "k/s"
+    assert rows[0]["times"]["cudamem"][0] == pytest.approx(
+        rows[0]["probe"]["wait_us_per_rt"] / 1e6)
+    # The experiment's row stands beside the C program's figure.
+    assert rows[1]["times"]["driver"] == tuple(fake)
+    text = ops_threads.format_probe(rows)
+    assert "GIL wait/rt 1K pinned [2 threads]" in text
+    assert "keep-GIL rt 1K pinned [2 threads]" in text
+    assert _core._gil_probe_stats()["on"] is False
+    assert _core._copy_keep_gil() is False
+    # Pageable rows have no experiment row.
+    rows = ops_threads.probe_rows(cuda,
+                                  ["round trip 1 KiB pageable [1 thread]"])
+    assert [r["op"] for r in rows] == ["GIL wait/rt 1K pageable [1 thread]"]
+
+
+def test_keep_gil_switch(probe):
+    assert probe._copy_keep_gil() is False
+    assert probe._copy_keep_gil(True) is False
+    assert probe._copy_keep_gil(None) is True
+    assert probe._copy_keep_gil(0) is True
+    assert probe._copy_keep_gil() is False
+    with pytest.raises(TypeError, match="at most one"):
+        probe._copy_keep_gil(True, True)
+
+    class Bad:
+        def __bool__(self):
+            raise ZeroDivisionError("no truth")
+
+    with pytest.raises(ZeroDivisionError):
+        probe._copy_keep_gil(Bad())
+    assert probe._copy_keep_gil() is False
+
+
+HOSTS = {
+    "pinned": (lambda n: cuda.pinned_array(n, np.uint8), 1),
+    "mapped": (lambda n: cuda.mapped_array(n, np.uint8), 1),
+    "managed": (lambda n: cuda.managed_array(n, np.uint8), 3),
+    "pageable": (lambda n: np.empty(n, np.uint8), 3),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTS))
+def test_keep_gil_round_trip(probe, kind):
+    """With the experiment on, the two copies of a round trip with
+    page-locked host memory keep the GIL (only the synchronize releases
+    it); other host memory is copied as before.  The data round trips
+    either way, whole arrays and views."""
+    make, per_trip = HOSTS[kind]
+    s = cuda.stream()
+    h = make(4096)
+    out = make(4096)
+    h[:] = np.arange(4096) % 251
+    d = cuda.device_array(4096, np.uint8)
+    probe._copy_keep_gil(True)
+    probe._gil_probe(True)
+    for _ in range(5):
+        out[:] = 0
+        d.copy_to_device(h, stream=s)
+        d.copy_to_host(out, stream=s)
+        s.synchronize()
+        assert (out == h).all()
+    assert probe._gil_probe_stats()["nogil"]["releases"] == 5 * per_trip
+    probe._gil_probe(True)
+    out[:] = 0
+    d[1024:2048].copy_to_device(h[:1024], stream=s)
+    d[1024:2048].copy_to_host(out[2048:3072], stream=s)
+    s.synchronize()
+    assert (out[2048:3072] == h[:1024]).all()
+    assert probe._gil_probe_stats()["nogil"]["releases"] == per_trip
+    # Synchronous copies still release it.
+    probe._gil_probe(True)
+    d.copy_to_device(h)
+    d.copy_to_host(out)
+    assert probe._gil_probe_stats()["nogil"]["releases"] == 2
+
+
+def test_keep_gil_beside_python_callbacks():
+    """Threads making round trips that keep the GIL while Python host
+    callbacks are always in flight on other streams: the driver's lock,
+    which the simulator models, is never waited for with the GIL held."""
+    p = run_child(KEEP_CHILD, timeout=90, args=("1.5",))
+    assert p.stdout.startswith("ok"), p.output[-3000:]
+
+
+KEEP_CHILD = r"""
+import sys
+import threading
+import time
+
+import numpy as np
+
+import cudamem as cuda
+from cudamem import _core
+
+_core._copy_keep_gil(True)
+seconds = float(sys.argv[1])
+stop = threading.Event()
+errors = []
+done = [0, 0]
+
+
+def callbacks():
+    s = cuda.stream()
+    d = cuda.device_array(1 << 12, dtype=np.uint8)
+    h = cuda.pinned_array(1 << 12, dtype=np.uint8)
+    while not stop.is_set():
+        for i in range(4):
+            d.copy_to_host(h, stream=s)
+            s.add_callback(lambda st, status, arg: sum(range(200)), i)
+        s.synchronize()
+        done[0] += 1
+
+
+def trips(k):
+    try:
+        s = cuda.stream()
+        h = cuda.pinned_array(1024, np.uint8)
+        out = cuda.mapped_array(1024, np.uint8)
+        d = cuda.device_array(1024, np.uint8)
+        while not stop.is_set():
+            h[:] = (done[1] + k) % 256
+            d.copy_to_device(h, stream=s)
+            d.copy_to_host(out, stream=s)
+            s.synchronize()
+            assert (out == h).all()
+            done[1] += 1
+    except Exception as exc:  # noqa: BLE001 - reported below
+        errors.append(repr(exc))
+
+
+threads = [threading.Thread(target=callbacks)]
+threads += [threading.Thread(target=trips, args=(k,)) for k in range(4)]
+for t in threads:
+    t.start()
+time.sleep(seconds)
+stop.set()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert done[0] > 0 and done[1] > 0
+print("ok", done)
+"""
+
