@@ -670,5 +670,30 @@ PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
                              PyArray_Descr *dtype, CUdeviceptr ptr,
                              PyObject *gpu_data, PyObject *stream);
 
+/* ------------------------------------------------------------------ */
+/* retcheck.c: the return check of the debug build                     */
+/* ------------------------------------------------------------------ */
+
+/*
+ * With CUDAMEM_DEBUG=1 (CM_RETCHECK defined), every function Python can
+ * call is wrapped in a check that it returns NULL exactly when it has set
+ * an exception (docs/design.md#return-check); the normal build has none
+ * of it and the macros below cost nothing.
+ */
+#ifdef CM_RETCHECK
+/* Wrap every function of the module's tables and of the types it made
+ * (module exec, last).  0, or -1 with RuntimeError. */
+int cm_retcheck_install(PyObject *mod);
+/* Wrap def in place: a PyMethodDef that C turns into a function object
+ * itself (PyCFunction_NewEx), named owner.name.  0, or -1. */
+int cm_retcheck_def(PyMethodDef *def, const char *owner);
+/* fn, stored as an instance's vectorcall, wrapped (the same trampoline
+ * for the same fn). */
+vectorcallfunc cm_retcheck_vectorcall(vectorcallfunc fn, const char *name);
+#define CM_RETCHECK_VECTORCALL(fn, name) cm_retcheck_vectorcall((fn), (name))
+#else
+#define CM_RETCHECK_VECTORCALL(fn, name) (fn)
+#endif
+
 #endif /* CM_H */
 
