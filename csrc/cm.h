@@ -497,13 +497,18 @@ typedef struct {
 } cm_context;
 
 /* The context current on this thread, making device 0's primary context
- * current if none is.  Borrowed reference, or NULL with an exception. */
+ * current if none is.  Borrowed reference, or NULL with an exception.
+ * Alive and registered when returned, which holds until the caller next
+ * lets go of the GIL (a reset on another thread may follow). */
 cm_context *cm_context_current(void);
 /* Make ctx current on this thread if it is not (cheap when it is). */
 int cm_context_activate(cm_context *ctx);
 /* Make ctx current for one operation; *prev gets what cm_context_leave
  * needs to give the thread its own context back.  0, or -1 with an
- * exception (then nothing to leave). */
+ * exception (then nothing to leave).  On 0, and for cm_context_activate,
+ * ctx was alive after their last driver call: the caller's next driver
+ * call, made before it lets go of the GIL, counts before any close of
+ * ctx destroys its objects. */
 int cm_context_enter(cm_context *ctx, CUcontext *prev);
 /* Undo cm_context_enter.  Never raises. */
 void cm_context_leave(cm_context *ctx, CUcontext prev);

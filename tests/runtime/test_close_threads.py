@@ -35,7 +35,7 @@ import numpy as np
 import cudamem as cuda
 from cudamem import CudaAPIError
 
-scenario, closer, seconds, check_data = sys.argv[1:5]
+scenario, closer, seconds, check_data, hold = sys.argv[1:6]
 seconds = float(seconds)
 check_data = check_data == "1"
 stop = threading.Event()
@@ -190,6 +190,10 @@ def close_once():
 
 
 cuda.to_device(np.zeros(4))   # the first context, before the threads
+if hold == "1":
+    # Every driver call lets go of the GIL, as after a reset that dropped
+    # queued callbacks on a GPU.
+    cuda._core._gil_yield_hold(1)
 threads = [threading.Thread(target=work, args=(k, fn))
            for k, fn in enumerate(WORKERS)]
 for t in threads:
@@ -224,11 +228,13 @@ print(json.dumps({"closes": closes, "seen": seen, "unexpected": unexpected,
 '''
 
 
-def run_scenario(scenario, closer, seconds=HAMMER_S):
+def run_scenario(scenario, closer, seconds=HAMMER_S, hold=False):
     """Run the child (a crash or hang fails the test, naming the signal
-    or the timeout); return its summary."""
+    or the timeout); return its summary.  hold: every driver call lets go
+    of the GIL (_gil_yield_hold)."""
     p = run_child(CHILD, timeout=TIMEOUT_S,
-                  args=(scenario, closer, seconds, "1" if SIM else "0"))
+                  args=(scenario, closer, seconds, "1" if SIM else "0",
+                        "1" if hold else "0"))
     assert "Exception ignored" not in p.stderr, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["unexpected"] == [], "\n".join(out["unexpected"])
@@ -257,6 +263,14 @@ def test_close_while_threads_work(scenario):
 @pytest.mark.parametrize("scenario", ["streams", "old_host", "mixed"])
 def test_device_reset_while_threads_work(scenario):
     check_progress(run_scenario(scenario, "reset"))
+
+
+@pytest.mark.parametrize("scenario", ["streams", "events", "mixed"])
+def test_device_reset_while_threads_work_gil_released(scenario):
+    """The same with every driver call letting go of the GIL, the state a
+    GPU stays in once a reset dropped queued callbacks (on the H200,
+    stream() once returned NULL with no exception there)."""
+    check_progress(run_scenario(scenario, "reset", hold=True))
 
 
 def test_close_of_idle_objects_is_quiet():
