@@ -114,10 +114,14 @@ cm_rc_fail(const char *name, const char *what)
     fprintf(stderr, "cudamem: %s %s (the return check of the debug "
             "build)\n", name, what);
     if (exc != NULL) {
+        const char *text = NULL;
+
         s = PyObject_Repr(exc);
+        if (s != NULL && PyUnicode_Check(s)) {
+            text = PyUnicode_AsUTF8(s);
+        }
         fprintf(stderr, "cudamem: the exception set: %s\n",
-                s != NULL && PyUnicode_Check(s) ? PyUnicode_AsUTF8(s)
-                                               : Py_TYPE(exc)->tp_name);
+                text != NULL ? text : Py_TYPE(exc)->tp_name);
         Py_XDECREF(s);
         Py_DECREF(exc);
         PyErr_Clear();

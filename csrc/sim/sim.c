@@ -31,8 +31,9 @@
  * there with CUDA_ERROR_NOT_PERMITTED (the driver allows that answer).
  * The per-thread context stack is thread-local and needs no lock.  Fault
  * injection uses atomics only; a call armed to wait (cm_sim_block) waits
- * on a mutex and condition of its own, with no other lock held.  In the child of a fork() after cuInit the
- * lock is never touched: every entry point answers NOT_INITIALIZED.
+ * on a mutex and condition of its own, with no other lock held.  In the
+ * child of a fork() after cuInit the lock is never touched: every entry
+ * point answers NOT_INITIALIZED.
  *
  * Choices where the driver leaves room: frees (cuMemFree, cuMemFreeHost,
  * cuMemHostUnregister) wait for all queued work, as the driver's frees
