@@ -6,7 +6,8 @@ in a check that it returns NULL (or -1) exactly when it has set an
 exception; a break aborts the process, naming the function.  These tests
 run on the debug build (.ci/run's sanitizer step builds it and runs the
 whole suite, these tests included, under it) and are skipped on the
-normal build, which has no check and none of the debug functions.
+normal build, which has no check and none of the debug functions (one
+test checks that).
 """
 
 import types
@@ -18,10 +19,18 @@ from cudamem import _core
 
 DEBUG = hasattr(_core, "_debug_checked")
 
-pytestmark = pytest.mark.skipif(
+debug_only = pytest.mark.skipif(
     not DEBUG, reason="needs the debug build (CUDAMEM_DEBUG=1)")
 
 
+@pytest.mark.skipif(DEBUG, reason="the debug build")
+def test_the_normal_build_has_no_check():
+    # Nothing of the check is compiled in: no debug functions, and the
+    # module's functions are the plain ones.
+    assert not [n for n in dir(_core) if n.startswith("_debug_")]
+
+
+@debug_only
 @pytest.mark.parametrize("fn, what", [
     ("_debug_return_null_without_error",
      "returned NULL without setting an exception"),
@@ -42,6 +51,7 @@ def test_a_broken_entry_point_aborts_naming_it(fn, what):
         assert "RuntimeError('set on purpose')" in p.stderr, p.stderr
 
 
+@debug_only
 def test_the_check_lets_correct_calls_through():
     # Both sides of the rule, through a method, a getter, a slot and a
     # module function: a value with no exception, NULL with one.
@@ -79,6 +89,7 @@ def _python_visible_entries():
     return names
 
 
+@debug_only
 def test_every_entry_point_is_checked():
     checked = set(_core._debug_checked())
     missing = sorted(_python_visible_entries() - checked)
