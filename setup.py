@@ -3,7 +3,8 @@
 
 Nothing links against libcuda: the driver is loaded at run time.  The
 headers are looked up in CUDA_HOME, CUDA_PATH and /usr/local/cuda.
-Environment switches: CUDAMEM_DEBUG=1 (-O0 -g3, asserts on),
+Environment switches: CUDAMEM_DEBUG=1 (-O0 -g3, asserts on, the return
+check of csrc/retcheck.c),
 CUDAMEM_WERROR=1 (-Werror), CUDAMEM_SANITIZE=address,undefined.
 """
 
@@ -47,7 +48,7 @@ def compile_args():
     args = ["-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden",
             "-D_GNU_SOURCE"]
     if os.environ.get("CUDAMEM_DEBUG") == "1":
-        args += ["-O0", "-g3", "-UNDEBUG"]
+        args += ["-O0", "-g3", "-UNDEBUG", "-DCM_RETCHECK=1"]
     else:
         args += ["-O2"]
     if os.environ.get("CUDAMEM_WERROR") == "1":

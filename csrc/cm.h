@@ -555,13 +555,18 @@ typedef struct {
 } cm_context;
 
 /* The context current on this thread, making device 0's primary context
- * current if none is.  Borrowed reference, or NULL with an exception. */
+ * current if none is.  Borrowed reference, or NULL with an exception.
+ * Alive and registered when returned, which holds until the caller next
+ * lets go of the GIL (a reset on another thread may follow). */
 cm_context *cm_context_current(void);
 /* Make ctx current on this thread if it is not (cheap when it is). */
 int cm_context_activate(cm_context *ctx);
 /* Make ctx current for one operation; *prev gets what cm_context_leave
  * needs to give the thread its own context back.  0, or -1 with an
- * exception (then nothing to leave). */
+ * exception (then nothing to leave).  On 0, and for cm_context_activate,
+ * ctx was alive after their last driver call: the caller's next driver
+ * call, made before it lets go of the GIL, counts before any close of
+ * ctx destroys its objects. */
 int cm_context_enter(cm_context *ctx, CUcontext *prev);
 /* Undo cm_context_enter.  Never raises. */
 void cm_context_leave(cm_context *ctx, CUcontext prev);
@@ -727,6 +732,31 @@ PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
                              const Py_ssize_t *strides,
                              PyArray_Descr *dtype, CUdeviceptr ptr,
                              PyObject *gpu_data, PyObject *stream);
+
+/* ------------------------------------------------------------------ */
+/* retcheck.c: the return check of the debug build                     */
+/* ------------------------------------------------------------------ */
+
+/*
+ * With CUDAMEM_DEBUG=1 (CM_RETCHECK defined), every function Python can
+ * call is wrapped in a check that it returns NULL exactly when it has set
+ * an exception (docs/design.md#return-check); the normal build has none
+ * of it and the macros below cost nothing.
+ */
+#ifdef CM_RETCHECK
+/* Wrap every function of the module's tables and of the types it made
+ * (module exec, last).  0, or -1 with RuntimeError. */
+int cm_retcheck_install(PyObject *mod);
+/* Wrap def in place: a PyMethodDef that C turns into a function object
+ * itself (PyCFunction_NewEx), named owner.name.  0, or -1. */
+int cm_retcheck_def(PyMethodDef *def, const char *owner);
+/* fn, stored as an instance's vectorcall, wrapped (the same trampoline
+ * for the same fn). */
+vectorcallfunc cm_retcheck_vectorcall(vectorcallfunc fn, const char *name);
+#define CM_RETCHECK_VECTORCALL(fn, name) cm_retcheck_vectorcall((fn), (name))
+#else
+#define CM_RETCHECK_VECTORCALL(fn, name) (fn)
+#endif
 
 #endif /* CM_H */
 

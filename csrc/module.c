@@ -458,6 +458,13 @@ cm_module_exec(PyObject *mod)
         cm_st = NULL;
         return -1;
     }
+#ifdef CM_RETCHECK
+    /* Last: every table is in place. */
+    if (cm_retcheck_install(mod) < 0) {
+        cm_st = NULL;
+        return -1;
+    }
+#endif
     return 0;
 }
 

@@ -4,8 +4,9 @@
 header of a layer above its own.
 
 The layers, lowest first: driver, memory, array, runtime, then module.c
-at the top; cm.h (at the top of csrc/) is seen by every layer and may
-include only the driver's headers.  The simulator (csrc/sim/) is a
+and retcheck.c (the debug build's return check) at the top; cm.h (at the
+top of csrc/) is seen by every layer and may include only the driver's
+headers.  The simulator (csrc/sim/) is a
 backend of the driver table: it includes the driver's headers and its
 own, nothing else, and no other layer includes it.  Reads the
 `#include "..."` lines of every .c and .h file under csrc/; exits 1
@@ -18,7 +19,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "csrc"
 RANK = {"driver": 0, "cm.h": 0, "memory": 1, "array": 2, "runtime": 3,
-        "module.c": 4}
+        "module.c": 4, "retcheck.c": 4}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

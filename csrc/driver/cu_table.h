@@ -160,6 +160,16 @@ void cm_sim_fill(cm_cu_table *t, int per_thread);
 /* Arm fault injection: the nth (1 = next) call of entry point idx returns
  * code.  nth 0 disarms.  0, or -1 if idx is out of range. */
 int cm_sim_inject(int idx, long nth, CUresult code);
+/* Arm a wait, for tests that force an order between threads: the nth
+ * (1 = next) call of entry point idx, from any thread, waits on entry
+ * until cm_sim_unblock(idx); nth 0 disarms.  The caller must not hold
+ * what the unblocking thread needs (the GIL).  0, or -1 if idx is out of
+ * range. */
+int cm_sim_block(int idx, long nth);
+/* Let the waiting call of idx (and any later armed one) go on. */
+int cm_sim_unblock(int idx);
+/* How many calls of idx are waiting now. */
+int cm_sim_blocked(int idx);
 /* Whether h is a stream the simulator has and has not destroyed (its
  * context included).  Simulator backend only. */
 int cm_sim_stream_live(const void *h);

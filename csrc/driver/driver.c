@@ -468,6 +468,36 @@ PyDoc_STRVAR(cm_sim_inject_doc,
 "Simulator only: make the nth call from now (1 = the next) of the driver "
 "entry point cu<name> return the CUresult code.  nth=0 disarms.");
 
+/* The index of driver entry point name ("cuMemAlloc" or "MemAlloc") for
+ * the simulator's test aids, which need the simulator backend; -1 with
+ * an exception (what names the aid). */
+static int
+cm_sim_entry_index(const char *name, const char *what)
+{
+    int i;
+
+    if (cm_driver_ensure() < 0) {
+        return -1;
+    }
+    if (cm_driver_backend() != CM_BACKEND_SIM) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s needs the simulator backend (CUDAMEM_SIMULATOR=1)",
+                     what);
+        return -1;
+    }
+    if (strncmp(name, "cu", 2) == 0) {
+        name += 2;
+    }
+    for (i = 0; i < CM_CU_N_FUNCS; i++) {
+        if (strcmp(cm_cu_names[i], name) == 0) {
+            return i;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "unknown driver entry point: cu%s",
+                 name);
+    return -1;
+}
+
 static PyObject *
 cm_sim_inject_fn(PyObject *mod, PyObject *args)
 {
@@ -480,31 +510,81 @@ cm_sim_inject_fn(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "sli:_sim_inject", &name, &nth, &code)) {
         return NULL;
     }
-    if (cm_driver_ensure() < 0) {
+    if (nth < 0) {
+        PyErr_Format(PyExc_ValueError, "bad count for %s: %ld", name, nth);
         return NULL;
     }
-    if (cm_driver_backend() != CM_BACKEND_SIM) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "fault injection needs the simulator backend "
-                        "(CUDAMEM_SIMULATOR=1)");
-        return NULL;
-    }
-    if (strncmp(name, "cu", 2) == 0) {
-        name += 2;
-    }
-    for (i = 0; i < CM_CU_N_FUNCS; i++) {
-        if (strcmp(cm_cu_names[i], name) == 0) {
-            break;
-        }
-    }
-    if (i == CM_CU_N_FUNCS || nth < 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "unknown driver entry point or bad count: cu%s, %ld",
-                     name, nth);
+    if ((i = cm_sim_entry_index(name, "fault injection")) < 0) {
         return NULL;
     }
     cm_sim_inject(i, nth, (CUresult)code);
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_sim_block_doc,
+"_sim_block(name, nth)\n--\n\n"
+"Simulator only, for tests that force an order between threads: the nth "
+"call from now (1 = the next), from any thread, of the driver entry "
+"point cu<name> waits on entry until _sim_unblock(name).  nth=0 "
+"disarms.  The waiting thread must not hold the GIL (the call must be one "
+"cudamem makes with the GIL released).");
+
+static PyObject *
+cm_sim_block_fn(PyObject *mod, PyObject *args)
+{
+    const char *name;
+    long nth;
+    int i;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "sl:_sim_block", &name, &nth)) {
+        return NULL;
+    }
+    if (nth < 0) {
+        PyErr_Format(PyExc_ValueError, "bad count for %s: %ld", name, nth);
+        return NULL;
+    }
+    if ((i = cm_sim_entry_index(name, "_sim_block")) < 0) {
+        return NULL;
+    }
+    cm_sim_block(i, nth);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_sim_unblock_doc,
+"_sim_unblock(name)\n--\n\n"
+"Simulator only: let the call of cu<name> that _sim_block armed go on "
+"(now if it is waiting, at once when it comes).");
+
+static PyObject *
+cm_sim_unblock_fn(PyObject *mod, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    int i;
+
+    (void)mod;
+    if (name == NULL || (i = cm_sim_entry_index(name, "_sim_unblock")) < 0) {
+        return NULL;
+    }
+    cm_sim_unblock(i);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cm_sim_blocked_doc,
+"_sim_blocked(name)\n--\n\n"
+"Simulator only: how many calls of cu<name> are waiting now (_sim_block).");
+
+static PyObject *
+cm_sim_blocked_fn(PyObject *mod, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    int i;
+
+    (void)mod;
+    if (name == NULL || (i = cm_sim_entry_index(name, "_sim_blocked")) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLong(cm_sim_blocked(i));
 }
 
 PyDoc_STRVAR(cm_sim_stream_live_doc,
@@ -711,6 +791,9 @@ static PyMethodDef cm_driver_methods[] = {
     {"_per_thread_default_stream", cm_per_thread_fn, METH_NOARGS,
      cm_per_thread_doc},
     {"_sim_inject", cm_sim_inject_fn, METH_VARARGS, cm_sim_inject_doc},
+    {"_sim_block", cm_sim_block_fn, METH_VARARGS, cm_sim_block_doc},
+    {"_sim_unblock", cm_sim_unblock_fn, METH_O, cm_sim_unblock_doc},
+    {"_sim_blocked", cm_sim_blocked_fn, METH_O, cm_sim_blocked_doc},
     {"_sim_stream_live", cm_sim_stream_live_fn, METH_O,
      cm_sim_stream_live_doc},
     {NULL, NULL, 0, NULL},

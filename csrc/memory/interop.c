@@ -1199,6 +1199,11 @@ cm_interop_init(PyObject *mod, cm_state *st)
     if (PyModule_AddFunctions(mod, cm_interop_functions) < 0) {
         return -1;
     }
+#ifdef CM_RETCHECK
+    if (cm_retcheck_def(&cm_cupy_malloc_def, "cudamem._core") < 0) {
+        return -1;
+    }
+#endif
     cm_interop_ready = 1;
     return 0;
 }

@@ -137,9 +137,14 @@ again:
         goto again;
     }
     if (cm_ctxs[i] != NULL) {
-        /* Another thread made it while the GIL was released. */
+        /* Another thread made it while the GIL was released: this retain
+         * goes back, and the lookup starts over.  Not a return of
+         * cm_ctxs[i] from here: the release may let go of the GIL (while
+         * Python callbacks are in flight), and a reset on another thread
+         * may clear the entry meanwhile (that was a NULL with no
+         * exception: a SystemError from stream() on a GPU). */
         (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
-        return cm_ctxs[i];
+        goto again;
     }
     c = PyObject_GC_New(cm_context, cm_st->Context_type);
     if (c == NULL) {
@@ -180,13 +185,28 @@ again:
         return NULL;
     }
     cm_ctxs[i] = c;
-    if (cm_context_make_manager(c) < 0) {
+    /* The manager's Python code may let other threads run, and a reset
+     * of the device may take c away meanwhile (releasing its primary
+     * context and the registry's reference): this reference keeps c
+     * until it is known which happened. */
+    Py_INCREF(c);
+    err = cm_context_make_manager(c);
+    if (cm_ctxs[i] != c) {
+        Py_DECREF(c);
+        if (err < 0) {
+            return NULL;
+        }
+        goto again;  /* reset meanwhile: a fresh context is made */
+    }
+    if (err < 0) {
         cm_ctxs[i] = NULL;
         c->alive = 0;
+        Py_DECREF(c);
         Py_DECREF(c);
         (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
         return NULL;
     }
+    Py_DECREF(c);  /* the registry's reference stays */
     return c;
 }
 
@@ -242,10 +262,13 @@ again:
         }
         if (c->handle != cur) {
             /* A driver that gave the fresh context a new handle: it
-             * replaces the dead one on this thread's stack. */
+             * replaces the dead one on this thread's stack, and the
+             * lookup starts over (the call may have let go of the GIL,
+             * and another thread reset c meanwhile). */
             if (CM_CU(CtxSetCurrent, (c->handle)) < 0) {
                 return NULL;
             }
+            goto again;
         }
         return c;
     }
@@ -329,28 +352,43 @@ again:
     if (c == NULL || CM_CU(CtxPushCurrent, (c->handle)) < 0) {
         return NULL;
     }
-    return c;
+    /* Found again as the current context: the push may have let go of
+     * the GIL, and another thread reset c meanwhile. */
+    goto again;
 }
 
+/* ValueError for an object of ctx, which was closed or reset.  -1. */
+static int
+cm_context_dead(cm_context *ctx)
+{
+    PyErr_Format(PyExc_ValueError,
+                 "the context of device %d was closed or reset; its "
+                 "memory, streams and events are gone", ctx->device->id);
+    return -1;
+}
+
+/*
+ * cm_context_activate and cm_context_enter check that ctx is alive before
+ * their driver calls and again after them: while Python callbacks are in
+ * flight those calls let go of the GIL, and another thread may close ctx
+ * meanwhile.  The second check is what the caller relies on: its next
+ * driver call, made before any other release of the GIL, counts as in
+ * flight before a close that began later destroys anything
+ * (cm_driver_calls), so it never meets a destroyed stream or event.
+ */
 int
 cm_context_activate(cm_context *ctx)
 {
     CUcontext cur = NULL;
 
     if (!ctx->alive) {
-        PyErr_Format(PyExc_ValueError,
-                     "the context of device %d was closed or reset; its "
-                     "memory, streams and events are gone",
-                     ctx->device->id);
+        return cm_context_dead(ctx);
+    }
+    if (CM_CU(CtxGetCurrent, (&cur)) < 0
+        || (cur != ctx->handle && CM_CU(CtxSetCurrent, (ctx->handle)) < 0)) {
         return -1;
     }
-    if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
-        return -1;
-    }
-    if (cur == ctx->handle) {
-        return 0;
-    }
-    return CM_CU(CtxSetCurrent, (ctx->handle));
+    return ctx->alive ? 0 : cm_context_dead(ctx);
 }
 
 int
@@ -360,20 +398,24 @@ cm_context_enter(cm_context *ctx, CUcontext *prev)
 
     *prev = NULL;
     if (!ctx->alive) {
-        return cm_context_activate(ctx);  /* raises */
+        return cm_context_dead(ctx);
     }
     if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
         return -1;
     }
-    if (cur == ctx->handle) {
-        *prev = cur;
-        return 0;
+    if (cur != ctx->handle) {
+        if (CM_CU(CtxSetCurrent, (ctx->handle)) < 0) {
+            return -1;
+        }
+        /* A thread that had no context keeps this one, as a first use
+         * does. */
+        cur = cur == NULL ? ctx->handle : cur;
     }
-    if (CM_CU(CtxSetCurrent, (ctx->handle)) < 0) {
-        return -1;
+    if (!ctx->alive) {
+        cm_context_leave(ctx, cur);
+        return cm_context_dead(ctx);
     }
-    /* A thread that had no context keeps this one, as a first use does. */
-    *prev = cur == NULL ? ctx->handle : cur;
+    *prev = cur;
     return 0;
 }
 

@@ -124,11 +124,17 @@ cm_current_context_fn(PyObject *mod, PyObject *const *args,
         return Py_XNewRef((PyObject *)cm_context_current());
     }
     if (cm_driver_ensure() < 0 || (i = cm_device_arg(devnum)) < 0
-        || (c = cm_context_get(i)) == NULL
-        || CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+        || (c = cm_context_get(i)) == NULL) {
         return NULL;
     }
-    return Py_NewRef(c);
+    /* Held across the push, which may let go of the GIL: a reset on
+     * another thread may drop the registry's reference meanwhile. */
+    Py_INCREF(c);
+    if (CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
 }
 
 PyDoc_STRVAR(cm_select_device_doc,

@@ -204,6 +204,12 @@ cm_device_get(int i)
         Py_DECREF(d);
         return NULL;
     }
+    if (cm_devs[i] != NULL) {
+        /* Made by another thread while a query let go of the GIL: one
+         * Device per ordinal. */
+        Py_DECREF(d);
+        return cm_devs[i];
+    }
     cm_devs[i] = d;
     return d;
 }

@@ -216,7 +216,8 @@ cm_kernel_subscript(PyObject *self, PyObject *key)
     l->shared = (unsigned int)shared;
     l->stream = stream;
     l->stream_obj = Py_NewRef(stream_obj);
-    l->vectorcall = cm_launch_vectorcall;
+    l->vectorcall = CM_RETCHECK_VECTORCALL(cm_launch_vectorcall,
+                                           "cudamem._core.KernelLaunch");
     return (PyObject *)l;
 
 err:

@@ -26,29 +26,38 @@ static PyObject *
 cm_stream_make(unsigned int flags)
 {
     cm_context *ctx;
-    cm_stream *s;
+    cm_stream *s = NULL;
     CUstream h;
     int err;
 
+    /* Alive when found, and no release of the GIL until cuStreamCreate
+     * counts as in flight, so a close of the context on another thread
+     * destroys the new stream with it, after the call.  Held: the
+     * context may be closed, and let go of, before the Stream holds it. */
     ctx = cm_context_current();
     if (ctx == NULL) {
         return NULL;
     }
+    Py_INCREF(ctx);
     h = cm_stream_cache_take(ctx, flags, 0);
     if (h == NULL) {
         CM_CU_NOGIL(err, StreamCreate, (&h, flags));
         if (err < 0) {
-            return NULL;
+            goto out;
         }
     }
     s = (cm_stream *)cm_stream_new(ctx, h, CM_STREAM_USER, NULL);
     if (s == NULL) {
-        CM_DRIVER_BEGIN_NOGIL
-        (void)CM_CU_RAW(StreamDestroy, (h));
-        CM_DRIVER_END_NOGIL
-        return NULL;
+        if (ctx->alive) {  /* else the close destroyed it */
+            CM_DRIVER_BEGIN_NOGIL
+            (void)CM_CU_RAW(StreamDestroy, (h));
+            CM_DRIVER_END_NOGIL
+        }
+        goto out;
     }
     s->flags = flags;
+out:
+    Py_DECREF(ctx);
     return (PyObject *)s;
 }
 
@@ -262,6 +271,33 @@ cm_event_elapsed_time_fn(PyObject *mod, PyObject *const *args,
     return cm_elapsed(vals[0], vals[1]);
 }
 
+PyDoc_STRVAR(cm_gil_yield_hold_doc,
+"_gil_yield_hold(n)\n--\n\n"
+"Tests only: count n more Python callbacks as in flight (n may be "
+"negative to give them back; the count never goes below 0), so that every "
+"driver call releases the GIL as it does while callbacks are in flight.  A "
+"reset that drops queued callbacks leaves the count up for good on a GPU; "
+"the simulator runs every callback, so tests use this to reach that "
+"state.  Returns the count.");
+
+static PyObject *
+cm_gil_yield_hold_fn(PyObject *mod, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    long now;
+
+    (void)mod;
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    now = __atomic_load_n(&cm_pycb_live, __ATOMIC_ACQUIRE);
+    if (n < -now) {
+        n = -now;
+    }
+    now = __atomic_add_fetch(&cm_pycb_live, n, __ATOMIC_ACQ_REL);
+    return PyLong_FromLong(now);
+}
+
 static PyMethodDef cm_stream_functions[] = {
     {"stream", cm_stream_fn, METH_NOARGS, cm_stream_fn_doc},
     {"default_stream", cm_default_stream_fn, METH_NOARGS,
@@ -282,6 +318,7 @@ static PyMethodDef cm_stream_functions[] = {
     {"_stream_with_flags", cm_stream_with_flags_fn, METH_O,
      cm_stream_with_flags_doc},
     {"_stream_cache", cm_stream_cache_fn, METH_O, cm_stream_cache_doc},
+    {"_gil_yield_hold", cm_gil_yield_hold_fn, METH_O, cm_gil_yield_hold_doc},
     {"_set_stream_cache_size", cm_set_stream_cache_size, METH_O,
      cm_set_stream_cache_size_doc},
     {NULL, NULL, 0, NULL},

@@ -30,8 +30,10 @@
  * call back into the simulator; calls that would have to wait are refused
  * there with CUDA_ERROR_NOT_PERMITTED (the driver allows that answer).
  * The per-thread context stack is thread-local and needs no lock.  Fault
- * injection uses atomics only.  In the child of a fork() after cuInit the
- * lock is never touched: every entry point answers NOT_INITIALIZED.
+ * injection uses atomics only; a call armed to wait (cm_sim_block) waits
+ * on a mutex and condition of its own, with no other lock held.  In the
+ * child of a fork() after cuInit the lock is never touched: every entry
+ * point answers NOT_INITIALIZED.
  *
  * Choices where the driver leaves room: frees (cuMemFree, cuMemFreeHost,
  * cuMemHostUnregister) wait for all queued work, as the driver's frees
@@ -188,11 +190,91 @@ cm_sim_inject(int idx, long nth, CUresult code)
     return 0;
 }
 
-/* Whether this call of entry point idx is the armed one; sets *rc. */
+/* Per entry point: calls left until the one that waits (0: disarmed). */
+static atomic_long blk_left[CM_CU_N_FUNCS];
+/* NOTE: guarded by blk_mu.  Per entry point: calls waiting, and whether
+ * they may go on. */
+static int blk_waiting[CM_CU_N_FUNCS];
+static int blk_open[CM_CU_N_FUNCS];
+static pthread_mutex_t blk_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t blk_cv = PTHREAD_COND_INITIALIZER;
+
+int
+cm_sim_block(int idx, long nth)
+{
+    long old;
+
+    if (idx < 0 || idx >= CM_CU_N_FUNCS || nth < 0) {
+        return -1;
+    }
+    pthread_mutex_lock(&blk_mu);
+    blk_open[idx] = 0;
+    pthread_mutex_unlock(&blk_mu);
+    old = atomic_exchange(&blk_left[idx], nth);
+    atomic_fetch_add(&inj_armed, (long)(nth > 0) - (long)(old > 0));
+    return 0;
+}
+
+int
+cm_sim_unblock(int idx)
+{
+    if (idx < 0 || idx >= CM_CU_N_FUNCS) {
+        return -1;
+    }
+    pthread_mutex_lock(&blk_mu);
+    blk_open[idx] = 1;
+    pthread_cond_broadcast(&blk_cv);
+    pthread_mutex_unlock(&blk_mu);
+    return 0;
+}
+
+int
+cm_sim_blocked(int idx)
+{
+    int n;
+
+    if (idx < 0 || idx >= CM_CU_N_FUNCS) {
+        return 0;
+    }
+    pthread_mutex_lock(&blk_mu);
+    n = blk_waiting[idx];
+    pthread_mutex_unlock(&blk_mu);
+    return n;
+}
+
+/* If this call of entry point idx is the one armed to wait, wait until
+ * cm_sim_unblock opens the way (no simulator lock held). */
+static void
+sim_block_maybe(int idx)
+{
+    long left = atomic_load(&blk_left[idx]);
+
+    while (left > 0) {
+        if (atomic_compare_exchange_weak(&blk_left[idx], &left, left - 1)) {
+            if (left == 1) {
+                atomic_fetch_sub(&inj_armed, 1);
+                pthread_mutex_lock(&blk_mu);
+                blk_waiting[idx]++;
+                while (!blk_open[idx]) {
+                    pthread_cond_wait(&blk_cv, &blk_mu);
+                }
+                blk_waiting[idx]--;
+                pthread_mutex_unlock(&blk_mu);
+            }
+            return;
+        }
+    }
+}
+
+/* Whether this call of entry point idx is the armed one; sets *rc.  A
+ * call armed to wait waits first. */
 int
 sim_inject_slow(int idx, CUresult *rc)
 {
-    long left = atomic_load(&inj_left[idx]);
+    long left;
+
+    sim_block_maybe(idx);
+    left = atomic_load(&inj_left[idx]);
 
     while (left > 0) {
         if (atomic_compare_exchange_weak(&inj_left[idx], &left, left - 1)) {

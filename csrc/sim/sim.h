@@ -347,10 +347,11 @@ void *sim_host_map(size_t size);
 /* Fault injection                                                     */
 /* ------------------------------------------------------------------ */
 
-/* How many entry points have a fault armed. */
+/* How many entry points have a fault or a wait armed. */
 extern atomic_long inj_armed;
 
-/* Whether this call of entry point idx is the armed one; sets *rc. */
+/* Whether this call of entry point idx is the armed one; sets *rc.  A
+ * call armed to wait (cm_sim_block) waits here first. */
 int sim_inject_slow(int idx, CUresult *rc);
 
 static inline int

@@ -1204,6 +1204,23 @@ reset_fn(void *arg)
     *rc = cu.DevicePrimaryCtxReset(0);
 }
 
+/* A cuDeviceGetCount made on a thread of its own (the waiting call). */
+typedef struct {
+    CUresult rc;
+    int done;
+} blocked_call;
+
+static void *
+blocked_call_fn(void *arg)
+{
+    blocked_call *bc = arg;
+    int n = 0;
+
+    bc->rc = cu.DeviceGetCount(&n);
+    __atomic_store_n(&bc->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
 static void
 group_reentry_and_faults(void)
 {
@@ -1255,6 +1272,32 @@ group_reentry_and_faults(void)
     }
     CHECK(cm_sim_inject(-1, 1, CUDA_ERROR_UNKNOWN) == -1);
     CHECK(cm_sim_inject(CM_CU_N_FUNCS, 1, CUDA_ERROR_UNKNOWN) == -1);
+
+    /* A call armed to wait: the 2nd next cuDeviceGetCount, on another
+     * thread, waits until unblocked; the calls around it do not. */
+    {
+        pthread_t th;
+        blocked_call bc = {0};
+        int k;
+
+        CHECK(cm_sim_block(CM_CU_IDX_DeviceGetCount, 2) == 0);
+        OK(cu.DeviceGetCount(&n));
+        CHECK(pthread_create(&th, NULL, blocked_call_fn, &bc) == 0);
+        for (k = 0; k < 10000
+                    && cm_sim_blocked(CM_CU_IDX_DeviceGetCount) == 0; k++) {
+            usleep(1000);
+        }
+        CHECK(cm_sim_blocked(CM_CU_IDX_DeviceGetCount) == 1);
+        usleep(20000);
+        CHECK(!__atomic_load_n(&bc.done, __ATOMIC_SEQ_CST));
+        CHECK(cm_sim_unblock(CM_CU_IDX_DeviceGetCount) == 0);
+        CHECK(pthread_join(th, NULL) == 0);
+        CHECK(bc.done && bc.rc == CUDA_SUCCESS);
+        CHECK(cm_sim_blocked(CM_CU_IDX_DeviceGetCount) == 0);
+        OK(cu.DeviceGetCount(&n));
+        CHECK(cm_sim_block(-1, 1) == -1);
+        CHECK(cm_sim_block(CM_CU_N_FUNCS, 1) == -1);
+    }
 
     /* A host function may not destroy the context its stream runs in. */
     OK(cu.LaunchHostFunc(s, reset_fn, &rc));

@@ -35,7 +35,7 @@ import numpy as np
 import cudamem as cuda
 from cudamem import CudaAPIError
 
-scenario, closer, seconds, check_data = sys.argv[1:5]
+scenario, closer, seconds, check_data, hold = sys.argv[1:6]
 seconds = float(seconds)
 check_data = check_data == "1"
 stop = threading.Event()
@@ -190,6 +190,10 @@ def close_once():
 
 
 cuda.to_device(np.zeros(4))   # the first context, before the threads
+if hold == "1":
+    # Every driver call lets go of the GIL, as after a reset that dropped
+    # queued callbacks on a GPU.
+    cuda._core._gil_yield_hold(1)
 threads = [threading.Thread(target=work, args=(k, fn))
            for k, fn in enumerate(WORKERS)]
 for t in threads:
@@ -224,11 +228,13 @@ print(json.dumps({"closes": closes, "seen": seen, "unexpected": unexpected,
 '''
 
 
-def run_scenario(scenario, closer, seconds=HAMMER_S):
+def run_scenario(scenario, closer, seconds=HAMMER_S, hold=False):
     """Run the child (a crash or hang fails the test, naming the signal
-    or the timeout); return its summary."""
+    or the timeout); return its summary.  hold: every driver call lets go
+    of the GIL (_gil_yield_hold)."""
     p = run_child(CHILD, timeout=TIMEOUT_S,
-                  args=(scenario, closer, seconds, "1" if SIM else "0"))
+                  args=(scenario, closer, seconds, "1" if SIM else "0",
+                        "1" if hold else "0"))
     assert "Exception ignored" not in p.stderr, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["unexpected"] == [], "\n".join(out["unexpected"])
@@ -257,6 +263,14 @@ def test_close_while_threads_work(scenario):
 @pytest.mark.parametrize("scenario", ["streams", "old_host", "mixed"])
 def test_device_reset_while_threads_work(scenario):
     check_progress(run_scenario(scenario, "reset"))
+
+
+@pytest.mark.parametrize("scenario", ["streams", "events", "mixed"])
+def test_device_reset_while_threads_work_gil_released(scenario):
+    """The same with every driver call letting go of the GIL, the state a
+    GPU stays in once a reset dropped queued callbacks (on the H200,
+    stream() once returned NULL with no exception there)."""
+    check_progress(run_scenario(scenario, "reset", hold=True))
 
 
 def test_close_of_idle_objects_is_quiet():
@@ -289,3 +303,135 @@ def test_close_of_idle_objects_is_quiet():
     p = run_child(code, timeout=TIMEOUT_S)
     assert p.stdout.strip() == "ok"
     assert "Exception ignored" not in p.stderr, p.stderr
+
+
+# --- reset races forced in one order (simulator) ----------------------------
+#
+# On a GPU a reset can drop host callbacks still queued, and from then on
+# every driver call releases the GIL (docs/design.md, "Threads and the
+# GIL"): _gil_yield_hold(1) puts the simulator in that state.  Calls armed
+# with _sim_block wait inside the driver until the test lets them go, so
+# another thread's reset lands exactly between two steps of a call.
+
+RACE_PRELUDE = r'''
+import threading
+import time
+
+import numpy as np
+
+import cudamem as cuda
+from cudamem import _core
+
+
+def wait_for(cond, what, limit=30.0):
+    end = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > end:
+            raise SystemExit("timed out waiting for " + what)
+        time.sleep(0.001)
+
+
+def blocked(name):
+    return lambda: _core._sim_blocked(name) > 0
+
+
+def dead(ctx):
+    # An object of a closed context raises ValueError before any driver
+    # call.
+    try:
+        ctx.get_memory_info()
+    except ValueError:
+        return True
+    return False
+
+
+def outcome(fn):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def describe(box):
+    if "error" in box:
+        return "%s: %s" % (type(box["error"]).__name__, box["error"])
+    return type(box.get("value")).__name__
+'''
+
+
+@pytest.mark.skipif(not SIM, reason="forces the order with the simulator")
+def test_stream_while_another_thread_makes_and_resets_the_context():
+    """stream() on a thread that retained the primary context while
+    another thread made cudamem's Context: giving its own retain back
+    lets go of the GIL, and a reset then cleared the registry; stream()
+    returned NULL without an exception (SystemError, seen on the H200)."""
+    code = RACE_PRELUDE + r'''
+dev = cuda.get_current_device()
+cuda.close()                      # no context: the worker's call makes one
+_core._gil_yield_hold(1)
+_core._sim_block("DevicePrimaryCtxRetain", 1)
+worker, box = outcome(cuda.stream)
+wait_for(blocked("DevicePrimaryCtxRetain"), "the worker's retain")
+ctx = cuda.current_context()      # made here meanwhile
+_core._sim_block("DevicePrimaryCtxRelease", 1)
+_core._sim_unblock("DevicePrimaryCtxRetain")
+# The worker finds the Context made, and gives its retain back.
+wait_for(blocked("DevicePrimaryCtxRelease"), "the worker's release")
+resetter, rbox = outcome(dev.reset)
+wait_for(lambda: dead(ctx), "the reset to mark the context dead")
+_core._sim_unblock("DevicePrimaryCtxRelease")
+worker.join()
+resetter.join()
+print(describe(box), "|", describe(rbox))
+'''
+    p = run_child(code, timeout=TIMEOUT_S)
+    out = p.stdout.strip().splitlines()[-1]
+    worker, resetter = out.split(" | ")
+    assert resetter == "NoneType", p.output
+    # A stream of the fresh context, or a clear error about the reset.
+    assert worker == "Stream" or worker.startswith("ValueError"), p.output
+
+
+@pytest.mark.skipif(not SIM, reason="forces the order with the simulator")
+def test_stream_query_while_another_thread_resets():
+    """A Stream method checked that its context was alive, then made the
+    context current (a call that lets go of the GIL), during which another
+    thread reset the device; the query then used the destroyed stream (the
+    simulator aborts: "not a live stream", a crash on a GPU).  Now the
+    context is checked again after making it current."""
+    code = RACE_PRELUDE + r'''
+dev = cuda.get_current_device()
+ctx = cuda.current_context()
+s = cuda.stream()
+_core._gil_yield_hold(1)
+# The worker's calls: cuCtxGetCurrent on entering the context, and again
+# in the method's own check; the second waits.
+_core._sim_block("CtxGetCurrent", 2)
+_core._sim_block("StreamQuery", 1)
+worker, box = outcome(s.query)
+wait_for(blocked("CtxGetCurrent"), "the worker's second cuCtxGetCurrent")
+resetter, rbox = outcome(dev.reset)
+wait_for(lambda: dead(ctx), "the reset to mark the context dead")
+_core._sim_unblock("CtxGetCurrent")
+resetter.join()
+# The worker either stops at the check or reaches the query, which waits
+# until the reset is over.
+wait_for(lambda: not worker.is_alive() or blocked("StreamQuery")(),
+         "the worker")
+_core._sim_unblock("StreamQuery")
+worker.join()
+_core._sim_block("StreamQuery", 0)
+print(describe(box), "|", describe(rbox))
+'''
+    p = run_child(code, timeout=TIMEOUT_S)
+    out = p.stdout.strip().splitlines()[-1]
+    worker, resetter = out.split(" | ")
+    assert resetter == "NoneType", p.output
+    assert worker.startswith("ValueError: the context of device 0 was "
+                             "closed or reset"), p.output
