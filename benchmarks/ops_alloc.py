@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: MIT
 """Allocation: one small device array made and dropped; allocate+drop
-churn over sizes 1 KiB - 4 MiB; one small allocation; each under every
-cudamem memory manager (default, pool, async) beside the peers.
+churn over sizes 1 KiB - 4 MiB; one small allocation; a failing
+allocation (twice the device's memory, so nothing can be freed to make
+it fit); each under every cudamem memory manager (default, pool, async)
+beside the peers.
 
 A memory manager is chosen before a context exists, and closing
 cudamem's context would reset the primary context the peers share, so
@@ -104,6 +106,61 @@ def _driver_alloc(op):
     return factory
 
 
+# -- a failing allocation: twice the device, nothing to free ---------------
+
+
+def _too_big(total):
+    """A request no device of total bytes can serve (and no peer's
+    cache): twice its memory."""
+    return 2 * total
+
+
+def _failing(alloc, errors):
+    """A callable that makes the failing request and swallows only the
+    out-of-memory error expected; an allocation that succeeds is a broken
+    row, not a fast one."""
+
+    def fn():
+        try:
+            alloc()
+        except errors:
+            return
+        raise RuntimeError("the allocation meant to fail succeeded")
+
+    return fn
+
+
+def _cm_fail(cm):
+    n = _too_big(cm.current_context().get_memory_info()[1])
+    return _failing(lambda: cm.device_array(n, np.uint8),
+                    cm.CudaOutOfMemoryError)
+
+
+def _numba_fail(cuda):
+    n = _too_big(cuda.current_context().get_memory_info()[1])
+    return _failing(lambda: cuda.device_array(n, np.uint8),
+                    cuda.cudadrv.driver.CudaAPIError)
+
+
+def _cupy_fail(cp):
+    n = _too_big(cp.cuda.runtime.memGetInfo()[1])
+    return _failing(lambda: cp.cuda.alloc(n), cp.cuda.memory.OutOfMemoryError)
+
+
+def _torch_fail(torch):
+    dev = torch.device("cuda")
+    n = _too_big(torch.cuda.mem_get_info()[1])
+    return _failing(lambda: torch.empty(n, dtype=torch.uint8, device=dev),
+                    torch.OutOfMemoryError)
+
+
+def _driver_fail(core):
+    import cudamem
+
+    n = _too_big(cudamem.current_context().get_memory_info()[1])
+    return _failing(lambda: core._alloc_free(n), cudamem.CudaAPIError)
+
+
 def _measure(op, repeats=31, history=None):
     """Time cudamem's allocation op here (the manager came from the
     environment); (median, p10, p90).  history: None (off), "on" or
@@ -113,7 +170,8 @@ def _measure(op, repeats=31, history=None):
     if history is not None:
         cudamem.memory_history(True, stacks=history == "stacks",
                                max_entries=1 << 16)
-    return harness.time_callable(_cm_alloc(op)(cudamem), repeats=repeats)
+    fn = _cm_fail(cudamem) if op == "fail" else _cm_alloc(op)(cudamem)
+    return harness.time_callable(fn, repeats=repeats)
 
 
 def _cm_alloc_in(kind, op, history=None):
@@ -153,6 +211,15 @@ def _alloc_ops():
                                                       history),
                               "cupy": _cupy_alloc("small"),
                               "torch": _torch_alloc("small")}})
+    # Out of memory when nothing can be freed: what the policy (flush,
+    # trim, collect, retry, the error's snapshot) costs beyond the
+    # driver's own failure.
+    for kind in ("default", "pool", "async"):
+        cm = _cm_fail if kind == "default" else _cm_alloc_in(kind, "fail")
+        ops.append({"name": "failing alloc 2x device [%s]" % kind,
+                    "impls": {"cudamem": cm, "numba": _numba_fail,
+                              "cupy": _cupy_fail, "torch": _torch_fail,
+                              "driver": _driver_fail}})
     return ops
 
 
