@@ -85,15 +85,22 @@ cm_rel_fn(int kind)
 static CUresult
 cm_rel_run(cm_context *ctx, const cm_pending_item *it)
 {
+    CUresult rc;
+
     switch (it->kind) {
     case CM_REL_POOL:
     case CM_REL_ASYNC:
     case CM_REL_POOL_SYNC:
     case CM_REL_ASYNC_SYNC:
         return ctx->mm_builtin->release(ctx, it->kind, it->handle,
-                                        it->stream);
+                                        it->size, it->stream);
     case CM_REL_DEVICE:
-        return CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
+        /* The default manager's memory, or managed memory: counted
+         * against the limit until now, whatever the driver answers (the
+         * entry is dropped either way). */
+        rc = CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
+        cm_limit_give(ctx, it->size);
+        return rc;
     case CM_REL_HOST:
         return CM_CU_RAW(MemFreeHost, ((void *)it->handle));
     case CM_REL_STREAM:
@@ -438,7 +445,7 @@ cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle, size_t size)
 /* Run a pool or async release now, in ctx; 0, or -1 with an exception. */
 static int
 cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
-                    CUstream stream)
+                    size_t size, CUstream stream)
 {
     CUcontext cur = NULL;
     CUcontext popped;
@@ -452,7 +459,7 @@ cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
         }
         pushed = 1;
     }
-    rc = ctx->mm_builtin->release(ctx, kind, handle, stream);
+    rc = ctx->mm_builtin->release(ctx, kind, handle, size, stream);
     if (pushed) {
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
@@ -520,7 +527,7 @@ cm_ctx_release_uncounted(cm_context *ctx, int kind, uintptr_t handle,
          || kind == CM_REL_IPC_POOL) ? ctx->memq : ctx->ctxq;
     if ((kind == CM_REL_POOL || kind == CM_REL_ASYNC) && !q->disabled
         && !cm_on_driver_thread()) {
-        if (cm_pool_release_now(ctx, kind, handle, stream) < 0) {
+        if (cm_pool_release_now(ctx, kind, handle, size, stream) < 0) {
             PyErr_WriteUnraisable((PyObject *)q);
         }
         return;
@@ -776,6 +783,9 @@ cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
     long psize;
     char lbuf[32];
     char wbuf[64];
+    char mbuf[128];
+    size_t lim = cm_limit_of(ctx->device->id);
+    size_t used = cm_limit_used(ctx);
     PyObject *exc;
     PyObject *msg;
 
@@ -811,13 +821,19 @@ cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
     else {
         snprintf(lbuf, sizeof(lbuf), "%lld bytes", largest);
     }
+    mbuf[0] = '\0';
+    if (lim != 0 && where != CM_OOM_HOST) {
+        snprintf(mbuf, sizeof(mbuf),
+                 "; this process's memory limit on the device is %zu "
+                 "bytes, %zu of them held", lim, used);
+    }
     msg = PyUnicode_FromFormat(
         "Call to %s results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
         "requested, %zu of %zu bytes free %s, %zu bytes in "
         "pending frees, %zu bytes held in pools (%zu of them free), "
-        "largest free pooled block %s",
+        "largest free pooled block %s%s",
         fn, size, free_b, total_b, wbuf, ctx->memq->bytes,
-        reserved, pool_free, lbuf);
+        reserved, pool_free, lbuf, mbuf);
     if (msg == NULL
         || PyObject_SetAttrString(exc, "msg", msg) < 0
         || cm_set_attr_steal(exc, "requested", PyLong_FromSize_t(size)) < 0
@@ -830,6 +846,14 @@ cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
         || cm_set_attr_steal(exc, "largest_free_block",
                              largest < 0 ? Py_NewRef(Py_None)
                                          : PyLong_FromLongLong(largest))
+           < 0
+        || cm_set_attr_steal(exc, "limit",
+                             lim == 0 || where == CM_OOM_HOST
+                                 ? Py_NewRef(Py_None)
+                                 : PyLong_FromSize_t(lim)) < 0
+        || cm_set_attr_steal(exc, "limit_used",
+                             PyLong_FromSize_t(where == CM_OOM_HOST ? 0
+                                                                    : used))
            < 0
         || (where != CM_OOM_HOST && cm_interop_oom_note(ctx, exc) < 0)) {
         Py_XDECREF(msg);
@@ -883,13 +907,65 @@ cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out)
     return 0;
 }
 
-/* The out-of-memory policy before the one retry: run pending frees, trim
- * the pools, collect cycles (their frees run or queue), and again. */
+/* Whether collecting garbage may make room for size more bytes in ctx
+ * (managed: of managed memory, which may exceed the device's), the
+ * queues flushed and the pools trimmed.  A collection frees only
+ * objects alive now, and which of them are unreachable only the
+ * collection itself finds out, so the answer is no only where no outcome
+ * of it could help: no owner of ctx's device memory is alive (no
+ * DeviceAllocation or managed HostAllocation, nothing PyTorch holds
+ * through the lane, no plugin pointer object counted), or the request
+ * does not fit even with every one of them gone: past the device's
+ * memory, or past the limit less the bytes no collection can give back
+ * (the count less everything alive and everything the pool holds). */
 static int
-cm_oom_recover(cm_context *ctx)
+cm_oom_collect_may_help(cm_context *ctx, size_t size, int managed)
 {
-    if (cm_pending_flush(ctx->memq) < 0 || ctx->mm_builtin->trim(ctx) < 0
-        || cm_gc_collect() < 0 || cm_pending_flush(ctx->memq) < 0
+    size_t lane_bytes = __atomic_load_n(&ctx->lane_bytes, __ATOMIC_RELAXED);
+    size_t lane_count = __atomic_load_n(&ctx->lane_count, __ATOMIC_RELAXED);
+    size_t reserved = 0;
+    size_t pool_free = 0;
+    long long largest = -1;
+    size_t freeable;
+    size_t floor;
+    size_t used;
+    size_t lim;
+
+    if (ctx->st_count + lane_count + ctx->plugin_count == 0) {
+        return 0;
+    }
+    if (!managed && size > ctx->total_mem) {
+        return 0;
+    }
+    lim = cm_limit_of(ctx->device->id);
+    if (lim == 0) {
+        return 1;
+    }
+    if (ctx->mm_builtin->kind == CM_MM_POOL) {
+        ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
+        if (reserved >= size) {
+            /* A segment may serve it once its blocks are gone, with
+             * nothing more counted. */
+            return 1;
+        }
+    }
+    freeable = ctx->st_bytes + lane_bytes + ctx->plugin_bytes + reserved;
+    used = cm_limit_used(ctx);
+    floor = used > freeable ? used - freeable : 0;
+    return floor < lim && size <= lim - floor;
+}
+
+int
+cm_oom_recover(cm_context *ctx, size_t size, int managed)
+{
+    if (cm_pending_flush(ctx->memq) < 0 || ctx->mm_builtin->trim(ctx) < 0) {
+        return -1;
+    }
+    if (!cm_oom_collect_may_help(ctx, size, managed)) {
+        return 0;
+    }
+    /* Cycles collected queue or run their frees. */
+    if (cm_gc_collect() < 0 || cm_pending_flush(ctx->memq) < 0
         || ctx->mm_builtin->trim(ctx) < 0) {
         return -1;
     }
@@ -918,7 +994,8 @@ cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
-        if (cm_oom_recover(ctx) < 0 || cm_context_activate(ctx) < 0) {
+        if (cm_oom_recover(ctx, size, 0) < 0
+            || cm_context_activate(ctx) < 0) {
             return -1;
         }
     }
@@ -946,14 +1023,20 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
 
     /* ctx is current: cm_mem_alloc_on entered it just before. */
     if (mm->alloc == NULL) {
-        /* A Python plugin: its users pay for the call. */
+        /* A Python plugin: its users pay for the call, and for counting
+         * what it hands out against the limit. */
+        if (cm_limit_plugin_take(ctx, size, "memalloc", 0) < 0) {
+            return NULL;
+        }
         mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
                                  (Py_ssize_t)size);
         if (mp == NULL
             || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
             Py_XDECREF(mp);
+            cm_limit_give(ctx, size);
             return NULL;
         }
+        cm_limit_plugin_track(ctx, mp, size);
         *out = (CUdeviceptr)addr;
         return mp;
     }
@@ -963,7 +1046,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     m = PyObject_GC_New(cm_mem, cm_st->Mem_type);
     if (m == NULL) {
         /* Give back the allocation whose owner could not be made. */
-        (void)mm->release(ctx, mm->rel, handle, stream);
+        (void)mm->release(ctx, mm->rel, handle, size, stream);
         return NULL;
     }
     m->ctx = (cm_context *)Py_NewRef(ctx);
@@ -1153,9 +1236,12 @@ PyDoc_STRVAR(cm_memory_stats_doc,
 "A dict of allocation statistics for the device (default: the current "
 "one): allocated_bytes, peak_allocated_bytes, allocation_count, "
 "total_allocations, pending_free_count, pending_free_bytes, "
-"pool_reserved_bytes, pool_free_bytes, pinned_bytes, manager, by_client "
-"(the bytes each library holds through cudamem.interop's adapters, "
-"\"cudamem\" for the rest).");
+"pool_reserved_bytes, pool_free_bytes, pinned_bytes, limit_bytes (the "
+"device's memory limit, None for none: set_memory_limit), "
+"limit_used_bytes (the device and managed memory cudamem holds from the "
+"driver, which counts against it), manager, by_client (the bytes each "
+"library holds through cudamem.interop's adapters, \"cudamem\" for the "
+"rest).");
 
 static PyObject *
 cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
@@ -1169,6 +1255,7 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     size_t lane_peak;
     size_t lane_count;
     size_t lane_total;
+    size_t limit;
     const char *name;
 
     (void)mod;
@@ -1193,8 +1280,9 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     lane_count = __atomic_load_n(&ctx->lane_count, __ATOMIC_RELAXED);
     lane_total = __atomic_load_n(&ctx->lane_total_count, __ATOMIC_RELAXED);
     name = ctx->mm->name;
+    limit = cm_limit_of(ctx->device->id);
     return Py_BuildValue(
-        "{snsnsnsnsnsnsnsnsnsssN}",
+        "{snsnsnsnsnsnsnsnsnsNsnsssN}",
         "allocated_bytes", (Py_ssize_t)(ctx->st_bytes + lane_bytes),
         "peak_allocated_bytes",
         (Py_ssize_t)(ctx->st_peak > lane_peak ? ctx->st_peak : lane_peak),
@@ -1205,6 +1293,9 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         "pool_reserved_bytes", (Py_ssize_t)reserved,
         "pool_free_bytes", (Py_ssize_t)pool_free,
         "pinned_bytes", (Py_ssize_t)ctx->st_pinned,
+        "limit_bytes", limit == 0 ? Py_NewRef(Py_None)
+                                  : PyLong_FromSize_t(limit),
+        "limit_used_bytes", (Py_ssize_t)cm_limit_used(ctx),
         "manager", name,
         "by_client", cm_interop_by_client(ctx));
 }
