@@ -1000,6 +1000,12 @@ cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
         }
     }
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* What a refused attempt left cached (the driver's stream-ordered
+         * pool grows as it tries) goes back before the snapshot; a
+         * failure here leaves the out-of-memory error to report. */
+        if (mm->trim(ctx) < 0) {
+            PyErr_Clear();
+        }
         cm_raise_oom(ctx, mm, rc, size);
         return -1;
     }
