@@ -11,7 +11,8 @@ out-of-memory group to run on a GPU,
     python -m pytest tests/memory/test_memory_limit.py
 
 (there it runs again in a process of its own, as test_pool.py does: it
-switches managers with close()).
+switches managers with close(); only the comparison with the driver's
+figures, marked ``exclusive``, runs in the parent, alone).
 """
 
 import gc
@@ -24,13 +25,9 @@ import pytest
 import cudamem
 from cudamem import _core
 from helpers import run_py
-from helpers.isolation import (SIMULATOR, manager_context,
+from helpers.isolation import (ISOLATED, SIMULATOR, manager_context,
                                run_module_in_a_child,
                                skip_unless_own_process)
-
-# Reads the device's free memory (the comparison with the driver): on a
-# GPU it runs alone, not beside other test processes (.ci/gpu).
-pytestmark = pytest.mark.exclusive
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -41,6 +38,12 @@ MANAGERS = ["default", "pool", "async"]
 
 @pytest.fixture(autouse=True)
 def _isolated_on_a_gpu(request):
+    if request.node.get_closest_marker("exclusive"):
+        # Reads the device's free memory: alone, in the parent (.ci/gpu
+        # runs the tests so marked apart from the others).
+        if ISOLATED:
+            pytest.skip("runs in the parent process, alone")
+        return
     skip_unless_own_process(request, "test_memory_limit_module_in_a_child")
 
 
@@ -671,6 +674,7 @@ def test_environment_limit_checked_in_c_without_the_package():
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive
 def test_count_agrees_with_the_driver(ctx, memq):
     cudamem.set_memory_limit(GiB)
     # The driver's own lazily loaded state (the context, modules of the
