@@ -17,9 +17,9 @@
  *   allocation path calls the context's manager through its table
  *   (cm_mm_ops in memory/memory.h: default, plugin, and the pool and
  *   async managers of poolops.c), never the other way round, and every
- *   built-in manager shares one out-of-memory policy: flush pending
- *   frees, trim pools, gc.collect(), retry once, then
- *   CudaOutOfMemoryError with a snapshot.
+ *   built-in manager shares one out-of-memory policy (limit.c): flush
+ *   pending frees, trim pools, gc.collect() where a collection could
+ *   make room, retry once, then CudaOutOfMemoryError with a snapshot.
  * - DeviceAllocation, the reference-counted owner of one allocation.
  *   Arrays and views hold a strong reference; when the last one goes the
  *   free is queued.  A context that was closed or reset frees nothing.
@@ -33,7 +33,6 @@
 #include "memory/memory.h"
 
 #include <string.h>
-#include <unistd.h>
 
 /* Settings read by every queue at use; config changes them at run time. */
 static long cm_cfg_count = 10;         /* CUDA_DEALLOCS_COUNT */
@@ -322,6 +321,12 @@ static Py_ssize_t
 cm_pending_len(PyObject *self)
 {
     return ((cm_pending *)self)->n;
+}
+
+size_t
+cm_pending_bytes(cm_pending *q)
+{
+    return q->bytes;
 }
 
 PyDoc_STRVAR(cm_pending_clear_doc,
@@ -747,140 +752,12 @@ cm_mem_dealloc(PyObject *self)
     PyErr_SetRaisedException(exc);
 }
 
-/* Set exc.name to a new reference v (stolen); 0 or -1. */
-static int
-cm_set_attr_steal(PyObject *exc, const char *name, PyObject *v)
-{
-    int r;
-
-    if (v == NULL) {
-        return -1;
-    }
-    r = PyObject_SetAttrString(exc, name, v);
-    Py_DECREF(v);
-    return r;
-}
-
 /* Raise out-of-memory of manager mm with a snapshot of where the memory
  * is. */
 static void
 cm_raise_oom(cm_context *ctx, const cm_mm_ops *mm, CUresult rc, size_t size)
 {
     cm_raise_oom_at(ctx, rc, size, mm->alloc_fn(ctx), CM_OOM_DEVICE);
-}
-
-void
-cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
-                int where)
-{
-    size_t free_b = 0;
-    size_t total_b = 0;
-    size_t reserved = 0;
-    size_t pool_free = 0;
-    long long largest = -1;
-    long pages;
-    long avail;
-    long psize;
-    char lbuf[32];
-    char wbuf[64];
-    char mbuf[128];
-    size_t lim = cm_limit_of(ctx->device->id);
-    size_t used = cm_limit_used(ctx);
-    PyObject *exc;
-    PyObject *msg;
-
-    if (where == CM_OOM_HOST) {
-        /* Page-locked memory comes from the host's RAM; no pool of
-         * cudamem's holds it once the retry has trimmed the cache. */
-        pages = sysconf(_SC_PHYS_PAGES);
-        avail = sysconf(_SC_AVPHYS_PAGES);
-        psize = sysconf(_SC_PAGESIZE);
-        if (pages > 0 && avail >= 0 && psize > 0) {
-            total_b = (size_t)pages * (size_t)psize;
-            free_b = (size_t)avail * (size_t)psize;
-        }
-        snprintf(wbuf, sizeof(wbuf), "in host memory");
-    }
-    else {
-        /* Device and managed memory both come from the device's. */
-        (void)CM_CU_RAW(MemGetInfo, (&free_b, &total_b));
-        ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
-        snprintf(wbuf, sizeof(wbuf), "on device %d", ctx->device->id);
-    }
-    cm_hist_note(CM_HIST_OOM, where == CM_OOM_HOST ? CM_HIST_PINNED
-                                                   : CM_HIST_DEVICE,
-                 ctx, 0, 0, size);
-    cm_raise_cu(rc, fn);
-    exc = PyErr_GetRaisedException();
-    if (exc == NULL) {
-        return;
-    }
-    if (largest < 0) {
-        snprintf(lbuf, sizeof(lbuf), "unknown");
-    }
-    else {
-        snprintf(lbuf, sizeof(lbuf), "%lld bytes", largest);
-    }
-    mbuf[0] = '\0';
-    if (lim != 0 && where != CM_OOM_HOST) {
-        snprintf(mbuf, sizeof(mbuf),
-                 "; this process's memory limit on the device is %zu "
-                 "bytes, %zu of them held", lim, used);
-    }
-    msg = PyUnicode_FromFormat(
-        "Call to %s results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
-        "requested, %zu of %zu bytes free %s, %zu bytes in "
-        "pending frees, %zu bytes held in pools (%zu of them free), "
-        "largest free pooled block %s%s",
-        fn, size, free_b, total_b, wbuf, ctx->memq->bytes,
-        reserved, pool_free, lbuf, mbuf);
-    if (msg == NULL
-        || PyObject_SetAttrString(exc, "msg", msg) < 0
-        || cm_set_attr_steal(exc, "requested", PyLong_FromSize_t(size)) < 0
-        || cm_set_attr_steal(exc, "free", PyLong_FromSize_t(free_b)) < 0
-        || cm_set_attr_steal(exc, "total", PyLong_FromSize_t(total_b)) < 0
-        || cm_set_attr_steal(exc, "pending_bytes",
-                             PyLong_FromSize_t(ctx->memq->bytes)) < 0
-        || cm_set_attr_steal(exc, "pool_reserved",
-                             PyLong_FromSize_t(reserved)) < 0
-        || cm_set_attr_steal(exc, "largest_free_block",
-                             largest < 0 ? Py_NewRef(Py_None)
-                                         : PyLong_FromLongLong(largest))
-           < 0
-        || cm_set_attr_steal(exc, "limit",
-                             lim == 0 || where == CM_OOM_HOST
-                                 ? Py_NewRef(Py_None)
-                                 : PyLong_FromSize_t(lim)) < 0
-        || cm_set_attr_steal(exc, "limit_used",
-                             PyLong_FromSize_t(where == CM_OOM_HOST ? 0
-                                                                    : used))
-           < 0
-        || (where != CM_OOM_HOST && cm_interop_oom_note(ctx, exc) < 0)) {
-        Py_XDECREF(msg);
-        Py_DECREF(exc);
-        return;
-    }
-    Py_DECREF(msg);
-    PyErr_SetRaisedException(exc);
-}
-
-/* Run gc.collect(); 0 or -1. */
-static int
-cm_gc_collect(void)
-{
-    PyObject *gc = PyImport_ImportModule("gc");
-    PyObject *r;
-
-    if (gc == NULL) {
-        return -1;
-    }
-    r = PyObject_CallMethod(gc, "collect", NULL);
-    Py_DECREF(gc);
-    if (r == NULL) {
-        return -1;
-    }
-    Py_DECREF(r);
-    return 0;
 }
 
 int
@@ -904,71 +781,6 @@ cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out)
         return -1;
     }
     *out = (uintptr_t)u;
-    return 0;
-}
-
-/* Whether collecting garbage may make room for size more bytes in ctx
- * (managed: of managed memory, which may exceed the device's), the
- * queues flushed and the pools trimmed.  A collection frees only
- * objects alive now, and which of them are unreachable only the
- * collection itself finds out, so the answer is no only where no outcome
- * of it could help: no owner of ctx's device memory is alive (no
- * DeviceAllocation or managed HostAllocation, nothing PyTorch holds
- * through the lane, no plugin pointer object counted), or the request
- * does not fit even with every one of them gone: past the device's
- * memory, or past the limit less the bytes no collection can give back
- * (the count less everything alive and everything the pool holds). */
-static int
-cm_oom_collect_may_help(cm_context *ctx, size_t size, int managed)
-{
-    size_t lane_bytes = __atomic_load_n(&ctx->lane_bytes, __ATOMIC_RELAXED);
-    size_t lane_count = __atomic_load_n(&ctx->lane_count, __ATOMIC_RELAXED);
-    size_t reserved = 0;
-    size_t pool_free = 0;
-    long long largest = -1;
-    size_t freeable;
-    size_t floor;
-    size_t used;
-    size_t lim;
-
-    if (ctx->st_count + lane_count + ctx->plugin_count == 0) {
-        return 0;
-    }
-    if (!managed && size > ctx->total_mem) {
-        return 0;
-    }
-    lim = cm_limit_of(ctx->device->id);
-    if (lim == 0) {
-        return 1;
-    }
-    if (ctx->mm_builtin->kind == CM_MM_POOL) {
-        ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
-        if (reserved >= size) {
-            /* A segment may serve it once its blocks are gone, with
-             * nothing more counted. */
-            return 1;
-        }
-    }
-    freeable = ctx->st_bytes + lane_bytes + ctx->plugin_bytes + reserved;
-    used = cm_limit_used(ctx);
-    floor = used > freeable ? used - freeable : 0;
-    return floor < lim && size <= lim - floor;
-}
-
-int
-cm_oom_recover(cm_context *ctx, size_t size, int managed)
-{
-    if (cm_pending_flush(ctx->memq) < 0 || ctx->mm_builtin->trim(ctx) < 0) {
-        return -1;
-    }
-    if (!cm_oom_collect_may_help(ctx, size, managed)) {
-        return 0;
-    }
-    /* Cycles collected queue or run their frees. */
-    if (cm_gc_collect() < 0 || cm_pending_flush(ctx->memq) < 0
-        || ctx->mm_builtin->trim(ctx) < 0) {
-        return -1;
-    }
     return 0;
 }
 

@@ -59,19 +59,6 @@ typedef struct cm_uses {
  * once.  GIL held.  0, or -1 with MemoryError. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
-/* What the free and total attributes of an out-of-memory error count. */
-enum {
-    CM_OOM_DEVICE = 0,    /* device memory (device and managed arrays) */
-    CM_OOM_HOST           /* the host's RAM (pinned and mapped arrays) */
-};
-
-/* Raise CudaOutOfMemoryError for a failed allocation of size bytes in
- * ctx by fn (rc the driver's answer), with the attributes requested,
- * free, total, pending_bytes, pool_reserved and largest_free_block, all
- * repeated in the message.  where: CM_OOM_*. */
-void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
-                     const char *fn, int where);
-
 /* What a queued release does. */
 enum {
     CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */
@@ -126,6 +113,8 @@ void cm_ctx_count_free(cm_context *ctx, size_t size);
 int cm_ctx_flush(cm_context *ctx);
 /* Flush one queue; 0, or -1 with the first driver error raised. */
 int cm_pending_flush(cm_pending *q);
+/* The bytes a queue's entries will give back (GIL held). */
+size_t cm_pending_bytes(cm_pending *q);
 /* Set a queue's defer_cleanup depth; returns the old one. */
 int cm_pending_hold(cm_pending *q, int depth);
 /* Make ctx's two queues; called once when the context is made. */
@@ -163,16 +152,29 @@ int cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
 PyObject *cm_mem_alloc_for(cm_context *ctx, size_t size,
                            PyObject *stream_obj, CUdeviceptr *ptr);
 
+/* ------------------------------------------------------------------ */
+/* limit.c: the per-process device memory limit, out of memory         */
+/* ------------------------------------------------------------------ */
+
+/* What the free and total attributes of an out-of-memory error count. */
+enum {
+    CM_OOM_DEVICE = 0,    /* device memory (device and managed arrays) */
+    CM_OOM_HOST           /* the host's RAM (pinned and mapped arrays) */
+};
+
+/* Raise CudaOutOfMemoryError for a failed allocation of size bytes in
+ * ctx by fn (rc the driver's answer), with the attributes requested,
+ * free, total, pending_bytes, pool_reserved, largest_free_block, limit
+ * and limit_used, all repeated in the message.  where: CM_OOM_*. */
+void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
+                     const char *fn, int where);
+
 /* The out-of-memory policy before the one retry of an allocation of
  * size bytes in ctx (managed: of managed memory): run the pending frees,
  * trim the pools and, when a collection could make room (see
  * docs/design.md), collect cycles, then flush and trim again.  GIL held;
  * 0, or -1 with an exception. */
 int cm_oom_recover(cm_context *ctx, size_t size, int managed);
-
-/* ------------------------------------------------------------------ */
-/* limit.c: the per-process device memory limit                        */
-/* ------------------------------------------------------------------ */
 
 /* Device dev's limit in bytes; 0 for none.  No GIL needed. */
 size_t cm_limit_of(int dev);
