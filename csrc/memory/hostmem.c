@@ -586,20 +586,17 @@ cm_hm_alloc_plugin(cm_hostmem *m)
         m->dptr = (CUdeviceptr)d;
         return 0;
     }
-    else {
-        mp = PyObject_CallMethod(
-            mm, "memhostalloc", "nOOO", (Py_ssize_t)m->size,
-            m->kind == CM_HM_MAPPED ? Py_True : Py_False,
-            (m->flags & CU_MEMHOSTALLOC_PORTABLE) ? Py_True : Py_False,
-            (m->flags & CU_MEMHOSTALLOC_WRITECOMBINED) ? Py_True
-                                                         : Py_False);
-    }
+    mp = PyObject_CallMethod(
+        mm, "memhostalloc", "nOOO", (Py_ssize_t)m->size,
+        m->kind == CM_HM_MAPPED ? Py_True : Py_False,
+        (m->flags & CU_MEMHOSTALLOC_PORTABLE) ? Py_True : Py_False,
+        (m->flags & CU_MEMHOSTALLOC_WRITECOMBINED) ? Py_True : Py_False);
     if (mp == NULL) {
         return -1;
     }
     if (cm_pointer_attr(mp, "host_pointer", &h) < 0
-             || (m->kind == CM_HM_MAPPED
-                 && cm_pointer_attr(mp, "device_pointer", &d) < 0)) {
+        || (m->kind == CM_HM_MAPPED
+            && cm_pointer_attr(mp, "device_pointer", &d) < 0)) {
         goto err_drop_mp;
     }
     m->plugin_mem = mp;

@@ -512,6 +512,9 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
+    /* Uncounted whatever the driver answers: the release is not tried
+     * again. */
+    cm_limit_give(ctx, size);
     if (kind == CM_REL_ASYNC_SYNC) {
         /* Released where no stream could be recorded: every stream that
          * used it is done once the context is. */
@@ -522,7 +525,6 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     }
     rc = CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
                                   kind == CM_REL_ASYNC ? stream : NULL));
-    cm_limit_give(ctx, size);
     __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
     return rc;
 }
