@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: MIT
 """Allocation: one small device array made and dropped; allocate+drop
-churn over sizes 1 KiB - 4 MiB; one small allocation; each under every
-cudamem memory manager (default, pool, async) beside the peers.  The
-churn's ``[C, plain]`` and ``[C, deferred]`` rows put cudamem's default
-manager beside bare_driver.c making the same allocations from C, freed
-at once or in batches as the default manager frees them.
+churn over sizes 1 KiB - 4 MiB; one small allocation; a failing
+allocation (twice the device's memory, so nothing can be freed to make
+it fit; and twice a memory limit of a quarter of the device, which the
+driver never sees); each under every cudamem memory manager (default,
+pool, async) beside the peers.  The churn's ``[C, plain]`` and
+``[C, deferred]`` rows put cudamem's default manager beside
+bare_driver.c making the same allocations from C, freed at once or in
+batches as the default manager frees them.
 
 A memory manager is chosen before a context exists, and closing
 cudamem's context would reset the primary context the peers share, so
@@ -34,6 +37,7 @@ import bare_driver
 import harness
 
 SIZES = [1 << k for k in range(10, 23)]   # 1 KiB .. 4 MiB
+MANAGERS = ("default", "pool", "async")
 SMALL = 256
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -145,6 +149,65 @@ def _c_churn(how):
                                31, 2)
 
     return factory
+# -- a failing allocation: twice the device, nothing to free ---------------
+
+
+def _too_big(total):
+    """A request no device of total bytes can serve (and no peer's
+    cache): twice its memory."""
+    return 2 * total
+
+
+def _failing(alloc, errors):
+    """A callable that makes the failing request and swallows only the
+    out-of-memory error expected; an allocation that succeeds is a broken
+    row, not a fast one."""
+
+    def fn():
+        try:
+            alloc()
+        except errors:
+            return
+        raise RuntimeError("the allocation meant to fail succeeded")
+
+    return fn
+
+
+def _cm_fail(cm):
+    n = _too_big(cm.current_context().get_memory_info()[1])
+    return _failing(lambda: cm.device_array(n, np.uint8),
+                    cm.CudaOutOfMemoryError)
+
+
+def _cm_past_limit(cm):
+    n = 2 * cm.memory_stats()["limit_bytes"]
+    return _failing(lambda: cm.device_array(n, np.uint8),
+                    cm.CudaOutOfMemoryError)
+
+
+def _numba_fail(cuda):
+    n = _too_big(cuda.current_context().get_memory_info()[1])
+    return _failing(lambda: cuda.device_array(n, np.uint8),
+                    cuda.cudadrv.driver.CudaAPIError)
+
+
+def _cupy_fail(cp):
+    n = _too_big(cp.cuda.runtime.memGetInfo()[1])
+    return _failing(lambda: cp.cuda.alloc(n), cp.cuda.memory.OutOfMemoryError)
+
+
+def _torch_fail(torch):
+    dev = torch.device("cuda")
+    n = _too_big(torch.cuda.mem_get_info()[1])
+    return _failing(lambda: torch.empty(n, dtype=torch.uint8, device=dev),
+                    torch.OutOfMemoryError)
+
+
+def _driver_fail(core):
+    import cudamem
+
+    n = _too_big(cudamem.current_context().get_memory_info()[1])
+    return _failing(lambda: core._alloc_free(n), cudamem.CudaAPIError)
 
 
 def _measure(op, repeats=31, history=None):
@@ -156,18 +219,25 @@ def _measure(op, repeats=31, history=None):
     if history is not None:
         cudamem.memory_history(True, stacks=history == "stacks",
                                max_entries=1 << 16)
-    return harness.time_callable(_cm_alloc(op)(cudamem), repeats=repeats)
+    if op == "fail":
+        fn = _cm_fail(cudamem)
+    elif op == "past_limit":
+        fn = _cm_past_limit(cudamem)
+    else:
+        fn = _cm_alloc(op)(cudamem)
+    return harness.time_callable(fn, repeats=repeats)
 
 
-def _cm_alloc_in(kind, op, history=None):
-    """cudamem's timing of op under manager kind, from a subprocess."""
+def _cm_alloc_in(kind, op, history=None, env=None):
+    """cudamem's timing of op under manager kind, from a subprocess (with
+    the variables of env set there)."""
 
     def factory(cm):
         code = ("import sys, json; sys.path.insert(0, %r); import ops_alloc; "
                 "print(json.dumps(ops_alloc._measure(%r, history=%r)))"
                 % (str(HERE), op, history))
-        env = dict(os.environ, CUDAMEM_MEMORY_MANAGER=kind)
-        p = subprocess.run([sys.executable, "-c", code], env=env,
+        penv = dict(os.environ, CUDAMEM_MEMORY_MANAGER=kind, **(env or {}))
+        p = subprocess.run([sys.executable, "-c", code], env=penv,
                            capture_output=True, text=True, timeout=300)
         if p.returncode != 0:
             raise RuntimeError(p.stderr.strip().splitlines()[-1])
@@ -210,6 +280,23 @@ def _alloc_ops():
                               "torch": _torch_alloc("small"),
                               "rmm": _rmm_alloc("small"),
                               "cuda.core": _core_alloc("small")}})
+                              "torch": _torch_alloc("small")}})
+    # Out of memory when nothing can be freed: what the policy (flush,
+    # trim, collect, retry, the error's snapshot) costs beyond the
+    # driver's own failure.
+    for kind in MANAGERS:
+        cm = _cm_fail if kind == "default" else _cm_alloc_in(kind, "fail")
+        ops.append({"name": "failing alloc 2x device [%s]" % kind,
+                    "impls": {"cudamem": cm, "numba": _numba_fail,
+                              "cupy": _cupy_fail, "torch": _torch_fail,
+                              "driver": _driver_fail}})
+    # Refused by the memory limit (CUDAMEM_DEVICE_MEMORY_LIMIT): the
+    # policy's cost with no driver call at all.
+    for kind in MANAGERS:
+        ops.append({"name": "failing alloc past limit [%s]" % kind,
+                    "impls": {"cudamem": _cm_alloc_in(
+                        kind, "past_limit",
+                        env={"CUDAMEM_DEVICE_MEMORY_LIMIT": "0.25"})}})
     return ops
 
 

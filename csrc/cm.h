@@ -164,6 +164,12 @@ typedef struct cm_state {
     /* the exception of the last failed cudamem_torch_alloc, or NULL;
      * NOTE: guarded by the GIL */
     PyObject *torch_error;
+    /* a Python plugin's allocations counted against the memory limit:
+     * id of a weak reference to the pointer object -> (the weak
+     * reference, the context, size), and the weak references' callback
+     * (memory/limit.c); made on first use */
+    PyObject *plugin_counts;
+    PyObject *plugin_freed;
 
     /* interned strings */
     PyObject *str_shape;
@@ -543,6 +549,16 @@ typedef struct {
     size_t lane_count;
     size_t lane_total_count;
     size_t st_pinned;     /* pinned host bytes allocated */
+    /* What counts against the device's memory limit (memory/limit.c):
+     * the device and managed bytes cudamem holds from the driver in
+     * this context.  Atomic: the pool's segments and the async
+     * manager's memory are given back without the GIL. */
+    size_t lim_used;
+    /* A Python plugin's allocations that lim_used counts (those whose
+     * pointer object takes a weak reference), until their pointer
+     * objects go; NOTE: guarded by the GIL */
+    size_t plugin_bytes;
+    size_t plugin_count;
     /* [d]: gen of device d's context that this one enabled peer access
      * to (0: none); stale once that context is reset */
     unsigned long peer_gen[CM_MAX_DEVICES];

@@ -25,6 +25,7 @@ cm_state *cm_st;
  * them, traverse and clear skip them. */
 #define CM_STATE_OBJECTS(X)                                            \
     X(torch_error) X(notifiers) X(get_running_loop)                    \
+    X(plugin_counts) X(plugin_freed)                                   \
     X(Device_type) X(Context_type) X(Mem_type) X(Pending_type)         \
     X(DeviceNDArrayBase_type) X(DeviceNDArray_type)                    \
     X(DeviceRecord_type) X(IpcMemory_type) X(IpcHandleBase_type)       \
@@ -445,7 +446,8 @@ cm_module_exec(PyObject *mod)
     }
     cm_st = st;
     if (cm_driver_init(mod, st) < 0 || cm_context_init(mod, st) < 0
-        || cm_memory_init(mod, st) < 0 || cm_pool_init(mod, st) < 0
+        || cm_memory_init(mod, st) < 0 || cm_limit_init(mod, st) < 0
+        || cm_pool_init(mod, st) < 0
         || cm_stream_init(mod, st) < 0 || cm_kernels_init(mod, st) < 0
         || cm_devicearray_init(mod, st) < 0 || cm_dlpack_init(mod, st) < 0
         || cm_hostmem_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0

@@ -85,7 +85,8 @@ class CudaOutOfMemoryError(CudaAPIError, MemoryError):
         snap = memory_snapshot()
         oom = {"message": str(self), "fn": self.fn}
         for name in ("requested", "free", "total", "pending_bytes",
-                     "pool_reserved", "largest_free_block"):
+                     "pool_reserved", "largest_free_block", "limit",
+                     "limit_used"):
             oom[name] = getattr(self, name, None)
         snap["oom"] = oom
         return dump_snapshot(path, snap)

@@ -29,6 +29,9 @@ CUDAMEM_PINNED_POOL_LIMIT               size 0 .. 2**63-1    min(1 GiB,
                                                              RAM / 16)
 CUDAMEM_POOL_LIMIT                      size 0 .. 2**63-1    0 (none)
 CUDAMEM_ASYNC_RELEASE_THRESHOLD         size 0 .. 2**64-1    2**64-1
+CUDAMEM_DEVICE_MEMORY_LIMIT             size 1 .. the        none
+                                        device's memory, or
+                                        a fraction 0 < f <= 1
 CUDAMEM_POOL_POISON (checked by _core)  integer 0 .. 255     0 (off)
 CUDAMEM_SIM_DEVICES                     integer 1 .. 16      1
 CUDAMEM_SIM_MEMORY                      integer 2**20 ..     1 GiB
@@ -39,7 +42,12 @@ CUDAMEM_SIM_NO_PEER                     "all", or pairs      none
 ======================================  ===================  ============
 
 A flag is 1/0, true/false, yes/no or on/off (any case); a size is digits
-with an optional K, M or G (powers of 1024).  The staging pipeline's
+with an optional K, M or G (powers of 1024; KiB, MiB, GiB and KB, MB, GB
+mean the same).  ``CUDAMEM_DEVICE_MEMORY_LIMIT`` (see
+``cudamem.set_memory_limit``) takes a size or a fraction of each
+device's memory written with a point (``0.25``); its syntax is checked
+here, its comparison with a device's memory when that device is first
+used.  The staging pipeline's
 variables (``CUDAMEM_STAGING*``) are checked by ``cudamem._core`` at
 import with the same rule; their ranges are in docs/performance.md.  Paths
 (``CUDAMEM_DRIVER_LIBRARY``, ``CUDAMEM_NVRTC_LIBRARY``,
@@ -138,6 +146,28 @@ def _size(lo, hi):
     return convert
 
 
+_FRACTION = re.compile(r"\s*(\d+\.\d*|\.\d+)\s*")
+
+
+def _memory_limit(value, name="CUDAMEM_DEVICE_MEMORY_LIMIT"):
+    """CUDAMEM_DEVICE_MEMORY_LIMIT: a size above 0 (digits with an
+    optional K, M or G), or a fraction of the device's memory above 0 and
+    at most 1, written with a point.  Bytes, or a float."""
+    m = _SIZE.fullmatch(value)
+    if m is not None:
+        v = int(m.group(1)) << _SHIFT[m.group(2).upper()]
+        if 0 < v <= 2 ** 63 - 1:
+            return v
+    elif _FRACTION.fullmatch(value) is not None:
+        v = float(value)
+        if 0.0 < v <= 1.0:
+            return v
+    raise ValueError("%s=%s is not valid: expected a byte count above 0 "
+                     "(digits with an optional K, M or G, such as 512M or "
+                     "1GiB) or a fraction of the device's memory above 0 "
+                     "and at most 1 (such as 0.25)" % (name, value))
+
+
 def _no_peer(value, name="CUDAMEM_SIM_NO_PEER"):
     """CUDAMEM_SIM_NO_PEER: "all", or pairs of device ordinals."""
     if value.strip() == "all":
@@ -205,6 +235,7 @@ _env(("CUDAMEM_PINNED_POOL",), _flag, True)
 _env(("CUDAMEM_PINNED_POOL_LIMIT",), _size(0, 2 ** 63 - 1), 0)
 _env(("CUDAMEM_POOL_LIMIT",), _size(0, 2 ** 63 - 1), 0)
 _env(("CUDAMEM_ASYNC_RELEASE_THRESHOLD",), _size(0, 2 ** 64 - 1), 0)
+_env(("CUDAMEM_DEVICE_MEMORY_LIMIT",), _memory_limit, None)
 _env(("CUDAMEM_SIM_DEVICES",), _integer(1, 16), 1)
 _env(("CUDAMEM_SIM_MEMORY",), _integer(
     2 ** 20, 2 ** 50, "a byte count from 1048576 (1 MiB) to 2**50, in "

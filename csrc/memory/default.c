@@ -10,31 +10,40 @@
  */
 #include "memory/memory.h"
 
-/* cuMemAlloc, stream-blind, with the GIL released. */
+/* cuMemAlloc, stream-blind, with the GIL released; the bytes count
+ * against the limit until their cuMemFree. */
 static CUresult
 cm_default_alloc(cm_context *ctx, size_t size, CUstream stream,
                  CUdeviceptr *p, uintptr_t *handle)
 {
     CUresult rc;
 
-    (void)ctx;
     (void)stream;
+    if (!cm_limit_take(ctx, size)) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(MemAlloc, (p, size));
     CM_DRIVER_END_NOGIL
+    if (rc != CUDA_SUCCESS) {
+        cm_limit_give(ctx, size);
+    }
     *handle = (uintptr_t)*p;
     return rc;
 }
 
 /* cuMemFree (it waits for the device itself: no stream rule). */
 static CUresult
-cm_default_release(cm_context *ctx, int kind, uintptr_t handle,
+cm_default_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
                    CUstream stream)
 {
-    (void)ctx;
+    CUresult rc;
+
     (void)kind;
     (void)stream;
-    return CM_CU_RAW(MemFree, ((CUdeviceptr)handle));
+    rc = CM_CU_RAW(MemFree, ((CUdeviceptr)handle));
+    cm_limit_give(ctx, size);
+    return rc;
 }
 
 /* Nothing is cached: nothing to trim. */

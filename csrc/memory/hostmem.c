@@ -287,22 +287,28 @@ cm_hpool_trim(cm_context *ctx)
 /* Allocation with one flush-and-retry on out-of-memory (Q12)          */
 /* ------------------------------------------------------------------ */
 
-/* Make room after an out-of-memory answer: the pool's free blocks, the
- * pending frees, unreachable cycles, then the frees they queued. */
+/* Make room after an out-of-memory answer for page-locked memory: the
+ * pool's free blocks, the pending frees and, when page-locked memory of
+ * ctx is still alive (a collection frees nothing else of it),
+ * unreachable cycles, then the frees they queued. */
 static int
 cm_make_room(cm_context *ctx)
 {
     if (cm_hpool_trim(ctx) < 0 || cm_pending_flush(ctx->memq) < 0) {
         return -1;
     }
+    if (ctx->st_pinned == 0) {
+        return 0;
+    }
     (void)PyGC_Collect();
     return cm_pending_flush(ctx->memq);
 }
 
 /* cuMemHostAlloc (kind != managed) or cuMemAllocManaged of size bytes
- * with flags, retried once after making room.  *addr gets the address.
- * 0, or -1 with CudaAPIError (its out-of-memory subclass, also a
- * MemoryError, when memory is short). */
+ * with flags, retried once after making room (managed memory: as device
+ * memory is, and counted against the device's limit until its free).
+ * *addr gets the address.  0, or -1 with CudaAPIError (its out-of-memory
+ * subclass, also a MemoryError, when memory is short). */
 static int
 cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
              uintptr_t *addr)
@@ -314,14 +320,23 @@ cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
         void *hp = NULL;
         CUdeviceptr dp = 0;
 
-        CM_DRIVER_BEGIN_NOGIL
-        if (kind == CM_HM_MANAGED) {
-            rc = CM_CU_RAW(MemAllocManaged, (&dp, size, flags));
+        if (kind == CM_HM_MANAGED && !cm_limit_take(ctx, size)) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
         else {
-            rc = CM_CU_RAW(MemHostAlloc, (&hp, size, flags));
+            CM_DRIVER_BEGIN_NOGIL
+            if (kind == CM_HM_MANAGED) {
+                rc = CM_CU_RAW(MemAllocManaged, (&dp, size, flags));
+            }
+            else {
+                rc = CM_CU_RAW(MemHostAlloc, (&hp, size, flags));
+            }
+            CM_DRIVER_END_NOGIL
+            if (kind == CM_HM_MANAGED
+                && (rc != CUDA_SUCCESS || !ctx->alive)) {
+                cm_limit_give(ctx, size);
+            }
         }
-        CM_DRIVER_END_NOGIL
         if (rc == CUDA_SUCCESS && !ctx->alive) {
             /* Another thread closed the context meanwhile: the memory is
              * its, and goes (or went) with it, never to be freed here. */
@@ -338,7 +353,8 @@ cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
-        if (cm_make_room(ctx) < 0) {
+        if ((kind == CM_HM_MANAGED ? cm_oom_recover(ctx, size, 1)
+                                   : cm_make_room(ctx)) < 0) {
             return -1;
         }
     }
@@ -565,31 +581,40 @@ cm_hm_alloc_plugin(cm_hostmem *m)
     uintptr_t d = 0;
 
     if (m->kind == CM_HM_MANAGED) {
+        /* Counted against the limit while the plugin's object lives. */
+        if (cm_limit_plugin_take(m->ctx, m->size, "memallocmanaged", 1)
+            < 0) {
+            return -1;
+        }
         mp = PyObject_CallMethod(mm, "memallocmanaged", "nO",
                                  (Py_ssize_t)m->size,
                                  m->flags == CU_MEM_ATTACH_GLOBAL
                                      ? Py_True : Py_False);
+        if (mp == NULL) {
+            cm_limit_give(m->ctx, m->size);
+            return -1;
+        }
+        if (cm_pointer_attr(mp, "device_pointer", &d) < 0) {
+            cm_limit_give(m->ctx, m->size);
+            goto err_drop_mp;
+        }
+        cm_limit_plugin_track(m->ctx, mp, m->size);
+        m->plugin_mem = mp;
+        m->host = d;
+        m->dptr = (CUdeviceptr)d;
+        return 0;
     }
-    else {
-        mp = PyObject_CallMethod(
-            mm, "memhostalloc", "nOOO", (Py_ssize_t)m->size,
-            m->kind == CM_HM_MAPPED ? Py_True : Py_False,
-            (m->flags & CU_MEMHOSTALLOC_PORTABLE) ? Py_True : Py_False,
-            (m->flags & CU_MEMHOSTALLOC_WRITECOMBINED) ? Py_True
-                                                         : Py_False);
-    }
+    mp = PyObject_CallMethod(
+        mm, "memhostalloc", "nOOO", (Py_ssize_t)m->size,
+        m->kind == CM_HM_MAPPED ? Py_True : Py_False,
+        (m->flags & CU_MEMHOSTALLOC_PORTABLE) ? Py_True : Py_False,
+        (m->flags & CU_MEMHOSTALLOC_WRITECOMBINED) ? Py_True : Py_False);
     if (mp == NULL) {
         return -1;
     }
-    if (m->kind == CM_HM_MANAGED) {
-        if (cm_pointer_attr(mp, "device_pointer", &d) < 0) {
-            goto err_drop_mp;
-        }
-        h = d;
-    }
-    else if (cm_pointer_attr(mp, "host_pointer", &h) < 0
-             || (m->kind == CM_HM_MAPPED
-                 && cm_pointer_attr(mp, "device_pointer", &d) < 0)) {
+    if (cm_pointer_attr(mp, "host_pointer", &h) < 0
+        || (m->kind == CM_HM_MAPPED
+            && cm_pointer_attr(mp, "device_pointer", &d) < 0)) {
         goto err_drop_mp;
     }
     m->plugin_mem = mp;

@@ -902,7 +902,7 @@ cm_torch_alloc_lane(size_t size, int device, CUstream stream, void **out)
         cm_mu_unlock(&cm_lane_mu);
         if (!ok) {
             (void)ctx->mm_builtin->release(ctx, ctx->mm_builtin->rel, h,
-                                           stream);
+                                           size, stream);
         }
     }
     cm_ctx_leave(pushed);
@@ -1048,7 +1048,7 @@ cm_torch_free_lane(const cm_torch_ent *e)
         /* The pool checks that it still lives before it touches the
          * block. */
         (void)ctx->mm_builtin->release(ctx, ctx->mm_builtin->rel,
-                                       e->handle, e->stream);
+                                       e->handle, e->size, e->stream);
         cm_ctx_leave(pushed);
     }
     cm_driver_call_end(epoch);

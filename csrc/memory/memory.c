@@ -17,9 +17,9 @@
  *   allocation path calls the context's manager through its table
  *   (cm_mm_ops in memory/memory.h: default, plugin, and the pool and
  *   async managers of poolops.c), never the other way round, and every
- *   built-in manager shares one out-of-memory policy: flush pending
- *   frees, trim pools, gc.collect(), retry once, then
- *   CudaOutOfMemoryError with a snapshot.
+ *   built-in manager shares one out-of-memory policy (limit.c): flush
+ *   pending frees, trim pools, gc.collect() where a collection could
+ *   make room, retry once, then CudaOutOfMemoryError with a snapshot.
  * - DeviceAllocation, the reference-counted owner of one allocation.
  *   Arrays and views hold a strong reference; when the last one goes the
  *   free is queued.  A context that was closed or reset frees nothing.
@@ -33,7 +33,6 @@
 #include "memory/memory.h"
 
 #include <string.h>
-#include <unistd.h>
 
 /* Settings read by every queue at use; config changes them at run time. */
 static long cm_cfg_count = 10;         /* CUDA_DEALLOCS_COUNT */
@@ -85,15 +84,22 @@ cm_rel_fn(int kind)
 static CUresult
 cm_rel_run(cm_context *ctx, const cm_pending_item *it)
 {
+    CUresult rc;
+
     switch (it->kind) {
     case CM_REL_POOL:
     case CM_REL_ASYNC:
     case CM_REL_POOL_SYNC:
     case CM_REL_ASYNC_SYNC:
         return ctx->mm_builtin->release(ctx, it->kind, it->handle,
-                                        it->stream);
+                                        it->size, it->stream);
     case CM_REL_DEVICE:
-        return CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
+        /* The default manager's memory, or managed memory: counted
+         * against the limit until now, whatever the driver answers (the
+         * entry is dropped either way). */
+        rc = CM_CU_RAW(MemFree, ((CUdeviceptr)it->handle));
+        cm_limit_give(ctx, it->size);
+        return rc;
     case CM_REL_HOST:
         return CM_CU_RAW(MemFreeHost, ((void *)it->handle));
     case CM_REL_STREAM:
@@ -317,6 +323,12 @@ cm_pending_len(PyObject *self)
     return ((cm_pending *)self)->n;
 }
 
+size_t
+cm_pending_bytes(cm_pending *q)
+{
+    return q->bytes;
+}
+
 PyDoc_STRVAR(cm_pending_clear_doc,
 "clear($self, /)\n--\n\n"
 "Run every queued release now, oldest first; does nothing inside "
@@ -438,7 +450,7 @@ cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle, size_t size)
 /* Run a pool or async release now, in ctx; 0, or -1 with an exception. */
 static int
 cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
-                    CUstream stream)
+                    size_t size, CUstream stream)
 {
     CUcontext cur = NULL;
     CUcontext popped;
@@ -452,7 +464,7 @@ cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
         }
         pushed = 1;
     }
-    rc = ctx->mm_builtin->release(ctx, kind, handle, stream);
+    rc = ctx->mm_builtin->release(ctx, kind, handle, size, stream);
     if (pushed) {
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
@@ -520,7 +532,7 @@ cm_ctx_release_uncounted(cm_context *ctx, int kind, uintptr_t handle,
          || kind == CM_REL_IPC_POOL) ? ctx->memq : ctx->ctxq;
     if ((kind == CM_REL_POOL || kind == CM_REL_ASYNC) && !q->disabled
         && !cm_on_driver_thread()) {
-        if (cm_pool_release_now(ctx, kind, handle, stream) < 0) {
+        if (cm_pool_release_now(ctx, kind, handle, size, stream) < 0) {
             PyErr_WriteUnraisable((PyObject *)q);
         }
         return;
@@ -740,123 +752,12 @@ cm_mem_dealloc(PyObject *self)
     PyErr_SetRaisedException(exc);
 }
 
-/* Set exc.name to a new reference v (stolen); 0 or -1. */
-static int
-cm_set_attr_steal(PyObject *exc, const char *name, PyObject *v)
-{
-    int r;
-
-    if (v == NULL) {
-        return -1;
-    }
-    r = PyObject_SetAttrString(exc, name, v);
-    Py_DECREF(v);
-    return r;
-}
-
 /* Raise out-of-memory of manager mm with a snapshot of where the memory
  * is. */
 static void
 cm_raise_oom(cm_context *ctx, const cm_mm_ops *mm, CUresult rc, size_t size)
 {
     cm_raise_oom_at(ctx, rc, size, mm->alloc_fn(ctx), CM_OOM_DEVICE);
-}
-
-void
-cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
-                int where)
-{
-    size_t free_b = 0;
-    size_t total_b = 0;
-    size_t reserved = 0;
-    size_t pool_free = 0;
-    long long largest = -1;
-    long pages;
-    long avail;
-    long psize;
-    char lbuf[32];
-    char wbuf[64];
-    PyObject *exc;
-    PyObject *msg;
-
-    if (where == CM_OOM_HOST) {
-        /* Page-locked memory comes from the host's RAM; no pool of
-         * cudamem's holds it once the retry has trimmed the cache. */
-        pages = sysconf(_SC_PHYS_PAGES);
-        avail = sysconf(_SC_AVPHYS_PAGES);
-        psize = sysconf(_SC_PAGESIZE);
-        if (pages > 0 && avail >= 0 && psize > 0) {
-            total_b = (size_t)pages * (size_t)psize;
-            free_b = (size_t)avail * (size_t)psize;
-        }
-        snprintf(wbuf, sizeof(wbuf), "in host memory");
-    }
-    else {
-        /* Device and managed memory both come from the device's. */
-        (void)CM_CU_RAW(MemGetInfo, (&free_b, &total_b));
-        ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
-        snprintf(wbuf, sizeof(wbuf), "on device %d", ctx->device->id);
-    }
-    cm_hist_note(CM_HIST_OOM, where == CM_OOM_HOST ? CM_HIST_PINNED
-                                                   : CM_HIST_DEVICE,
-                 ctx, 0, 0, size);
-    cm_raise_cu(rc, fn);
-    exc = PyErr_GetRaisedException();
-    if (exc == NULL) {
-        return;
-    }
-    if (largest < 0) {
-        snprintf(lbuf, sizeof(lbuf), "unknown");
-    }
-    else {
-        snprintf(lbuf, sizeof(lbuf), "%lld bytes", largest);
-    }
-    msg = PyUnicode_FromFormat(
-        "Call to %s results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
-        "requested, %zu of %zu bytes free %s, %zu bytes in "
-        "pending frees, %zu bytes held in pools (%zu of them free), "
-        "largest free pooled block %s",
-        fn, size, free_b, total_b, wbuf, ctx->memq->bytes,
-        reserved, pool_free, lbuf);
-    if (msg == NULL
-        || PyObject_SetAttrString(exc, "msg", msg) < 0
-        || cm_set_attr_steal(exc, "requested", PyLong_FromSize_t(size)) < 0
-        || cm_set_attr_steal(exc, "free", PyLong_FromSize_t(free_b)) < 0
-        || cm_set_attr_steal(exc, "total", PyLong_FromSize_t(total_b)) < 0
-        || cm_set_attr_steal(exc, "pending_bytes",
-                             PyLong_FromSize_t(ctx->memq->bytes)) < 0
-        || cm_set_attr_steal(exc, "pool_reserved",
-                             PyLong_FromSize_t(reserved)) < 0
-        || cm_set_attr_steal(exc, "largest_free_block",
-                             largest < 0 ? Py_NewRef(Py_None)
-                                         : PyLong_FromLongLong(largest))
-           < 0
-        || (where != CM_OOM_HOST && cm_interop_oom_note(ctx, exc) < 0)) {
-        Py_XDECREF(msg);
-        Py_DECREF(exc);
-        return;
-    }
-    Py_DECREF(msg);
-    PyErr_SetRaisedException(exc);
-}
-
-/* Run gc.collect(); 0 or -1. */
-static int
-cm_gc_collect(void)
-{
-    PyObject *gc = PyImport_ImportModule("gc");
-    PyObject *r;
-
-    if (gc == NULL) {
-        return -1;
-    }
-    r = PyObject_CallMethod(gc, "collect", NULL);
-    Py_DECREF(gc);
-    if (r == NULL) {
-        return -1;
-    }
-    Py_DECREF(r);
-    return 0;
 }
 
 int
@@ -883,19 +784,6 @@ cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out)
     return 0;
 }
 
-/* The out-of-memory policy before the one retry: run pending frees, trim
- * the pools, collect cycles (their frees run or queue), and again. */
-static int
-cm_oom_recover(cm_context *ctx)
-{
-    if (cm_pending_flush(ctx->memq) < 0 || ctx->mm_builtin->trim(ctx) < 0
-        || cm_gc_collect() < 0 || cm_pending_flush(ctx->memq) < 0
-        || ctx->mm_builtin->trim(ctx) < 0) {
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *cm_mem_alloc_on_run(cm_context *ctx, size_t size,
                                      CUstream stream, CUdeviceptr *out);
 
@@ -918,11 +806,18 @@ cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
-        if (cm_oom_recover(ctx) < 0 || cm_context_activate(ctx) < 0) {
+        if (cm_oom_recover(ctx, size, 0) < 0
+            || cm_context_activate(ctx) < 0) {
             return -1;
         }
     }
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* What a refused attempt left cached (the driver's stream-ordered
+         * pool grows as it tries) goes back before the snapshot; a
+         * failure here leaves the out-of-memory error to report. */
+        if (mm->trim(ctx) < 0) {
+            PyErr_Clear();
+        }
         cm_raise_oom(ctx, mm, rc, size);
         return -1;
     }
@@ -946,14 +841,20 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
 
     /* ctx is current: cm_mem_alloc_on entered it just before. */
     if (mm->alloc == NULL) {
-        /* A Python plugin: its users pay for the call. */
+        /* A Python plugin: its users pay for the call, and for counting
+         * what it hands out against the limit. */
+        if (cm_limit_plugin_take(ctx, size, "memalloc", 0) < 0) {
+            return NULL;
+        }
         mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
                                  (Py_ssize_t)size);
         if (mp == NULL
             || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
             Py_XDECREF(mp);
+            cm_limit_give(ctx, size);
             return NULL;
         }
+        cm_limit_plugin_track(ctx, mp, size);
         *out = (CUdeviceptr)addr;
         return mp;
     }
@@ -963,7 +864,7 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     m = PyObject_GC_New(cm_mem, cm_st->Mem_type);
     if (m == NULL) {
         /* Give back the allocation whose owner could not be made. */
-        (void)mm->release(ctx, mm->rel, handle, stream);
+        (void)mm->release(ctx, mm->rel, handle, size, stream);
         return NULL;
     }
     m->ctx = (cm_context *)Py_NewRef(ctx);
@@ -1153,9 +1054,12 @@ PyDoc_STRVAR(cm_memory_stats_doc,
 "A dict of allocation statistics for the device (default: the current "
 "one): allocated_bytes, peak_allocated_bytes, allocation_count, "
 "total_allocations, pending_free_count, pending_free_bytes, "
-"pool_reserved_bytes, pool_free_bytes, pinned_bytes, manager, by_client "
-"(the bytes each library holds through cudamem.interop's adapters, "
-"\"cudamem\" for the rest).");
+"pool_reserved_bytes, pool_free_bytes, pinned_bytes, limit_bytes (the "
+"device's memory limit, None for none: set_memory_limit), "
+"limit_used_bytes (the device and managed memory cudamem holds from the "
+"driver, which counts against it), manager, by_client (the bytes each "
+"library holds through cudamem.interop's adapters, \"cudamem\" for the "
+"rest).");
 
 static PyObject *
 cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
@@ -1169,6 +1073,7 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     size_t lane_peak;
     size_t lane_count;
     size_t lane_total;
+    size_t limit;
     const char *name;
 
     (void)mod;
@@ -1193,8 +1098,9 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     lane_count = __atomic_load_n(&ctx->lane_count, __ATOMIC_RELAXED);
     lane_total = __atomic_load_n(&ctx->lane_total_count, __ATOMIC_RELAXED);
     name = ctx->mm->name;
+    limit = cm_limit_of(ctx->device->id);
     return Py_BuildValue(
-        "{snsnsnsnsnsnsnsnsnsssN}",
+        "{snsnsnsnsnsnsnsnsnsNsnsssN}",
         "allocated_bytes", (Py_ssize_t)(ctx->st_bytes + lane_bytes),
         "peak_allocated_bytes",
         (Py_ssize_t)(ctx->st_peak > lane_peak ? ctx->st_peak : lane_peak),
@@ -1205,6 +1111,9 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         "pool_reserved_bytes", (Py_ssize_t)reserved,
         "pool_free_bytes", (Py_ssize_t)pool_free,
         "pinned_bytes", (Py_ssize_t)ctx->st_pinned,
+        "limit_bytes", limit == 0 ? Py_NewRef(Py_None)
+                                  : PyLong_FromSize_t(limit),
+        "limit_used_bytes", (Py_ssize_t)cm_limit_used(ctx),
         "manager", name,
         "by_client", cm_interop_by_client(ctx));
 }

@@ -59,19 +59,6 @@ typedef struct cm_uses {
  * once.  GIL held.  0, or -1 with MemoryError. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
-/* What the free and total attributes of an out-of-memory error count. */
-enum {
-    CM_OOM_DEVICE = 0,    /* device memory (device and managed arrays) */
-    CM_OOM_HOST           /* the host's RAM (pinned and mapped arrays) */
-};
-
-/* Raise CudaOutOfMemoryError for a failed allocation of size bytes in
- * ctx by fn (rc the driver's answer), with the attributes requested,
- * free, total, pending_bytes, pool_reserved and largest_free_block, all
- * repeated in the message.  where: CM_OOM_*. */
-void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
-                     const char *fn, int where);
-
 /* What a queued release does. */
 enum {
     CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */
@@ -126,6 +113,8 @@ void cm_ctx_count_free(cm_context *ctx, size_t size);
 int cm_ctx_flush(cm_context *ctx);
 /* Flush one queue; 0, or -1 with the first driver error raised. */
 int cm_pending_flush(cm_pending *q);
+/* The bytes a queue's entries will give back (GIL held). */
+size_t cm_pending_bytes(cm_pending *q);
 /* Set a queue's defer_cleanup depth; returns the old one. */
 int cm_pending_hold(cm_pending *q, int depth);
 /* Make ctx's two queues; called once when the context is made. */
@@ -162,6 +151,58 @@ int cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
  * the DeviceAllocation keeps stream_obj alive until its release. */
 PyObject *cm_mem_alloc_for(cm_context *ctx, size_t size,
                            PyObject *stream_obj, CUdeviceptr *ptr);
+
+/* ------------------------------------------------------------------ */
+/* limit.c: the per-process device memory limit, out of memory         */
+/* ------------------------------------------------------------------ */
+
+/* What the free and total attributes of an out-of-memory error count. */
+enum {
+    CM_OOM_DEVICE = 0,    /* device memory (device and managed arrays) */
+    CM_OOM_HOST           /* the host's RAM (pinned and mapped arrays) */
+};
+
+/* Raise CudaOutOfMemoryError for a failed allocation of size bytes in
+ * ctx by fn (rc the driver's answer), with the attributes requested,
+ * free, total, pending_bytes, pool_reserved, largest_free_block, limit
+ * and limit_used, all repeated in the message.  where: CM_OOM_*. */
+void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
+                     const char *fn, int where);
+
+/* The out-of-memory policy before the one retry of an allocation of
+ * size bytes in ctx (managed: of managed memory): run the pending frees,
+ * trim the pools and, when a collection could make room (see
+ * docs/design.md), collect cycles, then flush and trim again.  GIL held;
+ * 0, or -1 with an exception. */
+int cm_oom_recover(cm_context *ctx, size_t size, int managed);
+
+/* Device dev's limit in bytes; 0 for none.  No GIL needed. */
+size_t cm_limit_of(int dev);
+/* Count n bytes that ctx is about to get from the driver against its
+ * device's limit: 1, or 0 (nothing counted) when they would cross it.
+ * No GIL needed. */
+int cm_limit_take(cm_context *ctx, size_t n);
+/* Uncount n bytes that ctx gave back to the driver (or never got from
+ * it).  No GIL needed. */
+void cm_limit_give(cm_context *ctx, size_t n);
+/* The bytes ctx holds against the limit now. */
+size_t cm_limit_used(cm_context *ctx);
+/* Decide device dev's limit when its first context is made (total: its
+ * memory): CUDAMEM_DEVICE_MEMORY_LIMIT applies unless set_memory_limit
+ * did.  0, or -1 with ValueError naming the variable. */
+int cm_limit_device_init(int dev, size_t total);
+/* A Python plugin's allocation of size bytes by fn ("memalloc",
+ * "memallocmanaged"): count it against the limit before the call (after
+ * the out-of-memory policy when the limit refuses it); 0, or -1 with
+ * CudaOutOfMemoryError.  Give it back with cm_limit_give when the call
+ * fails. */
+int cm_limit_plugin_take(cm_context *ctx, size_t size, const char *fn,
+                         int managed);
+/* Keep the plugin's allocation counted while its pointer object mp
+ * lives.  Never raises: an object that takes no weak reference is not
+ * counted (its bytes are given back at once). */
+void cm_limit_plugin_track(cm_context *ctx, PyObject *mp, size_t size);
+int cm_limit_init(PyObject *mod, cm_state *st);
 
 /* ------------------------------------------------------------------ */
 /* The memory managers' interface                                      */
@@ -204,14 +245,18 @@ struct cm_mm_ops {
     /* Free the C state (Context dealloc). */
     void (*free)(cm_context *ctx);
     /* Allocate size bytes for stream, ctx current, GIL held (released
-     * around calls that can block); *handle: what release takes.  No
-     * exception is set: the CUresult says what happened. */
+     * around calls that can block); *handle: what release takes.  What
+     * it gets from the driver counts against the device's memory limit
+     * (cm_limit_take), until given back: CUDA_ERROR_OUT_OF_MEMORY, with
+     * no driver call, where the limit refuses it.  No exception is set:
+     * the CUresult says what happened. */
     CUresult (*alloc)(cm_context *ctx, size_t size, CUstream stream,
                       CUdeviceptr *ptr, uintptr_t *handle);
-    /* Run a release (kind: rel or rel_sync) of handle on stream; ctx
-     * current, with or without the GIL.  No exception is set. */
+    /* Run a release (kind: rel or rel_sync) of handle, an allocation
+     * of size bytes, on stream; ctx current, with or without the GIL.
+     * No exception is set. */
     CUresult (*release)(cm_context *ctx, int kind, uintptr_t handle,
-                        CUstream stream);
+                        size_t size, CUstream stream);
     /* Before the release of an allocation (handle, allocated for own)
      * that work queued by cudamem also used on the n streams (ctx
      * current, GIL held): order the release after that work.  *on (own

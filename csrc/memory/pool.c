@@ -605,10 +605,11 @@ cm_pool_collect_free_segs(cm_pool *p, cm_seg **out)
     }
 }
 
-/* cuMemFree every segment of a list and free the list (no mutex, no
- * GIL).  The first error, or CUDA_SUCCESS. */
+/* cuMemFree every segment of a list of ctx's pool and free the list (no
+ * mutex, no GIL); the segments no longer count against the limit.  The
+ * first error, or CUDA_SUCCESS. */
 CUresult
-cm_segs_release(cm_seg *g)
+cm_segs_release(cm_context *ctx, cm_seg *g)
 {
     CUresult first = CUDA_SUCCESS;
     CUresult rc;
@@ -617,6 +618,7 @@ cm_segs_release(cm_seg *g)
     for (; g != NULL; g = next) {
         next = g->next;
         rc = CM_CU_RAW(MemFree, (g->base));
+        cm_limit_give(ctx, g->size);
         if (first == CUDA_SUCCESS) {
             first = rc;
         }

@@ -115,6 +115,10 @@ struct cm_pool {
                            * wait for all of them; NULL until then */
     cm_pool *all_next;    /* NOTE: GIL; the list of every pool */
     cm_pool *all_prev;
+    int untrimmed;        /* async: the driver's pool may cache memory
+                           * (a free or a failed allocation since the
+                           * last trim); trim() has nothing to give back
+                           * while 0.  Atomic. */
 };
 
 /* In a fork's child: every pool dead, with a fresh mutex (poolops.c). */
@@ -201,9 +205,10 @@ void cm_pool_settle(cm_pool *p);
  * device anyway. */
 void cm_pool_collect_free_segs(cm_pool *p, cm_seg **out);
 
-/* cuMemFree every segment of a list and free the list (no mutex, no
- * GIL).  The first error, or CUDA_SUCCESS. */
-CUresult cm_segs_release(cm_seg *g);
+/* cuMemFree every segment of a list of ctx's pool and free the list (no
+ * mutex, no GIL); their bytes no longer count against the limit.  The
+ * first error, or CUDA_SUCCESS. */
+CUresult cm_segs_release(cm_context *ctx, cm_seg *g);
 
 /* The stream key of a handle. */
 uintptr_t cm_stream_key(CUstream s);

@@ -115,6 +115,7 @@ cm_pool_make(cm_context *ctx, int kind)
         return -1;
     }
     p->export_fd = -1;
+    p->untrimmed = 1;
     if (kind == CM_MM_ASYNC) {
         cuuint64_t t = cm_async_threshold;
 
@@ -232,7 +233,7 @@ cm_pool_destroy(cm_context *ctx)
         || cur != ctx->handle) {
         pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
     }
-    (void)cm_segs_release(all);
+    (void)cm_segs_release(ctx, all);
     for (i = 0; i < nevents; i++) {
         (void)CM_CU_RAW(EventDestroy, (events[i]));
     }
@@ -285,7 +286,9 @@ cm_pool_free(cm_context *ctx)
 }
 
 /* Grow the pool by one segment for size bytes on s and take the block;
- * GIL held on entry and exit, released around cuMemAlloc. */
+ * GIL held on entry and exit, released around cuMemAlloc.  The segment
+ * counts against the limit until cm_segs_release; when the limit has no
+ * room for a shared segment, the request's own size is tried. */
 static CUresult
 cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
              cm_blk **out)
@@ -318,15 +321,23 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
+    if (!cm_limit_take(ctx, want)) {
+        if (want == exact || !cm_limit_take(ctx, exact)) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        want = exact;
+    }
     Py_INCREF(ctx);
     CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(MemAlloc, (&base, want));
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && want != exact) {
+        cm_limit_give(ctx, want - exact);
         want = exact;
         rc = CM_CU_RAW(MemAlloc, (&base, want));
     }
     CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
+        cm_limit_give(ctx, want);
         Py_DECREF(ctx);
         return rc;
     }
@@ -334,6 +345,7 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     if (p->dead) {
         /* Closed meanwhile: the context's reset took the memory. */
         cm_pool_unlock(p, &gd);
+        cm_limit_give(ctx, want);
         Py_DECREF(ctx);
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
@@ -344,6 +356,7 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
         Py_BEGIN_ALLOW_THREADS
         (void)CM_CU_RAW(MemFree, (base));
         Py_END_ALLOW_THREADS
+        cm_limit_give(ctx, want);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *out = b;
@@ -356,7 +369,9 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
 /* ------------------------------------------------------------------ */
 
 /* The async manager's allocation: the driver's pool, on stream; the
- * handle its release takes is the address. */
+ * handle its release takes is the address.  The bytes count against the
+ * limit until their cuMemFreeAsync is issued (what the driver's pool
+ * then caches was counted when allocated, and serves the next ones). */
 static CUresult
 cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
                CUdeviceptr *ptr, uintptr_t *handle)
@@ -367,6 +382,9 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
     if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
                                             ? ctx->st_bytes
                                             : p->limit)) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (!cm_limit_take(ctx, size)) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CM_DRIVER_BEGIN_NOGIL
@@ -385,6 +403,10 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
         }
     }
     CM_DRIVER_END_NOGIL
+    if (rc != CUDA_SUCCESS) {
+        cm_limit_give(ctx, size);
+        __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
+    }
     *handle = (uintptr_t)*ptr;
     return rc;
 }
@@ -514,7 +536,7 @@ cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
 /* The async manager's release (CM_REL_ASYNC, or CM_REL_ASYNC_SYNC:
  * after the context, on the default stream): cuMemFreeAsync. */
 static CUresult
-cm_async_release(cm_context *ctx, int kind, uintptr_t handle,
+cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
                  CUstream stream)
 {
     cm_pool *p = ctx->pool;
@@ -523,6 +545,9 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle,
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
+    /* Uncounted whatever the driver answers: the release is not tried
+     * again. */
+    cm_limit_give(ctx, size);
     if (kind == CM_REL_ASYNC_SYNC) {
         /* Released where no stream could be recorded: every stream that
          * used it is done once the context is. */
@@ -531,14 +556,16 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle,
             return rc;
         }
     }
-    return CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
-                                    kind == CM_REL_ASYNC ? stream : NULL));
+    rc = CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
+                                  kind == CM_REL_ASYNC ? stream : NULL));
+    __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
+    return rc;
 }
 
 /* The pool manager's release (CM_REL_POOL, or CM_REL_POOL_SYNC: after
  * the context, free for any stream): the block back to the bins. */
 static CUresult
-cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
+cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
                 CUstream stream)
 {
     cm_pool *p = ctx->pool;
@@ -546,6 +573,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle,
     CUresult rc;
     cm_gil_saved gd;
 
+    (void)size;
     (void)stream;
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
@@ -703,7 +731,9 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
 /* ------------------------------------------------------------------ */
 
 /* The async manager's trim: wait for the context, then trim the
- * driver's pool to 0. */
+ * driver's pool to 0; nothing when nothing was freed (and no allocation
+ * failed) since the last trim, which left the pool holding only what is
+ * in use. */
 static int
 cm_async_trim(cm_context *ctx)
 {
@@ -711,9 +741,15 @@ cm_async_trim(cm_context *ctx)
     CUresult rc;
     const char *fn;
 
-    if (p == NULL || p->dead || cm_context_activate(ctx) < 0) {
-        return p == NULL || p->dead ? 0 : -1;
+    if (p == NULL || p->dead
+        || !__atomic_load_n(&p->untrimmed, __ATOMIC_RELAXED)) {
+        return 0;
     }
+    if (cm_context_activate(ctx) < 0) {
+        return -1;
+    }
+    /* Cleared first: a free on another thread meanwhile sets it again. */
+    __atomic_store_n(&p->untrimmed, 0, __ATOMIC_RELAXED);
     Py_BEGIN_ALLOW_THREADS
     rc = CM_CU_RAW(CtxSynchronize, ());
     if (rc == CUDA_SUCCESS) {
@@ -724,6 +760,9 @@ cm_async_trim(cm_context *ctx)
         fn = "cuCtxSynchronize";
     }
     Py_END_ALLOW_THREADS
+    if (rc != CUDA_SUCCESS) {
+        __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
+    }
     return cm_cu_check(rc, fn);
 }
 
@@ -759,7 +798,7 @@ cm_pool_trim(cm_context *ctx)
     cm_pool_unlock(p, &gd);
     if (segs != NULL) {
         Py_BEGIN_ALLOW_THREADS
-        rc = cm_segs_release(segs);
+        rc = cm_segs_release(ctx, segs);
         Py_END_ALLOW_THREADS
     }
     return cm_cu_check(rc, fn);

@@ -146,6 +146,12 @@ again:
         (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
         goto again;
     }
+    /* The device's first context: CUDAMEM_DEVICE_MEMORY_LIMIT applies
+     * now that its memory is known (a bad value raises here). */
+    if (cm_limit_device_init(i, total) < 0) {
+        (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
+        return NULL;
+    }
     c = PyObject_GC_New(cm_context, cm_st->Context_type);
     if (c == NULL) {
         (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
@@ -174,6 +180,9 @@ again:
     c->lane_count = 0;
     c->lane_total_count = 0;
     c->st_pinned = 0;
+    c->lim_used = 0;
+    c->plugin_bytes = 0;
+    c->plugin_count = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
     c->n_stream_cache = 0;
     c->weakreflist = NULL;

@@ -351,6 +351,9 @@ def import_error(**env):
     ("CUDAMEM_POOL_LIMIT", "-1", "0 to 9223372036854775807"),
     ("CUDAMEM_ASYNC_RELEASE_THRESHOLD", "99999999999G",
      "0 to 18446744073709551615"),
+    ("CUDAMEM_DEVICE_MEMORY_LIMIT", "0", "a byte count above 0"),
+    ("CUDAMEM_DEVICE_MEMORY_LIMIT", "1.5", "at most 1 (such as 0.25)"),
+    ("CUDAMEM_DEVICE_MEMORY_LIMIT", "4T", "a byte count above 0"),
     ("CUDAMEM_SIM_DEVICES", "0", "1 to 16"),
     ("CUDAMEM_SIM_MEMORY", "1000", "1048576 (1 MiB) to 2**50"),
     ("CUDAMEM_SIM_DELAY_US", "-1", "0 to 60000000"),
@@ -376,6 +379,8 @@ def test_environment_tunable_out_of_range(name, value, expect):
      "CUDAMEM_MAX_PENDING_DEALLOCS_RATIO": "1",
      "CUDAMEM_STREAM_CACHE_SIZE": "0", "CUDAMEM_PINNED_POOL": "off",
      "CUDAMEM_POOL_LIMIT": "4M", "CUDAMEM_ASYNC_RELEASE_THRESHOLD": "0"},
+    {"CUDAMEM_DEVICE_MEMORY_LIMIT": "1.0"},
+    {"CUDAMEM_DEVICE_MEMORY_LIMIT": "8 MiB"},
 ])
 def test_environment_tunables_at_their_bounds(env):
     assert import_error(**env) == "ok"
