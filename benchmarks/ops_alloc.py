@@ -280,7 +280,6 @@ def _alloc_ops():
                               "torch": _torch_alloc("small"),
                               "rmm": _rmm_alloc("small"),
                               "cuda.core": _core_alloc("small")}})
-                              "torch": _torch_alloc("small")}})
     # Out of memory when nothing can be freed: what the policy (flush,
     # trim, collect, retry, the error's snapshot) costs beyond the
     # driver's own failure.
