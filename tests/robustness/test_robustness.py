@@ -21,9 +21,12 @@ import sys
 import pytest
 from helpers import ROOT, TESTS, run_child
 
-# Reads the device's free memory (or loads the whole machine): on a GPU
-# it runs alone, not beside other test processes (.ci/gpu).
-pytestmark = pytest.mark.exclusive
+# The groups run beside other test processes on a GPU (.ci/gpu's
+# parallel phase): each child is held to a device memory limit
+# (CUDAMEM_DEVICE_MEMORY_LIMIT, run_group), so that no case can take the
+# card from the others, and an absurd request fails at the limit, at
+# once, whatever the card's size.
+GROUP_MEMORY_LIMIT = "8GiB"
 
 
 
@@ -1510,6 +1513,9 @@ for src, exp in [
 def run_group(group, timeout=120, env=None):
     """Run one group in a child; returns (returncode, stdout, stderr)."""
     e = dict(os.environ)
+    if e.get("CUDAMEM_SIMULATOR", "0") in ("0", ""):
+        # (The simulator's device is an arena of the child's own.)
+        e.setdefault("CUDAMEM_DEVICE_MEMORY_LIMIT", GROUP_MEMORY_LIMIT)
     e.update(env or {})
     e["PYTHONPATH"] = os.pathsep.join(
         [str(TESTS), str(ROOT)]
