@@ -26,6 +26,7 @@ def _gib(n):
 
 def info():
     print("cudamem %s" % cudamem.__version__)
+    print("built against: %s" % _core._cuda_headers)
     err = cudamem.cuda_error()
     if err is not None:
         print("backend: unavailable")
@@ -33,7 +34,6 @@ def info():
         return 1
     print("backend: %s" % _core._backend())
     print("driver version: CUDA %d.%d" % cudamem.driver_version())
-    print("built against: CUDA %d.%d headers" % cudamem.runtime_version())
     print("default stream: %s" % ("per-thread"
                                   if _core._per_thread_default_stream()
                                   else "legacy"))
