@@ -10,6 +10,8 @@ import contextlib
 import atexit
 import functools
 import threading
+from collections.abc import Iterator
+from typing import Optional
 
 from . import _core
 from ._errors import CudaSupportError
@@ -85,7 +87,7 @@ class _DeviceList:
         """The list of devices (context managers), as numba names it."""
         return self._list
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._list)
 
     def __iter__(self):
@@ -113,7 +115,7 @@ class _DeviceList:
 gpus = _DeviceList()
 
 
-def list_devices():
+def list_devices() -> "_DeviceList":
     """The device list: ``cudamem.gpus`` itself, as in numba."""
     return gpus
 
@@ -142,20 +144,20 @@ def require_context(fn):
     return wrapper
 
 
-def profile_start():
+def profile_start() -> None:
     """Enable profile collection by the current profiling tool
     (``cuProfilerStart``), in the current context (made if needed)."""
     _core._profile(True)
 
 
-def profile_stop():
+def profile_stop() -> None:
     """Disable profile collection by the current profiling tool
     (``cuProfilerStop``), in the current context (made if needed)."""
     _core._profile(False)
 
 
 @contextlib.contextmanager
-def profiling():
+def profiling() -> Iterator[None]:
     """Profile the body: ``profile_start()`` on entry, ``profile_stop()``
     on exit.
 
@@ -171,7 +173,7 @@ def profiling():
         profile_stop()
 
 
-def close():
+def close() -> None:
     """Pop every context of the calling thread.
 
     On the main thread it also releases and resets every device's primary
@@ -216,7 +218,7 @@ def close():
     _core._close(threading.current_thread() is threading.main_thread())
 
 
-def is_available():
+def is_available() -> bool:
     """True when a driver (or the simulator) initialises and has a device.
 
     Never raises.
@@ -227,13 +229,13 @@ def is_available():
         return False
 
 
-def cuda_error():
+def cuda_error() -> Optional[str]:
     """None, or the text of the error that stopped the driver from
     initialising."""
     return _core._init_error()
 
 
-def is_supported_version():
+def is_supported_version() -> bool:
     """Whether the driver implements at least the CUDA version cudamem was
     built against."""
     try:
@@ -242,7 +244,7 @@ def is_supported_version():
         return False
 
 
-def detect():
+def detect() -> bool:
     """Print the devices and whether each is supported; True if any is."""
     n = len(gpus)
     print("Found %d CUDA devices" % n)
@@ -269,17 +271,17 @@ def detect():
     return supported > 0
 
 
-def is_float16_supported():
+def is_float16_supported() -> bool:
     """Always True: every supported device has float16."""
     return True
 
 
-def is_bfloat16_supported():
+def is_bfloat16_supported() -> bool:
     """Whether the current device has compute capability 8.0 or newer."""
     return _core.get_current_device().supports_bfloat16
 
 
-def is_fp8_supported():
+def is_fp8_supported() -> bool:
     """Whether the current device has compute capability 8.9 or newer."""
     return _core.get_current_device().supports_fp8
 
