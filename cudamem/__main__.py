@@ -12,10 +12,16 @@ the bare driver (and numba-cuda, CuPy, PyTorch, RMM, cuda.core with
 
 ``python -m cudamem memviz SNAPSHOT.json -o memory.html|memory.png``
 draws a snapshot written by ``cudamem.dump_snapshot``.
+
+``python -m cudamem test [PYTEST ARGS...]`` runs the validation suite
+shipped in the package (``cudamem.tests``; needs pytest) and ends with a
+pass/fail line.  ``python -m cudamem --version`` prints the version.
 """
 
 import argparse
+import os
 import sys
+import time
 
 import cudamem
 from cudamem import _core
@@ -27,6 +33,7 @@ def _gib(n):
 
 def info():
     print("cudamem %s" % cudamem.__version__)
+    print("built against: %s" % _core._cuda_headers)
     err = cudamem.cuda_error()
     if err is not None:
         print("backend: unavailable")
@@ -34,7 +41,6 @@ def info():
         return 1
     print("backend: %s" % _core._backend())
     print("driver version: CUDA %d.%d" % cudamem.driver_version())
-    print("built against: CUDA %d.%d headers" % cudamem.runtime_version())
     print("default stream: %s" % ("per-thread"
                                   if _core._per_thread_default_stream()
                                   else "legacy"))
@@ -57,6 +63,8 @@ def _parser():
         prog="python -m cudamem",
         description="cudamem: the device report (no arguments), a "
                     "benchmark, or a memory snapshot viewer.")
+    p.add_argument("--version", action="version",
+                   version="cudamem %s" % cudamem.__version__)
     sub = p.add_subparsers(dest="command")
     sub.add_parser("info", help="the device report (the default)")
     b = sub.add_parser(
@@ -88,7 +96,61 @@ def _parser():
     m.add_argument("-o", "--output", required=True,
                    help="memory.html (interactive page) or memory.png "
                         "(needs matplotlib)")
+    t = sub.add_parser(
+        "test", help="run the validation suite of this install",
+        description="Run cudamem's validation suite (cudamem.tests: "
+                    "device arrays and transfers, streams and events, "
+                    "host memory, memory managers, IPC, interop with the "
+                    "libraries installed) on the CUDA driver when one "
+                    "initialises, else on the simulator. Needs pytest "
+                    "(pip install 'cudamem[test]'); further arguments go "
+                    "to pytest.")
+    t.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                   help="passed to pytest (-k EXPR, -x, --junitxml=...)")
     return p
+
+
+class _Tally:
+    """A pytest plugin that counts outcomes and prints the closing line."""
+
+    def __init__(self):
+        self.counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        self.start = time.monotonic()
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or report.outcome != "passed":
+            key = "error" if (report.failed and report.when != "call") \
+                else report.outcome
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def pytest_unconfigure(self, config):
+        # After pytest's own summary: the last two lines of the output.
+        from cudamem.tests._util import device_line
+
+        c = self.counts
+        print(device_line())
+        print("validation: %d passed, %d failed, %d skipped, %d errors in "
+              "%.1f s" % (c["passed"], c["failed"], c["skipped"],
+                          c["error"], time.monotonic() - self.start))
+
+
+def _test(args):
+    try:
+        import pytest
+    except ImportError:
+        print("the validation suite needs pytest: "
+              "pip install 'cudamem[test]'", file=sys.stderr)
+        return 2
+    import cudamem.tests
+
+    here = os.path.dirname(os.path.abspath(cudamem.tests.__file__))
+    # The suite's own pytest.ini and root, not the caller's configuration.
+    argv = [here, "-c", os.path.join(here, "pytest.ini"), "--rootdir",
+            here, "-p", "no:cacheprovider"]
+    extra = list(args.pytest_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    return int(pytest.main(argv + extra, plugins=[_Tally()]))
 
 
 def _bench(args):
@@ -151,6 +213,8 @@ def main(argv=None):
         return _bench(args)
     if args.command == "memviz":
         return _memviz(args)
+    if args.command == "test":
+        return _test(args)
     return info()
 
 

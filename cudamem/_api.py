@@ -12,6 +12,8 @@ import functools
 import os
 import sys
 import threading
+from collections.abc import Iterator
+from typing import Optional
 
 from . import _core
 from ._errors import CudaSupportError
@@ -87,7 +89,7 @@ class _DeviceList:
         """The list of devices (context managers), as numba names it."""
         return self._list
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._list)
 
     def __iter__(self):
@@ -115,7 +117,7 @@ class _DeviceList:
 gpus = _DeviceList()
 
 
-def list_devices():
+def list_devices() -> "_DeviceList":
     """The device list: ``cudamem.gpus`` itself, as in numba."""
     return gpus
 
@@ -144,20 +146,20 @@ def require_context(fn):
     return wrapper
 
 
-def profile_start():
+def profile_start() -> None:
     """Enable profile collection by the current profiling tool
     (``cuProfilerStart``), in the current context (made if needed)."""
     _core._profile(True)
 
 
-def profile_stop():
+def profile_stop() -> None:
     """Disable profile collection by the current profiling tool
     (``cuProfilerStop``), in the current context (made if needed)."""
     _core._profile(False)
 
 
 @contextlib.contextmanager
-def profiling():
+def profiling() -> Iterator[None]:
     """Profile the body: ``profile_start()`` on entry, ``profile_stop()``
     on exit.
 
@@ -173,7 +175,7 @@ def profiling():
         profile_stop()
 
 
-def close():
+def close() -> None:
     """Pop every context of the calling thread.
 
     On the main thread it also releases and resets every device's primary
@@ -218,7 +220,7 @@ def close():
     _core._close(threading.current_thread() is threading.main_thread())
 
 
-def is_available():
+def is_available() -> bool:
     """True when a driver (or the simulator) initialises and has a device.
 
     Never raises.
@@ -229,13 +231,13 @@ def is_available():
         return False
 
 
-def cuda_error():
+def cuda_error() -> Optional[str]:
     """None, or the text of the error that stopped the driver from
     initialising."""
     return _core._init_error()
 
 
-def is_supported_version():
+def is_supported_version() -> bool:
     """Whether the driver implements at least the CUDA version cudamem was
     built against."""
     try:
@@ -244,7 +246,7 @@ def is_supported_version():
         return False
 
 
-def detect():
+def detect() -> bool:
     """Print the devices and whether each is supported; True if any is."""
     n = len(gpus)
     print("Found %d CUDA devices" % n)
@@ -271,17 +273,17 @@ def detect():
     return supported > 0
 
 
-def is_float16_supported():
+def is_float16_supported() -> bool:
     """Always True: every supported device has float16."""
     return True
 
 
-def is_bfloat16_supported():
+def is_bfloat16_supported() -> bool:
     """Whether the current device has compute capability 8.0 or newer."""
     return _core.get_current_device().supports_bfloat16
 
 
-def is_fp8_supported():
+def is_fp8_supported() -> bool:
     """Whether the current device has compute capability 8.9 or newer."""
     return _core.get_current_device().supports_fp8
 

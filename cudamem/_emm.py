@@ -21,6 +21,7 @@ import operator
 import os
 import threading
 import weakref
+from typing import Any
 
 from . import _core
 from ._errors import MemoryInfo
@@ -613,7 +614,7 @@ _env_done = False       # the environment variable was consulted
 BUILTIN_MANAGERS = ("default", "pool", "async")
 
 
-def set_memory_manager(mm_plugin):
+def set_memory_manager(mm_plugin: Any) -> None:
     """Use ``mm_plugin`` for contexts created from now on; existing
     contexts (and their live allocations) keep theirs.
 
@@ -715,7 +716,7 @@ def _defer_cleanup(ctx):
         mq._disable(-1)
 
 
-def defer_cleanup():
+def defer_cleanup() -> contextlib.AbstractContextManager[None]:
     """Hold every deallocation of the current context until the outermost
     block exits; nestable.
 

@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import time
+from typing import Any, Optional, Union
 
 from . import _core
 
@@ -21,7 +22,8 @@ __all__ = ["dump_snapshot", "memory_history", "memory_snapshot"]
 SNAPSHOT_VERSION = 1
 
 
-def memory_history(enabled=True, stacks=False, max_entries=100_000):
+def memory_history(enabled: bool = True, stacks: bool = False,
+                   max_entries: int = 100_000) -> None:
     """Record every allocation and free of cudamem's memory.
 
     Parameters
@@ -135,7 +137,7 @@ def _device_part(ctx):
     }
 
 
-def memory_snapshot():
+def memory_snapshot() -> dict[str, Any]:
     """Where cudamem's memory is now, as a plain dict (JSON-ready).
 
     Returns
@@ -202,7 +204,8 @@ def memory_snapshot():
     }
 
 
-def dump_snapshot(path, snapshot=None):
+def dump_snapshot(path: Union[str, os.PathLike[str]],
+                  snapshot: Optional[dict[str, Any]] = None) -> str:
     """Write :func:`memory_snapshot` (or ``snapshot``) to ``path`` as JSON.
 
     The file is what ``python -m cudamem memviz`` reads.  Returns the

@@ -8,7 +8,10 @@ otherwise it wraps one ``current_context().memalloc`` allocation in a
 minimal object that exports the CUDA Array Interface.
 """
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 import cudamem as cuda
 
@@ -16,7 +19,7 @@ import cudamem as cuda
 class _DeviceBuffer:
     """One allocation seen as an array through the CUDA Array Interface."""
 
-    def __init__(self, shape, dtype):
+    def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(self.shape)) * self.dtype.itemsize)
@@ -24,12 +27,12 @@ class _DeviceBuffer:
         self.mem = cuda.current_context().memalloc(nbytes)
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         return {"shape": self.shape, "strides": None,
                 "typestr": self.dtype.str,
                 "data": (self.mem.device_pointer, False), "version": 3}
 
-    def copy_to_host(self):
+    def copy_to_host(self) -> npt.NDArray[Any]:
         from cudamem import _core
 
         out = np.empty(self.shape, self.dtype)
@@ -39,7 +42,7 @@ class _DeviceBuffer:
         return out
 
 
-def to_device(host):
+def to_device(host: npt.ArrayLike) -> cuda.DeviceNDArray | _DeviceBuffer:
     host = np.ascontiguousarray(host)
     if hasattr(cuda, "to_device"):
         return cuda.to_device(host)
@@ -50,19 +53,20 @@ def to_device(host):
     return d
 
 
-def device_array(shape, dtype):
+def device_array(shape: int | tuple[int, ...],
+                 dtype: npt.DTypeLike) -> cuda.DeviceNDArray | _DeviceBuffer:
     if hasattr(cuda, "device_array"):
         return cuda.device_array(shape, dtype)
     return _DeviceBuffer(shape if isinstance(shape, tuple) else (shape,),
                          dtype)
 
 
-def copy_to_host(d):
+def copy_to_host(d: cuda.DeviceNDArray | _DeviceBuffer) -> npt.NDArray[Any]:
     cuda.synchronize()
     return d.copy_to_host()
 
 
-def numba_cuda():
+def numba_cuda() -> Any:
     """numba.cuda when numba-cuda is installed and sees a GPU, else None."""
     try:
         if not hasattr(np, "row_stack"):

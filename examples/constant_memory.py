@@ -3,6 +3,8 @@
 (``constants={"coefficients": array}``, numba's const.array_like), then
 changed between launches through ``Module.get_global``."""
 
+from typing import Any
+
 import numpy as np
 from _support import copy_to_host, numba_cuda, to_device
 
@@ -21,7 +23,7 @@ extern "C" __global__ void scale(float *x, int n)
 coefficients = np.array([1.0, 2.0, 3.0], dtype=np.float32)
 
 
-def main():
+def main() -> None:
     n = 10
     host = np.ones(n, dtype=np.float32)
     expected = host * coefficients[np.arange(n) % 3]
@@ -44,7 +46,7 @@ def main():
     ncuda = numba_cuda()
     if ncuda is not None:
         @ncuda.jit
-        def nb_kernel(x):
+        def nb_kernel(x: Any) -> None:
             i = ncuda.grid(1)
             if i < x.size:
                 x[i] = x[i] * ncuda.const.array_like(coefficients)[i % 3]

@@ -31,7 +31,7 @@ extern "C" __global__ void disjoint()
 """
 
 
-def main():
+def main() -> None:
     mod = cuda.compile(SOURCE)
     mod.aliased[1, 1, 0, 4]()
     cuda.synchronize()
@@ -41,7 +41,7 @@ def main():
     ncuda = numba_cuda()
     if ncuda is not None:
         @ncuda.jit
-        def f():
+        def f() -> None:
             f32_arr = ncuda.shared.array(0, dtype=np.float32)
             i32_arr = ncuda.shared.array(0, dtype=np.int32)
             f32_arr[0] = 3.14

@@ -3,6 +3,8 @@
 eight values into its own local array, reverses it there and writes the
 reversed row back."""
 
+from typing import Any
+
 import numpy as np
 from _support import copy_to_host, numba_cuda, to_device
 
@@ -26,7 +28,7 @@ extern "C" __global__ void reverse_rows(float *x, int rows)
 """
 
 
-def main():
+def main() -> None:
     rows = 100
     host = np.arange(rows * 8, dtype=np.float32).reshape(rows, 8)
     expected = host[:, ::-1]
@@ -43,7 +45,7 @@ def main():
     ncuda = numba_cuda()
     if ncuda is not None:
         @ncuda.jit
-        def nb_kernel(x):
+        def nb_kernel(x: Any) -> None:
             r = ncuda.grid(1)
             scratch = ncuda.local.array(8, dtype=np.float32)
             if r < x.shape[0]:

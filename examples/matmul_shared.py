@@ -3,6 +3,8 @@
 each block stages one TPB x TPB tile of A and of B in shared memory,
 synchronises, accumulates, and synchronises again before the next tile."""
 
+from typing import Any
+
 import numpy as np
 from _support import copy_to_host, device_array, numba_cuda, to_device
 
@@ -40,7 +42,7 @@ extern "C" __global__ void matmul(const float *A, const float *B, float *C,
 """
 
 
-def main():
+def main() -> None:
     n = 100
     rng = np.random.default_rng(0)
     a = rng.random((n, n), dtype=np.float32)
@@ -62,7 +64,7 @@ def main():
         from numba import float32
 
         @ncuda.jit
-        def fast_matmul(A, B, C):
+        def fast_matmul(A: Any, B: Any, C: Any) -> None:
             sA = ncuda.shared.array(shape=(TPB, TPB), dtype=float32)
             sB = ncuda.shared.array(shape=(TPB, TPB), dtype=float32)
             x, y = ncuda.grid(2)

@@ -3,6 +3,8 @@
 writes one element of a 32-element shared array, waits for the others,
 then reads its neighbour's element."""
 
+from typing import Any
+
 import numpy as np
 from _support import copy_to_host, numba_cuda, to_device
 
@@ -20,7 +22,7 @@ extern "C" __global__ void neighbour(float *x)
 """
 
 
-def main():
+def main() -> None:
     host = np.arange(32, dtype=np.float32)
     expected = np.roll(host, -1)
 
@@ -34,7 +36,7 @@ def main():
     ncuda = numba_cuda()
     if ncuda is not None:
         @ncuda.jit
-        def nb_kernel(x):
+        def nb_kernel(x: Any) -> None:
             sdata = ncuda.shared.array(32, dtype=np.float32)
             tid = ncuda.threadIdx.x
             sdata[tid] = x[tid]

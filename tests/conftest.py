@@ -42,13 +42,27 @@ SIMULATOR = os.environ["CUDAMEM_SIMULATOR"] not in ("0", "", "false")
 
 import cudamem  # noqa: E402
 
+# CUDAMEM_TEST_INSTALLED_AT=DIR: the suite runs against an installed
+# cudamem, which must be imported from under DIR (.ci/wheel sets it to the
+# fresh virtual environment that the wheel went into): a cudamem from the
+# source tree stops the session.
+_INSTALLED_AT = os.environ.get("CUDAMEM_TEST_INSTALLED_AT")
+if _INSTALLED_AT:
+    _got = os.path.realpath(cudamem.__file__)
+    if not _got.startswith(os.path.realpath(_INSTALLED_AT) + os.sep):
+        raise pytest.UsageError(
+            "cudamem was imported from %s, not from under "
+            "CUDAMEM_TEST_INSTALLED_AT=%s" % (_got, _INSTALLED_AT))
+
 
 def pytest_report_header(config):
+    where = "cudamem %s from %s" % (cudamem.__version__,
+                                   os.path.dirname(cudamem.__file__))
     if SIMULATOR:
-        return "cudamem backend: CPU simulator (CUDAMEM_SIMULATOR=1)"
+        return [where, "cudamem backend: CPU simulator (CUDAMEM_SIMULATOR=1)"]
     dev = cudamem.get_current_device()
-    return "cudamem backend: CUDA driver %d.%d, device %s" % (
-        cudamem.driver_version() + (dev.name,))
+    return [where, "cudamem backend: CUDA driver %d.%d, device %s" % (
+        cudamem.driver_version() + (dev.name,))]
 
 
 def pytest_addoption(parser):

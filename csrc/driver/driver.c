@@ -434,6 +434,12 @@ cm_driver_version(PyObject *mod, PyObject *unused)
     return Py_BuildValue("(ii)", v / 1000, (v % 1000) / 10);
 }
 
+/* Which CUDA headers the build used and where they came from, as
+ * setup.py words it; _cuda_headers on the module. */
+#ifndef CM_CUDA_HEADERS
+#define CM_CUDA_HEADERS "CUDA headers of an unrecorded origin"
+#endif
+
 PyDoc_STRVAR(cm_runtime_version_doc,
 "runtime_version()\n--\n\n"
 "The version of the CUDA Toolkit headers cudamem was built with, as "
@@ -811,6 +817,10 @@ cm_driver_init(PyObject *mod, cm_state *st)
             return -1;
         }
         atfork_done = 1;
+    }
+    if (PyModule_AddStringConstant(mod, "_cuda_headers",
+                                   CM_CUDA_HEADERS) < 0) {
+        return -1;
     }
     return PyModule_AddFunctions(mod, cm_driver_methods);
 }

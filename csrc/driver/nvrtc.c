@@ -20,11 +20,21 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <nvrtc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* NVRTC's types and result codes as far as cudamem uses them, with the
+ * values of its ABI: the library is loaded at run time, so the build
+ * needs no NVRTC header (NVIDIA's header-only distributions do not ship
+ * one). */
+typedef enum {
+    NVRTC_SUCCESS = 0,
+    NVRTC_ERROR_OUT_OF_MEMORY = 1,
+    NVRTC_ERROR_INVALID_OPTION = 5,
+} nvrtcResult;
+typedef struct _nvrtcProgram *nvrtcProgram;
 
 /* The NVRTC entry points cudamem uses. */
 typedef struct {
