@@ -466,6 +466,9 @@ typedef struct {
                                    * was made: pool holds its state */
     int mm_info_busy;     /* NOTE: guarded by the GIL: a plugin's
                            * get_memory_info is running */
+    int mm_init_pending;  /* NOTE: guarded by the GIL: the plugin was
+                           * assigned to memory_manager and its
+                           * initialize() has not run yet */
     cm_pool *pool;        /* pool and async managers' state, else NULL;
                            * NOTE: freed only with the Context object */
     cm_pending *memq;     /* strong: the memory manager's release queue */

@@ -87,11 +87,85 @@ cm_da_get_alloc_size(PyObject *self, void *unused)
     return PyLong_FromSsize_t(((cm_da *)self)->alloc_size);
 }
 
+/* What gpu_data shows for a (numba's DeviceNDArray.gpu_data): the
+ * memory object when the array spans all of it; else a pointer to the
+ * bytes the array spans, from the memory object's view(); for an array
+ * over foreign memory (a CUDA Array Interface import) a MemoryPointer
+ * over those bytes whose owner is the foreign object.  New reference, or
+ * NULL with an exception. */
+static PyObject *
+cm_da_make_shown(cm_da *a)
+{
+    PyObject *g = a->gpu_data;
+    PyObject *o;
+    cm_context *ctx;
+    CUdeviceptr low;
+    uintptr_t base = 0;
+    Py_ssize_t span = a->alloc_size;
+    Py_ssize_t size;
+
+    if (span == 0 || a->ptr == 0) {
+        return Py_NewRef(g);
+    }
+    low = (CUdeviceptr)((long long)a->ptr + (long long)a->lo);
+    if (a->gpu_foreign || g == Py_None) {
+        ctx = a->ctx != NULL ? a->ctx : cm_context_current();
+        if (ctx == NULL || CM_REGISTERED(MemoryPointer) == NULL) {
+            return NULL;
+        }
+        return PyObject_CallFunction(cm_st->MemoryPointer, "OKnO", ctx,
+                                     (unsigned long long)low, span, g);
+    }
+    if (Py_IS_TYPE(g, ST->Mem_type)) {
+        base = (uintptr_t)((cm_mem *)g)->ptr;
+        size = (Py_ssize_t)((cm_mem *)g)->size;
+    }
+    else {
+        /* Any other memory object with numba's pointer interface; one
+         * without it is shown as it is. */
+        if (cm_pointer_attr(g, "device_pointer", &base) < 0
+            || (o = PyObject_GetAttrString(g, "size")) == NULL) {
+            goto err_attr;
+        }
+        size = PyNumber_AsSsize_t(o, PyExc_OverflowError);
+        Py_DECREF(o);
+        if (size == -1 && PyErr_Occurred()) {
+            goto err_attr;
+        }
+    }
+    if ((uintptr_t)low == base && span == size) {
+        return Py_NewRef(g);
+    }
+    if ((uintptr_t)low < base
+        || (uintptr_t)low - base + (uintptr_t)span > (uintptr_t)size) {
+        return Py_NewRef(g);
+    }
+    o = PyObject_CallMethod(g, "view", "nn", (Py_ssize_t)(low - base),
+                            (Py_ssize_t)(low - base) + span);
+    if (o == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return Py_NewRef(g);
+    }
+    return o;
+err_attr:
+    if (PyErr_ExceptionMatches(PyExc_AttributeError)
+        || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        return Py_NewRef(g);
+    }
+    return NULL;
+}
+
 PyObject *
 cm_da_get_gpu_data(PyObject *self, void *unused)
 {
+    cm_da *a = (cm_da *)self;
+
     (void)unused;
-    return Py_NewRef(((cm_da *)self)->gpu_data);
+    if (a->gpu_shown == NULL) {
+        a->gpu_shown = cm_da_make_shown(a);
+    }
+    return Py_XNewRef(a->gpu_shown);
 }
 
 PyObject *

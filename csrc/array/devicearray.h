@@ -139,6 +139,12 @@ typedef struct {
     PyObject *cai_typestr;     /* strong or NULL: dtype.str, made on the
                                 * first CAI export */
     PyObject *cai_data;        /* strong or NULL: (ptr, False), likewise */
+    PyObject *gpu_shown;       /* strong or NULL: what the gpu_data
+                                * attribute shows, made on first use (a
+                                * pointer to the bytes this array spans) */
+    int gpu_foreign;           /* gpu_data is a foreign owner (a CUDA Array
+                                * Interface import): gpu_data shows a
+                                * MemoryPointer owned by it, as numba */
     PyObject *weakreflist;
 } cm_da;
 

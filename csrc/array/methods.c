@@ -135,6 +135,7 @@ cm_da_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     static const int names[] = {K_STREAM};
     cm_da *a = (cm_da *)self;
     PyObject *s[1];
+    PyObject *r;
     CUstream h;
 
     if (cm_parse("bind", args, nargs, kwnames, names, 1, 0, s) < 0) {
@@ -143,9 +144,15 @@ cm_da_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (s[0] != NULL && cm_stream_resolve(s[0], &h) < 0) {
         return NULL;
     }
-    return cm_da_make_in(Py_TYPE(self), a->ctx, a->ndim, a->shape,
-                         a->strides, a->dtype, a->ptr, a->gpu_data,
-                         s[0] != NULL ? s[0] : cm_zero);
+    r = cm_da_make_in(Py_TYPE(self), a->ctx, a->ndim, a->shape,
+                      a->strides, a->dtype, a->ptr, a->gpu_data,
+                      s[0] != NULL ? s[0] : cm_zero);
+    if (r != NULL) {
+        /* The same memory object, as numba's bind passes gpu_data on. */
+        ((cm_da *)r)->gpu_foreign = a->gpu_foreign;
+        ((cm_da *)r)->gpu_shown = Py_XNewRef(a->gpu_shown);
+    }
+    return r;
 }
 
 PyObject *
@@ -165,8 +172,7 @@ cm_da_is_f_contiguous(PyObject *self, PyObject *unused)
 PyObject *
 cm_da_as_cuda_arg(PyObject *self, PyObject *unused)
 {
-    (void)unused;
-    return Py_NewRef(((cm_da *)self)->gpu_data);
+    return cm_da_get_gpu_data(self, unused);
 }
 
 /* The order argument of reshape / ravel as 'C', 'F' or 'A'; 0 on error. */

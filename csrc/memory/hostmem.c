@@ -546,6 +546,9 @@ cm_hm_alloc_plugin(cm_hostmem *m)
     uintptr_t h = 0;
     uintptr_t d = 0;
 
+    if (cm_mm_prepare(m->ctx) < 0) {
+        return -1;
+    }
     if (m->kind == CM_HM_MANAGED) {
         mp = PyObject_CallMethod(mm, "memallocmanaged", "nO",
                                  (Py_ssize_t)m->size,

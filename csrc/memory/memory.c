@@ -937,7 +937,7 @@ static PyObject *
 cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
                     CUdeviceptr *out)
 {
-    const cm_mm_ops *mm = ctx->mm;
+    const cm_mm_ops *mm = cm_mm_active(ctx);
     CUdeviceptr p = 0;
     uintptr_t handle = 0;
     cm_mem *m;
@@ -946,7 +946,10 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
 
     /* ctx is current: cm_mem_alloc_on entered it just before. */
     if (mm->alloc == NULL) {
-        /* A Python plugin: its users pay for the call. */
+        /* A Python plugin: its users pay for the calls. */
+        if (cm_mm_prepare(ctx) < 0) {
+            return NULL;
+        }
         mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
                                  (Py_ssize_t)size);
         if (mp == NULL
@@ -1003,7 +1006,7 @@ cm_mem_alloc_for(cm_context *ctx, size_t size, PyObject *stream_obj,
     PyObject *r;
     int bound = 0;
 
-    if (stream_obj != NULL && ctx->mm->ordered) {
+    if (stream_obj != NULL && cm_mm_active(ctx)->ordered) {
         bound = cm_stream_resolve(stream_obj, &h);
         if (bound < 0) {
             return NULL;

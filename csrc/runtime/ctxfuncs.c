@@ -89,7 +89,10 @@ PyDoc_STRVAR(cm_current_context_doc,
 "current_context(devnum=None)\n--\n\n"
 "The current primary context of the calling thread.  With no context "
 "current, device 0's primary context is made current (pushed) first.  "
-"With devnum, that device's primary context is pushed and returned.");
+"With devnum, that device's primary context is pushed and returned.  "
+"A plugin memory manager assigned to Context.memory_manager is "
+"initialised first (its initialize(), once), as numba prepares a "
+"context.");
 
 static PyObject *
 cm_current_context_fn(PyObject *mod, PyObject *const *args,
@@ -121,11 +124,15 @@ cm_current_context_fn(PyObject *mod, PyObject *const *args,
         devnum = args[0];
     }
     if (devnum == Py_None) {
-        return Py_XNewRef((PyObject *)cm_context_current());
+        c = cm_context_current();
     }
-    if (cm_driver_ensure() < 0 || (i = cm_device_arg(devnum)) < 0
-        || (c = cm_context_get(i)) == NULL
-        || CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+    else if (cm_driver_ensure() < 0 || (i = cm_device_arg(devnum)) < 0
+             || (c = cm_context_get(i)) == NULL
+             || CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+        return NULL;
+    }
+    /* The context is prepared for use, as numba's get_context does. */
+    if (c == NULL || cm_mm_prepare(c) < 0) {
         return NULL;
     }
     return Py_NewRef(c);
