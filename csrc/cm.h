@@ -150,6 +150,10 @@ typedef struct cm_state {
     PyObject *config;              /* the cudamem.config module */
     PyObject *api_split;           /* cudamem._api._split */
     PyObject *global_view;         /* cudamem._kernel._global_view */
+    /* from cudamem._index: d[key] and d[key] = value for keys with index
+     * arrays (NumPy's advanced indexing) */
+    PyObject *index_getitem;
+    PyObject *index_setitem;
 
     /* Objects C makes for itself, kept for the life of the module. */
     PyObject *zero;                /* the int 0 */
