@@ -74,8 +74,10 @@ def _native_int(dtype):
 
 def _classify(item):
     """One element of a key as (kind, value): "int", "slice", "new",
-    "ell", "bool0" (a boolean scalar), "hint" / "hmask" (host integer /
-    boolean arrays), "dint" / "dmask" (on the device)."""
+    "ell", "bool0" (a boolean scalar), "int0" (a 0-d integer array: an
+    integer that makes the result a copy, as in NumPy), "hint" / "hmask"
+    (host integer / boolean arrays), "dint" / "dmask" (on the
+    device)."""
     if item is None:
         return "new", None
     if item is Ellipsis:
@@ -93,7 +95,7 @@ def _classify(item):
             return "dmask", dev
         if kind in "iu" and dev.dtype.isnative:
             if dev.ndim == 0:
-                return "int", int(dev[()])
+                return "int0", int(dev[()])
             return "dint", dev
         if kind in "iu":
             # another byte order: the host reads it
@@ -109,7 +111,7 @@ def _classify(item):
         if a.dtype == np.bool_:
             return ("bool0", bool(a)) if a.ndim == 0 else ("hmask", a)
         if a.dtype.kind in "iu":
-            return ("int", int(a)) if a.ndim == 0 else ("hint", a)
+            return ("int0", int(a)) if a.ndim == 0 else ("hint", a)
         if a.dtype == object or a.dtype.kind in "US":
             raise IndexError(_BAD_KEY)
         raise IndexError(_BAD_ARRAY)
@@ -123,8 +125,8 @@ def is_advanced(key):
     """Whether a key needs this module (C asks only after its own parse
     found an element it does not take)."""
     items = key if isinstance(key, tuple) else (key,)
-    return any(_classify(k)[0] in ("bool0", "hint", "hmask", "dint",
-                                   "dmask") for k in items)
+    return any(_classify(k)[0] in ("bool0", "int0", "hint", "hmask",
+                                   "dint", "dmask") for k in items)
 
 
 def _bstrides(shape, strides, nb):
@@ -132,7 +134,7 @@ def _bstrides(shape, strides, nb):
     shape (right-aligned, 0 where it broadcasts)."""
     out = [0] * nb
     off = nb - len(shape)
-    for j, (n, s) in enumerate(zip(shape, strides)):
+    for j, (n, s) in enumerate(zip(shape, strides, strict=True)):
         if n != 1:
             out[off + j] = s
     return tuple(out)
@@ -161,7 +163,7 @@ class _Plan:
                              "('...')")
         used = 0
         for kind, val in entries:
-            if kind in ("int", "slice", "hint", "dint"):
+            if kind in ("int", "int0", "slice", "hint", "dint"):
                 used += 1
             elif kind in ("hmask", "dmask"):
                 used += val.ndim
@@ -169,6 +171,9 @@ class _Plan:
             raise IndexError("too many indices for array: array is "
                              "%d-dimensional, but %d were indexed"
                              % (ndim, used))
+        # An integer for every dimension, nothing else: one element
+        self.element = len(entries) == ndim and all(
+            k in ("int", "int0") for k, _ in entries)
         # One boolean array over all the dimensions: NumPy assigns through
         # its boolean path, with rules of its own for the value.
         self.full_mask = len(entries) == 1 and (
@@ -185,8 +190,8 @@ class _Plan:
         status = -1            # NumPy's consecutive-index rule
         consec = 0
         for kind, val in entries:
-            fancy_like = kind in ("int", "hint", "dint", "hmask", "dmask",
-                                  "bool0")
+            fancy_like = kind in ("int", "int0", "hint", "dint", "hmask",
+                                  "dmask", "bool0")
             if fancy_like:
                 if status == -1:
                     consec = len(dims)
@@ -195,7 +200,7 @@ class _Plan:
                     status = 2
             elif status == 0:
                 status = 1
-            if kind == "int":
+            if kind in ("int", "int0"):
                 n = shape[ax]
                 i = val + n if val < 0 else val
                 if not 0 <= i < n:
@@ -207,8 +212,8 @@ class _Plan:
                 n = len(range(start, stop, step))
                 if n > 0:
                     offset += start * strides[ax]
-                else:
-                    step = 1
+                if n <= 1:
+                    step = 1          # never stepped: no overflow
                 dims.append((n, strides[ax] * step))
                 ax += 1
             elif kind == "new":
@@ -287,7 +292,8 @@ class _Plan:
             self.dint = []
             self.dmask = []
             return
-        combined = None
+        combined = None if self.dint or self.dmask else np.zeros(
+            (), np.int64)
         for kind, val, ax in fancy:
             if kind == "hint":
                 off = _checked(val, ax, shape[ax], strides[ax])
@@ -302,7 +308,7 @@ class _Plan:
                 continue
             combined = off if combined is None else combined + off
         if combined is not None:
-            self.host = np.ascontiguousarray(combined, dtype=np.int64)
+            self.host = np.asarray(combined, dtype=np.int64, order="C")
 
     def _device_int_on_host(self):
         """Read the device-held integer indices back, check them and fold
@@ -320,7 +326,7 @@ class _Plan:
         self.dint = []
         self.dmask = []
         self.host = (None if combined is None
-                     else np.ascontiguousarray(combined, dtype=np.int64))
+                     else np.asarray(combined, dtype=np.int64, order="C"))
 
     def sources(self, eff):
         """The kernel's index sources over B, and whether device-held
@@ -398,6 +404,10 @@ def getitem(arr, key, stream):
     src, check = plan.sources(eff)
     _core._ix_run(arr, out, plan.offset, plan.shape, plan.iteration(),
                   out.strides, plan.bpos, tuple(src), False, check, stream)
+    if not plan.shape:
+        # every dimension indexed by an integer (0-d arrays among them):
+        # NumPy's scalar
+        return out.copy_to_host(stream=eff)[()]
     return out
 
 
@@ -408,12 +418,18 @@ def _size(shape):
     return n
 
 
-def _value(arr, value, shape, eff, full_mask=False):
+def _value(arr, value, shape, eff, full_mask=False, element=False):
     """The value of an assignment as a device array of arr's dtype, and
     its byte strides over the indexing result's shape (0 where it
     broadcasts); NumPy's ValueError when it does not broadcast (and its
-    boolean assignment's rules when ``full_mask``)."""
+    boolean assignment's rules when ``full_mask``; one element's when
+    ``element``)."""
     dev = _device_of(value)
+    if element:
+        # one element: NumPy's rules for storing one value of the dtype
+        one = np.empty((), arr.dtype)
+        one[()] = value if dev is None else _to_host(dev, eff)
+        value, dev = one, None
     if dev is not None:
         if dev.dtype != arr.dtype or _overlap(dev, arr):
             tmp = _core.device_array(dev.shape, arr.dtype, stream=eff)
@@ -443,13 +459,14 @@ def _value(arr, value, shape, eff, full_mask=False):
         lead += 1
     core = vshape[lead:]
     ok = len(core) <= len(shape) and all(
-        v in (1, r) for v, r in zip(core[::-1], shape[::-1]))
+        v in (1, r)
+        for v, r in zip(core[::-1], shape[::-1], strict=False))
     if not ok:
         raise ValueError("shape mismatch: value array of shape %s could "
                          "not be broadcast to indexing result of shape %s"
                          % (tuple(vshape), tuple(shape)))
     if dev is None:
-        dev = _core.to_device(np.ascontiguousarray(host), stream=eff)
+        dev = _core.to_device(np.asarray(host, order="C"), stream=eff)
         vstrides = dev.strides
     vst = _bstrides(core, vstrides[lead:], len(shape))
     return dev, vst
@@ -459,7 +476,8 @@ def _overlap(a, b):
     """Whether two device arrays' byte spans intersect."""
     def span(x):
         p = x.__cuda_array_interface__["data"][0]
-        lo = p + sum((n - 1) * s for n, s in zip(x.shape, x.strides)
+        lo = p + sum((n - 1) * s
+                     for n, s in zip(x.shape, x.strides, strict=True)
                      if s < 0)
         return lo, lo + x.alloc_size
 
@@ -478,7 +496,8 @@ def setitem(arr, key, value, stream):
     plan = _Plan(arr, key, stream)
     eff = _effective(arr, stream)
     shape = plan.shape
-    val, vst = _value(arr, value, shape, eff, plan.full_mask)
+    val, vst = _value(arr, value, shape, eff, plan.full_mask,
+                      plan.element)
     if _size(shape) == 0:
         if plan.dint and _size(plan.b):
             plan._device_int_on_host()

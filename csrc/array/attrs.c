@@ -335,15 +335,10 @@ cm_index_kind(PyObject *e, Py_ssize_t *i)
     if (PyBool_Check(e) || PyArray_IsScalar(e, Bool)) {
         return CM_IX_ADVANCED;
     }
-    if (PyArray_Check(e)) {
-        PyArrayObject *a = (PyArrayObject *)e;
-
-        if (PyArray_NDIM(a) != 0 || PyArray_ISBOOL(a)
-            || !PyArray_ISINTEGER(a)) {
-            return CM_IX_ADVANCED;
-        }
-    }
-    else if (PyList_Check(e) || PyTuple_Check(e) || cm_da_check(e)) {
+    /* Arrays (0-d integer ones too: NumPy indexes with their value but
+     * copies), lists and nested tuples are index arrays. */
+    if (PyArray_Check(e) || PyList_Check(e) || PyTuple_Check(e)
+        || cm_da_check(e)) {
         return CM_IX_ADVANCED;
     }
     if (PyIndex_Check(e)) {
@@ -469,7 +464,10 @@ cm_layout_index(int ndim, const Py_ssize_t *shape,
                 step = 1;     /* NumPy's stride for an empty slice */
             }
             oshape[out] = len;
-            ostrides[out] = strides[ax] * step;
+            /* A length-1 dimension is never stepped: NumPy's product,
+             * wrapping where it does not fit. */
+            ostrides[out] = (Py_ssize_t)((size_t)strides[ax]
+                                         * (size_t)step);
             out++;
             ax++;
             break;

@@ -19,7 +19,6 @@ import os
 import random
 
 import numpy as np
-import pytest
 
 import cudamem as cuda
 
@@ -29,8 +28,9 @@ try:
 except ImportError:      # the GPU machine may lack it: plain random draws
     hypothesis = None
 
-from conftest import SIMULATOR
-
+# tests/conftest.py has chosen the backend (and set this) by now
+SIMULATOR = os.environ.get("CUDAMEM_SIMULATOR", "1") not in ("0", "",
+                                                          "false")
 EXAMPLES = int(os.environ.get("CUDAMEM_INDEX_EXAMPLES",
                               "2000" if SIMULATOR else "300"))
 SEED = int(os.environ.get("CUDAMEM_INDEX_SEED", "0"))
@@ -87,8 +87,8 @@ def draw_array(dr):
     seed = dr.int(0, 1 << 20)
     if layout == "strided" and ndim:
         steps = tuple(dr.int(1, 3) for _ in range(ndim))
-        big = _values(dr, tuple(n * s for n, s in zip(shape, steps)),
-                      dtype, seed)
+        bshape = tuple(n * s for n, s in zip(shape, steps, strict=True))
+        big = _values(dr, bshape, dtype, seed)
         key = tuple(slice(None, None, s) for s in steps)
         return big[key], cuda.to_device(big)[key]
     base = _values(dr, shape, dtype, seed)
