@@ -102,10 +102,7 @@ def _classify(item):
             return _classify(dev.copy_to_host())
         raise IndexError(_BAD_ARRAY)
     if isinstance(item, (np.ndarray, list, tuple)):
-        try:
-            a = np.asarray(item)
-        except (ValueError, TypeError):
-            raise IndexError(_BAD_KEY) from None
+        a = np.asarray(item)      # NumPy's errors for ragged lists
         if not isinstance(item, np.ndarray) and a.size == 0:
             a = a.astype(np.intp)      # [] indexes nothing: NumPy's intp
         if a.dtype == np.bool_:
