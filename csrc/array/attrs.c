@@ -578,8 +578,18 @@ cm_da_getitem_impl_run(cm_da *self, PyObject *item, PyObject *stream)
     }
     if (adv) {
         /* Index arrays: a new array, gathered on the device. */
-        if (CM_REGISTERED(index_getitem) == NULL
-            || cm_da_alive(self) < 0) {
+        if (cm_da_alive(self) < 0) {
+            return NULL;
+        }
+        if (cm_da_check(item)) {
+            int handled;
+            PyObject *r = cm_ix_take(self, (cm_da *)item, stream, &handled);
+
+            if (handled) {
+                return r;
+            }
+        }
+        if (CM_REGISTERED(index_getitem) == NULL) {
             return NULL;
         }
         return PyObject_CallFunctionObjArgs(

@@ -336,6 +336,11 @@ int cm_layout_index(int ndim, const Py_ssize_t *shape,
                     Py_ssize_t *oshape, Py_ssize_t *ostrides,
                     Py_ssize_t *offset, int *all_int);
 
+/* arr[idx] for one integer index array held on the device, without
+ * cudamem._index (gather.c); *handled 0 (NULL, no exception) when the
+ * key is not of that kind after all. */
+PyObject *cm_ix_take(cm_da *arr, cm_da *idx, PyObject *stream, int *handled);
+
 /* Read one element at addr as a NumPy scalar (a blocking copy). */
 PyObject *
 cm_read_scalar(CUdeviceptr addr, PyArray_Descr *dtype, PyObject *stream,

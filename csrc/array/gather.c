@@ -302,6 +302,103 @@ cm_ixhost_queue(cm_ixhost *h, CUstream stream, int n,
 }
 
 /* ------------------------------------------------------------------ */
+/* Flag words                                                          */
+/* ------------------------------------------------------------------ */
+
+/* Where a kernel that checks device-held indices reports a bad one: a
+ * word pair in page-locked host memory that the device maps, so that no
+ * memset and no copy back is needed (the host clears it before the
+ * launch and reads it after the stream is done).  One page per context
+ * generation, its pairs taken and given back with the GIL held. */
+#define CM_IXF_PAIRS 256
+#define CM_IXF_PAGES 8
+
+typedef struct {
+    unsigned long gen;          /* the context's gen; 0: empty */
+    unsigned long long *host;   /* CM_IXF_PAIRS pairs */
+    CUdeviceptr dev;            /* the same, on the device */
+    unsigned char busy[CM_IXF_PAIRS];   /* NOTE: GIL held */
+} cm_ixflags;
+
+static cm_ixflags cm_ixf[CM_IXF_PAGES];     /* NOTE: GIL held */
+
+/* A cleared flag pair of ctx (current): its slot in *slot, its host and
+ * device addresses; 0, or -1 when none can be had (no exception: the
+ * caller uses a device word instead). */
+static int
+cm_ixf_take(cm_context *ctx, int *page, int *slot,
+            unsigned long long **host, CUdeviceptr *dev)
+{
+    cm_ixflags *f = NULL;
+    void *buf = NULL;
+    CUdeviceptr d = 0;
+    CUresult rc;
+    int i;
+
+    if (cm_forked) {
+        return -1;
+    }
+    for (i = 0; i < CM_IXF_PAGES; i++) {
+        if (cm_ixf[i].gen != 0 && cm_ixf[i].gen != ctx->gen
+            && !cm_context_gen_live(cm_ixf[i].gen)) {
+            cm_ixf[i].gen = 0;     /* gone with its context */
+        }
+        if (cm_ixf[i].gen == ctx->gen) {
+            f = &cm_ixf[i];
+            break;
+        }
+    }
+    if (f == NULL) {
+        for (i = 0; i < CM_IXF_PAGES && cm_ixf[i].gen != 0; i++) {
+        }
+        if (i == CM_IXF_PAGES) {
+            return -1;
+        }
+        rc = CM_CU_RAW(MemHostAlloc, (&buf, CM_IXF_PAIRS * 16,
+                                      CU_MEMHOSTALLOC_DEVICEMAP
+                                      | CU_MEMHOSTALLOC_PORTABLE));
+        if (rc == CUDA_SUCCESS) {
+            rc = CM_CU_RAW(MemHostGetDevicePointer, (&d, buf, 0));
+            if (rc != CUDA_SUCCESS) {
+                (void)CM_CU_RAW(MemFreeHost, (buf));
+            }
+        }
+        /* The GIL may have been released meanwhile: is the page free? */
+        if (rc != CUDA_SUCCESS || cm_ixf[i].gen != 0) {
+            if (rc == CUDA_SUCCESS) {
+                (void)CM_CU_RAW(MemFreeHost, (buf));
+            }
+            return -1;
+        }
+        f = &cm_ixf[i];
+        f->gen = ctx->gen;
+        f->host = buf;
+        f->dev = d;
+        memset(f->busy, 0, sizeof(f->busy));
+    }
+    for (i = 0; i < CM_IXF_PAIRS && f->busy[i]; i++) {
+    }
+    if (i == CM_IXF_PAIRS) {
+        return -1;
+    }
+    f->busy[i] = 1;
+    *page = (int)(f - cm_ixf);
+    *slot = i;
+    *host = f->host + 2 * i;
+    *dev = f->dev + (CUdeviceptr)(16 * i);
+    (*host)[0] = 0;
+    (*host)[1] = 0;
+    return 0;
+}
+
+/* Give a pair back (its kernel has run, or never will). */
+static void
+cm_ixf_give(int page, int slot)
+{
+    cm_ixf[page].busy[slot] = 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* Arguments                                                           */
 /* ------------------------------------------------------------------ */
 
@@ -406,6 +503,128 @@ PyDoc_STRVAR(cm_ix_run_doc,
 "raises IndexError with NumPy's message after the kernel ran, and was "
 "never followed).");
 
+/* Run d between arr (its element (0, ..., 0) at abase) and other (at
+ * obase), srcs being the index sources' arrays, on h (of ctx, current):
+ * the kernel, or the simulator's host function.  check: read back the
+ * flag of device-held indices (waiting for h) and raise NumPy's
+ * IndexError for a bad one; without it, wait only when synchronous.
+ * Notes the uses of every array when async.  0 or -1. */
+static int
+cm_ix_exec(cm_context *ctx, cm_ixdesc *d, cm_da *arr, CUdeviceptr abase,
+           cm_da *other, CUdeviceptr obase, cm_da *const *srcs, int check,
+           CUstream h, int async, PyObject *sobj)
+{
+    uintptr_t rs[CM_IX_MAXSRC + 3];
+    size_t rl[CM_IX_MAXSRC + 3];
+    unsigned long long word[2] = {0, 0};
+    unsigned long long *flag = word;
+    PyObject *errown = NULL;
+    CUdeviceptr errp = 0;
+    void *params[4];
+    long long itemsize = (long long)d->unit * d->nunits;
+    int page = -1;
+    int slot = -1;
+    int rc = -1;
+    int n;
+    int j;
+
+    if (check && cm_ixf_take(ctx, &page, &slot, &flag, &errp) < 0) {
+        /* No mapped pair: a device word, cleared and read back. */
+        flag = word;
+        errown = cm_mem_alloc_on(ctx, 16, async ? h : NULL, &errp);
+        if (errown == NULL || CM_CU(MemsetD8Async, (errp, 0, 16, h)) < 0) {
+            goto out;
+        }
+    }
+    if (cm_driver_backend() == CM_BACKEND_SIM) {
+        cm_ixhost *hf = malloc(sizeof(*hf));
+
+        if (hf == NULL) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        hf->kind = CM_IXK_RUN;
+        hf->d = *d;
+        hf->arr = (unsigned char *)(uintptr_t)abase;
+        hf->other = (unsigned char *)(uintptr_t)obase;
+        hf->err = (unsigned long long *)(uintptr_t)errp;
+        n = 0;
+        cm_ix_span(arr, &rs[n], &rl[n]);
+        n++;
+        cm_ix_range(obase, d->ndim, d->shape, d->os, itemsize, &rs[n],
+                    &rl[n]);
+        n++;
+        for (j = 0; j < d->nsrc; j++) {
+            cm_ix_span(srcs[j], &rs[n], &rl[n]);
+            n++;
+        }
+        rs[n] = (uintptr_t)errp;
+        rl[n++] = errp != 0 ? 16 : 0;
+        if (cm_ixhost_queue(hf, h, n, rs, rl) < 0) {
+            goto out;
+        }
+    }
+    else {
+        params[0] = &abase;
+        params[1] = &obase;
+        params[2] = &errp;
+        params[3] = d;
+        if (cm_ix_launch(ctx, CM_IXK_RUN, d->n, params, h) < 0) {
+            goto out;
+        }
+    }
+    if (check) {
+        if (errown != NULL) {
+            CM_CU_NOGIL(n, MemcpyDtoHAsync, (word, errp, 16, h));
+            if (n < 0) {
+                goto out;
+            }
+        }
+        if (cm_stream_wait(h) < 0) {
+            goto out;
+        }
+        if (flag[0] != 0) {
+            long long len = 0;
+
+            for (j = 0; j < d->nsrc; j++) {
+                if (d->src[j].axis + 1 == (long long)flag[0]) {
+                    len = d->src[j].len;
+                }
+            }
+            PyErr_Format(PyExc_IndexError,
+                         "index %lld is out of bounds for axis %d with "
+                         "size %lld", (long long)flag[1],
+                         (int)flag[0] - 1, len);
+            goto out;
+        }
+    }
+    else if (!async && cm_stream_wait(h) < 0) {
+        goto out;
+    }
+    if (async) {
+        if (cm_da_used_on(arr, 1, h, sobj) < 0
+            || cm_da_used_on(other, 1, h, sobj) < 0) {
+            goto out;
+        }
+        for (j = 0; j < d->nsrc; j++) {
+            if (cm_da_used_on(srcs[j], 1, h, sobj) < 0) {
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    if (slot >= 0) {
+        /* Its kernel ran (the stream was waited for), or was never
+         * queued; after a failed wait the pair stays taken. */
+        if (rc == 0 || PyErr_ExceptionMatches(PyExc_IndexError)) {
+            cm_ixf_give(page, slot);
+        }
+    }
+    Py_XDECREF(errown);
+    return rc;
+}
+
 static PyObject *
 cm_ix_run_body(cm_da *arr, cm_da *other, long long aoff, PyObject *shape,
                PyObject *ast, PyObject *ost, int bpos, PyObject *sources,
@@ -415,18 +634,12 @@ cm_ix_run_body(cm_da *arr, cm_da *other, long long aoff, PyObject *shape,
     cm_da *srcs[CM_IX_MAXSRC];
     long long st[CM_IX_MAXB];
     long long align[CM_IX_MAXDIM * 2 + CM_IX_MAXSRC + 3];
-    uintptr_t rs[CM_IX_MAXSRC + 3];
-    size_t rl[CM_IX_MAXSRC + 3];
-    unsigned long long flag[2] = {0, 0};
     cm_context *ctx;
-    PyObject *errown = NULL;
     PyObject *sobj = NULL;
     PyObject *r = NULL;
-    CUdeviceptr errp = 0;
     CUdeviceptr abase;
     CUdeviceptr obase;
     CUstream h;
-    void *params[4];
     long long itemsize = PyDataType_ELSIZE(arr->dtype);
     Py_ssize_t nsrc;
     int async;
@@ -434,7 +647,6 @@ cm_ix_run_body(cm_da *arr, cm_da *other, long long aoff, PyObject *shape,
     int n;
     int i;
     int j;
-    int err;
 
     d = calloc(1, sizeof(*d));
     if (d == NULL) {
@@ -538,95 +750,110 @@ cm_ix_run_body(cm_da *arr, cm_da *other, long long aoff, PyObject *shape,
         goto out_desc;
     }
     async = cm_effective_stream_obj(stream, arr->stream, &h, &sobj);
-    if (async < 0 || (ctx = cm_context_current()) == NULL) {
+    if (async < 0 || (ctx = cm_context_current()) == NULL
+        || cm_ix_exec(ctx, d, arr, abase, other, obase, srcs, check, h,
+                      async, sobj) < 0) {
         goto out_desc;
     }
-    if (check) {
-        errown = cm_mem_alloc_on(ctx, 16, async ? h : NULL, &errp);
-        if (errown == NULL) {
-            goto out_desc;
-        }
-        if (CM_CU(MemsetD8Async, (errp, 0, 16, h)) < 0) {
-            goto out_err;
-        }
-    }
-    if (cm_driver_backend() == CM_BACKEND_SIM) {
-        cm_ixhost *hf = malloc(sizeof(*hf));
-
-        if (hf == NULL) {
-            PyErr_NoMemory();
-            goto out_err;
-        }
-        hf->kind = CM_IXK_RUN;
-        hf->d = *d;
-        hf->arr = (unsigned char *)(uintptr_t)abase;
-        hf->other = (unsigned char *)(uintptr_t)obase;
-        hf->err = (unsigned long long *)(uintptr_t)errp;
-        n = 0;
-        cm_ix_span(arr, &rs[n], &rl[n]);
-        n++;
-        cm_ix_range(obase, d->ndim, d->shape, d->os, itemsize, &rs[n],
-                    &rl[n]);
-        n++;
-        for (j = 0; j < d->nsrc; j++) {
-            cm_ix_span(srcs[j], &rs[n], &rl[n]);
-            n++;
-        }
-        rs[n] = (uintptr_t)errp;
-        rl[n++] = errp != 0 ? 16 : 0;
-        if (cm_ixhost_queue(hf, h, n, rs, rl) < 0) {
-            goto out_err;
-        }
-    }
-    else {
-        params[0] = &abase;
-        params[1] = &obase;
-        params[2] = &errp;
-        params[3] = d;
-        if (cm_ix_launch(ctx, CM_IXK_RUN, d->n, params, h) < 0) {
-            goto out_err;
-        }
-    }
-    if (check) {
-        CM_CU_NOGIL(err, MemcpyDtoHAsync, (flag, errp, 16, h));
-        if (err < 0 || cm_stream_wait(h) < 0) {
-            goto out_err;
-        }
-        if (flag[0] != 0) {
-            long long len = 0;
-
-            for (j = 0; j < d->nsrc; j++) {
-                if (d->src[j].axis + 1 == (long long)flag[0]) {
-                    len = d->src[j].len;
-                }
-            }
-            PyErr_Format(PyExc_IndexError,
-                         "index %lld is out of bounds for axis %d with "
-                         "size %lld", (long long)flag[1],
-                         (int)flag[0] - 1, len);
-            goto out_err;
-        }
-    }
-    else if (!async && cm_stream_wait(h) < 0) {
-        goto out_err;
-    }
-    if (async) {
-        if (cm_da_used_on(arr, 1, h, sobj) < 0
-            || cm_da_used_on(other, 1, h, sobj) < 0) {
-            goto out_err;
-        }
-        for (j = 0; j < d->nsrc; j++) {
-            if (cm_da_used_on(srcs[j], 1, h, sobj) < 0) {
-                goto out_err;
-            }
-        }
-    }
     r = Py_NewRef(Py_None);
-out_err:
-    Py_XDECREF(errown);
 out_desc:
     free(d);
     return r;
+}
+
+/* arr[idx] for one integer index array held on the device (the common
+ * gather, planned here rather than in cudamem._index): a new array of
+ * shape idx.shape + arr.shape[1:].  *handled 0 (and NULL, no exception)
+ * leaves the key to cudamem._index. */
+PyObject *
+cm_ix_take(cm_da *arr, cm_da *idx, PyObject *stream, int *handled)
+{
+    Py_ssize_t shape[CM_IX_MAXDIM];
+    Py_ssize_t strides[CM_IX_MAXDIM];
+    long long align[CM_IX_MAXDIM * 2 + 4];
+    cm_ixdesc *d = NULL;
+    cm_da *out = NULL;
+    cm_context *ctx;
+    PyObject *bound;
+    PyObject *sobj = NULL;
+    CUstream h;
+    long long itemsize = PyDataType_ELSIZE(arr->dtype);
+    int type = cm_elem_type_of(idx->dtype);
+    int ndim = idx->ndim + arr->ndim - 1;
+    int async;
+    int nal = 0;
+    int i;
+
+    *handled = 0;
+    if (type < CM_T_I8 || type > CM_T_U64 || idx->ndim < 1
+        || idx->ndim > CM_IX_MAXB || arr->ndim < 1 || ndim > CM_IX_MAXDIM
+        || itemsize == 0 || (idx->size > 0 && arr->size == 0)) {
+        return NULL;
+    }
+    *handled = 1;
+    if (cm_da_alive(idx) < 0) {
+        return NULL;
+    }
+    for (i = 0; i < idx->ndim; i++) {
+        shape[i] = idx->shape[i];
+    }
+    for (i = 1; i < arr->ndim; i++) {
+        shape[idx->ndim + i - 1] = arr->shape[i];
+    }
+    cm_layout_compact(ndim, shape, (Py_ssize_t)itemsize, 0, strides);
+    bound = cm_pick_stream(stream, arr);
+    if (bound == NULL) {
+        return NULL;
+    }
+    out = (cm_da *)cm_da_make_in(cm_st->DeviceNDArray_type, NULL, ndim,
+                                 shape, strides, arr->dtype, 0, NULL,
+                                 bound);
+    if (out == NULL || out->size == 0) {
+        return (PyObject *)out;
+    }
+    d = calloc(1, sizeof(*d));
+    if (d == NULL) {
+        PyErr_NoMemory();
+        goto err_out;
+    }
+    d->n = out->size;
+    d->ndim = ndim;
+    d->nsrc = 1;
+    d->bpos = 0;
+    d->nb = idx->ndim;
+    for (i = 0; i < ndim; i++) {
+        d->shape[i] = shape[i];
+        d->as[i] = i < idx->ndim ? 0 : arr->strides[i - idx->ndim + 1];
+        d->os[i] = strides[i];
+        align[nal++] = d->as[i];
+        align[nal++] = d->os[i];
+    }
+    d->src[0].type = type;
+    d->src[0].p = (const unsigned char *)(uintptr_t)idx->ptr;
+    d->src[0].len = arr->shape[0];
+    d->src[0].astride = arr->strides[0];
+    d->src[0].axis = 0;
+    for (i = 0; i < idx->ndim; i++) {
+        d->src[0].st[i] = idx->shape[i] == 1 ? 0 : idx->strides[i];
+    }
+    align[nal++] = arr->strides[0];
+    align[nal++] = itemsize;
+    align[nal++] = (long long)arr->ptr;
+    align[nal++] = (long long)out->ptr;
+    d->unit = cm_ix_unit(align, nal);
+    d->nunits = (int)(itemsize / d->unit);
+    async = cm_effective_stream_obj(stream, arr->stream, &h, &sobj);
+    if (async < 0 || (ctx = cm_context_current()) == NULL
+        || cm_ix_exec(ctx, d, arr, arr->ptr, out, out->ptr, &idx, 1, h,
+                      async, sobj) < 0) {
+        goto err_out;
+    }
+    free(d);
+    return (PyObject *)out;
+err_out:
+    free(d);
+    Py_XDECREF(out);
+    return NULL;
 }
 
 static PyObject *
