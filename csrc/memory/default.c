@@ -129,3 +129,23 @@ cm_mm_prepare(cm_context *ctx)
     Py_DECREF(r);
     return 0;
 }
+
+PyObject *
+cm_mm_plugin_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
+{
+    uintptr_t addr = 0;
+    PyObject *mp;
+
+    /* A Python plugin: its users pay for the calls. */
+    if (cm_mm_prepare(ctx) < 0) {
+        return NULL;
+    }
+    mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
+                             (Py_ssize_t)size);
+    if (mp == NULL || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
+        Py_XDECREF(mp);
+        return NULL;
+    }
+    *out = (CUdeviceptr)addr;
+    return mp;
+}

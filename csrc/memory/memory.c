@@ -941,24 +941,10 @@ cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
     CUdeviceptr p = 0;
     uintptr_t handle = 0;
     cm_mem *m;
-    PyObject *mp;
-    uintptr_t addr = 0;
 
     /* ctx is current: cm_mem_alloc_on entered it just before. */
     if (mm->alloc == NULL) {
-        /* A Python plugin: its users pay for the calls. */
-        if (cm_mm_prepare(ctx) < 0) {
-            return NULL;
-        }
-        mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
-                                 (Py_ssize_t)size);
-        if (mp == NULL
-            || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
-            Py_XDECREF(mp);
-            return NULL;
-        }
-        *out = (CUdeviceptr)addr;
-        return mp;
+        return cm_mm_plugin_alloc(ctx, size, out);
     }
     if (cm_mem_alloc_raw(ctx, size, stream, &p, &handle) < 0) {
         return NULL;

@@ -283,6 +283,11 @@ const cm_mm_ops *cm_mm_active(const cm_context *ctx);
  * current_context() / push()).  0, or -1 with the plugin's exception
  * (the next preparation calls it again). */
 int cm_mm_prepare(cm_context *ctx);
+/* Allocate size bytes through ctx's plugin (prepared first): the
+ * plugin's pointer object, its device address in *out; NULL with an
+ * exception. */
+PyObject *cm_mm_plugin_alloc(cm_context *ctx, size_t size,
+                             CUdeviceptr *out);
 
 /* ------------------------------------------------------------------ */
 /* staging.c: the staged pipeline for large pageable transfers        */
