@@ -3,9 +3,24 @@
 float32 elements by 1 M random int64 indices held on the device (CuPy's
 ``take`` and PyTorch's ``index_select`` beside it), and ``d[mask]`` with
 a device boolean mask.  Each call is synchronised.  numba's device arrays
-take no index arrays: no numba column."""
+take no index arrays: no numba column.
+
+Each call allocates its result: CuPy and PyTorch from their caching
+allocators, cudamem from its context's manager, so the [pool] rows time
+cudamem in a subprocess started with CUDAMEM_MEMORY_MANAGER=pool (as
+ops_alloc does; the peers run here in every row)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
+
+import harness
+
+HERE = pathlib.Path(__file__).resolve().parent
 
 N = 1 << 20
 _rng = np.random.default_rng(0)
@@ -82,11 +97,44 @@ def _torch_mask(torch):
     return run
 
 
+def _measure(op, repeats=31):
+    """Time cudamem's op here (the manager came from the environment);
+    (median, p10, p90)."""
+    import cudamem
+
+    fn = {"gather": _cudamem_gather, "mask": _cudamem_mask}[op](cudamem)
+    return harness.time_callable(fn, repeats=repeats)
+
+
+def _in_pool(op):
+    """cudamem's timing of op under the pool manager, from a subprocess."""
+
+    def factory(cm):
+        code = ("import sys, json; sys.path.insert(0, %r); "
+                "import ops_indexing; "
+                "print(json.dumps(ops_indexing._measure(%r)))"
+                % (str(HERE), op))
+        env = dict(os.environ, CUDAMEM_MEMORY_MANAGER="pool")
+        p = subprocess.run([sys.executable, "-c", code], env=env,
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr.strip().splitlines()[-1])
+        return harness.Measured(json.loads(p.stdout.strip().splitlines()[-1]))
+
+    return factory
+
+
 OPS = [
     {"name": "gather d[idx] 1M f32, 1M idx",
      "impls": {"cudamem": _cudamem_gather, "cupy": _cupy_gather,
                "torch": _torch_gather}},
+    {"name": "gather d[idx] 1M f32 [pool]",
+     "impls": {"cudamem": _in_pool("gather"), "cupy": _cupy_gather,
+               "torch": _torch_gather}},
     {"name": "mask read d[mask] 1M f32",
      "impls": {"cudamem": _cudamem_mask, "cupy": _cupy_mask,
+               "torch": _torch_mask}},
+    {"name": "mask read d[mask] 1M f32 [pool]",
+     "impls": {"cudamem": _in_pool("mask"), "cupy": _cupy_mask,
                "torch": _torch_mask}},
 ]

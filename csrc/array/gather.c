@@ -13,8 +13,9 @@
  *   through up to 8 broadcast index sources; integer indices are
  *   bounds-checked on the device, a bad one flagged, never followed;
  * - cm_ixm_count, cm_ixm_scan, cm_ixm_write: a device boolean mask's
- *   nonzero elements as byte offsets into the array, in C order (count
- *   per chunk, an exclusive scan of the counts, then the write).  The
+ *   nonzero elements as byte offsets into the array, in C order (a count
+ *   per chunk of 256 elements, one thread a chunk; an exclusive scan of
+ *   the counts by one block; then the write, a thread a chunk).  The
  *   count is read back: the one host synchronisation a device mask
  *   costs.
  *
@@ -87,20 +88,41 @@ static const char cm_ix_kernels[] =
     "        counts[c] = cm_ixm_count_chunk(mask, &m, c);\n"
     "    }\n"
     "}\n"
+    /* One block of 256 threads: each sums a run of the counts, thread 0
+     * scans the 256 sums, each writes its run's exclusive prefix. */
     "extern \"C\" __global__ void\n"
     "cm_ixm_scan(long long *counts, long long nchunks)\n"
     "{\n"
+    "    __shared__ long long part[256];\n"
+    "    long long per = (nchunks + 255) / 256;\n"
+    "    long long lo = (long long)threadIdx.x * per;\n"
+    "    long long hi = lo + per < nchunks ? lo + per : nchunks;\n"
     "    long long s = 0;\n"
     "    long long t;\n"
-    "    if (blockIdx.x != 0 || threadIdx.x != 0) {\n"
+    "    if (blockIdx.x != 0) {\n"
     "        return;\n"
     "    }\n"
-    "    for (long long c = 0; c < nchunks; c++) {\n"
+    "    for (long long c = lo; c < hi; c++) {\n"
+    "        s += counts[c];\n"
+    "    }\n"
+    "    part[threadIdx.x] = s;\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        s = 0;\n"
+    "        for (int k = 0; k < 256; k++) {\n"
+    "            t = part[k];\n"
+    "            part[k] = s;\n"
+    "            s += t;\n"
+    "        }\n"
+    "        counts[nchunks] = s;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    s = part[threadIdx.x];\n"
+    "    for (long long c = lo; c < hi; c++) {\n"
     "        t = counts[c];\n"
     "        counts[c] = s;\n"
     "        s += t;\n"
     "    }\n"
-    "    counts[nchunks] = s;\n"
     "}\n"
     "extern \"C\" __global__ void\n"
     "cm_ixm_write(const unsigned char *mask, const long long *counts,\n"
@@ -987,9 +1009,10 @@ cm_ix_mask_body(cm_da *mask, PyObject *ast, PyObject *stream)
                 err = cm_ix_launch(ctx, kind, m->nchunks, params, h);
             }
             else {
+                /* one block of 256 threads */
                 params[0] = &cp;
                 params[1] = &m->nchunks;
-                err = cm_ix_launch(ctx, kind, 1, params, h);
+                err = cm_ix_launch(ctx, kind, 256, params, h);
             }
             if (err < 0) {
                 goto out_counts;

@@ -236,7 +236,6 @@ def test_wrapper_of_the_previous_manager_does_not_recurse(cuda):
         assert ctx.get_memory_info().total > 0
         with cuda.defer_cleanup():
             del d, m
-        ctx.reset()
     finally:
         ctx.memory_manager = old
         gc.collect()
