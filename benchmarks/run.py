@@ -23,7 +23,8 @@ import harness  # noqa: E402
 # The slow bandwidth sweeps of pageable memory come last, so that a time
 # limit on the run cuts them rather than the per-call rows.
 MODULES = ["ops_alloc", "ops_transfer", "ops_hostmem", "ops_streams",
-           "ops_threads", "ops_kernels", "ops_ipc", "ops_multigpu",
+           "ops_threads", "ops_kernels", "ops_indexing", "ops_ipc",
+           "ops_multigpu",
            "ops_interop", "ops_staging"]
 
 

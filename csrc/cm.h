@@ -150,6 +150,10 @@ typedef struct cm_state {
     PyObject *config;              /* the cudamem.config module */
     PyObject *api_split;           /* cudamem._api._split */
     PyObject *global_view;         /* cudamem._kernel._global_view */
+    /* from cudamem._index: d[key] and d[key] = value for keys with index
+     * arrays (NumPy's advanced indexing) */
+    PyObject *index_getitem;
+    PyObject *index_setitem;
 
     /* Objects C makes for itself, kept for the life of the module. */
     PyObject *zero;                /* the int 0 */
@@ -530,6 +534,9 @@ typedef struct {
                                    * was made: pool holds its state */
     int mm_info_busy;     /* NOTE: guarded by the GIL: a plugin's
                            * get_memory_info is running */
+    int mm_init_pending;  /* NOTE: guarded by the GIL: the plugin was
+                           * assigned to memory_manager and its
+                           * initialize() has not run yet */
     cm_pool *pool;        /* pool and async managers' state, else NULL;
                            * NOTE: freed only with the Context object */
     cm_pending *memq;     /* strong: the memory manager's release queue */

@@ -39,7 +39,8 @@ cm_state *cm_st;
     X(PoolMemoryManager) X(AsyncMemoryManager) X(MemoryPointer)        \
     X(IpcHandle) X(IpcArrayHandle) X(IpcRawHandle)                     \
     X(ipc_export_array) X(IpcPointer) X(MappedNDArray)                 \
-    X(ManagedNDArray) X(config) X(api_split) X(global_view)
+    X(ManagedNDArray) X(config) X(api_split) X(global_view)          \
+    X(index_getitem) X(index_setitem)
 
 #define CM_STATE_CONSTANTS(X)                                          \
     X(zero) X(three) X(dl_max_version) X(dl_kwn_versioned)             \
@@ -184,6 +185,8 @@ static const cm_reg_slot cm_reg_slots[] = {
     CM_REG_SLOT(config, CM_REG_ANY),
     CM_REG_SLOT(api_split, CM_REG_CALLABLE),
     CM_REG_SLOT(global_view, CM_REG_CALLABLE),
+    CM_REG_SLOT(index_getitem, CM_REG_CALLABLE),
+    CM_REG_SLOT(index_setitem, CM_REG_CALLABLE),
 };
 
 #define CM_REG_N (sizeof(cm_reg_slots) / sizeof(cm_reg_slots[0]))
@@ -449,6 +452,7 @@ cm_module_exec(PyObject *mod)
         || cm_memory_init(mod, st) < 0 || cm_limit_init(mod, st) < 0
         || cm_pool_init(mod, st) < 0
         || cm_stream_init(mod, st) < 0 || cm_kernels_init(mod, st) < 0
+        || cm_gather_init(mod, st) < 0
         || cm_devicearray_init(mod, st) < 0 || cm_dlpack_init(mod, st) < 0
         || cm_hostmem_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
         || cm_staging_init(mod, st) < 0 || cm_history_init(mod, st) < 0

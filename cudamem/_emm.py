@@ -52,6 +52,18 @@ CU_MEM_ATTACH_HOST = 0x2
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
+@contextlib.contextmanager
+def _direct():
+    """Run the block as a built-in manager's own method on this thread:
+    its allocations go to the context's built-in manager, not to a plugin
+    assigned to ``context.memory_manager``."""
+    _core._mm_direct(1)
+    try:
+        yield
+    finally:
+        _core._mm_direct(-1)
+
+
 def _address(pointer):
     """An int address from an int, a ctypes pointer or anything with
     ``.value`` (None and NULL give 0)."""
@@ -477,13 +489,43 @@ class DefaultMemoryManager(GetIpcHandleMixin):
     def initialize(self):
         """Nothing to prepare; may be called any number of times."""
 
+    # These allocate with the context's built-in manager even while a
+    # plugin is assigned to ``context.memory_manager``: a plugin that
+    # wraps the manager it replaced (and delegates to it) must not be
+    # called back.
+
     def memalloc(self, size):
         """Allocate ``size`` bytes of device memory."""
-        return self.context.memalloc(size)
+        with _direct():
+            return self.context.memalloc(size)
+
+    def memhostalloc(self, size, mapped=False, portable=False, wc=False):
+        """Allocate ``size`` bytes of page-locked host memory: a
+        MappedMemory (owned proxy) when ``mapped``, else a PinnedMemory."""
+        from . import _lower
+
+        return _lower._builtin_memhostalloc(self.context, size, mapped,
+                                            portable, wc)
+
+    def mempin(self, owner, pointer, size, mapped=False):
+        """Page-lock ``size`` bytes of existing host memory at
+        ``pointer``."""
+        from . import _lower
+
+        return _lower._builtin_mempin(self.context, owner, pointer, size,
+                                      mapped)
+
+    def memallocmanaged(self, size, attach_global=True):
+        """Allocate ``size`` bytes of managed memory."""
+        from . import _lower
+
+        return _lower._builtin_memallocmanaged(self.context, size,
+                                               attach_global)
 
     def get_memory_info(self):
         """(free, total) bytes of device memory."""
-        free, total = self.context.get_memory_info()
+        with _direct():
+            free, total = self.context.get_memory_info()
         return MemoryInfo(free, total)
 
     def reset(self):

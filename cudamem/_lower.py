@@ -31,6 +31,7 @@ from ._emm import (
     _AllocationsDict,
     _address,
     _defer_cleanup,
+    _direct,
     CU_MEMHOSTREGISTER_DEVICEMAP,
 )
 from ._errors import CudaDriverError
@@ -179,10 +180,13 @@ def _current(ctx):
 
 
 def _builtin(ctx):
-    """Whether ``ctx`` uses a built-in manager (not an EMM plugin)."""
+    """Whether ``ctx`` allocates with its built-in manager here: no EMM
+    plugin is assigned, or one of the built-in manager's own methods is
+    running on this thread (called by a plugin that wraps it)."""
     from ._emm import DefaultMemoryManager
 
-    return isinstance(ctx.memory_manager, DefaultMemoryManager)
+    return (isinstance(ctx.memory_manager, DefaultMemoryManager)
+            or _core._mm_direct(0) > 0)
 
 
 def _tracked(ctx, cls, ptr, size, holder, owner=None):
@@ -210,8 +214,14 @@ def _ctx_memhostalloc(self, bytesize, mapped=False, portable=False,
     if not _builtin(self):
         return self.memory_manager.memhostalloc(bytesize, mapped, portable,
                                                 wc)
+    return _builtin_memhostalloc(self, bytesize, mapped, portable, wc)
+
+
+def _builtin_memhostalloc(ctx, bytesize, mapped=False, portable=False,
+                          wc=False):
+    """The built-in managers' memhostalloc (cudamem's C host memory)."""
     n = operator.index(bytesize)
-    with _current(self):
+    with _direct(), _current(ctx):
         if mapped or portable or wc:
             ary = _core.mapped_array(n, np.uint8, portable=bool(portable),
                                      wc=bool(wc))
@@ -219,9 +229,9 @@ def _ctx_memhostalloc(self, bytesize, mapped=False, portable=False,
             ary = _core.pinned_array(n, np.uint8)
     holder = ary.base
     if mapped:
-        return _tracked(self, MappedMemory, holder.host_pointer, n,
+        return _tracked(ctx, MappedMemory, holder.host_pointer, n,
                         holder).own()
-    return _tracked(self, PinnedMemory, holder.host_pointer, n, holder)
+    return _tracked(ctx, PinnedMemory, holder.host_pointer, n, holder)
 
 
 def _ctx_mempin(self, owner, pointer, size, mapped=False):
@@ -233,24 +243,29 @@ def _ctx_mempin(self, owner, pointer, size, mapped=False):
         raise CudaDriverError("%s cannot map host memory" % self.device)
     if not _builtin(self):
         return self.memory_manager.mempin(owner, pointer, size, mapped)
+    return _builtin_mempin(self, owner, pointer, size, mapped)
+
+
+def _builtin_mempin(ctx, owner, pointer, size, mapped=False):
+    """The built-in managers' mempin."""
     ptr = _address(pointer)
     n = operator.index(size)
-    with _current(self):
+    with _direct(), _current(ctx):
         _core._host_register(ptr, n,
                              CU_MEMHOSTREGISTER_DEVICEMAP if mapped else 0)
-    allocs = _allocations(self)
+    allocs = _allocations(ctx)
 
     def finalizer():
         allocs.pop(ptr, None)
         _core._host_unregister(ptr)
 
     if mapped:
-        with _current(self):
-            mem = MappedMemory(self, ptr, n, owner=owner,
+        with _direct(), _current(ctx):
+            mem = MappedMemory(ctx, ptr, n, owner=owner,
                                finalizer=finalizer)
         allocs[ptr] = mem
         return mem.own()
-    return PinnedMemory(self, ptr, n, owner=owner, finalizer=finalizer)
+    return PinnedMemory(ctx, ptr, n, owner=owner, finalizer=finalizer)
 
 
 def _ctx_memallocmanaged(self, bytesize, attach_global=True):
@@ -258,12 +273,17 @@ def _ctx_memallocmanaged(self, bytesize, attach_global=True):
     ManagedMemory (owned proxy), a buffer over the bytes."""
     if not _builtin(self):
         return self.memory_manager.memallocmanaged(bytesize, attach_global)
+    return _builtin_memallocmanaged(self, bytesize, attach_global)
+
+
+def _builtin_memallocmanaged(ctx, bytesize, attach_global=True):
+    """The built-in managers' memallocmanaged."""
     n = operator.index(bytesize)
-    with _current(self):
+    with _direct(), _current(ctx):
         ary = _core.managed_array(n, np.uint8,
                                   attach_global=bool(attach_global))
     holder = ary.base
-    return _tracked(self, ManagedMemory, holder.device_pointer, n,
+    return _tracked(ctx, ManagedMemory, holder.device_pointer, n,
                     holder).own()
 
 

@@ -10,7 +10,8 @@ module state.  Using ``cudamem._core`` without this registration raises
 RuntimeError naming what is missing.
 """
 
-from . import _api, _core, _emm, _errors, _hostmem, _ipc, _kernel, config
+from . import (_api, _core, _emm, _errors, _hostmem, _index, _ipc, _kernel,
+               config)
 
 _core._register(
     CudaSupportError=_errors.CudaSupportError,
@@ -35,4 +36,6 @@ _core._register(
     config=config,
     api_split=_api._split,
     global_view=_kernel._global_view,
+    index_getitem=_index.getitem,
+    index_setitem=_index.setitem,
 )

@@ -56,6 +56,11 @@ typedef struct {
 /* Enqueue the copy on stream in ctx; 0, or -1 with an exception
  * (CudaSupportError when NVRTC is missing on a GPU). */
 int cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream);
+/* Compile an internal kernel's CUDA C source with NVRTC (through its
+ * disk cache) for ctx's device and load it in ctx (current): *mod, 0; or
+ * -1 with an exception.  name names the program in NVRTC's log. */
+int cm_kernel_build(cm_context *ctx, const char *src, const char *name,
+                    CUmodule *mod);
 /* The CM_T_* code of a dtype: a numeric code for native-order numeric
  * types, else CM_T_BYTES. */
 int cm_elem_type_of(PyArray_Descr *dt);
@@ -167,6 +172,7 @@ extern const char cm_dlpack_device_doc[];
 /* ------------------------------------------------------------------ */
 
 int cm_kernels_init(PyObject *mod, cm_state *st);
+int cm_gather_init(PyObject *mod, cm_state *st);
 int cm_devicearray_init(PyObject *mod, cm_state *st);
 /* A heap type from spec (base may be NULL) bound to mod, added to mod
  * under the name after the spec name's dot; NULL with an exception. */

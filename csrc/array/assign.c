@@ -492,14 +492,32 @@ cm_da_setitem_impl_run(cm_da *self, PyObject *key, PyObject *value,
     int ndim;
     int all_int;
     int async;
+    int adv;
 
     async = cm_effective_stream_obj(stream, self->stream, &h, &sobj);
     if (async < 0) {
         return -1;
     }
-    if (cm_layout_index(self->ndim, self->shape, self->strides, key, &ndim,
-                        shape, strides, &offset, &all_int) < 0
-        || cm_da_activate(self) < 0) {
+    adv = cm_layout_index(self->ndim, self->shape, self->strides, key,
+                          &ndim, shape, strides, &offset, &all_int);
+    if (adv < 0) {
+        return -1;
+    }
+    if (adv) {
+        /* Index arrays: scattered on the device. */
+        PyObject *r;
+
+        if (CM_REGISTERED(index_setitem) == NULL || cm_da_alive(self) < 0) {
+            return -1;
+        }
+        r = PyObject_CallFunctionObjArgs(cm_st->index_setitem,
+                                         (PyObject *)self, key, value,
+                                         stream != NULL ? stream : Py_None,
+                                         NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    if (cm_da_activate(self) < 0) {
         return -1;
     }
     lhs.addr = (uintptr_t)self->ptr + (uintptr_t)offset;

@@ -87,11 +87,85 @@ cm_da_get_alloc_size(PyObject *self, void *unused)
     return PyLong_FromSsize_t(((cm_da *)self)->alloc_size);
 }
 
+/* What gpu_data shows for a (numba's DeviceNDArray.gpu_data): the
+ * memory object when the array spans all of it; else a pointer to the
+ * bytes the array spans, from the memory object's view(); for an array
+ * over foreign memory (a CUDA Array Interface import) a MemoryPointer
+ * over those bytes whose owner is the foreign object.  New reference, or
+ * NULL with an exception. */
+static PyObject *
+cm_da_make_shown(cm_da *a)
+{
+    PyObject *g = a->gpu_data;
+    PyObject *o;
+    cm_context *ctx;
+    CUdeviceptr low;
+    uintptr_t base = 0;
+    Py_ssize_t span = a->alloc_size;
+    Py_ssize_t size;
+
+    if (span == 0 || a->ptr == 0) {
+        return Py_NewRef(g);
+    }
+    low = (CUdeviceptr)((long long)a->ptr + (long long)a->lo);
+    if (a->gpu_foreign || g == Py_None) {
+        ctx = a->ctx != NULL ? a->ctx : cm_context_current();
+        if (ctx == NULL || CM_REGISTERED(MemoryPointer) == NULL) {
+            return NULL;
+        }
+        return PyObject_CallFunction(cm_st->MemoryPointer, "OKnO", ctx,
+                                     (unsigned long long)low, span, g);
+    }
+    if (Py_IS_TYPE(g, ST->Mem_type)) {
+        base = (uintptr_t)((cm_mem *)g)->ptr;
+        size = (Py_ssize_t)((cm_mem *)g)->size;
+    }
+    else {
+        /* Any other memory object with numba's pointer interface; one
+         * without it is shown as it is. */
+        if (cm_pointer_attr(g, "device_pointer", &base) < 0
+            || (o = PyObject_GetAttrString(g, "size")) == NULL) {
+            goto err_attr;
+        }
+        size = PyNumber_AsSsize_t(o, PyExc_OverflowError);
+        Py_DECREF(o);
+        if (size == -1 && PyErr_Occurred()) {
+            goto err_attr;
+        }
+    }
+    if ((uintptr_t)low == base && span == size) {
+        return Py_NewRef(g);
+    }
+    if ((uintptr_t)low < base
+        || (uintptr_t)low - base + (uintptr_t)span > (uintptr_t)size) {
+        return Py_NewRef(g);
+    }
+    o = PyObject_CallMethod(g, "view", "nn", (Py_ssize_t)(low - base),
+                            (Py_ssize_t)(low - base) + span);
+    if (o == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return Py_NewRef(g);
+    }
+    return o;
+err_attr:
+    if (PyErr_ExceptionMatches(PyExc_AttributeError)
+        || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        return Py_NewRef(g);
+    }
+    return NULL;
+}
+
 PyObject *
 cm_da_get_gpu_data(PyObject *self, void *unused)
 {
+    cm_da *a = (cm_da *)self;
+
     (void)unused;
-    return Py_NewRef(((cm_da *)self)->gpu_data);
+    if (a->gpu_shown == NULL) {
+        a->gpu_shown = cm_da_make_shown(a);
+    }
+    return Py_XNewRef(a->gpu_shown);
 }
 
 PyObject *
@@ -234,9 +308,70 @@ err_dict:
 /* Indexing                                                            */
 /* ------------------------------------------------------------------ */
 
-/* Apply a basic index (ints and slices) to a layout, numba's way.  Fills
- * the result layout, the byte offset of its first element and whether
- * every dimension was indexed by an integer. */
+/* How cm_layout_index takes one element of a key. */
+enum {
+    CM_IX_INT, CM_IX_SLICE, CM_IX_NEW, CM_IX_ELLIPSIS, CM_IX_ADVANCED,
+    CM_IX_BAD
+};
+
+/* The kind of key element e (CM_IX_*); an integer's value in *i.  -1 with
+ * an exception only when e's __index__ fails for a reason other than not
+ * being an integer. */
+static int
+cm_index_kind(PyObject *e, Py_ssize_t *i)
+{
+    PyObject *cai = NULL;
+
+    if (PySlice_Check(e)) {
+        return CM_IX_SLICE;
+    }
+    if (e == Py_None) {
+        return CM_IX_NEW;
+    }
+    if (e == Py_Ellipsis) {
+        return CM_IX_ELLIPSIS;
+    }
+    /* Booleans index as 0-d boolean arrays in NumPy, never as 0 / 1. */
+    if (PyBool_Check(e) || PyArray_IsScalar(e, Bool)) {
+        return CM_IX_ADVANCED;
+    }
+    /* Arrays (0-d integer ones too: NumPy indexes with their value but
+     * copies), lists and nested tuples are index arrays. */
+    if (PyArray_Check(e) || PyList_Check(e) || PyTuple_Check(e)
+        || cm_da_check(e)) {
+        return CM_IX_ADVANCED;
+    }
+    if (PyIndex_Check(e)) {
+        /* An index beyond Py_ssize_t is out of range: IndexError. */
+        *i = PyNumber_AsSsize_t(e, PyExc_IndexError);
+        if (*i == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_IndexError)) {
+                return -1;
+            }
+            PyErr_Clear();
+            *i = PY_SSIZE_T_MAX;
+        }
+        return CM_IX_INT;
+    }
+    /* Anything else: an index array if it has the CUDA Array Interface
+     * (cudamem._index decides), else not an index. */
+    if (PyObject_GetOptionalAttr(e, cm_str_cai, &cai) < 0) {
+        PyErr_Clear();
+    }
+    if (cai == NULL) {
+        return CM_IX_BAD;
+    }
+    Py_DECREF(cai);
+    return CM_IX_ADVANCED;
+}
+
+/* Apply a basic index (ints, slices, Ellipsis, None and tuples of them)
+ * to a layout, NumPy's way.  Fills the result layout (up to
+ * NPY_MAXDIMS dimensions), the byte offset of its first element and
+ * whether it selects one element (every dimension indexed by an int, no
+ * Ellipsis or None).  0; 1 when the key has an advanced element (index
+ * arrays, lists, booleans: cudamem._index takes it; nothing filled); -1
+ * with NumPy's IndexError. */
 int
 cm_layout_index(int ndim, const Py_ssize_t *shape,
                 const Py_ssize_t *strides, PyObject *item, int *ondim,
@@ -244,10 +379,17 @@ cm_layout_index(int ndim, const Py_ssize_t *shape,
                 Py_ssize_t *offset, int *all_int)
 {
     PyObject *const *items;
+    Py_ssize_t ival[NPY_MAXDIMS];
+    signed char kind[NPY_MAXDIMS];
     Py_ssize_t n;
     Py_ssize_t k;
+    int used = 0;
+    int ell = -1;
+    int extra = 0;
     int out = 0;
     int ints = 0;
+    int ax = 0;
+    int j;
 
     if (PyTuple_Check(item)) {
         items = &PyTuple_GET_ITEM(item, 0);
@@ -257,63 +399,120 @@ cm_layout_index(int ndim, const Py_ssize_t *shape,
         items = &item;
         n = 1;
     }
-    if (n > ndim) {
-        PyErr_Format(PyExc_IndexError, "%zd extra indices given",
-                     n - ndim);
+    if (n > NPY_MAXDIMS) {
+        PyErr_SetString(PyExc_IndexError, "too many indices for array");
+        return -1;
+    }
+    for (k = 0; k < n; k++) {
+        int t = cm_index_kind(items[k], &ival[k]);
+
+        if (t < 0) {
+            return -1;
+        }
+        kind[k] = (signed char)t;
+        if (t == CM_IX_ADVANCED) {
+            return 1;
+        }
+        if (t == CM_IX_BAD) {
+            PyErr_SetString(PyExc_IndexError,
+                            "only integers, slices (`:`), ellipsis (`...`), "
+                            "numpy.newaxis (`None`) and integer or boolean "
+                            "arrays are valid indices");
+            return -1;
+        }
+        if (t == CM_IX_ELLIPSIS) {
+            if (ell >= 0) {
+                PyErr_SetString(PyExc_IndexError,
+                                "an index can only have a single ellipsis "
+                                "('...')");
+                return -1;
+            }
+            ell = (int)k;
+        }
+        used += t == CM_IX_INT || t == CM_IX_SLICE;
+        extra += t == CM_IX_NEW;
+    }
+    if (used > ndim) {
+        PyErr_Format(PyExc_IndexError,
+                     "too many indices for array: array is %d-dimensional, "
+                     "but %d were indexed", ndim, used);
+        return -1;
+    }
+    if (ndim - used + used + extra > NPY_MAXDIMS) {
+        PyErr_Format(PyExc_IndexError,
+                     "the result would have more than %d dimensions",
+                     NPY_MAXDIMS);
         return -1;
     }
     *offset = 0;
     for (k = 0; k < n; k++) {
-        PyObject *e = items[k];
-
-        if (PySlice_Check(e)) {
+        switch (kind[k]) {
+        case CM_IX_SLICE: {
             Py_ssize_t start;
             Py_ssize_t stop;
             Py_ssize_t step;
             Py_ssize_t len;
 
-            if (PySlice_Unpack(e, &start, &stop, &step) < 0) {
+            if (PySlice_Unpack(items[k], &start, &stop, &step) < 0) {
                 return -1;
             }
-            len = PySlice_AdjustIndices(shape[k], &start, &stop, step);
+            len = PySlice_AdjustIndices(shape[ax], &start, &stop, step);
             if (len > 0) {
-                *offset += start * strides[k];
+                *offset += start * strides[ax];
+            }
+            else {
+                step = 1;     /* NumPy's stride for an empty slice */
             }
             oshape[out] = len;
-            ostrides[out] = strides[k] * step;
+            /* A length-1 dimension is never stepped: NumPy's product,
+             * wrapping where it does not fit. */
+            ostrides[out] = (Py_ssize_t)((size_t)strides[ax]
+                                         * (size_t)step);
+            out++;
+            ax++;
+            break;
+        }
+        case CM_IX_INT: {
+            Py_ssize_t i = ival[k];
+
+            if (i < 0 && i != PY_SSIZE_T_MIN) {
+                i += shape[ax];
+            }
+            if (i < 0 || i >= shape[ax]) {
+                PyErr_Format(PyExc_IndexError,
+                             "index %zd is out of bounds for axis %d with "
+                             "size %zd", ival[k], ax, shape[ax]);
+                return -1;
+            }
+            *offset += i * strides[ax];
+            ints++;
+            ax++;
+            break;
+        }
+        case CM_IX_NEW:
+            oshape[out] = 1;
+            ostrides[out] = 0;
+            out++;
+            break;
+        default:     /* the Ellipsis: the dimensions no index names */
+            for (j = 0; j < ndim - used; j++) {
+                oshape[out] = shape[ax];
+                ostrides[out] = strides[ax];
+                out++;
+                ax++;
+            }
+            break;
+        }
+    }
+    if (ell < 0) {
+        for (; ax < ndim; ax++) {
+            oshape[out] = shape[ax];
+            ostrides[out] = strides[ax];
             out++;
         }
-        else if (PyIndex_Check(e) && !PyArray_Check(e)) {
-            /* An index beyond Py_ssize_t is out of range: IndexError. */
-            Py_ssize_t i = PyNumber_AsSsize_t(e, PyExc_IndexError);
-
-            if (i == -1 && PyErr_Occurred()) {
-                return -1;
-            }
-            if (i < 0) {
-                i += shape[k];
-            }
-            if (i < 0 || i >= shape[k]) {
-                PyErr_SetNone(PyExc_IndexError);
-                return -1;
-            }
-            *offset += i * strides[k];
-            ints++;
-        }
-        else {
-            PyErr_Format(PyExc_TypeError,
-                         "only integers and slices are valid device array "
-                         "indices, not %.100s", Py_TYPE(e)->tp_name);
-            return -1;
-        }
-    }
-    for (; k < ndim; k++) {
-        oshape[out] = shape[k];
-        ostrides[out] = strides[k];
-        out++;
     }
     *ondim = out;
-    *all_int = ints == ndim;
+    *all_int = ints == ndim && ell < 0 && extra == 0;
     return 0;
 }
 
@@ -370,10 +569,32 @@ cm_da_getitem_impl_run(cm_da *self, PyObject *item, PyObject *stream)
     PyObject *bound;
     int ndim;
     int all_int;
+    int adv;
 
-    if (cm_layout_index(self->ndim, self->shape, self->strides, item, &ndim,
-                        shape, strides, &offset, &all_int) < 0) {
+    adv = cm_layout_index(self->ndim, self->shape, self->strides, item,
+                          &ndim, shape, strides, &offset, &all_int);
+    if (adv < 0) {
         return NULL;
+    }
+    if (adv) {
+        /* Index arrays: a new array, gathered on the device. */
+        if (cm_da_alive(self) < 0) {
+            return NULL;
+        }
+        if (cm_da_check(item)) {
+            int handled;
+            PyObject *r = cm_ix_take(self, (cm_da *)item, stream, &handled);
+
+            if (handled) {
+                return r;
+            }
+        }
+        if (CM_REGISTERED(index_getitem) == NULL) {
+            return NULL;
+        }
+        return PyObject_CallFunctionObjArgs(
+            cm_st->index_getitem, (PyObject *)self, item,
+            stream != NULL ? stream : Py_None, NULL);
     }
     bound = cm_pick_stream(stream, self);
     if (bound == NULL) {

@@ -352,6 +352,10 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
     res = cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dtype,
                      (CUdeviceptr)ptr, owner != NULL ? owner : Py_None,
                      bound);
+    if (res != NULL) {
+        /* gpu_data shows a MemoryPointer that the owner keeps alive. */
+        ((cm_da *)res)->gpu_foreign = 1;
+    }
 out_bound:
     Py_XDECREF(bound);
 out_dtype:

@@ -248,6 +248,8 @@ cm_da_make_in(PyTypeObject *tp, cm_context *hint, int ndim,
     a->weakreflist = NULL;
     a->cai_typestr = NULL;
     a->cai_data = NULL;
+    a->gpu_shown = NULL;
+    a->gpu_foreign = 0;
     a->ptr = 0;
     if (ndim > CM_DA_INLINE) {
         a->shape = PyMem_Malloc(2 * ndim * sizeof(Py_ssize_t));
@@ -321,12 +323,18 @@ cm_da_subview(cm_da *a, PyTypeObject *tp, int ndim, const Py_ssize_t *shape,
     Py_ssize_t n = 1;
     int i;
 
+    PyObject *r;
+
     for (i = 0; i < ndim; i++) {
         n *= shape[i];
     }
-    return cm_da_make_in(tp, a->ctx, ndim, shape, strides, dtype,
-                         n == 0 ? 0 : a->ptr + (CUdeviceptr)offset,
-                         a->gpu_data, stream != NULL ? stream : a->stream);
+    r = cm_da_make_in(tp, a->ctx, ndim, shape, strides, dtype,
+                      n == 0 ? 0 : a->ptr + (CUdeviceptr)offset,
+                      a->gpu_data, stream != NULL ? stream : a->stream);
+    if (r != NULL) {
+        ((cm_da *)r)->gpu_foreign = a->gpu_foreign;
+    }
+    return r;
 }
 
 int
@@ -336,6 +344,7 @@ cm_da_traverse(PyObject *self, visitproc visit, void *arg)
 
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(a->gpu_data);
+    Py_VISIT(a->gpu_shown);
     Py_VISIT(a->stream);
     Py_VISIT(a->ctx);
     return 0;
@@ -347,6 +356,7 @@ cm_da_clear(PyObject *self)
     cm_da *a = (cm_da *)self;
 
     Py_CLEAR(a->gpu_data);
+    Py_CLEAR(a->gpu_shown);
     Py_CLEAR(a->stream);
     Py_CLEAR(a->ctx);
     return 0;
@@ -368,6 +378,7 @@ cm_da_dealloc(PyObject *self)
     Py_CLEAR(a->cai_data);
     Py_CLEAR(a->dtype);
     Py_CLEAR(a->stream);
+    Py_CLEAR(a->gpu_shown);
     Py_CLEAR(a->gpu_data);
     Py_CLEAR(a->ctx);
     if (a->shape != a->dims_inline) {

@@ -139,6 +139,12 @@ typedef struct {
     PyObject *cai_typestr;     /* strong or NULL: dtype.str, made on the
                                 * first CAI export */
     PyObject *cai_data;        /* strong or NULL: (ptr, False), likewise */
+    PyObject *gpu_shown;       /* strong or NULL: what the gpu_data
+                                * attribute shows, made on first use (a
+                                * pointer to the bytes this array spans) */
+    int gpu_foreign;           /* gpu_data is a foreign owner (a CUDA Array
+                                * Interface import): gpu_data shows a
+                                * MemoryPointer owned by it, as numba */
     PyObject *weakreflist;
 } cm_da;
 
@@ -329,6 +335,11 @@ int cm_layout_index(int ndim, const Py_ssize_t *shape,
                     const Py_ssize_t *strides, PyObject *item, int *ondim,
                     Py_ssize_t *oshape, Py_ssize_t *ostrides,
                     Py_ssize_t *offset, int *all_int);
+
+/* arr[idx] for one integer index array held on the device, without
+ * cudamem._index (gather.c); *handled 0 (NULL, no exception) when the
+ * key is not of that kind after all. */
+PyObject *cm_ix_take(cm_da *arr, cm_da *idx, PyObject *stream, int *handled);
 
 /* Read one element at addr as a NumPy scalar (a blocking copy). */
 PyObject *

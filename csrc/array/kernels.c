@@ -84,21 +84,63 @@ typedef struct {
 static cm_kentry cm_kcache[CM_KCACHE];   /* NOTE: GIL held */
 static int cm_kcache_n;
 
+int
+cm_kernel_build(cm_context *ctx, const char *src, const char *name,
+                CUmodule *out)
+{
+    static const char *const opts[] = {"--std=c++17", "-default-device"};
+    cm_nvrtc_req req;
+    cm_nvrtc_result res;
+    CUmodule mod = NULL;
+    int status;
+    int err;
+
+    if (cm_nvrtc_ensure() < 0) {
+        return -1;
+    }
+    memset(&req, 0, sizeof(req));
+    req.src = src;
+    req.name = name;
+    req.major = ctx->device->cc_major;
+    req.minor = ctx->device->cc_minor;
+    req.n_opts = 2;
+    req.opts = opts;
+    Py_BEGIN_ALLOW_THREADS
+    status = cm_nvrtc_compile_nogil(&req, &res);
+    Py_END_ALLOW_THREADS
+    if (status != CM_NVRTC_OK) {
+        if (status == CM_NVRTC_ENOMEM) {
+            PyErr_NoMemory();
+        }
+        else {
+            PyErr_Format(PyExc_RuntimeError,
+                         "NVRTC failed (%s) compiling %s:\n%s",
+                         res.error != NULL ? res.error : "?", req.name,
+                         res.log != NULL ? res.log : "");
+        }
+        cm_nvrtc_result_clear(&res, 0);
+        return -1;
+    }
+    CM_CU_NOGIL(err, ModuleLoadData, (&mod, res.image));
+    cm_nvrtc_result_clear(&res, 0);
+    if (err < 0) {
+        return -1;
+    }
+    *out = mod;
+    return 0;
+}
+
 /* The kernel for this conversion in ctx (current), and in *launched
  * whether it was launched before; 0 or -1. */
 static int
 cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
               CUfunction *out, int *launched)
 {
-    static const char *const opts[] = {"--std=c++17", "-default-device"};
     cm_kentry *e;
-    cm_nvrtc_req req;
-    cm_nvrtc_result res;
     char *src = NULL;
     char defs[160];
     size_t n;
     int i;
-    int status;
     CUmodule mod = NULL;
     CUfunction fn = NULL;
 
@@ -110,9 +152,6 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
             *launched = e->launched;
             return 0;
         }
-    }
-    if (cm_nvrtc_ensure() < 0) {
-        return -1;
     }
     if (dst_t == CM_T_BYTES) {
         snprintf(defs, sizeof(defs),
@@ -133,32 +172,8 @@ cm_kernel_get(cm_context *ctx, int dst_t, int src_t, int itemsize,
     }
     snprintf(src, n, "%s%s\n%s%s", cm_kernel_prefix, cm_convert_src, defs,
              cm_kernel_body);
-    memset(&req, 0, sizeof(req));
-    req.src = src;
-    req.name = "cudamem_copy_cast.cu";
-    req.major = ctx->device->cc_major;
-    req.minor = ctx->device->cc_minor;
-    req.n_opts = 2;
-    req.opts = opts;
-    Py_BEGIN_ALLOW_THREADS
-    status = cm_nvrtc_compile_nogil(&req, &res);
-    Py_END_ALLOW_THREADS
+    i = cm_kernel_build(ctx, src, "cudamem_copy_cast.cu", &mod);
     free(src);
-    if (status != CM_NVRTC_OK) {
-        if (status == CM_NVRTC_ENOMEM) {
-            PyErr_NoMemory();
-        }
-        else {
-            PyErr_Format(PyExc_RuntimeError,
-                         "NVRTC failed (%s) compiling %s:\n%s",
-                         res.error != NULL ? res.error : "?", req.name,
-                         res.log != NULL ? res.log : "");
-        }
-        cm_nvrtc_result_clear(&res, 0);
-        return -1;
-    }
-    CM_CU_NOGIL(i, ModuleLoadData, (&mod, res.image));
-    cm_nvrtc_result_clear(&res, 0);
     if (i < 0) {
         return -1;
     }

@@ -83,8 +83,25 @@ cm_da_copy_to_device(PyObject *self, PyObject *const *args,
 
 const char cm_da_getitem_doc[] = PyDoc_STR(
 "getitem($self, item, /, stream=0)\n--\n\n"
-"``self[item]`` with the view bound to (or the element read on)\n"
-"``stream``.");
+"``self[item]`` with the result bound to (or the element read on)\n"
+"``stream``.\n\n"
+"NumPy's indexing.  Basic indexing (integers, slices with any step,\n"
+"``...``, ``None``) gives a view, or reads one element as a NumPy\n"
+"scalar.  Advanced indexing (integer arrays as NumPy arrays, lists or\n"
+"device arrays; boolean masks on the host or the device; boolean\n"
+"scalars; mixed with the above as NumPy mixes them) gives a new\n"
+"C-contiguous device array, gathered by an internal kernel in order on\n"
+"the stream.  Errors are NumPy's: IndexError for an index out of range,\n"
+"also for indices held on the device, which the kernel checks (a bad\n"
+"one is reported after the kernel ran, never followed).\n\n"
+"Notes\n-----\n"
+"numba takes integers and slices only.  Host synchronisation: a\n"
+"boolean mask held on the device is counted on the device and the count\n"
+"read back (the result's shape depends on it): that is the one host\n"
+"synchronisation it costs.  Integer indices held on the device are\n"
+"checked by the kernel, so that read waits for its stream before it\n"
+"returns; with host indices it does not (without any stream it is\n"
+"synchronous, as every copy is).");
 
 PyObject *
 cm_da_getitem(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -103,6 +120,12 @@ const char cm_da_setitem_doc[] = PyDoc_STR(
 "setitem($self, key, value, stream=0)\n--\n\n"
 "``self[key] = value`` on ``stream``.  Without any stream (argument or\n"
 "bound) the call is synchronous.\n\n"
+"Keys are NumPy's (see getitem): with index arrays or boolean masks the\n"
+"value (broadcast and cast as NumPy does) is scattered by an internal\n"
+"kernel, and where the indices repeat a position the last value is the\n"
+"one written, as in NumPy (positions are made unique on the host, so\n"
+"integer indices held on the device are read back first; a lone device\n"
+"mask costs one synchronisation, its count).\n\n"
 "Notes\n-----\n"
 "numba runs a broadcasting kernel.  cudamem copies instead: the value is\n"
 "cast on the host with NumPy's unsafe casting and broadcast by a strided\n"
@@ -135,6 +158,7 @@ cm_da_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     static const int names[] = {K_STREAM};
     cm_da *a = (cm_da *)self;
     PyObject *s[1];
+    PyObject *r;
     CUstream h;
 
     if (cm_parse("bind", args, nargs, kwnames, names, 1, 0, s) < 0) {
@@ -143,9 +167,15 @@ cm_da_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (s[0] != NULL && cm_stream_resolve(s[0], &h) < 0) {
         return NULL;
     }
-    return cm_da_make_in(Py_TYPE(self), a->ctx, a->ndim, a->shape,
-                         a->strides, a->dtype, a->ptr, a->gpu_data,
-                         s[0] != NULL ? s[0] : cm_zero);
+    r = cm_da_make_in(Py_TYPE(self), a->ctx, a->ndim, a->shape,
+                      a->strides, a->dtype, a->ptr, a->gpu_data,
+                      s[0] != NULL ? s[0] : cm_zero);
+    if (r != NULL) {
+        /* The same memory object, as numba's bind passes gpu_data on. */
+        ((cm_da *)r)->gpu_foreign = a->gpu_foreign;
+        ((cm_da *)r)->gpu_shown = Py_XNewRef(a->gpu_shown);
+    }
+    return r;
 }
 
 PyObject *
@@ -165,8 +195,7 @@ cm_da_is_f_contiguous(PyObject *self, PyObject *unused)
 PyObject *
 cm_da_as_cuda_arg(PyObject *self, PyObject *unused)
 {
-    (void)unused;
-    return Py_NewRef(((cm_da *)self)->gpu_data);
+    return cm_da_get_gpu_data(self, unused);
 }
 
 /* The order argument of reshape / ravel as 'C', 'F' or 'A'; 0 on error. */

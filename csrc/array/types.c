@@ -23,7 +23,10 @@ static PyGetSetDef cm_base_getset[] = {
     {"alloc_size", cm_da_get_alloc_size, NULL,
      "The byte span from the lowest to the highest element.", NULL},
     {"gpu_data", cm_da_get_gpu_data, NULL,
-     "The object that keeps the memory alive (None when empty).", NULL},
+     "The memory object, as numba shows it: the owner of the memory when\n"
+     "the array spans all of it, else a pointer to the bytes it spans\n"
+     "(the owner's view(); a MemoryPointer owned by the foreign object\n"
+     "for a CUDA Array Interface import); None when empty.", NULL},
     {"stream", cm_da_get_stream, cm_da_set_stream,
      "The bound stream: 0 or a stream object.", NULL},
     {"device_ctypes_pointer", cm_da_get_ctypes_ptr, NULL,

@@ -4,9 +4,14 @@
  * (cm_mm_default: cuMemAlloc, stream-blind, its memory freed by a
  * cuMemFree queued on the context's memory queue, which memory.c runs)
  * and of a Python EMM plugin (cm_mm_plugin: no functions, memory.c calls
- * the plugin object).  See cm_mm_ops in memory/memory.h.
+ * the plugin object), and the two rules of a plugin's calls: its
+ * initialize() runs before anything is allocated through it
+ * (cm_mm_prepare), and a built-in manager's own methods, called by a
+ * plugin that wraps it, allocate with the built-in manager
+ * (cm_mm_direct).  See cm_mm_ops in memory/memory.h.
  *
- * Locking: none of its own; the allocation runs with the GIL released.
+ * Locking: none of its own; the allocation runs with the GIL released;
+ * cm_mm_direct is per thread.
  */
 #include "memory/memory.h"
 
@@ -95,3 +100,65 @@ const cm_mm_ops cm_mm_plugin = {
     .name = "plugin",
     .emm_class = "DefaultMemoryManager",
 };
+
+/* The built-in manager's own methods running on this thread (nested
+ * count): a plugin that wraps the manager it replaced
+ * (ctx.memory_manager = wrapper(old)) calls them, and they must not call
+ * the plugin back through the context. */
+_Thread_local int cm_mm_direct;
+
+int
+cm_mm_uses_plugin(const cm_context *ctx)
+{
+    return ctx->mm == &cm_mm_plugin && cm_mm_direct == 0;
+}
+
+const cm_mm_ops *
+cm_mm_active(const cm_context *ctx)
+{
+    return cm_mm_direct > 0 ? ctx->mm_builtin : ctx->mm;
+}
+
+int
+cm_mm_prepare(cm_context *ctx)
+{
+    PyObject *r;
+
+    if (!ctx->mm_init_pending || !cm_mm_uses_plugin(ctx)
+        || ctx->memory_manager == NULL) {
+        return 0;
+    }
+    /* Cleared first: an initialize() that allocates does not recurse. */
+    ctx->mm_init_pending = 0;
+    r = PyObject_CallMethod(ctx->memory_manager, "initialize", NULL);
+    if (r == NULL) {
+        ctx->mm_init_pending = 1;
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+PyObject *
+cm_mm_plugin_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
+{
+    uintptr_t addr = 0;
+    PyObject *mp;
+
+    /* A Python plugin: its users pay for the calls, and for counting
+     * what it hands out against the limit. */
+    if (cm_mm_prepare(ctx) < 0
+        || cm_limit_plugin_take(ctx, size, "memalloc", 0) < 0) {
+        return NULL;
+    }
+    mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
+                             (Py_ssize_t)size);
+    if (mp == NULL || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
+        Py_XDECREF(mp);
+        cm_limit_give(ctx, size);
+        return NULL;
+    }
+    cm_limit_plugin_track(ctx, mp, size);
+    *out = (CUdeviceptr)addr;
+    return mp;
+}

@@ -447,7 +447,7 @@ cm_hm_new(int kind, size_t size, unsigned int flags, PyObject *stream)
     if (size == 0) {
         return m;
     }
-    err = (ctx->mm == &cm_mm_plugin) ? cm_hm_alloc_plugin(m) : cm_hm_alloc_default(m);
+    err = cm_mm_uses_plugin(ctx) ? cm_hm_alloc_plugin(m) : cm_hm_alloc_default(m);
     if (err < 0) {
         Py_DECREF(m);
         return NULL;

@@ -580,6 +580,9 @@ cm_hm_alloc_plugin(cm_hostmem *m)
     uintptr_t h = 0;
     uintptr_t d = 0;
 
+    if (cm_mm_prepare(m->ctx) < 0) {
+        return -1;
+    }
     if (m->kind == CM_HM_MANAGED) {
         /* Counted against the limit while the plugin's object lives. */
         if (cm_limit_plugin_take(m->ctx, m->size, "memallocmanaged", 1)

@@ -141,6 +141,9 @@ cm_reg_plugin(cm_hostreg *r)
     Py_ssize_t n = PyTuple_GET_SIZE(r->arrays);
     Py_ssize_t i;
 
+    if (cm_mm_prepare(r->ctx) < 0) {
+        return -1;
+    }
     r->plugin_pins = PyList_New(n);
     if (r->plugin_pins == NULL) {
         return -1;
@@ -301,7 +304,7 @@ cm_register_arrays_fn(PyObject *mod, PyObject *args)
     r->mapped = mapped;
     r->closed = 0;
     PyObject_GC_Track(r);
-    if (((ctx->mm == &cm_mm_plugin) ? cm_reg_plugin(r) : cm_reg_default(r)) < 0) {
+    if ((cm_mm_uses_plugin(ctx) ? cm_reg_plugin(r) : cm_reg_default(r)) < 0) {
         /* Unregisters whatever was registered, silently. */
         r->closed = 1;
         Py_CLEAR(r->plugin_pins);

@@ -832,31 +832,14 @@ static PyObject *
 cm_mem_alloc_on_run(cm_context *ctx, size_t size, CUstream stream,
                     CUdeviceptr *out)
 {
-    const cm_mm_ops *mm = ctx->mm;
+    const cm_mm_ops *mm = cm_mm_active(ctx);
     CUdeviceptr p = 0;
     uintptr_t handle = 0;
     cm_mem *m;
-    PyObject *mp;
-    uintptr_t addr = 0;
 
     /* ctx is current: cm_mem_alloc_on entered it just before. */
     if (mm->alloc == NULL) {
-        /* A Python plugin: its users pay for the call, and for counting
-         * what it hands out against the limit. */
-        if (cm_limit_plugin_take(ctx, size, "memalloc", 0) < 0) {
-            return NULL;
-        }
-        mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
-                                 (Py_ssize_t)size);
-        if (mp == NULL
-            || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
-            Py_XDECREF(mp);
-            cm_limit_give(ctx, size);
-            return NULL;
-        }
-        cm_limit_plugin_track(ctx, mp, size);
-        *out = (CUdeviceptr)addr;
-        return mp;
+        return cm_mm_plugin_alloc(ctx, size, out);
     }
     if (cm_mem_alloc_raw(ctx, size, stream, &p, &handle) < 0) {
         return NULL;
@@ -904,7 +887,7 @@ cm_mem_alloc_for(cm_context *ctx, size_t size, PyObject *stream_obj,
     PyObject *r;
     int bound = 0;
 
-    if (stream_obj != NULL && ctx->mm->ordered) {
+    if (stream_obj != NULL && cm_mm_active(ctx)->ordered) {
         bound = cm_stream_resolve(stream_obj, &h);
         if (bound < 0) {
             return NULL;

@@ -312,6 +312,28 @@ extern const cm_mm_ops cm_mm_async;    /* the stream-ordered allocator */
  * made from now on get, unless a plugin is set. */
 const cm_mm_ops *cm_mm_builtin(void);
 
+/* Nonzero while a built-in manager's own methods run on this thread
+ * (_core._mm_direct): what they allocate goes to the context's built-in
+ * manager even while a plugin that wraps them is assigned. */
+extern _Thread_local int cm_mm_direct;
+/* Whether ctx's allocations on this thread go to its plugin (a plugin is
+ * assigned and no built-in manager method is running here). */
+int cm_mm_uses_plugin(const cm_context *ctx);
+/* The table that allocates for ctx on this thread: ctx->mm, or the
+ * built-in one inside a built-in manager's method. */
+const cm_mm_ops *cm_mm_active(const cm_context *ctx);
+/* Prepare ctx's memory manager for use, as numba does when it prepares a
+ * context: a plugin assigned to Context.memory_manager has its
+ * initialize() called once, before the first allocation through it (or
+ * current_context() / push()).  0, or -1 with the plugin's exception
+ * (the next preparation calls it again). */
+int cm_mm_prepare(cm_context *ctx);
+/* Allocate size bytes through ctx's plugin (prepared first): the
+ * plugin's pointer object, its device address in *out; NULL with an
+ * exception. */
+PyObject *cm_mm_plugin_alloc(cm_context *ctx, size_t size,
+                             CUdeviceptr *out);
+
 /* ------------------------------------------------------------------ */
 /* staging.c: the staged pipeline for large pageable transfers        */
 /* ------------------------------------------------------------------ */

@@ -168,6 +168,7 @@ again:
     c->mm = &cm_mm_default;
     c->mm_builtin = &cm_mm_default;
     c->mm_info_busy = 0;
+    c->mm_init_pending = 0;
     c->pool = NULL;
     c->memq = NULL;
     c->ctxq = NULL;
@@ -765,7 +766,7 @@ cm_context_get_memory_info(PyObject *self, PyObject *unused)
     int err;
 
     (void)unused;
-    if (c->mm == &cm_mm_plugin && c->memory_manager != NULL
+    if (cm_mm_uses_plugin(c) && c->memory_manager != NULL
         && !c->mm_info_busy) {
         c->mm_info_busy = 1;
         r = PyObject_CallMethod(c->memory_manager, "get_memory_info", NULL);
@@ -932,6 +933,9 @@ cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
         return -1;
     }
     c->mm = mm;
+    /* A plugin is initialised when the context is next prepared, before
+     * anything is allocated through it (numba's prepare_for_use). */
+    c->mm_init_pending = mm == &cm_mm_plugin;
     Py_XSETREF(c->memory_manager, Py_NewRef(value));
     return 0;
 }
@@ -948,7 +952,7 @@ cm_context_push(PyObject *self, PyObject *unused)
     if (!c->alive) {
         return cm_context_activate(c) < 0 ? NULL : Py_None;
     }
-    if (CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+    if (CM_CU(CtxPushCurrent, (c->handle)) < 0 || cm_mm_prepare(c) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;

@@ -89,7 +89,10 @@ PyDoc_STRVAR(cm_current_context_doc,
 "current_context(devnum=None)\n--\n\n"
 "The current primary context of the calling thread.  With no context "
 "current, device 0's primary context is made current (pushed) first.  "
-"With devnum, that device's primary context is pushed and returned.");
+"With devnum, that device's primary context is pushed and returned.  "
+"A plugin memory manager assigned to Context.memory_manager is "
+"initialised first (its initialize(), once), as numba prepares a "
+"context.");
 
 static PyObject *
 cm_current_context_fn(PyObject *mod, PyObject *const *args,
@@ -121,16 +124,27 @@ cm_current_context_fn(PyObject *mod, PyObject *const *args,
         devnum = args[0];
     }
     if (devnum == Py_None) {
-        return Py_XNewRef((PyObject *)cm_context_current());
+        c = cm_context_current();
+        if (c == NULL) {
+            return NULL;
+        }
+        Py_INCREF(c);
     }
-    if (cm_driver_ensure() < 0 || (i = cm_device_arg(devnum)) < 0
-        || (c = cm_context_get(i)) == NULL) {
-        return NULL;
+    else {
+        if (cm_driver_ensure() < 0 || (i = cm_device_arg(devnum)) < 0
+            || (c = cm_context_get(i)) == NULL) {
+            return NULL;
+        }
+        /* Held across the push, which may let go of the GIL: a reset on
+         * another thread may drop the registry's reference meanwhile. */
+        Py_INCREF(c);
+        if (CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+            Py_DECREF(c);
+            return NULL;
+        }
     }
-    /* Held across the push, which may let go of the GIL: a reset on
-     * another thread may drop the registry's reference meanwhile. */
-    Py_INCREF(c);
-    if (CM_CU(CtxPushCurrent, (c->handle)) < 0) {
+    /* The context is prepared for use, as numba's get_context does. */
+    if (cm_mm_prepare(c) < 0) {
         Py_DECREF(c);
         return NULL;
     }

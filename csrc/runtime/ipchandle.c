@@ -472,6 +472,7 @@ cm_ipc_export_array(PyObject *self)
     PyTypeObject *tp;
     cm_ipch *ih;
     cm_ipcah *ah;
+    PyObject *owner;
     int i;
 
     /* Memory that was freed, or an IPC mapping that was closed, has
@@ -507,12 +508,19 @@ cm_ipc_export_array(PyObject *self)
         || cm_device_pci(ctx->device, pci) < 0) {
         return NULL;
     }
+    /* The base keeps the memory object the array shows as gpu_data (a
+     * pointer to the bytes it spans), as the Python path does. */
+    owner = PyObject_GetAttrString(self, "gpu_data");
+    if (owner == NULL) {
+        return NULL;
+    }
     tp = (PyTypeObject *)cm_st->IpcHandle;
     ih = (cm_ipch *)tp->tp_alloc(tp, 0);
     if (ih == NULL) {
+        Py_DECREF(owner);
         return NULL;
     }
-    ih->owner = Py_NewRef(d.gpu_data);
+    ih->owner = owner;  /* takes the reference */
     ih->ctx = (cm_context *)Py_NewRef(ctx);
     ih->ptr = low;
     ih->span = span;

@@ -437,6 +437,7 @@ cm_arg_alive(int i, PyObject *o)
 {
     PyObject *g = Py_NewRef(o);
     cm_context *ctx;
+    cm_da_desc d;
     int depth;
     int r = 0;
 
@@ -459,10 +460,11 @@ cm_arg_alive(int i, PyObject *o)
             r = -1;
             break;
         }
-        Py_SETREF(g, PyObject_GetAttrString(g, "gpu_data"));
-        if (g == NULL) {
-            return -1;
+        /* The owner itself, not the pointer the attribute shows. */
+        if (!cm_da_describe(g, &d)) {
+            break;
         }
+        Py_SETREF(g, Py_NewRef(d.gpu_data));
     }
     Py_DECREF(g);
     if (r < 0) {

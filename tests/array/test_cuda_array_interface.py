@@ -96,7 +96,12 @@ def test_as_cuda_array_view_and_lifetime(ctx):
     v = cuda.as_cuda_array(f)
     assert isinstance(v, cuda.DeviceNDArray) and v is not d
     assert sys.getrefcount(f) == base + 1
-    assert v.gpu_data is f
+    # numba's gpu_data of an import: a MemoryPointer owned by the object
+    mem = v.gpu_data
+    assert isinstance(mem, cuda.MemoryPointer) and mem.owner is f
+    assert mem.device_pointer == d.device_ctypes_pointer.value
+    assert mem.size == d.alloc_size
+    del mem
     assert v.stream == 0
     np.testing.assert_array_equal(v.copy_to_host(), d.copy_to_host())
     v[0, 0] = 42.0
@@ -104,7 +109,7 @@ def test_as_cuda_array_view_and_lifetime(ctx):
     del v
     assert sys.getrefcount(f) == base
     w = cuda.as_cuda_array(d)
-    assert w is not d and w.gpu_data is d
+    assert w is not d and w.gpu_data.owner is d
     with pytest.raises(TypeError, match=r"\*obj\* doesn't implement the "
                                         r"cuda array interface\."):
         cuda.as_cuda_array(np.zeros(3))
@@ -117,11 +122,13 @@ def test_from_cuda_array_interface_owner(ctx):
     v = cuda.from_cuda_array_interface(d.__cuda_array_interface__,
                                        owner=owner)
     assert sys.getrefcount(owner) == base + 1
-    assert v.gpu_data is owner
+    assert v.gpu_data.owner is owner
     del v
     assert sys.getrefcount(owner) == base
     n = cuda.from_cuda_array_interface(d.__cuda_array_interface__)
-    assert n.gpu_data is None
+    # no owner: the MemoryPointer is its own (numba's owner=None)
+    assert n.gpu_data.owner is n.gpu_data
+    assert n.gpu_data.device_pointer == d.device_ctypes_pointer.value
     np.testing.assert_array_equal(n.copy_to_host(), np.arange(4.0))
 
 
@@ -191,7 +198,7 @@ def test_to_device_of_cai_and_copy_from_cai(ctx):
     d = cuda.to_device(np.arange(5.0))
     f = foreign_of(d)
     v = cuda.to_device(f)
-    assert isinstance(v, cuda.DeviceNDArray) and v.gpu_data is f
+    assert isinstance(v, cuda.DeviceNDArray) and v.gpu_data.owner is f
     dst = cuda.device_array(5)
     dst.copy_to_device(f)  # Q10
     np.testing.assert_array_equal(dst.copy_to_host(), np.arange(5.0))

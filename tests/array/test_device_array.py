@@ -151,12 +151,31 @@ def test_views_keep_owner_alive(ctx):
     v = d[2:5]
     assert sys.getrefcount(owner) == base + 1
     w = v.view(np.int64)
-    assert w.gpu_data is owner
     assert sys.getrefcount(owner) == base + 2
-    del d
-    assert sys.getrefcount(owner) == base + 1
+    del d      # its own reference and the one its gpu_data attribute kept
+    assert sys.getrefcount(owner) == base
     del v, w
-    assert sys.getrefcount(owner) == base - 1
+    assert sys.getrefcount(owner) == base - 2
+
+
+def test_gpu_data_of_views_is_numbas(ctx):
+    # numba's view: gpu_data points at the bytes the view spans and keeps
+    # the allocation as its owner; a whole array shows the allocation
+    d = cuda.device_array(10)
+    owner = d.gpu_data
+    assert d.gpu_data is owner and d[:].gpu_data is owner
+    v = d[2:5]
+    mem = v.gpu_data
+    assert mem is v.gpu_data and mem.owner is owner
+    assert mem.device_pointer == owner.device_pointer + 16
+    assert mem.size == 24 and mem.device_ctypes_pointer.value == \
+        v.device_ctypes_pointer.value
+    w = v.view(np.int64)
+    assert w.gpu_data.owner is owner and w.gpu_data.size == 24
+    r = d[9:1:-2]                # negative step: its span, lowest first
+    assert (r.gpu_data.device_pointer - owner.device_pointer,
+            r.gpu_data.size) == (24, 56)
+    assert d[:0].gpu_data is None
 
 
 # -- views and indexing -----------------------------------------------------
@@ -188,13 +207,18 @@ def test_getitem_scalar_and_errors(ctx):
         d[3]
     with pytest.raises(IndexError):
         d[-4]
-    with pytest.raises(IndexError, match="1 extra indices given"):
+    # NumPy's errors (numba's "1 extra indices given" is an IndexError)
+    with pytest.raises(IndexError, match="too many indices for array: "
+                       "array is 2-dimensional, but 3 were indexed"):
         d[0, 0, 0]
+    with pytest.raises(IndexError, match="index 3 is out of bounds for "
+                       "axis 0 with size 3"):
+        d[3, 0]
     with pytest.raises(ValueError):
         d[::0]
-    for bad in (None, Ellipsis, [0, 1], np.array([0])):
+    for bad in (1.5, "0", object(), slice(0.5, 1)):
         with pytest.raises((TypeError, IndexError)):
-            d[bad]
+            d[bad, bad]
 
 
 def test_getitem_stream(ctx):

@@ -97,6 +97,60 @@ def test_mapped_array_base_is_mapped_memory(cuda):
     assert drv.is_device_memory(a)
 
 
+def test_mapped_array_memory_is_mapped_memory(cuda):
+    # numba's chain ends in a MappedOwnedPointer, a proxy of the
+    # MappedMemory; cudamem's owner is an instance of MappedMemory itself
+    drv = cuda.cudadrv.driver
+    a = cuda.mapped_array((4, 8), np.int32)
+    mem = _memory_of(a, "host_pointer")
+    assert isinstance(getattr(mem, "_view", mem), drv.MappedMemory)
+    assert not isinstance(getattr(mem, "_view", mem), drv.PinnedMemory)
+    assert int(mem.handle) == int(mem.host_pointer) == a.ctypes.data
+    assert mem.size == a.nbytes
+    assert mem.device_pointer_value
+    assert mem.device_ctypes_pointer.value == mem.device_pointer_value
+    assert memoryview(mem).nbytes == a.nbytes
+    own = mem.own()
+    assert own.device_pointer_value == mem.device_pointer_value
+
+
+class _Foreign:
+    """An object that only has a CUDA Array Interface (another library's
+    array)."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._arr.__cuda_array_interface__
+
+
+def test_imported_array_gpu_data_is_a_memory_pointer(cuda):
+    drv = cuda.cudadrv.driver
+    d = cuda.to_device(np.arange(10, dtype=np.float64))
+    f = _Foreign(d)
+    v = cuda.as_cuda_array(f)
+    ptr = d.__cuda_array_interface__["data"][0]
+    mem = v.gpu_data
+    assert isinstance(mem, drv.MemoryPointer)
+    assert mem.owner is f
+    assert mem.device_pointer_value == ptr == int(mem.handle)
+    assert mem.device_ctypes_pointer.value == ptr
+    assert mem.size == 80
+    assert drv.is_device_memory(mem)
+    assert drv.device_pointer(mem) == ptr
+    np.testing.assert_array_equal(v.copy_to_host(), np.arange(10.0))
+    # a view of the import points at its own bytes, still owned by f
+    w = v[2:]
+    assert w.gpu_data.owner is f
+    assert w.gpu_data.size == 64
+    assert w.gpu_data.device_pointer_value == ptr + 16
+    # from_cuda_array_interface with an owner: the same
+    u = cuda.from_cuda_array_interface(f.__cuda_array_interface__, owner=f)
+    assert u.gpu_data.owner is f and u.gpu_data.device_pointer_value == ptr
+
+
 def test_managed_array_base_is_managed_memory(cuda):
     drv = cuda.cudadrv.driver
     a = cuda.managed_array(16, np.float32)

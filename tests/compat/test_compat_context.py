@@ -257,6 +257,20 @@ def test_get_ipc_handle(driver, context):
     assert h.size == 256
 
 
+def test_get_ipc_handle_of_a_view(cuda, driver, context):
+    # numba's view: gpu_data points at the view's own bytes, so the handle
+    # says how many and where they start in the allocation
+    d = cuda.to_device(np.arange(10, dtype=np.float64))
+    mem = d[2:].gpu_data
+    assert mem.size == 64
+    assert mem.device_pointer_value == d.device_ctypes_pointer.value + 16
+    h = context.get_ipc_handle(mem)
+    assert isinstance(h, driver.IpcHandle)
+    assert (h.size, h.offset) == (64, 16)
+    h = context.get_ipc_handle(d[3:7].gpu_data)
+    assert (h.size, h.offset) == (32, 24)
+
+
 @pytest.mark.cudamem_only("numba's out-of-memory error names only the "
                           "driver call and its error code")
 def test_out_of_memory_names_free_and_total(context):

@@ -117,3 +117,125 @@ def test_interface_version_checked(cuda, raw):
 
     with pytest.raises(RuntimeError, match="version 2 - version 1 required"):
         cuda.set_memory_manager(V2)
+
+
+def _strict_plugin(cuda, raw_alloc, raw_free):
+    """A plugin that refuses to allocate before initialize(), the pattern
+    of numba's EMM documentation."""
+    drv = cuda.cudadrv.driver
+
+    class StrictManager(drv.GetIpcHandleMixin,
+                        drv.HostOnlyCUDAMemoryManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.initialized = False
+            self.sizes = []
+
+        def initialize(self):
+            self.initialized = True
+
+        def memalloc(self, size):
+            if not self.initialized:
+                raise RuntimeError("memalloc called before initialize")
+            ptr = raw_alloc(size)
+            self.sizes.append(size)
+            return drv.MemoryPointer(self.context, ptr, size,
+                                     finalizer=lambda: raw_free(ptr))
+
+        def get_memory_info(self):
+            return cuda.MemoryInfo(free=1 << 30, total=2 << 30)
+
+        @property
+        def interface_version(self):
+            return 1
+
+    return StrictManager
+
+
+def test_assigned_plugin_is_initialised_before_it_allocates(cuda, raw):
+    ctx = cuda.current_context()
+    old = ctx.memory_manager
+    mm = _strict_plugin(cuda, *raw)(context=ctx)
+    ctx.memory_manager = mm
+    try:
+        d = cuda.device_array_like(np.zeros(16))
+        assert mm.initialized and mm.sizes == [128]
+        assert cuda.current_context().memory_manager.initialized
+        d.copy_to_device(np.arange(16.0))
+        np.testing.assert_array_equal(d.copy_to_host(), np.arange(16.0))
+        del d
+    finally:
+        ctx.memory_manager = old
+        gc.collect()
+
+
+def test_assigned_plugin_is_initialised_by_current_context(cuda, raw):
+    ctx = cuda.current_context()
+    old = ctx.memory_manager
+    mm = _strict_plugin(cuda, *raw)(context=ctx)
+    ctx.memory_manager = mm
+    try:
+        assert not mm.initialized
+        assert cuda.current_context().memory_manager.initialized
+    finally:
+        ctx.memory_manager = old
+        gc.collect()
+
+
+def test_plugin_set_for_new_contexts_is_initialised():
+    rc, out = run_target("""
+        from test_compat_emm import _strict_plugin
+        if cuda.__name__ == "cudamem":
+            alloc, free = cuda._core._device_alloc, cuda._core._device_free
+        else:
+            drv = cuda.cudadrv.driver.driver
+            alloc = lambda n: int(drv.cuMemAlloc(n))
+            free = drv.cuMemFree
+        cuda.set_memory_manager(_strict_plugin(cuda, alloc, free))
+        d = cuda.device_array_like(np.zeros(4))
+        mm = cuda.current_context().memory_manager
+        assert mm.initialized and mm.sizes == [32], mm.sizes
+        print("ok")
+    """)
+    assert rc == 0 and out.strip().endswith("ok"), out
+
+
+class _Wrapper:
+    """What code written for numba does to count allocations: wrap the
+    context's manager and delegate to it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.sizes = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def memalloc(self, size):
+        self.sizes.append(size)
+        return self.inner.memalloc(size)
+
+
+def test_wrapper_of_the_previous_manager_does_not_recurse(cuda):
+    ctx = cuda.current_context()
+    old = ctx.memory_manager
+    w = _Wrapper(old)
+    ctx.memory_manager = w
+    try:
+        d = cuda.device_array(100, np.float32)
+        assert w.sizes == [400]
+        d.copy_to_device(np.arange(100, dtype=np.float32))
+        np.testing.assert_array_equal(d.copy_to_host(), np.arange(100))
+        m = ctx.memalloc(64)
+        assert w.sizes == [400, 64] and m.size == 64
+        p = cuda.pinned_array(8, np.int32)
+        p[:] = np.arange(8)
+        q = cuda.mapped_array(8, np.int32)
+        q[:] = 3
+        assert q.sum() == 24
+        assert ctx.get_memory_info().total > 0
+        with cuda.defer_cleanup():
+            del d, m
+    finally:
+        ctx.memory_manager = old
+        gc.collect()
