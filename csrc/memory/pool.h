@@ -148,6 +148,7 @@ static inline void
 cm_pool_lock(cm_pool *p, cm_gil_saved *g)
 {
     g->ts = NULL;
+    g->probe = 0;
     if (cm_gil_yield_needed()) {
         cm_gil_drop(g);
     }
