@@ -21,11 +21,14 @@ import sys
 import pytest
 from helpers import ROOT, TESTS, run_child
 
-# The groups run beside other test processes on a GPU (.ci/gpu's
-# parallel phase): each child is held to a device memory limit
-# (CUDAMEM_DEVICE_MEMORY_LIMIT, run_group), so that no case can take the
-# card from the others, and an absurd request fails at the limit, at
-# once, whatever the card's size.
+# On a GPU the groups run alone, not beside other test processes
+# (.ci/gpu's exclusive phase): their many context resets slow down by
+# minutes when other processes use the card (on the H200, beside the
+# parallel phase, four groups passed their 120 s limit).  Each child is
+# also held to a device memory limit (CUDAMEM_DEVICE_MEMORY_LIMIT,
+# run_group), so that an absurd request fails at the limit, at once,
+# whatever the card's size.
+pytestmark = pytest.mark.exclusive
 GROUP_MEMORY_LIMIT = "8GiB"
 
 
