@@ -237,7 +237,10 @@ class _Plan:
         self.bpos = 0 if status == 2 else consec
         self.offset = offset
         self._arr = arr
-        self._stream = stream
+        # the stream the operation runs on (the argument, else the
+        # array's bound stream); the mask's kernels run there too, so
+        # that the gather or scatter is ordered after them
+        self._eff = _effective(arr, stream)
         self._plan_fancy(fancy, shape, strides)
         self.dims = dims[:self.bpos] + [None] + dims[self.bpos:]
         self.shape = (tuple(n for n, _ in dims[:self.bpos]) + self.b
@@ -273,7 +276,8 @@ class _Plan:
                 shapes.append(val.shape)
             else:
                 ast = tuple(strides[ax:ax + val.ndim])
-                offs = _core._ix_mask(val, ast, self._stream)
+                offs = _core._ix_mask(val, ast,
+                                      self._eff or _core.default_stream())
                 self.dmask.append(offs)
                 shapes.append(offs.shape)
         try:
@@ -314,11 +318,11 @@ class _Plan:
         strides = self._arr.strides
         combined = self.host
         for d, ax in self.dint:
-            h = _to_host(d, self._stream)
+            h = _to_host(d, self._eff)
             off = _checked(h, ax, shape[ax], strides[ax])
             combined = off if combined is None else combined + off
         for d in self.dmask:
-            h = _to_host(d, self._stream)
+            h = _to_host(d, self._eff)
             combined = h if combined is None else combined + h
         self.dint = []
         self.dmask = []
