@@ -122,9 +122,11 @@ def summarize(samples):
             _percentile(samples, 0.9))
 
 
-def run_ops(ops, libs, select=None, repeats=31):
-    """Time every op for every lib; a list of result dicts."""
-    results = []
+def run_ops(ops, libs, select=None, repeats=31, results=None):
+    """Time every op for every lib; a list of result dicts (appended to
+    ``results`` as each row ends, when given, so that a run cut short
+    still has the rows it finished)."""
+    results = [] if results is None else results
     for op in ops:
         if select and not any(s in op["name"] for s in select):
             continue

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import pathlib
+import signal
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -59,14 +60,35 @@ def main(argv=None):
     first = [op for op in ops
              if not args.k or any(s in op["name"] for s in args.k)][:1]
     harness.run_ops(first, libs, repeats=5)
-    results = harness.run_ops(ops, libs, select=args.k,
-                              repeats=args.repeats)
-    for extra in extras:
-        results.extend(extra(libs, select=args.k, repeats=args.repeats))
+    # A time limit (timeout's SIGTERM) ends the run with the table of the
+    # rows finished so far, marked as cut, instead of with nothing.
+    results = []
+    cut = False
+
+    def _stop(signum, frame):
+        raise _Cut()
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        harness.run_ops(ops, libs, select=args.k, repeats=args.repeats,
+                        results=results)
+        for extra in extras:
+            results.extend(extra(libs, select=args.k,
+                                 repeats=args.repeats))
+    except _Cut:
+        cut = True
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print(harness.format_table(results))
+    if cut:
+        print("note: the run was cut by its time limit after %d rows"
+              % len(results))
     if args.json:
         pathlib.Path(args.json).write_text(harness.to_json(results))
     return 0
+
+
+class _Cut(BaseException):
+    """The run's time limit (SIGTERM) came."""
 
 
 if __name__ == "__main__":
