@@ -54,6 +54,32 @@ _Thread_local cm_gil_saved cm_yield_saved;
 long cm_driver_calls[2];
 unsigned long cm_driver_epoch;
 
+/* The GIL probe (runtime/callbacks.c in the extension): off here. */
+int cm_gil_probe_on;
+
+uint64_t
+cm_gil_probe_clock(void)
+{
+    return 0;
+}
+
+void
+cm_gil_probe_note(int kind, uint64_t t0, uint64_t t1)
+{
+    (void)kind;
+    (void)t0;
+    (void)t1;
+}
+
+/* The fork handlers' list (driver/driver.c in the extension): this
+ * program does not fork. */
+int
+cm_atfork_child_add(void (*fn)(void))
+{
+    (void)fn;
+    return 0;
+}
+
 int
 cm_hostmem_registered(uintptr_t lo, uintptr_t hi)
 {
