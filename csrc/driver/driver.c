@@ -76,15 +76,16 @@ cm_env_simulator(void)
     return cm_env_first_flag(names, 0);
 }
 
-/* The child handlers of the layers above (cm_atfork_child_add), run in
- * the order they were added, after cm_forked is set. */
+/* What the child of a fork() makes fresh, in the order the layers above
+ * added it: a mutex (cm_atfork_mutex_add) or a handler
+ * (cm_atfork_child_add).  The mutexes come first, then the handlers. */
 #define CM_ATFORK_MAX 16
-static void (*cm_atfork_fns[CM_ATFORK_MAX])(void);
+typedef struct {
+    void (*fn)(void);
+    pthread_mutex_t *mu;
+} cm_atfork_ent;
+static cm_atfork_ent cm_atfork[CM_ATFORK_MAX];
 static int cm_atfork_n;
-/* The process-wide mutexes of the layers above (cm_atfork_mutex_add),
- * made fresh in the child. */
-static pthread_mutex_t *cm_atfork_mus[CM_ATFORK_MAX];
-static int cm_atfork_nmu;
 
 /* In the child of a fork(): only the thread that forked exists.  Once
  * the driver was initialised here, every driver call refuses
@@ -101,48 +102,48 @@ cm_atfork_child(void)
         cm_forked = 1;
     }
     pthread_mutex_init(&cm_load_lock, NULL);
-    for (i = 0; i < cm_atfork_nmu; i++) {
-        pthread_mutex_init(cm_atfork_mus[i], NULL);
+    for (i = 0; i < cm_atfork_n; i++) {
+        if (cm_atfork[i].mu != NULL) {
+            pthread_mutex_init(cm_atfork[i].mu, NULL);
+        }
     }
     for (i = 0; i < cm_atfork_n; i++) {
-        cm_atfork_fns[i]();
+        if (cm_atfork[i].fn != NULL) {
+            cm_atfork[i].fn();
+        }
     }
 }
 
-int
-cm_atfork_child_add(void (*fn)(void))
+/* Add e, once (a second module exec adds it again); 0, or -1 with
+ * RuntimeError when the table is full. */
+static int
+cm_atfork_add(cm_atfork_ent e)
 {
     int i;
 
     for (i = 0; i < cm_atfork_n; i++) {
-        if (cm_atfork_fns[i] == fn) {
-            return 0;             /* a second module exec */
+        if (cm_atfork[i].fn == e.fn && cm_atfork[i].mu == e.mu) {
+            return 0;
         }
     }
     if (cm_atfork_n == CM_ATFORK_MAX) {
         PyErr_SetString(PyExc_RuntimeError, "too many fork handlers");
         return -1;
     }
-    cm_atfork_fns[cm_atfork_n++] = fn;
+    cm_atfork[cm_atfork_n++] = e;
     return 0;
+}
+
+int
+cm_atfork_child_add(void (*fn)(void))
+{
+    return cm_atfork_add((cm_atfork_ent){fn, NULL});
 }
 
 int
 cm_atfork_mutex_add(pthread_mutex_t *m)
 {
-    int i;
-
-    for (i = 0; i < cm_atfork_nmu; i++) {
-        if (cm_atfork_mus[i] == m) {
-            return 0;
-        }
-    }
-    if (cm_atfork_nmu == CM_ATFORK_MAX) {
-        PyErr_SetString(PyExc_RuntimeError, "too many fork mutexes");
-        return -1;
-    }
-    cm_atfork_mus[cm_atfork_nmu++] = m;
-    return 0;
+    return cm_atfork_add((cm_atfork_ent){NULL, m});
 }
 
 int
@@ -150,11 +151,14 @@ cm_atfork_mutexes_free(void)
 {
     int i;
 
-    for (i = 0; i < cm_atfork_nmu; i++) {
-        if (pthread_mutex_trylock(cm_atfork_mus[i]) != 0) {
+    for (i = 0; i < cm_atfork_n; i++) {
+        if (cm_atfork[i].mu == NULL) {
+            continue;
+        }
+        if (pthread_mutex_trylock(cm_atfork[i].mu) != 0) {
             return 0;
         }
-        pthread_mutex_unlock(cm_atfork_mus[i]);
+        pthread_mutex_unlock(cm_atfork[i].mu);
     }
     return 1;
 }
@@ -164,12 +168,15 @@ cm_atfork_mutexes_pretend(int on)
 {
     int i;
 
-    for (i = 0; i < cm_atfork_nmu; i++) {
+    for (i = 0; i < cm_atfork_n; i++) {
+        if (cm_atfork[i].mu == NULL) {
+            continue;
+        }
         if (on) {
-            pthread_mutex_lock(cm_atfork_mus[i]);
+            pthread_mutex_lock(cm_atfork[i].mu);
         }
         else {
-            pthread_mutex_unlock(cm_atfork_mus[i]);
+            pthread_mutex_unlock(cm_atfork[i].mu);
         }
     }
 }
