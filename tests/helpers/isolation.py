@@ -62,3 +62,15 @@ def manager_context(kind):
     gc.collect()
     cudamem.close()
     cudamem.set_memory_manager("default")
+
+
+def limit_device_memory_on_a_gpu(env, limit):
+    """Hold a child started with ``env`` to a device memory limit of
+    ``limit`` (CUDAMEM_DEVICE_MEMORY_LIMIT's spelling) when it runs on a
+    GPU, unless env already names one: no case of it can take the card,
+    and an absurd request fails at the limit, at once, whatever the
+    card's size.  On the simulator the device is the child's own arena
+    (often smaller than the limit), so nothing is set.  Returns env."""
+    if env.get("CUDAMEM_SIMULATOR", "0") in ("0", ""):
+        env.setdefault("CUDAMEM_DEVICE_MEMORY_LIMIT", limit)
+    return env

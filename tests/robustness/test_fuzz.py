@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from helpers import TESTS
+from helpers.isolation import limit_device_memory_on_a_gpu
 
 FUZZ = TESTS / "fuzz"
 NAMES = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.py"))
@@ -35,9 +36,7 @@ def test_seed_corpus_replays_clean(name):
     assert any(seeds.iterdir()), "no seed corpus for %s" % name
     env = dict(os.environ, CUDAMEM_FUZZ_SKIP_KNOWN="1",
                CUDAMEM_SIMULATOR=os.environ.get("CUDAMEM_SIMULATOR", "1"))
-    if env["CUDAMEM_SIMULATOR"] in ("0", ""):
-        # (The simulator's device is an arena of the child's own.)
-        env.setdefault("CUDAMEM_DEVICE_MEMORY_LIMIT", "2GiB")
+    limit_device_memory_on_a_gpu(env, "2GiB")
     env.pop("CUDAMEM_FUZZ_LAST_INPUT", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(FUZZ.parent.parent), str(FUZZ)]

@@ -20,6 +20,7 @@ import sys
 
 import pytest
 from helpers import ROOT, TESTS, run_child
+from helpers.isolation import limit_device_memory_on_a_gpu
 
 # On a GPU the groups run alone, not beside other test processes
 # (.ci/gpu's exclusive phase): their many context resets slow down by
@@ -1521,9 +1522,7 @@ for src, exp in [
 def run_group(group, timeout=120, env=None):
     """Run one group in a child; returns (returncode, stdout, stderr)."""
     e = dict(os.environ)
-    if e.get("CUDAMEM_SIMULATOR", "0") in ("0", ""):
-        # (The simulator's device is an arena of the child's own.)
-        e.setdefault("CUDAMEM_DEVICE_MEMORY_LIMIT", GROUP_MEMORY_LIMIT)
+    limit_device_memory_on_a_gpu(e, GROUP_MEMORY_LIMIT)
     e.update(env or {})
     e["PYTHONPATH"] = os.pathsep.join(
         [str(TESTS), str(ROOT)]
