@@ -368,11 +368,11 @@ def _after_fork_in_child():
     parent may have held one at the fork, and it is not there to give it
     back.  (The C locks are made fresh by the module's own handler.)"""
     gpus._lock = threading.Lock()
-    from . import _emm
-    _emm._lock = threading.Lock()
-    interop = sys.modules.get(__package__ + ".interop")
-    if interop is not None:
-        interop._lock = threading.Lock()
+    # Only modules already loaded: no import runs in the child's hook.
+    for name in ("_emm", "interop"):
+        mod = sys.modules.get(__package__ + "." + name)
+        if mod is not None:
+            mod._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
