@@ -170,6 +170,11 @@ def main(argv=None):
                 if n else "")
         print("\n".join(lines))
         sys.stdout.flush()
+        # The JSON too, row by row: a run killed where SIGTERM cannot
+        # reach Python (a thread stuck in the driver with the GIL) still
+        # leaves the rows it finished.
+        if args.json:
+            pathlib.Path(args.json).write_text(harness.to_json(results))
 
     # A time limit (timeout's SIGTERM) ends the run with the table of the
     # rows finished so far, marked as cut, instead of with nothing.
