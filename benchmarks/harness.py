@@ -11,7 +11,16 @@ returns (it synchronises itself), so a timing covers the whole operation.
 Timing: ``repeats`` samples, each the mean of ``inner`` back-to-back calls
 (``inner`` chosen so a sample lasts about 2 ms), after 20 ms of warm-up.  The
 table gives the median and the 10th / 90th percentiles of the samples in
-microseconds, and cudamem's median over the best peer's median.  Rows
+microseconds, and cudamem's median over the best peer's median.
+
+A time budget (``benchmarks/run.py --budget``) caps a measurement: once
+it has run ``max_s`` seconds (warm-up included) it stops sampling, but
+never before ``min_repeats`` samples (11 by default), so that a capped
+row still has a median and a spread.  The defaults of ``repeats``,
+``max_s`` and ``min_repeats`` come from CUDAMEM_BENCH_REPEATS,
+CUDAMEM_BENCH_MAX_S and CUDAMEM_BENCH_MIN_REPEATS, so that the rows
+timed in a subprocess (the ``[pool]`` rows, the interop rows) follow the
+run's settings too.  Rows
 with ``"unit": "k/s"`` time one operation of several threads together
 (seconds per operation, all threads counted) and print thousands of
 operations per second; their ratios are still of times (below 1: cudamem
@@ -20,6 +29,7 @@ does more per second).
 
 import gc
 import json
+import os
 import statistics
 import time
 
@@ -91,27 +101,63 @@ def _percentile(sorted_xs, q):
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (k - lo)
 
 
-def time_callable(fn, repeats=31, target_s=0.002, max_inner=10000):
-    """Per-call seconds of fn: (median, p10, p90)."""
-    t0 = time.perf_counter()
+REPEATS = 31
+MIN_REPEATS = 11
+
+# The sample count of the last time_callable (run_ops records it per
+# column, so a capped row says how many samples it had).
+last_samples = [0]
+
+
+def _env_number(name, kind, default):
+    text = os.environ.get(name, "")
+    try:
+        return kind(text) if text else default
+    except ValueError:
+        raise ValueError("%s=%r is not a number" % (name, text)) from None
+
+
+def defaults():
+    """(repeats, max_s, min_repeats) from the environment (see the
+    module's docstring); max_s None: no cap."""
+    repeats = _env_number("CUDAMEM_BENCH_REPEATS", int, REPEATS)
+    max_s = _env_number("CUDAMEM_BENCH_MAX_S", float, 0.0) or None
+    least = _env_number("CUDAMEM_BENCH_MIN_REPEATS", int, MIN_REPEATS)
+    return repeats, max_s, min(least, repeats)
+
+
+def time_callable(fn, repeats=None, target_s=0.002, max_inner=10000,
+                  max_s=None, min_repeats=None):
+    """Per-call seconds of fn: (median, p10, p90).  repeats samples, or
+    fewer once max_s seconds have passed (warm-up included) and at least
+    min_repeats were taken; None takes the default (see defaults())."""
+    env_repeats, env_max_s, env_least = defaults()
+    repeats = env_repeats if repeats is None else repeats
+    max_s = env_max_s if max_s is None else max_s
+    least = min(repeats, env_least if min_repeats is None else min_repeats)
+    start = t0 = time.perf_counter()
     warm = 0
     while warm < 5 or time.perf_counter() - t0 < 0.02:  # 20 ms warm-up
         fn()
         warm += 1
     one = max((time.perf_counter() - t0) / warm, 1e-7)
     inner = max(1, min(max_inner, int(target_s / one)))
+    stop_at = None if max_s is None else start + max_s
     samples = []
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(repeats):
+        for k in range(repeats):
             t0 = time.perf_counter()
+            if stop_at is not None and k >= least and t0 >= stop_at:
+                break
             for _ in range(inner):
                 fn()
             samples.append((time.perf_counter() - t0) / inner)
     finally:
         if gc_was:
             gc.enable()
+    last_samples[0] = len(samples)
     return summarize(samples)
 
 
@@ -122,35 +168,112 @@ def summarize(samples):
             _percentile(samples, 0.9))
 
 
-def run_ops(ops, libs, select=None, repeats=31, results=None):
+class Budget:
+    """A run's time budget, shared out as it goes: each measurement (one
+    library's column of one row) may run for what is left over the
+    measurements still to come (``cap``), so that the columns that take
+    less than their share leave it to the later, slower ones (the
+    pageable sweeps come last).  ``measurements`` is set by the caller to
+    the number it will make and counted down by run_ops."""
+
+    def __init__(self, seconds, start=None):
+        start = time.perf_counter() if start is None else start
+        self.deadline = start + seconds
+        self.measurements = 0
+
+    def left(self):
+        return self.deadline - time.perf_counter()
+
+    def spent(self):
+        return self.left() <= 0
+
+    def cap(self):
+        """Seconds the next measurement may take."""
+        return max(self.left(), 0.0) / max(self.measurements, 1)
+
+    def done(self, n=1):
+        self.measurements = max(0, self.measurements - n)
+
+
+def selected(op, select=None, exclude=None):
+    """Whether op's name matches one of select (all when empty) and none
+    of exclude."""
+    name = op["name"]
+    if select and not any(s in name for s in select):
+        return False
+    return not (exclude and any(s in name for s in exclude))
+
+
+def count_measurements(ops, libs, select=None, exclude=None):
+    """The library columns run_ops would time for these ops."""
+    return sum(1 for op in ops if selected(op, select, exclude)
+               for lib in LIBS
+               if libs.get(lib) is not None and lib in op["impls"])
+
+
+def run_ops(ops, libs, select=None, repeats=None, results=None,
+            exclude=None, budget=None, on_row=None):
     """Time every op for every lib; a list of result dicts (appended to
     ``results`` as each row ends, when given, so that a run cut short
-    still has the rows it finished)."""
+    still has the rows it finished; on_row(row) is called then too).
+
+    With a Budget, each column is capped at budget.cap() seconds (also
+    for the columns timed in a subprocess: CUDAMEM_BENCH_MAX_S is set
+    for them), and once the budget is spent the rows left are reported
+    as not run instead of timed.  A row records its wall time
+    (``seconds``) and the samples of each column timed here
+    (``samples``)."""
     results = [] if results is None else results
-    for op in ops:
-        if select and not any(s in op["name"] for s in select):
-            continue
-        row = {"op": op["name"], "unit": op.get("unit", "us"),
-               "bytes": op.get("bytes"), "times": {}}
-        for lib in LIBS:
-            mod = libs.get(lib)
-            factory = op["impls"].get(lib)
-            if mod is None or factory is None:
+    saved_cap = os.environ.get("CUDAMEM_BENCH_MAX_S")
+    try:
+        for op in ops:
+            if not selected(op, select, exclude):
                 continue
-            try:
-                fn = factory(mod)
-                if isinstance(fn, Measured):
-                    row["times"][lib] = tuple(fn)
-                else:
-                    row["times"][lib] = time_callable(fn, repeats=repeats)
-            except (Skip, ImportError, NotImplementedError) as e:
-                row.setdefault("skipped", {})[lib] = str(e)[:80]
-            except Exception as e:  # noqa: BLE001 - reported, not fatal
-                row.setdefault("errors", {})[lib] = "%s: %s" % (
-                    type(e).__name__, str(e)[:120])
-            finally:
-                gc.collect()
-        results.append(row)
+            row = {"op": op["name"], "unit": op.get("unit", "us"),
+                   "bytes": op.get("bytes"), "times": {}}
+            present = [lib for lib in LIBS if libs.get(lib) is not None
+                       and op["impls"].get(lib) is not None]
+            if budget is not None and budget.spent():
+                row["not_run"] = "the run's time budget was spent"
+                budget.done(len(present))
+                results.append(row)
+                if on_row is not None:
+                    on_row(row)
+                continue
+            t_row = time.perf_counter()
+            for lib in present:
+                mod = libs[lib]
+                factory = op["impls"][lib]
+                cap = None
+                if budget is not None:
+                    cap = budget.cap()
+                    os.environ["CUDAMEM_BENCH_MAX_S"] = "%.3f" % cap
+                try:
+                    fn = factory(mod)
+                    if isinstance(fn, Measured):
+                        row["times"][lib] = tuple(fn)
+                    else:
+                        row["times"][lib] = time_callable(
+                            fn, repeats=repeats, max_s=cap)
+                        row.setdefault("samples", {})[lib] = last_samples[0]
+                except (Skip, ImportError, NotImplementedError) as e:
+                    row.setdefault("skipped", {})[lib] = str(e)[:80]
+                except Exception as e:  # noqa: BLE001 - reported, not fatal
+                    row.setdefault("errors", {})[lib] = "%s: %s" % (
+                        type(e).__name__, str(e)[:120])
+                finally:
+                    if budget is not None:
+                        budget.done()
+                    gc.collect()
+            row["seconds"] = round(time.perf_counter() - t_row, 3)
+            results.append(row)
+            if on_row is not None:
+                on_row(row)
+    finally:
+        if saved_cap is None:
+            os.environ.pop("CUDAMEM_BENCH_MAX_S", None)
+        else:
+            os.environ["CUDAMEM_BENCH_MAX_S"] = saved_cap
     return results
 
 
@@ -172,38 +295,49 @@ def driver_ratio(row):
     return t["cudamem"][0] / t["driver"][0]
 
 
-def format_table(results):
-    """A fixed-width table: one line per op, median [p10-p90] per lib."""
-    lines = []
+def header_lines():
+    """The table's heading, two lines."""
     head = "%-40s" % "operation (us: median [p10, p90])"
     for lib in LIBS:
         head += " %-22s" % lib
     head += " %8s %8s" % ("vs best", "vs drv")
-    lines.append(head)
-    lines.append("-" * len(head))
+    return [head, "-" * len(head)]
+
+
+def row_lines(row):
+    """One row of the table: its line, then its errors and skips."""
+    if row.get("not_run"):
+        return ["%-40s not run: %s" % (row["op"][:40], row["not_run"])]
+    line = "%-40s" % row["op"][:40]
+    for lib in LIBS:
+        v = row["times"].get(lib)
+        if v is None:
+            cell = "-"
+        elif row.get("unit") == "k/s":
+            cell = "%.1f k/s" % (1e-3 / v[0])
+        elif row.get("bytes"):
+            cell = "%.1f GB/s" % (row["bytes"] / v[0] / 1e9)
+        else:
+            cell = "%.2f [%.2f,%.2f]" % (v[0] * 1e6, v[1] * 1e6,
+                                         v[2] * 1e6)
+        line += " %-22s" % cell
+    r = ratio(row)
+    d = driver_ratio(row)
+    line += " %8s %8s" % ("%.2fx" % r if r else "-",
+                          "%.2fx" % d if d else "-")
+    lines = [line]
+    for kind in ("errors", "skipped"):
+        for lib, msg in row.get(kind, {}).items():
+            label = "error" if kind == "errors" else "skipped"
+            lines.append("    %s %s: %s" % (label, lib, msg))
+    return lines
+
+
+def format_table(results):
+    """A fixed-width table: one line per op, median [p10-p90] per lib."""
+    lines = header_lines()
     for row in results:
-        line = "%-40s" % row["op"][:40]
-        for lib in LIBS:
-            v = row["times"].get(lib)
-            if v is None:
-                cell = "-"
-            elif row.get("unit") == "k/s":
-                cell = "%.1f k/s" % (1e-3 / v[0])
-            elif row.get("bytes"):
-                cell = "%.1f GB/s" % (row["bytes"] / v[0] / 1e9)
-            else:
-                cell = "%.2f [%.2f,%.2f]" % (v[0] * 1e6, v[1] * 1e6,
-                                             v[2] * 1e6)
-            line += " %-22s" % cell
-        r = ratio(row)
-        d = driver_ratio(row)
-        line += " %8s %8s" % ("%.2fx" % r if r else "-",
-                              "%.2fx" % d if d else "-")
-        lines.append(line)
-        for kind in ("errors", "skipped"):
-            for lib, msg in row.get(kind, {}).items():
-                label = "error" if kind == "errors" else "skipped"
-                lines.append("    %s %s: %s" % (label, lib, msg))
+        lines.extend(row_lines(row))
     return "\n".join(lines)
 
 

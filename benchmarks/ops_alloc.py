@@ -210,7 +210,7 @@ def _driver_fail(core):
     return _failing(lambda: core._alloc_free(n), cudamem.CudaAPIError)
 
 
-def _measure(op, repeats=31, history=None):
+def _measure(op, repeats=None, history=None):
     """Time cudamem's allocation op here (the manager came from the
     environment); (median, p10, p90).  history: None (off), "on" or
     "stacks" (cudamem.memory_history recording while it runs)."""

@@ -97,7 +97,7 @@ def _torch_mask(torch):
     return run
 
 
-def _measure(op, repeats=31):
+def _measure(op, repeats=None):
     """Time cudamem's op here (the manager came from the environment);
     (median, p10, p90)."""
     import cudamem

@@ -60,7 +60,7 @@ DASK_BYTES = 256 * MIB
 # ---------------------------------------------------------------------------
 
 
-def _measure(which, repeats=31):
+def _measure(which, repeats=None):
     """Run in a subprocess: time one allocate-and-drop under an adapter
     (which: cupy, torch, torch_mempool, torch_floor, numba), on the
     library's own allocator (cupy_own, torch_own, numba_own), or CuPy's

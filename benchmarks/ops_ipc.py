@@ -111,7 +111,7 @@ def _payload(lib_name, lib, keep):
     return pickle.dumps(a.get_ipc_handle())
 
 
-def run_extra(libs, select=None, repeats=31):
+def run_extra(libs, select=None, repeats=None):
     """Rows for the table: open + close of an exported array, timed in a
     spawned child per library."""
     name = "ipc open+close in a child (1 MiB)"
