@@ -92,24 +92,43 @@ sim_side_check(const sim_side *sd, size_t w, size_t h, size_t d,
     return CUDA_SUCCESS;
 }
 
+/* Queue op on stream h; *sp the stream.  Lock held; always consumes
+ * op. */
+static CUresult
+sim_queue(sim_op *op, CUstream h, sim_stream **sp)
+{
+    CUresult rc = sim_stream_get(h, sp);
+
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        return rc;
+    }
+    return sim_enqueue(*sp, op);
+}
+
+/* Wait until s has finished ticket as a synchronous call does, holding
+ * the driver lock meanwhile.  Lock held. */
+static CUresult
+sim_wait_sync(sim_stream *s, uint64_t ticket)
+{
+    CUresult rc;
+
+    sim_driver_lock_take();
+    rc = sim_wait(s, ticket);
+    sim_driver_lock_give();
+    return rc;
+}
+
 /* Queue the op on stream h (the default stream when sync) and, when
  * sync, wait for it.  Lock held; always consumes op. */
 static CUresult
 sim_submit(sim_op *op, CUstream h, int sync)
 {
     sim_stream *s;
-    CUresult rc;
+    CUresult rc = sim_queue(op, sync ? NULL : h, &s);
 
-    rc = sim_stream_get(sync ? NULL : h, &s);
-    if (rc != CUDA_SUCCESS) {
-        sim_op_free(op);
-        return rc;
-    }
-    rc = sim_enqueue(s, op);
     if (rc == CUDA_SUCCESS && sync) {
-        sim_driver_lock_take();
-        rc = sim_wait(s, s->submitted);
-        sim_driver_lock_give();
+        rc = sim_wait_sync(s, s->submitted);
     }
     return rc;
 }
@@ -169,12 +188,7 @@ sim_submit_async_copy(sim_op *op, const sim_side *dst, const sim_side *src,
         && (rc = sim_copy_snapshot(op, sp)) != CUDA_SUCCESS) {
         return rc;
     }
-    rc = sim_stream_get(hs, &s);
-    if (rc != CUDA_SUCCESS) {
-        sim_op_free(op);
-        return rc;
-    }
-    rc = sim_enqueue(s, op);
+    rc = sim_queue(op, hs, &s);
     if (rc == CUDA_SUCCESS && wait_after) {
         rc = sim_wait(s, s->submitted);
     }
@@ -198,16 +212,9 @@ sim_submit_pageable_upload(sim_op *op, const char *sp)
     if (rc != CUDA_SUCCESS) {
         return rc;
     }
-    rc = sim_stream_get(NULL, &s);
-    if (rc != CUDA_SUCCESS) {
-        sim_op_free(op);
-        return rc;
-    }
-    rc = sim_enqueue(s, op);
+    rc = sim_queue(op, NULL, &s);
     if (rc == CUDA_SUCCESS && s->submitted > 1) {
-        sim_driver_lock_take();
-        rc = sim_wait(s, s->submitted - 1);
-        sim_driver_lock_give();
+        rc = sim_wait_sync(s, s->submitted - 1);
     }
     return rc;
 }
@@ -279,22 +286,40 @@ sim_copy1d(CUmemorytype dt, uintptr_t dst, CUmemorytype st, uintptr_t src,
     return sim_copy(&d, &s, n, 1, 1, hs, sync);
 }
 
+/* The three directions of a contiguous copy. */
+static CUresult
+sim_htod(CUdeviceptr dst, const void *src, size_t n, CUstream hs, int sync)
+{
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dst,
+                      CU_MEMORYTYPE_HOST, (uintptr_t)src, n, hs, sync);
+}
+
+static CUresult
+sim_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream hs, int sync)
+{
+    return sim_copy1d(CU_MEMORYTYPE_HOST, (uintptr_t)dst,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)src, n, hs, sync);
+}
+
+static CUresult
+sim_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs, int sync)
+{
+    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dst,
+                      CU_MEMORYTYPE_DEVICE, (uintptr_t)src, n, hs, sync);
+}
+
 CUresult
 sim_MemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     SIM_ENTER(MemcpyHtoD);
-    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
-                      CU_MEMORYTYPE_HOST, (uintptr_t)srcHost, ByteCount,
-                      NULL, 1);
+    return sim_htod(dstDevice, srcHost, ByteCount, NULL, 1);
 }
 
 CUresult
 sim_MemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
     SIM_ENTER(MemcpyDtoH);
-    return sim_copy1d(CU_MEMORYTYPE_HOST, (uintptr_t)dstHost,
-                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
-                      NULL, 1);
+    return sim_dtoh(dstHost, srcDevice, ByteCount, NULL, 1);
 }
 
 CUresult
@@ -302,9 +327,7 @@ sim_MemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                size_t ByteCount)
 {
     SIM_ENTER(MemcpyDtoD);
-    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
-                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
-                      NULL, 1);
+    return sim_dtod(dstDevice, srcDevice, ByteCount, NULL, 1);
 }
 
 CUresult
@@ -312,9 +335,7 @@ sim_MemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost,
                     size_t ByteCount, CUstream hStream)
 {
     SIM_ENTER(MemcpyHtoDAsync);
-    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
-                      CU_MEMORYTYPE_HOST, (uintptr_t)srcHost, ByteCount,
-                      hStream, 0);
+    return sim_htod(dstDevice, srcHost, ByteCount, hStream, 0);
 }
 
 CUresult
@@ -322,9 +343,7 @@ sim_MemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                     CUstream hStream)
 {
     SIM_ENTER(MemcpyDtoHAsync);
-    return sim_copy1d(CU_MEMORYTYPE_HOST, (uintptr_t)dstHost,
-                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
-                      hStream, 0);
+    return sim_dtoh(dstHost, srcDevice, ByteCount, hStream, 0);
 }
 
 CUresult
@@ -332,41 +351,20 @@ sim_MemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                     size_t ByteCount, CUstream hStream)
 {
     SIM_ENTER(MemcpyDtoDAsync);
-    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
-                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
-                      hStream, 0);
+    return sim_dtod(dstDevice, srcDevice, ByteCount, hStream, 0);
 }
 
-/* The address a 2D or 3D side names, by its memory type. */
-static uintptr_t
-sim_side_addr(CUmemorytype type, const void *host, CUdeviceptr device)
+/* One side of a 3D copy, from its descriptor's fields for that side;
+ * the address is the host or the device one by the memory type. */
+static sim_side
+sim_side_of(CUmemorytype type, const void *host, CUdeviceptr device,
+            size_t x, size_t y, size_t z, size_t pitch, size_t height)
 {
-    return type == CU_MEMORYTYPE_HOST ? (uintptr_t)host : (uintptr_t)device;
-}
+    sim_side sd = {type, 0, x, y, z, pitch, height};
 
-static CUresult
-sim_copy2d(const CUDA_MEMCPY2D *p, CUstream hs, int sync)
-{
-    sim_side d, s;
-
-    if (p == NULL) {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    d.type = p->dstMemoryType;
-    d.addr = sim_side_addr(p->dstMemoryType, p->dstHost, p->dstDevice);
-    d.x = p->dstXInBytes;
-    d.y = p->dstY;
-    d.z = 0;
-    d.pitch = p->dstPitch;
-    d.height = 0;
-    s.type = p->srcMemoryType;
-    s.addr = sim_side_addr(p->srcMemoryType, p->srcHost, p->srcDevice);
-    s.x = p->srcXInBytes;
-    s.y = p->srcY;
-    s.z = 0;
-    s.pitch = p->srcPitch;
-    s.height = 0;
-    return sim_copy(&d, &s, p->WidthInBytes, p->Height, 1, hs, sync);
+    sd.addr = type == CU_MEMORYTYPE_HOST ? (uintptr_t)host
+                                         : (uintptr_t)device;
+    return sd;
 }
 
 static CUresult
@@ -378,21 +376,36 @@ sim_copy3d(const CUDA_MEMCPY3D *p, CUstream hs, int sync)
         || p->reserved0 != NULL || p->reserved1 != NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    d.type = p->dstMemoryType;
-    d.addr = sim_side_addr(p->dstMemoryType, p->dstHost, p->dstDevice);
-    d.x = p->dstXInBytes;
-    d.y = p->dstY;
-    d.z = p->dstZ;
-    d.pitch = p->dstPitch;
-    d.height = p->dstHeight;
-    s.type = p->srcMemoryType;
-    s.addr = sim_side_addr(p->srcMemoryType, p->srcHost, p->srcDevice);
-    s.x = p->srcXInBytes;
-    s.y = p->srcY;
-    s.z = p->srcZ;
-    s.pitch = p->srcPitch;
-    s.height = p->srcHeight;
+    d = sim_side_of(p->dstMemoryType, p->dstHost, p->dstDevice,
+                    p->dstXInBytes, p->dstY, p->dstZ, p->dstPitch,
+                    p->dstHeight);
+    s = sim_side_of(p->srcMemoryType, p->srcHost, p->srcDevice,
+                    p->srcXInBytes, p->srcY, p->srcZ, p->srcPitch,
+                    p->srcHeight);
     return sim_copy(&d, &s, p->WidthInBytes, p->Height, p->Depth, hs, sync);
+}
+
+/* A 2D copy is the 3D copy of one slice (no slice height, no LOD). */
+static CUresult
+sim_copy2d(const CUDA_MEMCPY2D *p, CUstream hs, int sync)
+{
+    CUDA_MEMCPY3D q;
+
+    if (p == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    q = (CUDA_MEMCPY3D){
+        .srcXInBytes = p->srcXInBytes, .srcY = p->srcY,
+        .srcMemoryType = p->srcMemoryType, .srcHost = p->srcHost,
+        .srcDevice = p->srcDevice, .srcArray = p->srcArray,
+        .srcPitch = p->srcPitch,
+        .dstXInBytes = p->dstXInBytes, .dstY = p->dstY,
+        .dstMemoryType = p->dstMemoryType, .dstHost = p->dstHost,
+        .dstDevice = p->dstDevice, .dstArray = p->dstArray,
+        .dstPitch = p->dstPitch,
+        .WidthInBytes = p->WidthInBytes, .Height = p->Height, .Depth = 1,
+    };
+    return sim_copy3d(&q, hs, sync);
 }
 
 CUresult
@@ -423,25 +436,33 @@ sim_Memcpy3DAsync(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
     return sim_copy3d(pCopy, hStream, 0);
 }
 
-CUresult
-sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
-               CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+/* A peer copy: both contexts must be live; then a device-to-device copy
+ * (one address space here). */
+static CUresult
+sim_copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+              CUcontext src_ctx, size_t n, CUstream hs, int sync)
 {
     CUresult rc;
 
-    SIM_ENTER(MemcpyPeer);
     sim_lock();
-    rc = sim_ctx_check(dstContext);
+    rc = sim_ctx_check(dst_ctx);
     if (rc == CUDA_SUCCESS) {
-        rc = sim_ctx_check(srcContext);
+        rc = sim_ctx_check(src_ctx);
     }
     sim_unlock();
     if (rc != CUDA_SUCCESS) {
         return rc;
     }
-    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
-                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
-                      NULL, 1);
+    return sim_dtod(dst, src, n, hs, sync);
+}
+
+CUresult
+sim_MemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
+               CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+    SIM_ENTER(MemcpyPeer);
+    return sim_copy_peer(dstDevice, dstContext, srcDevice, srcContext,
+                         ByteCount, NULL, 1);
 }
 
 CUresult
@@ -449,21 +470,9 @@ sim_MemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
                     CUdeviceptr srcDevice, CUcontext srcContext,
                     size_t ByteCount, CUstream hStream)
 {
-    CUresult rc;
-
     SIM_ENTER(MemcpyPeerAsync);
-    sim_lock();
-    rc = sim_ctx_check(dstContext);
-    if (rc == CUDA_SUCCESS) {
-        rc = sim_ctx_check(srcContext);
-    }
-    sim_unlock();
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    return sim_copy1d(CU_MEMORYTYPE_DEVICE, (uintptr_t)dstDevice,
-                      CU_MEMORYTYPE_DEVICE, (uintptr_t)srcDevice, ByteCount,
-                      hStream, 0);
+    return sim_copy_peer(dstDevice, dstContext, srcDevice, srcContext,
+                         ByteCount, hStream, 0);
 }
 
 static CUresult

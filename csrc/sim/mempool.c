@@ -112,6 +112,19 @@ sim_pool_mem_new(sim_mempool *mp, size_t charged, size_t *span,
     return mem;
 }
 
+/* Unmap a pool's memory: span bytes of a memfd, or heap memory when
+ * span is 0. */
+static void
+sim_pool_mem_unmap(void *mem, size_t span)
+{
+    if (span != 0) {
+        munmap(mem, span);
+    }
+    else {
+        free(mem);
+    }
+}
+
 /* Give the memory of a's shareable range back: not live any more, its
  * pages punched out of the memfd (importers that still map them read
  * zeros). */
@@ -128,12 +141,10 @@ sim_pool_mem_unshare(sim_mempool *mp, sim_alloc *a)
 void
 sim_pool_mem_release(sim_mempool *mp, sim_alloc *a)
 {
-    if (a->span == 0) {
-        free((void *)a->base);
-        return;
+    if (a->span != 0) {
+        sim_pool_mem_unshare(mp, a);
     }
-    sim_pool_mem_unshare(mp, a);
-    munmap((void *)a->base, a->span);
+    sim_pool_mem_unmap((void *)a->base, a->span);
 }
 
 /* Free a made or imported pool once it is destroyed and nothing of it is
@@ -181,12 +192,7 @@ sim_chunk_release(sim_mempool *mp, sim_chunk *ck)
         /* Nothing is queued (or no memory to wait): free at once.  With
          * no grave the wait is skipped; only buggy work could notice. */
         free(gr);
-        if (a->span != 0) {
-            munmap((void *)a->base, a->span);
-        }
-        else {
-            free((void *)a->base);
-        }
+        sim_pool_mem_unmap((void *)a->base, a->span);
     }
     else {
         gr->mem = (void *)a->base;
@@ -291,6 +297,30 @@ sim_mempool_drop_ctx(int dev, const sim_ctx *c)
     sim_graves_sweep();
 }
 
+/* A descriptor of the caller's own for the memfd fd, as the driver
+ * gives one; in *out. */
+static CUresult
+sim_pool_fd_dup(int fd, int *out)
+{
+    *out = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (*out < 0) {
+        return errno == EMFILE || errno == ENFILE
+               ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A new pool made or imported: its own device has access to it; linked
+ * in, its handle in *out.  Lock held. */
+static void
+sim_mempool_link(sim_mempool *mp, CUmemoryPool *out)
+{
+    mp->access = (uint64_t)1 << mp->dev;
+    mp->next = sim.pools;
+    sim.pools = mp;
+    *out = (CUmemoryPool)(void *)mp;
+}
+
 /* The live pool a handle names; NULL for a NULL handle.  Any other
  * handle that is not a live pool would crash the driver, which reads the
  * object it points at. */
@@ -331,14 +361,79 @@ sim_DeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-CUresult
-sim_MemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
-                        void *value)
+/* Set one attribute of pool mp from value.  Lock held. */
+static CUresult
+sim_mempool_attr_set(sim_mempool *mp, CUmemPool_attribute attr,
+                     const void *value)
+{
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        mp->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES]
+            = *(const int *)value != 0;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        mp->threshold = *(const cuuint64_t *)value;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        /* Only a reset to the current value is allowed. */
+        if (*(const cuuint64_t *)value != 0) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) {
+            mp->reserved_high = mp->reserved;
+        }
+        else {
+            mp->used_high = mp->used;
+        }
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* Read one attribute of pool mp into value.  Lock held. */
+static CUresult
+sim_mempool_attr_get(const sim_mempool *mp, CUmemPool_attribute attr,
+                     void *value)
+{
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *(int *)value = mp->reuse[
+            attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *(cuuint64_t *)value = mp->threshold;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = mp->reserved;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        *(cuuint64_t *)value = mp->reserved_high;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *(cuuint64_t *)value = mp->used;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        *(cuuint64_t *)value = mp->used_high;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* cuMemPoolSetAttribute (set) and cuMemPoolGetAttribute. */
+static CUresult
+sim_mempool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value,
+                 int set)
 {
     sim_mempool *mp;
-    CUresult rc = CUDA_SUCCESS;
+    CUresult rc;
 
-    SIM_ENTER(MemPoolSetAttribute);
     if (value == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -347,85 +442,30 @@ sim_MemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
     if (mp == NULL) {
         rc = CUDA_ERROR_INVALID_VALUE;
     }
+    else if (set) {
+        rc = sim_mempool_attr_set(mp, attr, value);
+    }
     else {
-        switch (attr) {
-        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-            mp->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES]
-                = *(int *)value != 0;
-            break;
-        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-            mp->threshold = *(cuuint64_t *)value;
-            break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-            /* Only a reset to the current value is allowed. */
-            if (*(cuuint64_t *)value != 0) {
-                rc = CUDA_ERROR_INVALID_VALUE;
-            }
-            else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) {
-                mp->reserved_high = mp->reserved;
-            }
-            else {
-                mp->used_high = mp->used;
-            }
-            break;
-        default:
-            rc = CUDA_ERROR_INVALID_VALUE;
-            break;
-        }
+        rc = sim_mempool_attr_get(mp, attr, value);
     }
     sim_unlock();
     return rc;
 }
 
 CUresult
+sim_MemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                        void *value)
+{
+    SIM_ENTER(MemPoolSetAttribute);
+    return sim_mempool_attr(pool, attr, value, 1);
+}
+
+CUresult
 sim_MemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                         void *value)
 {
-    sim_mempool *mp;
-    CUresult rc = CUDA_SUCCESS;
-
     SIM_ENTER(MemPoolGetAttribute);
-    if (value == NULL) {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    sim_lock();
-    mp = sim_mempool_get(pool);
-    if (mp == NULL) {
-        rc = CUDA_ERROR_INVALID_VALUE;
-    }
-    else {
-        switch (attr) {
-        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-            *(int *)value = mp->reuse[
-                attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
-            break;
-        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-            *(cuuint64_t *)value = mp->threshold;
-            break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-            *(cuuint64_t *)value = mp->reserved;
-            break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-            *(cuuint64_t *)value = mp->reserved_high;
-            break;
-        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-            *(cuuint64_t *)value = mp->used;
-            break;
-        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-            *(cuuint64_t *)value = mp->used_high;
-            break;
-        default:
-            rc = CUDA_ERROR_INVALID_VALUE;
-            break;
-        }
-    }
-    sim_unlock();
-    return rc;
+    return sim_mempool_attr(pool, attr, value, 0);
 }
 
 CUresult
@@ -578,11 +618,8 @@ sim_pool_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                     rc = CUDA_ERROR_OUT_OF_MEMORY;
                 }
             }
-            else if (span != 0) {
-                munmap(mem, span);
-            }
             else {
-                free(mem);
+                sim_pool_mem_unmap(mem, span);
             }
         }
     }
@@ -725,7 +762,6 @@ sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
     mp->created = 1;
     mp->handle_types = (unsigned int)p->handleTypes;
     mp->fd = -1;
-    mp->access = (uint64_t)1 << mp->dev;
     sim_lock();
     if (p->handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         mp->nonce = sim_nonce();
@@ -752,9 +788,7 @@ sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
         free(mp);
     }
     else {
-        mp->next = sim.pools;
-        sim.pools = mp;
-        *pool = (CUmemoryPool)(void *)mp;
+        sim_mempool_link(mp, pool);
     }
     sim_unlock();
     return rc;
@@ -862,13 +896,8 @@ sim_MemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
         rc = CUDA_ERROR_INVALID_VALUE;
     }
     else {
-        /* A descriptor of the caller's own, as the driver gives. */
-        fd = fcntl(mp->fd, F_DUPFD_CLOEXEC, 0);
-        if (fd < 0) {
-            rc = errno == EMFILE || errno == ENFILE
-                 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
-        }
-        else {
+        rc = sim_pool_fd_dup(mp->fd, &fd);
+        if (rc == CUDA_SUCCESS) {
             *(int *)handle_out = fd;
         }
     }
@@ -928,11 +957,7 @@ sim_MemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
     }
     else {
         /* The caller keeps its descriptor; the pool has its own. */
-        mp->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        if (mp->fd < 0) {
-            rc = errno == EMFILE || errno == ENFILE
-                 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
-        }
+        rc = sim_pool_fd_dup(fd, &mp->fd);
     }
     if (rc != CUDA_SUCCESS) {
         free(mp);
@@ -943,10 +968,7 @@ sim_MemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
         mp->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         mp->nonce = hdr.nonce;
         mp->id = hdr.id;
-        mp->access = (uint64_t)1 << mp->dev;
-        mp->next = sim.pools;
-        sim.pools = mp;
-        *pool_out = (CUmemoryPool)(void *)mp;
+        sim_mempool_link(mp, pool_out);
     }
     sim_unlock();
     return rc;

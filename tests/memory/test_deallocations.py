@@ -3,14 +3,13 @@
 queues per context, their thresholds, defer_cleanup(), the out-of-memory
 flush-and-retry, errors while flushing, and memory_stats()."""
 
-import os
-import subprocess
 import sys
 
 import pytest
 
 import cudamem
 from cudamem import _core
+from helpers import run_child
 
 # Reads the device's free memory (or loads the whole machine): on a GPU
 # it runs alone, not beside other test processes (.ci/gpu).
@@ -193,8 +192,7 @@ def test_close_flushes_what_is_queued():
         cudamem.close()
         print("ok")
     """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
+    p = run_child(code, timeout=120, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stderr == ""
 
@@ -211,11 +209,9 @@ def test_environment_sets_the_thresholds(prefix):
         ms.pop()
         print(len(q))
     """
-    env = dict(os.environ)
-    env[prefix + "MAX_PENDING_DEALLOCS_COUNT"] = "2"
+    env = {prefix + "MAX_PENDING_DEALLOCS_COUNT": "2"}
     if prefix == "CUDAMEM_":
         env["NUMBA_CUDA_MAX_PENDING_DEALLOCS_COUNT"] = "100"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120, env=env)
+    p = run_child(code, timeout=120, check=False, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.split() == ["2", "0"]

@@ -18,11 +18,6 @@ import helpers
 from cudamem import _core, _memviz
 
 
-
-def run_py(code, **env):
-    return helpers.run_py(code, timeout=300, **env)
-
-
 @pytest.fixture
 def history(ctx):
     """History on for the test, off (and emptied) after."""
@@ -184,7 +179,8 @@ print(json.dumps(snap))
 
 @pytest.mark.parametrize("manager", ["default", "pool", "async"])
 def test_snapshot_matches_memory_stats(manager):
-    rc, out = run_py(CONSISTENCY, CUDAMEM_MEMORY_MANAGER=manager)
+    rc, out = helpers.run_py(CONSISTENCY, timeout=300,
+                             CUDAMEM_MEMORY_MANAGER=manager)
     assert rc == 0, out
     snap = json.loads(out.strip().splitlines()[-1])
     dev = snap["devices"][0]
@@ -223,7 +219,7 @@ def test_snapshot_matches_memory_stats(manager):
 
 @pytest.mark.slow
 def test_concurrent_allocations_and_snapshots():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import threading, numpy as np, cudamem
         cudamem.memory_history(True, stacks=True, max_entries=5000)
         cudamem.current_context()
@@ -263,7 +259,7 @@ def test_concurrent_allocations_and_snapshots():
         seqs = [e["seq"] for e in h["entries"]]
         assert seqs == list(range(h["recorded"] - len(seqs), h["recorded"]))
         print("ok")
-        """, CUDAMEM_MEMORY_MANAGER="pool")
+        """, timeout=300, CUDAMEM_MEMORY_MANAGER="pool")
     assert rc == 0, out
     assert "ok" in out
 
@@ -351,8 +347,8 @@ def _memviz_run(snap_path, out_path):
 
 def test_memviz_html(tmp_path):
     snap_path = tmp_path / "snapshot.json"
-    rc, out = run_py(MEMVIZ.format(path=str(snap_path)),
-                     CUDAMEM_MEMORY_MANAGER="pool")
+    rc, out = helpers.run_py(MEMVIZ.format(path=str(snap_path)),
+                             timeout=300, CUDAMEM_MEMORY_MANAGER="pool")
     assert rc == 0, out
     stream = int(out.split("stream")[-1])
     page_path = tmp_path / "memory.html"
@@ -413,7 +409,7 @@ def test_memviz_bad_input(tmp_path):
 def test_memviz_png(tmp_path):
     pytest.importorskip("matplotlib")
     snap_path = tmp_path / "snapshot.json"
-    rc, out = run_py(MEMVIZ.format(path=str(snap_path)))
+    rc, out = helpers.run_py(MEMVIZ.format(path=str(snap_path)), timeout=300)
     assert rc == 0, out
     png = tmp_path / "memory.png"
     p = _memviz_run(snap_path, png)

@@ -12,8 +12,6 @@ import ctypes
 import gc
 import importlib
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -24,6 +22,7 @@ import pytest
 
 import cudamem
 from cudamem import _core, interop
+from helpers import run_child
 from helpers.isolation import manager_context
 from helpers.torch_entry import entry_points
 
@@ -253,8 +252,7 @@ def test_torch_alloc_from_a_thread_python_never_saw(ctx):
         assert cudamem.memory_stats()["by_client"]["torch"] == 0
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                         text=True, timeout=120)
+    out = run_child(code, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
 
@@ -633,8 +631,7 @@ def test_cudamem_does_not_import_numba():
             "from cudamem import *; "
             "bad = [m for m in ('numba', 'cupy', 'torch', 'dask', "
             "'distributed') if m in sys.modules]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                         text=True, timeout=120)
+    out = run_child(code, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
@@ -645,11 +642,9 @@ def test_cudamem_does_not_import_numba():
 
 
 def _run_child(code, env=None):
-    e = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
-    e.update(env or {})
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                       capture_output=True, text=True, timeout=300, env=e)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    """What the child printed last, as JSON; its exit status must be 0."""
+    p = run_child(code, timeout=300,
+                  env=dict({"CUDAMEM_TEST_ISOLATED": "1"}, **(env or {})))
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 

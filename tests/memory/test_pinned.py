@@ -21,10 +21,6 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 
 
-def run_py(code, **env):
-    return helpers.run_py(code, timeout=300, **env)
-
-
 @pytest.fixture
 def no_pool():
     old = _core._pinned_pool_enable(False)
@@ -330,7 +326,7 @@ def test_pinned_failure_part_way_leaves_nothing(ctx, simulator):
 
 
 def test_pinned_through_a_plugin():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         from helpers import emm_plugin
         from cudamem import _core
@@ -354,7 +350,7 @@ def test_pinned_through_a_plugin():
             pass
         del a, m, g
         print("ok")
-        """)
+        """, timeout=300)
     assert rc == 0, out
     assert "ok" in out
 
@@ -397,7 +393,7 @@ def test_pool_counts_pinned_bytes(ctx, pool):
 def test_pool_waits_for_copies_before_reuse(simulator):
     if not simulator:
         pytest.skip("slowed-down copies need the simulator")
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         from helpers.arrays import Stream
         d = cudamem.device_array(1 << 16, np.uint8)
@@ -413,7 +409,8 @@ def test_pool_waits_for_copies_before_reuse(simulator):
         c = cudamem.pinned_array(1 << 16, np.uint8)
         print("idle block reused:", c.base.pooled and
               cudamem.pinned_pool_stats()["hits"] == 1)
-        """, CUDAMEM_PINNED_POOL="1", CUDAMEM_SIM_DELAY_US="300000")
+        """, timeout=300, CUDAMEM_PINNED_POOL="1",
+        CUDAMEM_SIM_DELAY_US="300000")
     assert rc == 0, out
     assert "busy block reused: False" in out
     assert "idle block reused: True" in out
@@ -430,30 +427,30 @@ def test_pool_limit_is_respected(ctx, pool):
 
 
 def test_pool_from_the_environment():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import cudamem
         a = cudamem.pinned_array(10)
         print(a.base.pooled, cudamem.pinned_pool_stats()["enabled"])
-        """, CUDAMEM_PINNED_POOL="1")
+        """, timeout=300, CUDAMEM_PINNED_POOL="1")
     assert rc == 0, out
     assert "True True" in out
 
 
 def test_pool_is_on_by_default():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import cudamem
         print(cudamem.pinned_array(10).base.pooled)
-        """, CUDAMEM_PINNED_POOL="")
+        """, timeout=300, CUDAMEM_PINNED_POOL="")
     assert rc == 0, out
     assert "True" in out
 
 
 def test_pool_off_from_the_environment():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import cudamem
         print(cudamem.pinned_array(10).base.pooled,
               cudamem.pinned_pool_stats()["enabled"])
-        """, CUDAMEM_PINNED_POOL="0")
+        """, timeout=300, CUDAMEM_PINNED_POOL="0")
     assert rc == 0, out
     assert "False False" in out
 

@@ -10,14 +10,13 @@ import pytest
 import helpers
 
 
-def run_py(code, **env):
-    """The pool's variables start unset, as a user would have them."""
-    return helpers.run_py(code, timeout=300, unset=(
-        "CUDAMEM_PINNED_POOL", "CUDAMEM_PINNED_POOL_LIMIT"), **env)
+# The pool's variables start unset in each child, as a user would have
+# them.
+POOL_VARS = ("CUDAMEM_PINNED_POOL", "CUDAMEM_PINNED_POOL_LIMIT")
 
 
 def test_reuse_by_default():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         a = cudamem.pinned_array(1 << 20, np.uint8)
         ptr = a.base.host_pointer
@@ -34,19 +33,19 @@ def test_reuse_by_default():
         c = cudamem.pinned_array(900000, np.uint8)
         assert c.base.host_pointer == ptr
         print("ok")
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "ok" in out
 
 
 def test_default_cap():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import os, cudamem
         phys = os.sysconf("SC_PHYS_PAGES") // 16 * os.sysconf("SC_PAGESIZE")
         lim = cudamem.pinned_pool_stats()["limit_bytes"]
         assert lim == min(1 << 30, phys), (lim, phys)
         print("ok")
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "ok" in out
 
@@ -54,7 +53,7 @@ def test_default_cap():
 @pytest.mark.parametrize("value,expect", [("65536", 65536), ("64K", 65536),
                                           ("3M", 3 << 20), ("0", 0)])
 def test_cap_from_the_environment(value, expect):
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         lim = cudamem.pinned_pool_stats()["limit_bytes"]
         assert lim == %d, lim
@@ -65,21 +64,22 @@ def test_cap_from_the_environment(value, expect):
         assert st["free_bytes"] == min(lim // 32768, 4) * 32768, st
         assert cudamem.memory_stats()["pinned_bytes"] == st["free_bytes"]
         print("ok")
-        """ % expect, CUDAMEM_PINNED_POOL_LIMIT=value)
+        """ % expect, timeout=300, unset=POOL_VARS,
+        CUDAMEM_PINNED_POOL_LIMIT=value)
     assert rc == 0, out
     assert "ok" in out
 
 
 def test_bad_cap_is_refused():
-    rc, out = run_py("import cudamem",
-                     CUDAMEM_PINNED_POOL_LIMIT="a lot")
+    rc, out = helpers.run_py("import cudamem", timeout=300, unset=POOL_VARS,
+                             CUDAMEM_PINNED_POOL_LIMIT="a lot")
     assert rc != 0
     assert "CUDAMEM_PINNED_POOL_LIMIT" in out
 
 
 @pytest.mark.parametrize("value", ["0", "off", "false", "no"])
 def test_off_restores_numba_behaviour(value):
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         before = cudamem.memory_stats()["pinned_bytes"]
         a = cudamem.pinned_array(5000, np.uint8)
@@ -90,13 +90,13 @@ def test_off_restores_numba_behaviour(value):
         st = cudamem.pinned_pool_stats()
         assert not st["enabled"] and st["reserved_bytes"] == 0, st
         print("ok")
-        """, CUDAMEM_PINNED_POOL=value)
+        """, timeout=300, unset=POOL_VARS, CUDAMEM_PINNED_POOL=value)
     assert rc == 0, out
     assert "ok" in out
 
 
 def test_trim():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         arrays = [cudamem.pinned_array(n, np.uint8)
                   for n in (4096, 10000, 1 << 20)]
@@ -108,7 +108,7 @@ def test_trim():
         assert st["free_bytes"] == 0 and st["reserved_bytes"] == 0, st
         assert cudamem.memory_stats()["pinned_bytes"] == 0
         print("ok")
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "ok" in out
 
@@ -117,7 +117,7 @@ def test_trim():
 def test_out_of_host_memory_trims_and_retries(simulator):
     if not simulator:
         pytest.skip("needs the simulator's fault injection")
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         from cudamem import _core
         a = cudamem.pinned_array(1 << 16, np.uint8)
@@ -130,13 +130,13 @@ def test_out_of_host_memory_trims_and_retries(simulator):
         assert st["free_bytes"] == 0, st           # trimmed, then retried
         assert st["reserved_bytes"] == 1 << 20, st
         print("ok")
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "ok" in out
 
 
 def test_busy_block_not_reused_on_a_held_stream():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         from helpers.streamutil import Gate
         n = 1 << 16
@@ -154,7 +154,7 @@ def test_busy_block_not_reused_on_a_held_stream():
         cudamem.synchronize()
         c = cudamem.pinned_array(n, np.uint8)
         print("idle reused:", c.base.host_pointer == ptr)
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "busy reused: False" in out
     assert "idle reused: True" in out
@@ -162,7 +162,7 @@ def test_busy_block_not_reused_on_a_held_stream():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_fork():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import os, warnings, numpy as np, cudamem
         warnings.simplefilter("ignore", DeprecationWarning)
         a = cudamem.pinned_array(1 << 16, np.uint8)
@@ -193,14 +193,14 @@ def test_fork():
         c = cudamem.pinned_array(1 << 16, np.uint8)
         print("parent reuses:", c.base.pooled and
               cudamem.pinned_pool_stats()["hits"] >= 1)
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "child 0" in out
     assert "parent reuses: True" in out
 
 
 def test_close_trims_and_keeps_live_arrays():
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         live = cudamem.pinned_array(1 << 16, np.uint8)
         live[:] = 5
@@ -219,7 +219,7 @@ def test_close_trims_and_keeps_live_arrays():
         n[:] = 1
         assert n.base.pooled and int(n.sum()) == 1 << 18
         print("ok")
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "ok" in out
 
@@ -230,7 +230,7 @@ def test_close_frees_the_free_blocks(simulator):
         pytest.skip("needs the simulator's fault injection")
     # A failing cuMemFreeHost at close() shows that close() gives the
     # pool's free blocks back itself (reported, not raised).
-    rc, out = run_py("""
+    rc, out = helpers.run_py("""
         import numpy as np, cudamem
         from cudamem import _core
         gone = cudamem.pinned_array(1 << 18, np.uint8)
@@ -238,7 +238,7 @@ def test_close_frees_the_free_blocks(simulator):
         _core._sim_inject("MemFreeHost", 1, 1)
         cudamem.close()
         print("closed")
-        """)
+        """, timeout=300, unset=POOL_VARS)
     assert rc == 0, out
     assert "closed" in out
     assert "cuMemFreeHost" in out and "CUDA_ERROR_INVALID_VALUE" in out

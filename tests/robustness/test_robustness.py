@@ -1815,11 +1815,9 @@ def test_host_arrays_survive_close(fn, how):
 
 
 def test_host_arrays_survive_close_with_pinned_pool():
-    e = dict(os.environ, CUDAMEM_PINNED_POOL="1")
     src = _SURVIVE % {"fn": "pinned_array", "how": "close()"}
-    p = subprocess.run([sys.executable, "-c", src], capture_output=True,
-                       text=True, timeout=60, env=dict(
-                           e, PYTHONPATH=str(ROOT)))
+    p = run_child(src, timeout=60, check=False,
+                  env={"CUDAMEM_PINNED_POOL": "1"})
     assert p.returncode == 0 and p.stdout.strip() == "OK", p.stderr[-2000:]
 
 

@@ -2,14 +2,13 @@
 """Devices and primary contexts (docs/api.md#devices-and-contexts)."""
 
 import re
-import subprocess
-import sys
 import threading
 
 import pytest
 
 import cudamem
 from cudamem import _core
+from helpers import run_child
 
 
 def test_current_context_is_primary_and_stable(ctx):
@@ -226,8 +225,7 @@ def test_close_then_fresh_context():
             raise AssertionError("a closed context must refuse work")
         print("ok")
     """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
+    p = run_child(code, timeout=120, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "ok" in p.stdout
 
@@ -243,8 +241,7 @@ def test_device_reset_gives_a_fresh_context():
         c2.get_memory_info()
         print("ok")
     """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
+    p = run_child(code, timeout=120, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
 
 
@@ -309,11 +306,10 @@ def test_profiling_stops_when_the_body_raises(ctx, monkeypatch):
 
 
 def test_profile_start_makes_a_context():
-    r = subprocess.run(
-        [sys.executable, "-c",
-         "import cudamem\ncudamem.profile_start()\ncudamem.profile_stop()\n"
-         "from cudamem import _core\nprint(_core._current_device_id())"],
-        capture_output=True, text=True, timeout=60, check=False)
+    r = run_child(
+        "import cudamem\ncudamem.profile_start()\ncudamem.profile_stop()\n"
+        "from cudamem import _core\nprint(_core._current_device_id())",
+        timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
 

@@ -4,8 +4,6 @@ dropped streams, stream arguments, and the GIL
 (docs/api.md#streams-and-events)."""
 
 import gc
-import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -16,17 +14,8 @@ import numpy as np
 import pytest
 
 import cudamem as cuda
-from helpers import TESTS
+from helpers import run_child
 from helpers.streamutil import GATE_TIMEOUT, Gate
-
-
-def _subprocess_env():
-    """The environment for a child that must import this cudamem."""
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(cuda.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
 
 
 @pytest.fixture
@@ -516,9 +505,7 @@ def test_blocking_call_holding_thread_cannot_deadlock_callback(what):
     only when the main thread (holding the GIL) enters synchronize() on a
     second stream, which waits for the callback.  If synchronize kept the
     GIL this would hang forever, so it runs in a subprocess."""
-    r = subprocess.run([sys.executable, "-c", _DEADLOCK_SCRIPT, what],
-                       env=_subprocess_env(), capture_output=True,
-                       text=True, timeout=45, check=False)
+    r = run_child(_DEADLOCK_SCRIPT, args=(what,), timeout=45, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
 
@@ -537,8 +524,7 @@ def test_exit_with_callbacks_pending():
                 s.add_callback(lambda st, status, a: out.append(a), i)
         print("exiting")
     """)
-    r = subprocess.run([sys.executable, "-c", script], env=_subprocess_env(),
-                       capture_output=True, text=True, timeout=45, check=False)
+    r = run_child(script, timeout=45, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "exiting"
     assert "Fatal" not in r.stderr
@@ -579,13 +565,8 @@ _MODE_SCRIPT = textwrap.dedent("""
 def test_default_stream_follows_mode(flag, mode):
     """Handle 0 behaves as the legacy or the per-thread default stream as
     CUDAMEM_PER_THREAD_DEFAULT_STREAM says."""
-    env = _subprocess_env()
-    env["CUDAMEM_PER_THREAD_DEFAULT_STREAM"] = flag
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(TESTS), env["PYTHONPATH"]])
-    r = subprocess.run([sys.executable, "-c", _MODE_SCRIPT], env=env,
-                       capture_output=True, text=True, timeout=90,
-                       check=False)
+    r = run_child(_MODE_SCRIPT, timeout=90, check=False,
+                  env={"CUDAMEM_PER_THREAD_DEFAULT_STREAM": flag})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == mode
 
@@ -950,9 +931,7 @@ _TEARDOWN_SCRIPT = textwrap.dedent("""
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["close", "device.reset", "exit"])
 def test_kept_streams_destroyed_with_their_context(how):
-    r = subprocess.run([sys.executable, "-c", _TEARDOWN_SCRIPT, how],
-                       env=_subprocess_env(), capture_output=True,
-                       text=True, timeout=90, check=False)
+    r = run_child(_TEARDOWN_SCRIPT, args=(how,), timeout=90, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
     assert r.stderr == ""
@@ -968,8 +947,7 @@ def test_exit_with_kept_streams():
         keep = [cuda.stream() for _ in range(3)]
         print("exiting")
     """)
-    r = subprocess.run([sys.executable, "-c", script], env=_subprocess_env(),
-                       capture_output=True, text=True, timeout=45, check=False)
+    r = run_child(script, timeout=45, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "exiting"
     assert r.stderr == ""

@@ -5,8 +5,6 @@ importing cudamem.dask, the worker plugin, and a two-process LocalCluster
 moving DeviceNDArrays between workers.  Skipped without distributed."""
 
 import gc
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -14,7 +12,7 @@ import numpy as np
 import pytest
 
 import cudamem
-from helpers import ROOT
+from helpers import ROOT, run_child
 
 distributed = pytest.importorskip("distributed")
 
@@ -213,8 +211,7 @@ def test_registered_without_importing_cudamem_dask(order):
              "distributed first": "import distributed\nimport cudamem\n",
              "dask first": "import dask\nimport cudamem\n"
                            "import distributed\n"}[order]
-    p = subprocess.run([sys.executable, "-c", first + CHECK],
-                       capture_output=True, text=True, timeout=120)
+    p = run_child(first + CHECK, timeout=120, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "ok"
 
@@ -233,8 +230,7 @@ def test_sizeof_entry_point_registers_lazily():
         assert d(cudamem.device_array(10)) == 80
         print("ok")
     """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
+    p = run_child(code, timeout=120, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "ok"
 
@@ -265,8 +261,7 @@ def test_plugin_sets_up_the_worker_process():
         assert cudamem.memory_stats()["manager"] == "pool"
         print("ok")
     """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
+    p = run_child(code, timeout=120, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "ok"
 
