@@ -255,18 +255,29 @@ cm_cu_check(CUresult rc, const char *fn)
 extern long cm_driver_calls[2];
 extern unsigned long cm_driver_epoch;
 
+/* The epoch in which the calling thread's outermost counted call began
+ * (cm_call_depth > 0): a close waits for such calls, so they may still
+ * use the context it marked dead (cm_ctx_dying_check). */
+extern _Thread_local unsigned long cm_call_epoch;
+extern _Thread_local int cm_call_depth;
+
 static inline int
 cm_driver_call_begin(void)
 {
-    int e = (int)(__atomic_load_n(&cm_driver_epoch, __ATOMIC_SEQ_CST) & 1);
+    unsigned long ep = __atomic_load_n(&cm_driver_epoch, __ATOMIC_SEQ_CST);
+    int e = (int)(ep & 1);
 
     (void)__atomic_fetch_add(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
+    if (cm_call_depth++ == 0) {
+        cm_call_epoch = ep;
+    }
     return e;
 }
 
 static inline void
 cm_driver_call_end(int e)
 {
+    cm_call_depth--;
     (void)__atomic_fetch_sub(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
 }
 
@@ -413,7 +424,64 @@ cm_mu_unlock(pthread_mutex_t *m)
  * numba's "CUDA initialized before forking". */
 #define CM_CU_CALL_(fn, args)                                          \
     (cm_forked ? CUDA_ERROR_NOT_INITIALIZED                            \
+     : !CM_CU_FREE_OF_CTX(fn) && cm_ctx_dying_refused()                \
+         ? CUDA_ERROR_CONTEXT_IS_DESTROYED                             \
      : cm_cu.fn ? cm_cu.fn args : cm_cu_missing)
+
+/* The entry points that use no handle of a context (devices, the
+ * thread's context stack, primary-context bookkeeping, pointer queries,
+ * error names): CM_CU_FREE_OF_CTX(fn) is 1 for them, 0 for the others,
+ * at compile time. */
+#define CM_FREE_OF_CTX_GetErrorName ~, 1
+#define CM_FREE_OF_CTX_GetErrorString ~, 1
+#define CM_FREE_OF_CTX_Init ~, 1
+#define CM_FREE_OF_CTX_DriverGetVersion ~, 1
+#define CM_FREE_OF_CTX_DeviceGet ~, 1
+#define CM_FREE_OF_CTX_DeviceGetCount ~, 1
+#define CM_FREE_OF_CTX_DeviceGetName ~, 1
+#define CM_FREE_OF_CTX_DeviceGetAttribute ~, 1
+#define CM_FREE_OF_CTX_DeviceTotalMem ~, 1
+#define CM_FREE_OF_CTX_DeviceGetUuid ~, 1
+#define CM_FREE_OF_CTX_DeviceGetPCIBusId ~, 1
+#define CM_FREE_OF_CTX_DeviceCanAccessPeer ~, 1
+#define CM_FREE_OF_CTX_DevicePrimaryCtxRetain ~, 1
+#define CM_FREE_OF_CTX_DevicePrimaryCtxRelease ~, 1
+#define CM_FREE_OF_CTX_DevicePrimaryCtxReset ~, 1
+#define CM_FREE_OF_CTX_DevicePrimaryCtxGetState ~, 1
+#define CM_FREE_OF_CTX_CtxGetCurrent ~, 1
+#define CM_FREE_OF_CTX_CtxSetCurrent ~, 1
+#define CM_FREE_OF_CTX_CtxPushCurrent ~, 1
+#define CM_FREE_OF_CTX_CtxPopCurrent ~, 1
+#define CM_FREE_OF_CTX_CtxGetDevice ~, 1
+#define CM_FREE_OF_CTX_PointerGetAttribute ~, 1
+#define CM_FREE_OF_CTX_PointerGetAttributes ~, 1
+#define CM_FREE_OF_CTX_ProfilerStart ~, 1
+#define CM_FREE_OF_CTX_ProfilerStop ~, 1
+#define CM_SECOND_(a, b, ...) b
+#define CM_PROBE_(...) CM_SECOND_(__VA_ARGS__, 0, ~)
+#define CM_CU_FREE_OF_CTX(fn) CM_PROBE_(CM_FREE_OF_CTX_##fn)
+
+/* A context that a close() or reset marked dead and has not yet
+ * destroyed: counted calls begun before the mark are waited for (the
+ * counts above) and go on; any other call must not reach the driver
+ * with the context current, whatever the caller checked before it last
+ * let go of the GIL: it answers CUDA_ERROR_CONTEXT_IS_DESTROYED.
+ * cm_ctx_dying_n counts such contexts (atomic); set (before the epoch
+ * moves on) and cleared with the GIL held by the thread that closes,
+ * whose own calls go on.  Driver.c. */
+extern int cm_ctx_dying_n;
+void cm_ctx_dying_set(int device, CUcontext handle);
+void cm_ctx_dying_clear(int device);
+/* 1 if the calling thread's current context is dying and the thread is
+ * not the one destroying it.  Reads no Python state (any thread). */
+int cm_ctx_dying_check(void);
+
+static inline int
+cm_ctx_dying_refused(void)
+{
+    return __atomic_load_n(&cm_ctx_dying_n, __ATOMIC_SEQ_CST) != 0
+           && cm_ctx_dying_check();
+}
 
 /* call, a CUresult expression that enters the driver, with the GIL
  * released around it while Python callbacks are in flight. */

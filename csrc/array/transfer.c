@@ -66,9 +66,9 @@ cm_copy_via_host(cm_da *dst, cm_da *src, CUstream h, int async)
     }
     rc = 0;
 out_free_buf:
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     (void)CM_CU_RAW(MemFreeHost, (buf));
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     return rc;
 }
 

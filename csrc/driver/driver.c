@@ -24,6 +24,63 @@ CUresult cm_cu_missing = CUDA_ERROR_NOT_FOUND;
 int cm_driver_ready_flag;
 volatile int cm_forked;
 
+/* The contexts being destroyed (cm.h, cm_ctx_dying_refused): per
+ * device the handle (NULL when none) and the thread destroying it.  The
+ * thread is written before the handle is published (release), read
+ * after it (acquire). */
+int cm_ctx_dying_n;
+static CUcontext cm_ctx_dying[CM_MAX_DEVICES];
+static pthread_t cm_ctx_dying_by[CM_MAX_DEVICES];
+static unsigned long cm_ctx_dying_epoch[CM_MAX_DEVICES];
+_Thread_local unsigned long cm_call_epoch;
+_Thread_local int cm_call_depth;
+
+void
+cm_ctx_dying_set(int device, CUcontext handle)
+{
+    if (device < 0 || device >= CM_MAX_DEVICES || handle == NULL
+        || __atomic_load_n(&cm_ctx_dying[device], __ATOMIC_ACQUIRE) != NULL) {
+        return;
+    }
+    cm_ctx_dying_by[device] = pthread_self();
+    cm_ctx_dying_epoch[device] = __atomic_load_n(&cm_driver_epoch,
+                                                 __ATOMIC_SEQ_CST);
+    __atomic_store_n(&cm_ctx_dying[device], handle, __ATOMIC_RELEASE);
+    (void)__atomic_add_fetch(&cm_ctx_dying_n, 1, __ATOMIC_SEQ_CST);
+}
+
+void
+cm_ctx_dying_clear(int device)
+{
+    if (device < 0 || device >= CM_MAX_DEVICES
+        || __atomic_load_n(&cm_ctx_dying[device], __ATOMIC_ACQUIRE) == NULL) {
+        return;
+    }
+    __atomic_store_n(&cm_ctx_dying[device], NULL, __ATOMIC_RELEASE);
+    (void)__atomic_sub_fetch(&cm_ctx_dying_n, 1, __ATOMIC_SEQ_CST);
+}
+
+int
+cm_ctx_dying_check(void)
+{
+    CUcontext cur = NULL;
+    int i;
+
+    if (cm_cu.CtxGetCurrent == NULL || cm_cu.CtxGetCurrent(&cur)
+                                           != CUDA_SUCCESS || cur == NULL) {
+        return 0;
+    }
+    for (i = 0; i < CM_MAX_DEVICES; i++) {
+        if (__atomic_load_n(&cm_ctx_dying[i], __ATOMIC_ACQUIRE) == cur
+            && !pthread_equal(cm_ctx_dying_by[i], pthread_self())
+            && !(cm_call_depth > 0
+                 && cm_call_epoch <= cm_ctx_dying_epoch[i])) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 const char *const cm_cu_names[CM_CU_N_FUNCS] = {
 #define CM_CU_NAME(name, ver) #name,
     CM_CU_FUNCS(CM_CU_NAME)

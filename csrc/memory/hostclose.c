@@ -294,12 +294,12 @@ cm_hostmem_context_save(cm_context *ctx)
      * queue more meanwhile, so this repeats (a few times at most), and
      * the owners are listed after.  A failed context keeps its pages. */
     for (tries = 0;; tries++) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         if (cm_ctx_enter(ctx->handle, &pushed) == CUDA_SUCCESS) {
             (void)CM_CU_RAW(CtxSynchronize, ());
             cm_ctx_leave(pushed);
         }
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         if (ctx->pycalls <= 0) {
             break;
         }

@@ -209,10 +209,22 @@ cm_hpool_give(cm_context *ctx, cm_hblock *b)
             b->ev = NULL;
         }
     }
+    /* Each call above may have let go of the GIL, and a reset may have
+     * marked the context dead meanwhile: its memory and events go with
+     * it, and the block is forgotten. */
+    if (rc == CUDA_SUCCESS && !ctx->alive) {
+        cm_ctx_leave(pushed);
+        PyMem_RawFree(b);
+        return;
+    }
     if (rc == CUDA_SUCCESS) {
         rc = CM_CU_RAW(EventRecord, (b->ev, CU_STREAM_LEGACY));
     }
     cm_ctx_leave(pushed);
+    if (rc == CUDA_SUCCESS && !ctx->alive) {
+        PyMem_RawFree(b);
+        return;
+    }
     if (rc != CUDA_SUCCESS) {
         cm_hpool_drop(ctx, p, b);
         return;
@@ -253,7 +265,7 @@ cm_hpool_trim_as(cm_context *ctx, int closing)
     p->free_bytes = 0;
     p->reserved -= bytes;
     ctx->st_pinned -= bytes;
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = cm_ctx_enter(h, &pushed);
     while (list != NULL) {
         cm_hblock *b = list;
@@ -273,7 +285,7 @@ cm_hpool_trim_as(cm_context *ctx, int closing)
         PyMem_RawFree(b);
     }
     cm_ctx_leave(pushed);
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     return cm_cu_check(rc, fn);
 }
 

@@ -65,7 +65,7 @@ cm_reg_close_impl(cm_hostreg *r)
     if (r->held.n > 0) {
         driver = r->ctx->alive && !cm_forked;
         h = r->ctx->handle;
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         PyThread_acquire_lock(cm_reg_lock, WAIT_LOCK);
         if (driver) {
             rc = cm_ctx_enter(h, &pushed);
@@ -75,7 +75,7 @@ cm_reg_close_impl(cm_hostreg *r)
         }
         cm_ctx_leave(pushed);
         PyThread_release_lock(cm_reg_lock);
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
     }
     PyMem_RawFree(r->held.v);
     r->held.v = NULL;
@@ -239,7 +239,7 @@ cm_reg_default(cm_hostreg *r)
     }
     nr = cm_ranges_coalesce(ranges, nr);
     if (nr > 0) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         PyThread_acquire_lock(cm_reg_lock, WAIT_LOCK);
         rc = cm_ctx_enter(h, &pushed);
         for (i = 0; rc == CUDA_SUCCESS && i < nr; i += 2) {
@@ -251,7 +251,7 @@ cm_reg_default(cm_hostreg *r)
         }
         cm_ctx_leave(pushed);
         PyThread_release_lock(cm_reg_lock);
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
     }
     PyMem_RawFree(ranges);
     return cm_cu_check(rc, "cuMemHostRegister");

@@ -1395,12 +1395,12 @@ cm_alloc_free_fn(PyObject *mod, PyObject *arg)
     if (size == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(MemAlloc, (&d, (size_t)size));
     if (rc == CUDA_SUCCESS) {
         rc = CM_CU_RAW(MemFree, (d));
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     return cm_cu_check(rc, "cuMemAlloc") < 0 ? NULL : Py_NewRef(Py_None);
 }
 

@@ -228,7 +228,7 @@ cm_pool_destroy(cm_context *ctx)
         }
         return;
     }
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
         || cur != ctx->handle) {
         pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
@@ -251,7 +251,7 @@ cm_pool_destroy(cm_context *ctx)
     if (pushed) {
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     free(events);
 }
 
@@ -353,9 +353,9 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     cm_pool_unlock(p, &gd);
     Py_DECREF(ctx);
     if (b == NULL) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         (void)CM_CU_RAW(MemFree, (base));
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         cm_limit_give(ctx, want);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -750,7 +750,7 @@ cm_async_trim(cm_context *ctx)
     }
     /* Cleared first: a free on another thread meanwhile sets it again. */
     __atomic_store_n(&p->untrimmed, 0, __ATOMIC_RELAXED);
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     rc = CM_CU_RAW(CtxSynchronize, ());
     if (rc == CUDA_SUCCESS) {
         rc = CM_CU_RAW(MemPoolTrimTo, (p->mempool, 0));
@@ -759,7 +759,7 @@ cm_async_trim(cm_context *ctx)
     else {
         fn = "cuCtxSynchronize";
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
     }
@@ -783,9 +783,9 @@ cm_pool_trim(cm_context *ctx)
     if (p->pending != NULL) {
         /* Blocks that wait for other streams: their segments may be
          * wholly free once the device is idle. */
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         rc = CM_CU_RAW(CtxSynchronize, ());
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         if (rc != CUDA_SUCCESS) {
             return cm_cu_check(rc, "cuCtxSynchronize");
         }
@@ -797,9 +797,9 @@ cm_pool_trim(cm_context *ctx)
     cm_pool_collect_free_segs(p, &segs);
     cm_pool_unlock(p, &gd);
     if (segs != NULL) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         rc = cm_segs_release(ctx, segs);
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
     }
     return cm_cu_check(rc, fn);
 }

@@ -1495,7 +1495,7 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
             gen[live[d]->device->id] = live[d]->gen;
         }
     }
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     cm_mu_lock(&cm_stg_mu);
     drop = NULL;
     for (d = 0; d < CM_STG_DEVICES; d++) {
@@ -1519,7 +1519,7 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
     }
     cm_mu_unlock(&cm_stg_mu);
     cm_sbuf_free_list(drop);
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     Py_RETURN_NONE;
 }
 

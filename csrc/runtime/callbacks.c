@@ -231,7 +231,7 @@ cm_stream_cache_clear(cm_context *ctx)
     if (n == 0 || cm_forked) {
         return;
     }
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS || cur != h) {
         first = CM_CU_RAW(CtxPushCurrent, (h));
         pushed = first == CUDA_SUCCESS;
@@ -247,7 +247,7 @@ cm_stream_cache_clear(cm_context *ctx)
     if (pushed) {
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     if (first != CUDA_SUCCESS) {
         PyObject *exc = PyErr_GetRaisedException();
 

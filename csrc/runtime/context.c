@@ -664,6 +664,8 @@ cm_context_release_device(int i)
         c->mm_builtin->destroy(c);
     }
     cm_ctxs[i] = NULL;
+    /* From here no other thread's driver call runs with it current. */
+    cm_ctx_dying_set(i, c->handle);
     c->alive = 0;
     /* Calls other threads began on its objects end before it goes. */
     cm_context_quiesce();
@@ -687,6 +689,7 @@ cm_context_release_device(int i)
         CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
     }
     cm_hostmem_context_restore(c);
+    cm_ctx_dying_clear(i);
     cm_resetting[i] = 0;
     Py_DECREF(c);
     return err;

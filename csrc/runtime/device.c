@@ -83,6 +83,9 @@ cm_runtime_atfork_child(void)
     memset(cm_resetting, 0, sizeof(cm_resetting));
     memset(cm_resetter, 0, sizeof(cm_resetter));
     __atomic_store_n(&cm_pycb_live, 0, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < CM_MAX_DEVICES; i++) {
+        cm_ctx_dying_clear(i);
+    }
 }
 
 int

@@ -380,9 +380,9 @@ cm_ipcmem_close(PyObject *self, PyObject *unused)
     m->closed = 1;
     m->imp = NULL;
     if (imp != NULL) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         rc = cm_ipc_pool_release((uintptr_t)imp);
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         return cm_cu_check(rc, "cuMemFree") < 0 ? NULL : Py_NewRef(Py_None);
     }
     CM_CU_NOGIL(err, IpcCloseMemHandle, (p));

@@ -184,7 +184,7 @@ cm_ipc_context_closing(cm_context *ctx)
     }
     cm_mu_unlock(&cm_imp_mu);
     if (nptrs + npools > 0) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
             || cur != ctx->handle) {
             pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle))
@@ -199,7 +199,7 @@ cm_ipc_context_closing(cm_context *ctx)
         if (pushed) {
             (void)CM_CU_RAW(CtxPopCurrent, (&popped));
         }
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
     }
     free(ptrs);
     free(pools);
@@ -310,9 +310,9 @@ cm_ipool_import(cm_context *ctx, long pid, int fd, uint64_t token)
     }
     ip = calloc(1, sizeof(*ip));
     if (ip == NULL) {
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         (void)CM_CU_RAW(MemPoolDestroy, (pool));
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         PyErr_NoMemory();
         return NULL;
     }
@@ -336,9 +336,9 @@ cm_ipool_unref_gil(cm_ipool *ip)
 {
     PyObject *exc = PyErr_GetRaisedException();
 
-    Py_BEGIN_ALLOW_THREADS
+    CM_DRIVER_BEGIN_NOGIL
     (void)cm_ipool_unref(ip, 1);
-    Py_END_ALLOW_THREADS
+    CM_DRIVER_END_NOGIL
     PyErr_SetRaisedException(exc);
 }
 
@@ -511,9 +511,9 @@ cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         /* The import is still ours to undo. */
         PyObject *exc = PyErr_GetRaisedException();
 
-        Py_BEGIN_ALLOW_THREADS
+        CM_DRIVER_BEGIN_NOGIL
         (void)cm_ipc_pool_release((uintptr_t)imp);
-        Py_END_ALLOW_THREADS
+        CM_DRIVER_END_NOGIL
         PyErr_SetRaisedException(exc);
         return NULL;
     }

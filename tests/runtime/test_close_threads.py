@@ -398,6 +398,51 @@ print(describe(box), "|", describe(rbox))
     assert worker == "Stream" or worker.startswith("ValueError"), p.output
 
 
+
+@pytest.mark.skipif(not SIM, reason="forces the order with the simulator")
+def test_pinned_block_given_back_while_another_thread_resets():
+    """A page-locked array dropped on one thread goes back to the pool
+    with an event recorded after the work before it: cuEventCreate, then
+    cuEventRecord, each letting go of the GIL.  A reset landed between
+    the two; the record then used an event the reset had destroyed (the
+    simulator aborts: "not a live event", a crash on a GPU; seen in the
+    wheel's run of test_device_reset_while_threads_work_gil_released).
+    Now no call after the mark reaches the driver with a handle of the
+    dying context, and the block is simply forgotten."""
+    code = RACE_PRELUDE + r'''
+dev = cuda.get_current_device()
+ctx = cuda.current_context()
+held = [cuda.pinned_array(1 << 12)]
+_core._gil_yield_hold(1)
+_core._sim_block("EventCreate", 1)
+_core._sim_block("EventRecord", 1)
+worker, box = outcome(held.clear)
+wait_for(blocked("EventCreate"), "the worker's cuEventCreate")
+resetter, rbox = outcome(dev.reset)
+wait_for(lambda: dead(ctx), "the reset to mark the context dead")
+_core._sim_unblock("EventCreate")
+resetter.join()
+# The worker either stops before the record or reaches it, which waits
+# until the reset is over.
+wait_for(lambda: not worker.is_alive() or blocked("EventRecord")(),
+         "the worker")
+_core._sim_unblock("EventRecord")
+worker.join()
+_core._sim_block("EventRecord", 0)
+_core._gil_yield_hold(0)
+a = cuda.pinned_array(1 << 12)
+a[:] = 3.0
+del a
+print(describe(box), "|", describe(rbox), "|", len(held))
+'''
+    p = run_child(code, timeout=TIMEOUT_S)
+    out = p.stdout.strip().splitlines()[-1]
+    worker, resetter, left = out.split(" | ")
+    assert resetter == "NoneType", p.output
+    assert worker == "NoneType", p.output
+    assert left == "0", p.output
+    assert "Exception ignored" not in p.stderr, p.output
+
 @pytest.mark.skipif(not SIM, reason="forces the order with the simulator")
 def test_stream_query_while_another_thread_resets():
     """A Stream method checked that its context was alive, then made the
