@@ -16,7 +16,7 @@
  *
  * Multiple interpreters are unsupported (NumPy and the driver are per
  * process), so the module state is reached through one process-wide
- * pointer, cm_st, set once in module exec.
+ * pointer, cm_st (driver/state.c), set once in module exec.
  */
 #ifndef CM_H
 #define CM_H
@@ -25,7 +25,7 @@
 #include <Python.h>
 
 #define PY_ARRAY_UNIQUE_SYMBOL cm_ARRAY_API
-#ifndef CM_MODULE_C
+#ifndef CM_NUMPY_API_C
 #define NO_IMPORT_ARRAY
 #endif
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION

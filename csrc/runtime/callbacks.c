@@ -418,10 +418,6 @@ cm_pycall_free(cm_pycall *pc)
     PyMem_RawFree(pc);
 }
 
-long cm_pycb_live;
-_Thread_local int cm_mu_depth;
-_Thread_local cm_gil_saved cm_yield_saved;
-
 /* On the driver thread, without the GIL. */
 void
 cm_pycall_run(cm_hostcall *hc, CUresult status)

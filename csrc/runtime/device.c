@@ -20,9 +20,6 @@ unsigned long cm_ctx_gen;              /* last cm_context.gen */
 unsigned char cm_resetting[CM_MAX_DEVICES];
 unsigned long cm_resetter[CM_MAX_DEVICES];
 
-long cm_driver_calls[2];
-unsigned long cm_driver_epoch;
-
 /* Let other threads run for a moment; the GIL is released by the caller. */
 static void
 cm_context_nap(void)
