@@ -711,50 +711,9 @@ PyObject *cm_stream_external(CUstream handle);
  * C for the built-in managers' memory, else by the memory manager's
  * get_ipc_handle through cudamem._ipc._export_array. */
 PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
-/* Let go of one open of a memory-pool import (the handle of a
- * CM_REL_IPC_POOL release): the last frees the imported memory and, with
- * its pool's last allocation, the imported pool.  No GIL needed; the
- * import's context current.  The first failing CUresult, or success. */
-CUresult cm_ipc_pool_release(uintptr_t imp);
-/* The same for an import whose context was closed: no driver call. */
-void cm_ipc_pool_drop(uintptr_t imp);
 /* 1 if o is an IpcMemory (what IpcHandle.open gives) that was closed,
  * else 0.  Never raises. */
 int cm_ipc_mem_closed(PyObject *o);
-
-/* array/devicearray.c, called by memory/ (hostmem.c, memory.c) */
-/* The byte span of a layout (0 when empty) and, in *lo, the offset of its
- * lowest byte from the first logical element (<= 0). */
-Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
-                          const Py_ssize_t *strides, Py_ssize_t itemsize,
-                          Py_ssize_t *lo);
-/* Whether o is a device array: 1 with what keeps its memory alive (its
- * gpu_data, borrowed) in *owner, else 0.  Never raises. */
-int cm_devicearray_owner(PyObject *o, PyObject **owner);
-/* Parse METH_FASTCALL | METH_KEYWORDS arguments against kwlist, n
- * interned names of positional-or-keyword parameters, the first nreq
- * required; out[i] is borrowed, or NULL when absent.  0 or -1. */
-int cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames, PyObject *const *kwlist, int n,
-                int nreq, PyObject **out);
-/* device_array's (shape, dtype, strides, order) rules: fills shape[] and
- * strides[] (NPY_MAXDIMS entries each) and *dtype (a new reference);
- * ndim, or -1 with an exception.  Any argument may be NULL (default). */
-int cm_layout_parse(PyObject *shape_o, PyObject *dtype_o,
-                    PyObject *strides_o, PyObject *order_o,
-                    Py_ssize_t *shape, Py_ssize_t *strides,
-                    PyArray_Descr **dtype);
-/* device_array_like's rules: the layout of a new array like ary (host or
- * device); ndim, or -1. */
-int cm_layout_like(PyObject *ary, Py_ssize_t *shape, Py_ssize_t *strides,
-                   PyArray_Descr **dtype);
-/* A new DeviceNDArray over memory that gpu_data keeps alive; ptr is the
- * address of the first logical element (ignored when empty); stream NULL
- * means 0.  Steals nothing. */
-PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
-                             const Py_ssize_t *strides,
-                             PyArray_Descr *dtype, CUdeviceptr ptr,
-                             PyObject *gpu_data, PyObject *stream);
 
 /* ------------------------------------------------------------------ */
 /* retcheck.c: the return check of the debug build                     */

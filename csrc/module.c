@@ -424,7 +424,8 @@ cm_module_exec(PyObject *mod)
         || cm_stream_init(mod, st) < 0 || cm_kernels_init(mod, st) < 0
         || cm_gather_init(mod, st) < 0
         || cm_devicearray_init(mod, st) < 0 || cm_dlpack_init(mod, st) < 0
-        || cm_hostmem_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
+        || cm_hostmem_init(mod, st) < 0
+        || cm_hostarray_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
         || cm_staging_init(mod, st) < 0 || cm_history_init(mod, st) < 0
         || cm_kernel_init(mod, st) < 0 || cm_types_patchable(st) < 0) {
         cm_st = NULL;

@@ -281,6 +281,9 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
 {
     int i;
 
+    /* What memory/ reaches of this layer (memory/memory.h). */
+    cm_mem_up.devicearray_owner = cm_devicearray_owner;
+    cm_mem_up.devicearray_new = cm_devicearray_new;
     for (i = 0; i < K_N_NAMES; i++) {
         cm_kw[i] = PyUnicode_InternFromString(cm_kw_text[i]);
         if (cm_kw[i] == NULL) {

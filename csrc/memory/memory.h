@@ -13,8 +13,77 @@
 #include "driver/driver.h"
 
 /* ------------------------------------------------------------------ */
+/* layout.c: the layout math of strided views                         */
+/* ------------------------------------------------------------------ */
+
+/* NumPy-1.19 contiguity of a layout: size-1 dimensions are ignored, an
+ * empty array is both, a zero stride on a longer dimension is neither. */
+void cm_layout_flags(int ndim, const Py_ssize_t *shape,
+                     const Py_ssize_t *strides, Py_ssize_t itemsize,
+                     int *c_contig, int *f_contig);
+/* The byte span of a layout (0 when empty) and, in *lo, the offset of its
+ * lowest byte from the first logical element (<= 0). */
+Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
+                          const Py_ssize_t *strides, Py_ssize_t itemsize,
+                          Py_ssize_t *lo);
+/* Whether the layout without its zero-stride dimensions (the "core") is
+ * C- or F-contiguous. */
+int cm_layout_core_contiguous(int ndim, const Py_ssize_t *shape,
+                              const Py_ssize_t *strides, Py_ssize_t itemsize,
+                              int *c_out, int *f_out);
+
+/* Compact strides for shape in C (fortran = 0) or F order. */
+void cm_layout_compact(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize,
+                       int fortran, Py_ssize_t *strides);
+
+/* Dimension indices ordered by descending |stride| (stable): the
+ * keep-order permutation of NumPy's empty_like. */
+void cm_layout_order(int ndim, const Py_ssize_t *strides, int *perm);
+
+/* Compact strides following key's dimension order and signs; zero where
+ * key has a zero stride.  Returns the bytes needed and, in *first, the
+ * offset of the first logical element in such a buffer. */
+Py_ssize_t cm_layout_compact_like(int ndim, const Py_ssize_t *shape,
+                                  const Py_ssize_t *key, Py_ssize_t itemsize,
+                                  Py_ssize_t *strides, Py_ssize_t *first);
+
+/* ------------------------------------------------------------------ */
+/* argparse.c: fast-call arguments                                     */
+/* ------------------------------------------------------------------ */
+
+/* Parse METH_FASTCALL | METH_KEYWORDS arguments against kwlist, n
+ * interned names of positional-or-keyword parameters, the first nreq
+ * required; out[i] is borrowed, or NULL when absent.  0 or -1. */
+int cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames, PyObject *const *kwlist, int n,
+                int nreq, PyObject **out);
+
+/* ------------------------------------------------------------------ */
 /* memory.c: allocations                                               */
 /* ------------------------------------------------------------------ */
+
+/* What memory/ calls in the layers above it, through pointers those
+ * layers set in their init functions (module exec, before any Python
+ * code can call into the module): the array layer (array/types.c) and
+ * the IPC imports (runtime/ipchandle.c). */
+typedef struct {
+    /* cm_devicearray_owner: whether o is a device array, with what keeps
+     * its memory alive */
+    int (*devicearray_owner)(PyObject *o, PyObject **owner);
+    /* cm_devicearray_new: a DeviceNDArray over memory gpu_data keeps
+     * alive */
+    PyObject *(*devicearray_new)(int ndim, const Py_ssize_t *shape,
+                                 const Py_ssize_t *strides,
+                                 PyArray_Descr *dtype, CUdeviceptr ptr,
+                                 PyObject *gpu_data, PyObject *stream);
+    /* cm_ipc_pool_release: let go of one open of a memory-pool import
+     * (a CM_REL_IPC_POOL release); no GIL needed */
+    CUresult (*ipc_pool_release)(uintptr_t imp);
+    /* cm_ipc_pool_drop: the same for an import whose context was closed */
+    void (*ipc_pool_drop)(uintptr_t imp);
+} cm_memory_upcalls;
+
+extern cm_memory_upcalls cm_mem_up;
 
 /* The owner of one device allocation of the default memory manager
  * (Python type DeviceAllocation). */

@@ -589,6 +589,9 @@ cm_ipc_init(PyObject *mod, cm_state *st)
 {
     int i;
 
+    /* What memory/ reaches of the IPC imports (memory/memory.h). */
+    cm_mem_up.ipc_pool_release = cm_ipc_pool_release;
+    cm_mem_up.ipc_pool_drop = cm_ipc_pool_drop;
     if (cm_ipcpool_fork_init() < 0) {
         return -1;
     }
