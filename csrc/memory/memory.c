@@ -1454,6 +1454,23 @@ cm_memory_init(PyObject *mod, cm_state *st)
 {
     const char *v;
 
+    /* What the context layer reaches of this one (cm.h). */
+    cm_ctx_up.mm_default = &cm_mm_default;
+    cm_ctx_up.mm_plugin = &cm_mm_plugin;
+    cm_ctx_up.mm_pool = &cm_mm_pool;
+    cm_ctx_up.mm_async = &cm_mm_async;
+    cm_ctx_up.mm_builtin = cm_mm_builtin;
+    cm_ctx_up.mm_uses_plugin = cm_mm_uses_plugin;
+    cm_ctx_up.mm_prepare = cm_mm_prepare;
+    cm_ctx_up.limit_device_init = cm_limit_device_init;
+    cm_ctx_up.ctx_init_memory = cm_ctx_init_memory;
+    cm_ctx_up.ctx_flush = cm_ctx_flush;
+    cm_ctx_up.pending_hold = cm_pending_hold;
+    cm_ctx_up.ctx_release = cm_ctx_release;
+    cm_ctx_up.mem_alloc = cm_mem_alloc;
+    cm_ctx_up.hostmem_context_save = cm_hostmem_context_save;
+    cm_ctx_up.hostmem_context_restore = cm_hostmem_context_restore;
+    cm_ctx_up.interop_context_closing = cm_interop_context_closing;
     if ((v = cm_env_setting("MAX_PENDING_DEALLOCS_COUNT")) != NULL) {
         cm_cfg_count = strtol(v, NULL, 10);
     }

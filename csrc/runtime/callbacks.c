@@ -129,7 +129,7 @@ cm_python_leave(void)
 int
 cm_handle_release(cm_context *ctx, int is_event, void *handle)
 {
-    cm_ctx_release(ctx, is_event ? CM_REL_EVENT : CM_REL_STREAM,
+    cm_ctx_up.ctx_release(ctx, is_event ? CM_REL_EVENT : CM_REL_STREAM,
                    (uintptr_t)handle, 0);
     return 0;
 }

@@ -144,7 +144,7 @@ cm_current_context_fn(PyObject *mod, PyObject *const *args,
         }
     }
     /* The context is prepared for use, as numba's get_context does. */
-    if (cm_mm_prepare(c) < 0) {
+    if (cm_ctx_up.mm_prepare(c) < 0) {
         Py_DECREF(c);
         return NULL;
     }

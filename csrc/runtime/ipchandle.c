@@ -592,6 +592,8 @@ cm_ipc_init(PyObject *mod, cm_state *st)
     /* What memory/ reaches of the IPC imports (memory/memory.h). */
     cm_mem_up.ipc_pool_release = cm_ipc_pool_release;
     cm_mem_up.ipc_pool_drop = cm_ipc_pool_drop;
+    /* What the context layer reaches of them (cm.h). */
+    cm_ctx_up.ipc_context_closing = cm_ipc_context_closing;
     if (cm_ipcpool_fork_init() < 0) {
         return -1;
     }
