@@ -854,14 +854,6 @@ int cm_on_driver_thread(void);
  * current context.  New reference, or NULL with an exception. */
 PyObject *cm_stream_external(CUstream handle);
 
-/* runtime/ipc.c, called by memory/memory.c and array/ */
-/* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle, made in
- * C for the built-in managers' memory, else by the memory manager's
- * get_ipc_handle through cudamem._ipc._export_array. */
-PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
-/* 1 if o is an IpcMemory (what IpcHandle.open gives) that was closed,
- * else 0.  Never raises. */
-int cm_ipc_mem_closed(PyObject *o);
 
 /* ------------------------------------------------------------------ */
 /* retcheck.c: the return check of the debug build                     */

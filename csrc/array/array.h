@@ -189,6 +189,20 @@ PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
                              PyArray_Descr *dtype, CUdeviceptr ptr,
                              PyObject *gpu_data, PyObject *stream);
 
+/* What the array layer calls in the layer above it, through pointers
+ * that layer sets in its init function (runtime/ipchandle.c's
+ * cm_ipc_init, in module exec before any Python code can call into the
+ * module). */
+typedef struct {
+    /* cm_ipc_get_handle: DeviceNDArray.get_ipc_handle (METH_NOARGS) */
+    PyObject *(*ipc_get_handle)(PyObject *self, PyObject *unused);
+    /* cm_ipc_mem_closed: 1 if o is an IpcMemory that was closed, else 0;
+     * never raises */
+    int (*ipc_mem_closed)(PyObject *o);
+} cm_array_upcalls;
+
+extern cm_array_upcalls cm_array_up;
+
 /* ------------------------------------------------------------------ */
 /* init functions of the array layer                                  */
 /* ------------------------------------------------------------------ */

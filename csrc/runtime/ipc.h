@@ -146,4 +146,5 @@ CUresult cm_ipc_pool_release(uintptr_t imp);
 /* The same for an import whose context was closed: no driver call. */
 void cm_ipc_pool_drop(uintptr_t imp);
 
+
 #endif /* CM_IPC_H */

@@ -594,6 +594,9 @@ cm_ipc_init(PyObject *mod, cm_state *st)
     cm_mem_up.ipc_pool_drop = cm_ipc_pool_drop;
     /* What the context layer reaches of them (cm.h). */
     cm_ctx_up.ipc_context_closing = cm_ipc_context_closing;
+    /* What the array layer reaches of them (array/array.h). */
+    cm_array_up.ipc_get_handle = cm_ipc_get_handle;
+    cm_array_up.ipc_mem_closed = cm_ipc_mem_closed;
     if (cm_ipcpool_fork_init() < 0) {
         return -1;
     }

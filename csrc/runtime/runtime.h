@@ -87,6 +87,13 @@ PyObject *cm_stream_external_owned(CUstream handle, PyObject *owner);
  * imports from other processes' pools and destroy those pools.  Never
  * raises. */
 void cm_ipc_context_closing(cm_context *ctx);
+/* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle, made in
+ * C for the built-in managers' memory, else by the memory manager's
+ * get_ipc_handle through cudamem._ipc._export_array. */
+PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
+/* 1 if o is an IpcMemory (what IpcHandle.open gives) that was closed,
+ * else 0.  Never raises. */
+int cm_ipc_mem_closed(PyObject *o);
 
 /* ------------------------------------------------------------------ */
 /* init functions of the runtime layer                                */
