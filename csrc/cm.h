@@ -8,11 +8,12 @@
  * - the checking macros that turn a CUresult into CudaAPIError;
  * - the module state (types, exception classes, interned strings);
  * - the Device and Context objects, which every layer above the driver
- *   works in (runtime/context.c);
- * - the functions of a higher layer that a lower one calls.
+ *   works in (context/context.c), and the table through which the
+ *   context reaches the memory managers and the IPC imports above it.
  *
  * What a layer offers the one above is in its folder's header
- * (driver/driver.h, memory/memory.h, array/array.h, runtime/runtime.h).
+ * (driver/driver.h, context/context.h, memory/memory.h, array/array.h,
+ * features/features.h).
  *
  * Multiple interpreters are unsupported (NumPy and the driver are per
  * process), so the module state is reached through one process-wide
@@ -162,7 +163,7 @@ typedef struct cm_state {
     PyObject *dl_kwn_versioned;    /* ("stream", "max_version") */
     PyObject *dl_kwn_legacy;       /* ("stream",) */
     /* asyncio.get_running_loop, and the WeakKeyDictionary loop ->
-     * notifier; made on first use (runtime/callbacks.c) */
+     * notifier; made on first use (context/callbacks.c) */
     PyObject *get_running_loop;
     PyObject *notifiers;
     /* the exception of the last failed cudamem_torch_alloc, or NULL;
@@ -189,7 +190,7 @@ typedef struct cm_state {
     PyObject *str_sync_cfg;            /* "CUDA_ARRAY_INTERFACE_SYNC" */
     PyObject *str_C;                   /* "C" */
     PyObject *str_dtype;               /* "dtype" */
-    PyObject *str_pci[3];              /* runtime/ipc.c's cm_pci_keys */
+    PyObject *str_pci[3];              /* features/ipc.c's cm_pci_keys */
     PyObject *str_dlpack;              /* "__dlpack__" */
     PyObject *str_dlpack_device;       /* "__dlpack_device__" */
     PyObject *str_cuda_stream;         /* "__cuda_stream__" */
@@ -678,7 +679,7 @@ int cm_device_pci(cm_device *d, int pci[3]);
 int cm_context_live(cm_context **out);
 
 /* One kind of memory manager, as the allocation path (memory.c) and the
- * context (runtime/context.c) use it, instead of switching on the kind.
+ * context (context/context.c) use it, instead of switching on the kind.
  * One constant table per kind: cm_mm_default and cm_mm_plugin
  * (memory.c), cm_mm_pool and cm_mm_async (poolops.c).  A context points
  * at two: ctx->mm, the manager that allocates, and ctx->mm_builtin, the
@@ -776,9 +777,9 @@ struct cm_mm_ops {
  * those layers set in their init functions (module exec, before any
  * Python code can call into the module): the memory layer
  * (memory/memory.c's cm_memory_init) gives a context its memory manager,
- * queues and limit, and the IPC imports (runtime/ipchandle.c) let go of
+ * queues and limit, and the IPC imports (features/ipchandle.c) let go of
  * a closing context's imported pools.  Each field names the function it
- * points at; memory/memory.h and runtime/ipc.h say what it does. */
+ * points at; memory/memory.h and features/ipc.h say what it does. */
 typedef struct {
     /* memory/ */
     const cm_mm_ops *mm_default;       /* &cm_mm_default */
@@ -798,62 +799,11 @@ typedef struct {
     int (*hostmem_context_save)(cm_context *ctx);
     void (*hostmem_context_restore)(cm_context *ctx);
     void (*interop_context_closing)(cm_context *ctx);
-    /* runtime/ipcpool.c */
+    /* features/ipcpool.c */
     void (*ipc_context_closing)(cm_context *ctx);
 } cm_context_upcalls;
 
 extern cm_context_upcalls cm_ctx_up;
-
-/* ------------------------------------------------------------------ */
-/* Calls up the layers                                                */
-/* ------------------------------------------------------------------ */
-
-/*
- * Functions of a higher layer that a lower one calls: the cycles left
- * between the files (docs/design.md#layers).  Each is declared here, the
- * header every file sees, rather than in its folder's header, so that no
- * file includes the header of a layer above its own.
- */
-
-/* runtime/stream.c, called by memory/ and array/ */
-/* Whether h names a default stream (0, CU_STREAM_LEGACY or
- * CU_STREAM_PER_THREAD): always valid, never destroyed. */
-static inline int
-cm_stream_handle_is_default(CUstream h)
-{
-    uintptr_t v = (uintptr_t)h;
-
-    return v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
-           || v == (uintptr_t)CU_STREAM_PER_THREAD;
-}
-
-/* Resolve a stream argument.  0, None and False give *handle = 0 and
- * return 0 (falsy: the caller then uses the array's bound stream, or a
- * synchronous call).  A cudamem Stream (one type check, no attribute
- * lookup), or any object with __cuda_stream__ (the cuda.core protocol),
- * gives its handle and returns 1 (truthy: asynchronous).  Anything else:
- * -1 with TypeError; a Stream of a closed context, or a handle that no
- * stream object can be at (cm_stream_handle_check): -1 with ValueError. */
-int cm_stream_resolve(PyObject *obj, CUstream *handle);
-
-/* Whether h, a stream handle that did not come from cudamem, may be
- * handed to the driver.  0, 1 and 2 name default streams; any other value
- * is the address of the driver's stream object, which the driver reads
- * without a check, so an unaligned address or one that cannot be read
- * would crash the process.  0, or -1 with ValueError naming what.  A
- * destroyed stream whose memory is still mapped cannot be told apart. */
-int cm_stream_handle_check(uintptr_t h, const char *what);
-
-/* Whether the calling thread is running a host callback for cudamem (the
- * driver's callback thread).  The driver forbids API calls there, so a
- * dealloc that would free a driver resource must defer it instead. */
-int cm_on_driver_thread(void);
-
-/* A new Stream object wrapping a handle cudamem does not own (external:
- * never destroyed by cudamem), as external_stream(h) returns, in the
- * current context.  New reference, or NULL with an exception. */
-PyObject *cm_stream_external(CUstream handle);
-
 
 /* ------------------------------------------------------------------ */
 /* retcheck.c: the return check of the debug build                     */

@@ -11,8 +11,8 @@
  * _core at any point of its own import without a cycle.  One
  * interpreter per process: exec refuses to run twice.
  */
-#include "runtime/context.h"
-#include "runtime/runtime.h"
+#include "context/devctx.h"
+#include "features/features.h"
 
 /* Visit or clear every object field of the state, in one list so that
  * traverse and clear cannot drift apart; what holds objects of cudamem's

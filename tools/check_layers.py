@@ -3,8 +3,8 @@
 """Check that data flows down the layers of csrc/: no file includes the
 header of a layer above its own.
 
-The layers, lowest first: driver, memory, array, runtime, then module.c
-and retcheck.c (the debug build's return check) at the top; cm.h (at the
+The layers, lowest first: driver, context, memory, array, features,
+then module.c and retcheck.c (the debug build's return check) at the top; cm.h (at the
 top of csrc/) is seen by every layer and may include only the driver's
 headers.  The simulator (csrc/sim/) is a
 backend of the driver table: it includes the driver's headers and its
@@ -18,8 +18,8 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "csrc"
-RANK = {"driver": 0, "cm.h": 0, "memory": 1, "array": 2, "runtime": 3,
-        "module.c": 4, "retcheck.c": 4}
+RANK = {"driver": 0, "cm.h": 0, "context": 1, "memory": 2, "array": 3,
+        "features": 4, "module.c": 5, "retcheck.c": 5}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

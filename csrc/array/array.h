@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * array/array.h: the array layer as the runtime above sees it: the
- * internal copy-with-cast kernel (kernels.c, convert.h), the layout math
- * and the copy engine over plain views, the device-array types and
- * DLPack.  What the memory layer below calls here is declared in cm.h
- * (its "calls up the layers" section).
+ * array/array.h: the array layer as the features above see it: the
+ * internal copy-with-cast kernel (kernels.c, convert.h), the copy engine
+ * over plain views, the device-array types and DLPack.  What the memory
+ * layer below calls here it reaches through cm_mem_up
+ * (memory/memory.h), which types.c fills.
  */
 #ifndef CM_ARRAY_H
 #define CM_ARRAY_H
@@ -190,7 +190,7 @@ PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
                              PyObject *gpu_data, PyObject *stream);
 
 /* What the array layer calls in the layer above it, through pointers
- * that layer sets in its init function (runtime/ipchandle.c's
+ * that layer sets in its init function (features/ipchandle.c's
  * cm_ipc_init, in module exec before any Python code can call into the
  * module). */
 typedef struct {

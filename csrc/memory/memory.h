@@ -11,6 +11,7 @@
 
 #include "cm.h"
 #include "driver/driver.h"
+#include "context/context.h"
 
 /* ------------------------------------------------------------------ */
 /* layout.c: the layout math of strided views                         */
@@ -65,7 +66,7 @@ int cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
 /* What memory/ calls in the layers above it, through pointers those
  * layers set in their init functions (module exec, before any Python
  * code can call into the module): the array layer (array/types.c) and
- * the IPC imports (runtime/ipchandle.c). */
+ * the IPC imports (features/ipchandle.c). */
 typedef struct {
     /* cm_devicearray_owner: whether o is a device array, with what keeps
      * its memory alive */

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/callbacks.c: argument binding, driver threads and deferred
+ * context/callbacks.c: argument binding, driver threads and deferred
  * releases, the cache of idle streams, host calls, add_callback and the
  * GIL-free completion path behind async_done() and await event.
  */
-#include "runtime/stream.h"
+#include "context/stream.h"
 
 #include <errno.h>
 #include <fcntl.h>

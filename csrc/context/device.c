@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/device.c: Device objects, one per device ordinal.
+ * context/device.c: Device objects, one per device ordinal.
  */
-#include "runtime/context.h"
-#include "runtime/devattrs.h"
+#include "context/devctx.h"
+#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>

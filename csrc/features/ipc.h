@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
+ * features/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
  * ipchandle.c: the sections of one concept, kept in files of their own).
  * Private to them: the rest of the folder and module.c use
- * runtime/runtime.h.
+ * features/features.h.
  */
 #ifndef CM_IPC_H
 #define CM_IPC_H
 
-#include "runtime/runtime.h"
+#include "features/features.h"
 
 /* The owner of one imported mapping. */
 typedef struct {

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/ipchandle.c: the IPC handle objects and
+ * features/ipchandle.c: the IPC handle objects and
  * DeviceNDArray.get_ipc_handle.
  */
-#include "runtime/ipc.h"
+#include "features/ipc.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -23,8 +23,8 @@
  * device's context waits (GIL released) instead of retaining the primary
  * context being reset, which would give it a context destroyed under it.
  */
-#include "runtime/context.h"
-#include "runtime/devattrs.h"
+#include "context/devctx.h"
+#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>

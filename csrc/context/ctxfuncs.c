@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/ctxfuncs.c: the module-level functions of devices and contexts
+ * context/ctxfuncs.c: the module-level functions of devices and contexts
  * (select_device, get_current_device, close, ...) and their init.
  */
-#include "runtime/context.h"
-#include "runtime/devattrs.h"
+#include "context/devctx.h"
+#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>
