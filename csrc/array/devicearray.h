@@ -12,6 +12,19 @@
 
 #include "array/array.h"
 
+/* The last paragraph of the docstrings of the copies that may be staged
+ * (to_device, copy_to_host, copy_to_device). */
+#define CM_DOC_STAGED                                                   \
+    "Large copies of pageable host memory may go through the staging\n"  \
+    "pipeline (see the README: CUDAMEM_STAGING).  Such a copy has "     \
+    "completed\n"                                                       \
+    "when it returns, also an asynchronous one (issued on its stream "   \
+    "after\n"                                                           \
+    "the work queued there); the driver's own asynchronous copies of\n" \
+    "pageable memory likewise return only once the host memory is "      \
+    "consumed\n"                                                        \
+    "or filled."
+
 /* ------------------------------------------------------------------ */
 /* The copy engine                                                     */
 /* ------------------------------------------------------------------ */
