@@ -806,7 +806,7 @@ typedef struct {
 extern cm_context_upcalls cm_ctx_up;
 
 /* ------------------------------------------------------------------ */
-/* retcheck.c: the return check of the debug build                     */
+/* driver/retcheck.c: the return check of the debug build              */
 /* ------------------------------------------------------------------ */
 
 /*
