@@ -12,7 +12,7 @@ came from is compiled into the module (``cudamem._core._cuda_headers``,
 shown by ``python -m cudamem``).
 
 Environment switches: CUDAMEM_DEBUG=1 (-O0 -g3, asserts on, the return
-check of csrc/retcheck.c),
+check of csrc/driver/retcheck.c),
 CUDAMEM_WERROR=1 (-Werror), CUDAMEM_SANITIZE=address,undefined,
 CUDAMEM_IGNORE_SYSTEM_CUDA=1.
 """

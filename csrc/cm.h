@@ -8,15 +8,16 @@
  * - the checking macros that turn a CUresult into CudaAPIError;
  * - the module state (types, exception classes, interned strings);
  * - the Device and Context objects, which every layer above the driver
- *   works in (runtime/context.c);
- * - the functions of a higher layer that a lower one calls.
+ *   works in (context/context.c), and the table through which the
+ *   context reaches the memory managers and the IPC imports above it.
  *
  * What a layer offers the one above is in its folder's header
- * (driver/driver.h, memory/memory.h, array/array.h, runtime/runtime.h).
+ * (driver/driver.h, context/context.h, memory/memory.h, array/array.h,
+ * features/features.h).
  *
  * Multiple interpreters are unsupported (NumPy and the driver are per
  * process), so the module state is reached through one process-wide
- * pointer, cm_st, set once in module exec.
+ * pointer, cm_st (driver/state.c), set once in module exec.
  */
 #ifndef CM_H
 #define CM_H
@@ -25,7 +26,7 @@
 #include <Python.h>
 
 #define PY_ARRAY_UNIQUE_SYMBOL cm_ARRAY_API
-#ifndef CM_MODULE_C
+#ifndef CM_NUMPY_API_C
 #define NO_IMPORT_ARRAY
 #endif
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
@@ -162,7 +163,7 @@ typedef struct cm_state {
     PyObject *dl_kwn_versioned;    /* ("stream", "max_version") */
     PyObject *dl_kwn_legacy;       /* ("stream",) */
     /* asyncio.get_running_loop, and the WeakKeyDictionary loop ->
-     * notifier; made on first use (runtime/callbacks.c) */
+     * notifier; made on first use (context/callbacks.c) */
     PyObject *get_running_loop;
     PyObject *notifiers;
     /* the exception of the last failed cudamem_torch_alloc, or NULL;
@@ -189,7 +190,7 @@ typedef struct cm_state {
     PyObject *str_sync_cfg;            /* "CUDA_ARRAY_INTERFACE_SYNC" */
     PyObject *str_C;                   /* "C" */
     PyObject *str_dtype;               /* "dtype" */
-    PyObject *str_pci[3];              /* runtime/ipc.c's cm_pci_keys */
+    PyObject *str_pci[3];              /* features/ipc.c's cm_pci_keys */
     PyObject *str_dlpack;              /* "__dlpack__" */
     PyObject *str_dlpack_device;       /* "__dlpack_device__" */
     PyObject *str_cuda_stream;         /* "__cuda_stream__" */
@@ -568,6 +569,27 @@ enum {
     CM_MM_ASYNC           /* the driver's stream-ordered allocator */
 };
 
+/* What a queued release does. */
+enum {
+    CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */
+    CM_REL_HOST,          /* cuMemFreeHost (pinned or mapped memory) */
+    CM_REL_STREAM,        /* cuStreamDestroy */
+    CM_REL_EVENT,         /* cuEventDestroy */
+    CM_REL_MODULE,        /* cuModuleUnload */
+    CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
+    CM_REL_POOL,          /* a block back to the context's pool */
+    CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
+    CM_REL_IPC_POOL,      /* an imported pool allocation (ipc.c's record)
+                           * let go: cuMemFree once unused */
+    CM_REL_POOL_SYNC,     /* a pool block whose streams could not be
+                           * recorded (released on a driver callback
+                           * thread): the flush waits for the context,
+                           * then the block is free for any stream */
+    CM_REL_ASYNC_SYNC     /* the same for the async manager: the flush
+                           * waits for the context, then cuMemFreeAsync
+                           * on the default stream */
+};
+
 /* The most idle streams a context keeps for reuse (stream.c). */
 #define CM_STREAM_CACHE_MAX 16
 
@@ -724,108 +746,135 @@ int cm_device_pci(cm_device *d, int pci[3]);
  * borrowed references; how many.  Never raises. */
 int cm_context_live(cm_context **out);
 
+/* One kind of memory manager, as the allocation path (memory.c) and the
+ * context (context/context.c) use it, instead of switching on the kind.
+ * One constant table per kind: cm_mm_default and cm_mm_plugin
+ * (memory.c), cm_mm_pool and cm_mm_async (poolops.c).  A context points
+ * at two: ctx->mm, the manager that allocates, and ctx->mm_builtin, the
+ * built-in one it was made with, whose state ctx->pool holds (they
+ * differ while a plugin is assigned); a DeviceAllocation points at the
+ * one that made it.  Calls go one way: memory.c calls the managers
+ * through their tables, the pool files never call memory.c.
+ *
+ * The plugin's table has no functions (the allocation path calls the
+ * Python object).  In the built-in ones, alloc, release, trim, stats
+ * and alloc_fn are never NULL; the others are NULL where the manager
+ * has nothing to do (no state, no stream order, nothing to export). */
+struct cm_mm_ops {
+    int kind;             /* CM_MM_* (the history records it) */
+    const char *name;     /* memory_stats()'s "manager", and the name
+                           * that selects the built-in one */
+    const char *emm_class;  /* the class of cudamem._emm that
+                             * Context.memory_manager makes for it */
+    int ordered;          /* allocates for a stream and releases ordered
+                           * on it (pool, async): the release runs at
+                           * once unless defer_cleanup() holds the
+                           * queue, and uses on other streams are noted */
+    int rel;              /* the CM_REL_* that releases an allocation */
+    int rel_sync;         /* the same when the streams that used it
+                           * cannot be recorded (the flush waits for the
+                           * context first) */
+    /* Give ctx (alive; it need not be current) the manager's state; 0,
+     * or -1 with an exception. */
+    int (*create)(cm_context *ctx);
+    /* Give everything the state holds back to the driver (the context
+     * is being closed or reset; it is still alive).  Never raises. */
+    void (*destroy)(cm_context *ctx);
+    /* Free the C state (Context dealloc). */
+    void (*free)(cm_context *ctx);
+    /* Allocate size bytes for stream, ctx current, GIL held (released
+     * around calls that can block); *handle: what release takes.  What
+     * it gets from the driver counts against the device's memory limit
+     * (cm_limit_take), until given back: CUDA_ERROR_OUT_OF_MEMORY, with
+     * no driver call, where the limit refuses it.  No exception is set:
+     * the CUresult says what happened. */
+    CUresult (*alloc)(cm_context *ctx, size_t size, CUstream stream,
+                      CUdeviceptr *ptr, uintptr_t *handle);
+    /* Run a release (kind: rel or rel_sync) of handle, an allocation
+     * of size bytes, on stream; ctx current, with or without the GIL.
+     * No exception is set. */
+    CUresult (*release)(cm_context *ctx, int kind, uintptr_t handle,
+                        size_t size, CUstream stream);
+    /* Before the release of an allocation (handle, allocated for own)
+     * that work queued by cudamem also used on the n streams (ctx
+     * current, GIL held): order the release after that work.  *on (own
+     * on entry): the stream the release goes to.  Not CUDA_SUCCESS:
+     * release with rel_sync.  Ordered managers only. */
+    CUresult (*order)(cm_context *ctx, uintptr_t handle, CUstream own,
+                      const CUstream *streams, int n, CUstream *on);
+    /* Stream h of ctx is about to be destroyed by cudamem: what waits
+     * for it is ordered now, while the handle is valid.  ctx current,
+     * with or without the GIL; never raises. */
+    void (*stream_gone)(cm_context *ctx, CUstream h);
+    /* Give every wholly free cached byte back to the driver; 0, or -1
+     * with an exception. */
+    int (*trim)(cm_context *ctx);
+    /* Bytes the manager holds, how many of them are free, and the
+     * largest free block (-1 when the manager cannot know); zeros
+     * without state. */
+    void (*stats)(cm_context *ctx, size_t *reserved, size_t *free_b,
+                  long long *largest);
+    /* The entry point that allocates, for messages. */
+    const char *(*alloc_fn)(cm_context *ctx);
+    /* Whether device memory at base (an allocation's start) comes from
+     * the manager's own exportable pool: 1, 0, or -1 with an exception. */
+    int (*owns)(cm_context *ctx, CUdeviceptr base);
+    /* Export the allocation at base for another process: its
+     * cuMemPoolExportPointer data, the descriptor of the pool's
+     * shareable handle (exported on the first call, kept until the
+     * context is closed) and the token that names the pool.  GIL held,
+     * ctx current.  0, or -1 with an exception: CudaAPIError
+     * CUDA_ERROR_NOT_SUPPORTED, saying why, when the pool was made
+     * without a shareable handle type. */
+    int (*export)(cm_context *ctx, CUdeviceptr base,
+                  CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
+    /* Allocate size bytes for stream from what the manager already
+     * holds, with or without the GIL, never growing: the path of callers
+     * that hold no Python object (interop.c's PyTorch entry points).
+     * ctx is current and kept alive by the caller, which counts itself
+     * as a driver call in flight (cm_driver_call_begin) from before the
+     * call until it is done with the memory.  CUDA_SUCCESS;
+     * CUDA_ERROR_NOT_READY when only alloc (GIL held) can serve it
+     * (nothing free fits); CUDA_ERROR_CONTEXT_IS_DESTROYED once the
+     * manager was destroyed.  NULL: the manager has no such path. */
+    CUresult (*take)(cm_context *ctx, size_t size, CUstream stream,
+                     CUdeviceptr *ptr, uintptr_t *handle);
+};
+
+/* What the context layer calls in the layers above it, through pointers
+ * those layers set in their init functions (module exec, before any
+ * Python code can call into the module): the memory layer
+ * (memory/memory.c's cm_memory_init) gives a context its memory manager,
+ * queues and limit, and the IPC imports (features/ipchandle.c) let go of
+ * a closing context's imported pools.  Each field names the function it
+ * points at; memory/memory.h and features/ipc.h say what it does. */
+typedef struct {
+    /* memory/ */
+    const cm_mm_ops *mm_default;       /* &cm_mm_default */
+    const cm_mm_ops *mm_plugin;        /* &cm_mm_plugin */
+    const cm_mm_ops *mm_pool;          /* &cm_mm_pool */
+    const cm_mm_ops *mm_async;         /* &cm_mm_async */
+    const cm_mm_ops *(*mm_builtin)(void);
+    int (*mm_uses_plugin)(const cm_context *ctx);
+    int (*mm_prepare)(cm_context *ctx);
+    int (*limit_device_init)(int dev, size_t total);
+    int (*ctx_init_memory)(cm_context *ctx);
+    int (*ctx_flush)(cm_context *ctx);
+    int (*pending_hold)(cm_pending *q, int depth);
+    void (*ctx_release)(cm_context *ctx, int kind, uintptr_t handle,
+                        size_t size);
+    PyObject *(*mem_alloc)(cm_context *ctx, size_t size, CUdeviceptr *ptr);
+    int (*hostmem_context_save)(cm_context *ctx);
+    void (*hostmem_context_restore)(cm_context *ctx);
+    void (*interop_context_closing)(cm_context *ctx);
+    /* features/ipcpool.c */
+    void (*ipc_context_closing)(cm_context *ctx);
+} cm_context_upcalls;
+
+extern cm_context_upcalls cm_ctx_up;
+
 /* ------------------------------------------------------------------ */
-/* Calls up the layers                                                */
-/* ------------------------------------------------------------------ */
-
-/*
- * Functions of a higher layer that a lower one calls: the cycles left
- * between the files (docs/design.md#layers).  Each is declared here, the
- * header every file sees, rather than in its folder's header, so that no
- * file includes the header of a layer above its own.
- */
-
-/* runtime/stream.c, called by memory/ and array/ */
-/* Whether h names a default stream (0, CU_STREAM_LEGACY or
- * CU_STREAM_PER_THREAD): always valid, never destroyed. */
-static inline int
-cm_stream_handle_is_default(CUstream h)
-{
-    uintptr_t v = (uintptr_t)h;
-
-    return v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
-           || v == (uintptr_t)CU_STREAM_PER_THREAD;
-}
-
-/* Resolve a stream argument.  0, None and False give *handle = 0 and
- * return 0 (falsy: the caller then uses the array's bound stream, or a
- * synchronous call).  A cudamem Stream (one type check, no attribute
- * lookup), or any object with __cuda_stream__ (the cuda.core protocol),
- * gives its handle and returns 1 (truthy: asynchronous).  Anything else:
- * -1 with TypeError; a Stream of a closed context, or a handle that no
- * stream object can be at (cm_stream_handle_check): -1 with ValueError. */
-int cm_stream_resolve(PyObject *obj, CUstream *handle);
-
-/* Whether h, a stream handle that did not come from cudamem, may be
- * handed to the driver.  0, 1 and 2 name default streams; any other value
- * is the address of the driver's stream object, which the driver reads
- * without a check, so an unaligned address or one that cannot be read
- * would crash the process.  0, or -1 with ValueError naming what.  A
- * destroyed stream whose memory is still mapped cannot be told apart. */
-int cm_stream_handle_check(uintptr_t h, const char *what);
-
-/* Whether the calling thread is running a host callback for cudamem (the
- * driver's callback thread).  The driver forbids API calls there, so a
- * dealloc that would free a driver resource must defer it instead. */
-int cm_on_driver_thread(void);
-
-/* A new Stream object wrapping a handle cudamem does not own (external:
- * never destroyed by cudamem), as external_stream(h) returns, in the
- * current context.  New reference, or NULL with an exception. */
-PyObject *cm_stream_external(CUstream handle);
-
-/* runtime/ipc.c, called by memory/memory.c and array/ */
-/* DeviceNDArray.get_ipc_handle (METH_NOARGS): an IpcArrayHandle, made in
- * C for the built-in managers' memory, else by the memory manager's
- * get_ipc_handle through cudamem._ipc._export_array. */
-PyObject *cm_ipc_get_handle(PyObject *self, PyObject *unused);
-/* Let go of one open of a memory-pool import (the handle of a
- * CM_REL_IPC_POOL release): the last frees the imported memory and, with
- * its pool's last allocation, the imported pool.  No GIL needed; the
- * import's context current.  The first failing CUresult, or success. */
-CUresult cm_ipc_pool_release(uintptr_t imp);
-/* The same for an import whose context was closed: no driver call. */
-void cm_ipc_pool_drop(uintptr_t imp);
-/* 1 if o is an IpcMemory (what IpcHandle.open gives) that was closed,
- * else 0.  Never raises. */
-int cm_ipc_mem_closed(PyObject *o);
-
-/* array/devicearray.c, called by memory/ (hostmem.c, memory.c) */
-/* The byte span of a layout (0 when empty) and, in *lo, the offset of its
- * lowest byte from the first logical element (<= 0). */
-Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
-                          const Py_ssize_t *strides, Py_ssize_t itemsize,
-                          Py_ssize_t *lo);
-/* Whether o is a device array: 1 with what keeps its memory alive (its
- * gpu_data, borrowed) in *owner, else 0.  Never raises. */
-int cm_devicearray_owner(PyObject *o, PyObject **owner);
-/* Parse METH_FASTCALL | METH_KEYWORDS arguments against kwlist, n
- * interned names of positional-or-keyword parameters, the first nreq
- * required; out[i] is borrowed, or NULL when absent.  0 or -1. */
-int cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames, PyObject *const *kwlist, int n,
-                int nreq, PyObject **out);
-/* device_array's (shape, dtype, strides, order) rules: fills shape[] and
- * strides[] (NPY_MAXDIMS entries each) and *dtype (a new reference);
- * ndim, or -1 with an exception.  Any argument may be NULL (default). */
-int cm_layout_parse(PyObject *shape_o, PyObject *dtype_o,
-                    PyObject *strides_o, PyObject *order_o,
-                    Py_ssize_t *shape, Py_ssize_t *strides,
-                    PyArray_Descr **dtype);
-/* device_array_like's rules: the layout of a new array like ary (host or
- * device); ndim, or -1. */
-int cm_layout_like(PyObject *ary, Py_ssize_t *shape, Py_ssize_t *strides,
-                   PyArray_Descr **dtype);
-/* A new DeviceNDArray over memory that gpu_data keeps alive; ptr is the
- * address of the first logical element (ignored when empty); stream NULL
- * means 0.  Steals nothing. */
-PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
-                             const Py_ssize_t *strides,
-                             PyArray_Descr *dtype, CUdeviceptr ptr,
-                             PyObject *gpu_data, PyObject *stream);
-
-/* ------------------------------------------------------------------ */
-/* retcheck.c: the return check of the debug build                     */
+/* driver/retcheck.c: the return check of the debug build              */
 /* ------------------------------------------------------------------ */
 
 /*

@@ -2,7 +2,8 @@
 /*
  * module.c: the extension module cudamem._core.
  *
- * Owns the module state (cm_st): the interned strings, the types that
+ * Owns the module state (the pointer to it, cm_st, is in the lowest
+ * layer, driver/state.c): the interned strings, the types that
  * the concept files create in their init functions (which exec calls in
  * dependency order), and what the cudamem package registers at import
  * through _register (its exception classes, NumPy subclasses, managers
@@ -10,13 +11,8 @@
  * _core at any point of its own import without a cycle.  One
  * interpreter per process: exec refuses to run twice.
  */
-#define CM_MODULE_C
-#include "runtime/context.h"
-#include "runtime/runtime.h"
-
-#include <stdarg.h>
-
-cm_state *cm_st;
+#include "context/devctx.h"
+#include "features/features.h"
 
 /* Visit or clear every object field of the state, in one list so that
  * traverse and clear cannot drift apart; what holds objects of cudamem's
@@ -113,32 +109,6 @@ cm_module_free(void *mod)
 /* ------------------------------------------------------------------ */
 /* What the package registers                                          */
 /* ------------------------------------------------------------------ */
-
-PyObject *
-cm_registered(PyObject *obj, const char *name)
-{
-    if (obj == NULL) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "cudamem._core: %s is not registered: the cudamem "
-                     "package registers it when imported (import cudamem, "
-                     "not cudamem._core alone)", name);
-    }
-    return obj;
-}
-
-PyObject *
-cm_raise_registered(PyObject *cls, const char *name, const char *fmt, ...)
-{
-    va_list va;
-
-    if (cm_registered(cls, name) == NULL) {
-        return NULL;
-    }
-    va_start(va, fmt);
-    PyErr_FormatV(cls, fmt, va);
-    va_end(va);
-    return NULL;
-}
 
 /* How _register checks a value before storing it. */
 enum {
@@ -440,7 +410,7 @@ cm_module_exec(PyObject *mod)
                         "process (multiple interpreters are unsupported)");
         return -1;
     }
-    if (PyArray_ImportNumPyAPI() < 0) {
+    if (cm_numpy_import() < 0) {
         return -1;
     }
     if (cm_module_strings(st) < 0
@@ -454,7 +424,8 @@ cm_module_exec(PyObject *mod)
         || cm_stream_init(mod, st) < 0 || cm_kernels_init(mod, st) < 0
         || cm_gather_init(mod, st) < 0
         || cm_devicearray_init(mod, st) < 0 || cm_dlpack_init(mod, st) < 0
-        || cm_hostmem_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
+        || cm_hostmem_init(mod, st) < 0
+        || cm_hostarray_init(mod, st) < 0 || cm_ipc_init(mod, st) < 0
         || cm_staging_init(mod, st) < 0 || cm_history_init(mod, st) < 0
         || cm_kernel_init(mod, st) < 0 || cm_types_patchable(st) < 0) {
         cm_st = NULL;

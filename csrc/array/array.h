@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * array/array.h: the array layer as the runtime above sees it: the
- * internal copy-with-cast kernel (kernels.c, convert.h), the layout math
- * and the copy engine over plain views, the device-array types and
- * DLPack.  What the memory layer below calls here is declared in cm.h
- * (its "calls up the layers" section).
+ * array/array.h: the array layer as the features above see it: the
+ * internal copy-with-cast kernel (kernels.c, convert.h), the copy engine
+ * over plain views, the device-array types and DLPack.  What the memory
+ * layer below calls here it reaches through cm_mem_up
+ * (memory/memory.h), which types.c fills.
  */
 #ifndef CM_ARRAY_H
 #define CM_ARRAY_H
@@ -81,11 +81,6 @@ typedef struct {
     int device;                 /* 1: device memory, 0: host memory */
 } cm_view;
 
-/* NumPy-1.19 contiguity of a layout: size-1 dimensions are ignored, an
- * empty array is both, a zero stride on a longer dimension is neither. */
-void cm_layout_flags(int ndim, const Py_ssize_t *shape,
-                     const Py_ssize_t *strides, Py_ssize_t itemsize,
-                     int *c_contig, int *f_contig);
 /* 0 when NumPy could make an array of that layout (its size and byte
  * span fit in Py_ssize_t), else -1 with NumPy's ValueError. */
 int cm_layout_check(int ndim, const Py_ssize_t *shape,
@@ -168,12 +163,54 @@ extern const char cm_dlpack_export_doc[];
 extern const char cm_dlpack_device_doc[];
 
 /* ------------------------------------------------------------------ */
+/* functions.c, devicearray.c: made for the host arrays and the layers */
+/* above                                                               */
+/* ------------------------------------------------------------------ */
+
+/* Whether o is a device array: 1 with what keeps its memory alive (its
+ * gpu_data, borrowed) in *owner, else 0.  Never raises. */
+int cm_devicearray_owner(PyObject *o, PyObject **owner);
+/* device_array's (shape, dtype, strides, order) rules: fills shape[] and
+ * strides[] (NPY_MAXDIMS entries each) and *dtype (a new reference);
+ * ndim, or -1 with an exception.  Any argument may be NULL (default). */
+int cm_layout_parse(PyObject *shape_o, PyObject *dtype_o,
+                    PyObject *strides_o, PyObject *order_o,
+                    Py_ssize_t *shape, Py_ssize_t *strides,
+                    PyArray_Descr **dtype);
+/* device_array_like's rules: the layout of a new array like ary (host or
+ * device); ndim, or -1. */
+int cm_layout_like(PyObject *ary, Py_ssize_t *shape, Py_ssize_t *strides,
+                   PyArray_Descr **dtype);
+/* A new DeviceNDArray over memory that gpu_data keeps alive; ptr is the
+ * address of the first logical element (ignored when empty); stream NULL
+ * means 0.  Steals nothing. */
+PyObject *cm_devicearray_new(int ndim, const Py_ssize_t *shape,
+                             const Py_ssize_t *strides,
+                             PyArray_Descr *dtype, CUdeviceptr ptr,
+                             PyObject *gpu_data, PyObject *stream);
+
+/* What the array layer calls in the layer above it, through pointers
+ * that layer sets in its init function (features/ipchandle.c's
+ * cm_ipc_init, in module exec before any Python code can call into the
+ * module). */
+typedef struct {
+    /* cm_ipc_get_handle: DeviceNDArray.get_ipc_handle (METH_NOARGS) */
+    PyObject *(*ipc_get_handle)(PyObject *self, PyObject *unused);
+    /* cm_ipc_mem_closed: 1 if o is an IpcMemory that was closed, else 0;
+     * never raises */
+    int (*ipc_mem_closed)(PyObject *o);
+} cm_array_upcalls;
+
+extern cm_array_upcalls cm_array_up;
+
+/* ------------------------------------------------------------------ */
 /* init functions of the array layer                                  */
 /* ------------------------------------------------------------------ */
 
 int cm_kernels_init(PyObject *mod, cm_state *st);
 int cm_gather_init(PyObject *mod, cm_state *st);
 int cm_devicearray_init(PyObject *mod, cm_state *st);
+int cm_hostarray_init(PyObject *mod, cm_state *st);
 /* A heap type from spec (base may be NULL) bound to mod, added to mod
  * under the name after the spec name's dot; NULL with an exception. */
 PyTypeObject *cm_make_type(PyObject *mod, PyType_Spec *spec,

@@ -25,6 +25,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+cm_array_upcalls cm_array_up;
+
 
 int
 cm_da_check(PyObject *o)
@@ -126,7 +128,7 @@ cm_da_alive(cm_da *a)
         if (cm_da_check(g)) {
             g = ((cm_da *)g)->gpu_data;
         }
-        if (g != NULL && cm_ipc_mem_closed(g)) {
+        if (g != NULL && cm_array_up.ipc_mem_closed(g)) {
             PyErr_SetString(PyExc_ValueError,
                             "the array's device memory was unmapped "
                             "(its IPC handle was closed)");

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * array/devicearray.h: what the files of the device-array types share
- * (layout.c, copy.c, argparse.c, devicearray.c, cai.c, transfer.c,
+ * (copy.c, argparse.c, devicearray.c, cai.c, transfer.c,
  * attrs.c, assign.c, methods.c, record.c, functions.c, types.c: the
  * sections of one concept, kept in files of their own).  Private to
  * them: the rest of the folder (dlpack.c, kernels.c) and the layers above
@@ -12,26 +12,18 @@
 
 #include "array/array.h"
 
-/* Whether the layout without its zero-stride dimensions (the "core") is
- * C- or F-contiguous. */
-int cm_layout_core_contiguous(int ndim, const Py_ssize_t *shape,
-                              const Py_ssize_t *strides, Py_ssize_t itemsize,
-                              int *c_out, int *f_out);
-
-/* Compact strides for shape in C (fortran = 0) or F order. */
-void cm_layout_compact(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize,
-                       int fortran, Py_ssize_t *strides);
-
-/* Dimension indices ordered by descending |stride| (stable): the
- * keep-order permutation of NumPy's empty_like. */
-void cm_layout_order(int ndim, const Py_ssize_t *strides, int *perm);
-
-/* Compact strides following key's dimension order and signs; zero where
- * key has a zero stride.  Returns the bytes needed and, in *first, the
- * offset of the first logical element in such a buffer. */
-Py_ssize_t cm_layout_compact_like(int ndim, const Py_ssize_t *shape,
-                                  const Py_ssize_t *key, Py_ssize_t itemsize,
-                                  Py_ssize_t *strides, Py_ssize_t *first);
+/* The last paragraph of the docstrings of the copies that may be staged
+ * (to_device, copy_to_host, copy_to_device). */
+#define CM_DOC_STAGED                                                   \
+    "Large copies of pageable host memory may go through the staging\n"  \
+    "pipeline (see the README: CUDAMEM_STAGING).  Such a copy has "     \
+    "completed\n"                                                       \
+    "when it returns, also an asynchronous one (issued on its stream "   \
+    "after\n"                                                           \
+    "the work queued there); the driver's own asynchronous copies of\n" \
+    "pageable memory likewise return only once the host memory is "      \
+    "consumed\n"                                                        \
+    "or filled."
 
 /* ------------------------------------------------------------------ */
 /* The copy engine                                                     */

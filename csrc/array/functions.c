@@ -466,12 +466,7 @@ const char cm_to_device_doc[] = PyDoc_STR(
 "Notes\n-----\n"
 "numba rejects non-contiguous host arrays; cudamem copies them into a\n"
 "C-contiguous (F-contiguous for F-ordered sources) device array.\n\n"
-"Large copies of pageable host memory may go through the staging\n"
-"pipeline (see the README: CUDAMEM_STAGING).  Such a copy has completed\n"
-"when it returns, also an asynchronous one (issued on its stream after\n"
-"the work queued there); the driver's own asynchronous copies of\n"
-"pageable memory likewise return only once the host memory is consumed\n"
-"or filled.");
+CM_DOC_STAGED);
 
 PyObject *
 cm_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,

@@ -27,12 +27,7 @@ const char cm_da_copy_to_host_doc[] = PyDoc_STR(
 "cudamem copies between any layouts (2-D / 3-D copies, or through a\n"
 "host buffer), writing only the elements of the destination view.  A\n"
 "copy staged through a host buffer completes before it returns.\n\n"
-"Large copies of pageable host memory may go through the staging\n"
-"pipeline (see the README: CUDAMEM_STAGING).  Such a copy has completed\n"
-"when it returns, also an asynchronous one (issued on its stream after\n"
-"the work queued there); the driver's own asynchronous copies of\n"
-"pageable memory likewise return only once the host memory is consumed\n"
-"or filled.");
+CM_DOC_STAGED);
 
 PyObject *
 cm_da_copy_to_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -60,12 +55,7 @@ const char cm_da_copy_to_device_doc[] = PyDoc_STR(
 "the source only) and wraps CAI sources without a copy.  Device-to-device\n"
 "copies that no 2-D / 3-D copy expresses are staged through the host for\n"
 "now, and complete before returning.\n\n"
-"Large copies of pageable host memory may go through the staging\n"
-"pipeline (see the README: CUDAMEM_STAGING).  Such a copy has completed\n"
-"when it returns, also an asynchronous one (issued on its stream after\n"
-"the work queued there); the driver's own asynchronous copies of\n"
-"pageable memory likewise return only once the host memory is consumed\n"
-"or filled.");
+CM_DOC_STAGED);
 
 PyObject *
 cm_da_copy_to_device(PyObject *self, PyObject *const *args,

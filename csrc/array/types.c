@@ -108,6 +108,13 @@ PyDoc_STRVAR(cm_da_get_ipc_handle_doc,
 "An IpcArrayHandle for this array: picklable, opened in another process\n"
 "with open() or a with block (see cudamem.IpcArrayHandle).");
 
+/* get_ipc_handle: made by the IPC layer above (cm_array_up). */
+static PyObject *
+cm_da_get_ipc_handle(PyObject *self, PyObject *unused)
+{
+    return cm_array_up.ipc_get_handle(self, unused);
+}
+
 static PyMethodDef cm_da_methods[] = {
     {"getitem", (PyCFunction)(void (*)(void))cm_da_getitem, CM_FAST,
      cm_da_getitem_doc},
@@ -128,7 +135,7 @@ static PyMethodDef cm_da_methods[] = {
     {"is_f_contiguous", cm_da_is_f_contiguous, METH_NOARGS, cm_da_is_f_doc},
     {"__array__", (PyCFunction)(void (*)(void))cm_da_array, CM_FAST,
      cm_da_array_doc},
-    {"get_ipc_handle", cm_ipc_get_handle, METH_NOARGS,
+    {"get_ipc_handle", cm_da_get_ipc_handle, METH_NOARGS,
      cm_da_get_ipc_handle_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -281,6 +288,9 @@ cm_devicearray_init(PyObject *mod, cm_state *st)
 {
     int i;
 
+    /* What memory/ reaches of this layer (memory/memory.h). */
+    cm_mem_up.devicearray_owner = cm_devicearray_owner;
+    cm_mem_up.devicearray_new = cm_devicearray_new;
     for (i = 0; i < K_N_NAMES; i++) {
         cm_kw[i] = PyUnicode_InternFromString(cm_kw_text[i]);
         if (cm_kw[i] == NULL) {

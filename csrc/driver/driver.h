@@ -24,6 +24,14 @@ int cm_driver_per_thread(void);
 int cm_driver_init(PyObject *mod, cm_state *st);
 
 /* ------------------------------------------------------------------ */
+/* state.c: the state every layer shares                               */
+/* ------------------------------------------------------------------ */
+
+/* Import NumPy's C API (its table lives in state.c); module exec calls
+ * it once, first.  0, or -1 with an exception. */
+int cm_numpy_import(void);
+
+/* ------------------------------------------------------------------ */
 /* nvrtc.c: NVRTC loaded at run time, compilation with a disk cache    */
 /* ------------------------------------------------------------------ */
 

@@ -114,18 +114,7 @@ cm_pinned_pool_enable_fn(PyObject *mod, PyObject *args)
 }
 
 static PyMethodDef cm_hostmem_functions[] = {
-    {"pinned_array", (PyCFunction)(void (*)(void))cm_pinned_array,
-     METH_FASTCALL | METH_KEYWORDS, cm_pinned_array_doc},
-    {"pinned_array_like", cm_pinned_array_like, METH_O,
-     cm_pinned_array_like_doc},
-    {"mapped_array", (PyCFunction)(void (*)(void))cm_mapped_array,
-     METH_FASTCALL | METH_KEYWORDS, cm_mapped_array_doc},
-    {"mapped_array_like", (PyCFunction)(void (*)(void))cm_mapped_array_like,
-     METH_FASTCALL | METH_KEYWORDS, cm_mapped_array_like_doc},
-    {"managed_array", (PyCFunction)(void (*)(void))cm_managed_array,
-     METH_FASTCALL | METH_KEYWORDS, cm_managed_array_doc},
     {"_host_owner", cm_host_owner_fn, METH_O, cm_host_owner_doc},
-    {"_device_view", cm_device_view_fn, METH_O, cm_device_view_doc},
     {"_host_get_flags", cm_host_get_flags_fn, METH_O,
      cm_host_get_flags_doc},
     {"_register_arrays", cm_register_arrays_fn, METH_VARARGS,

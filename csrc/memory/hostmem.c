@@ -721,3 +721,87 @@ unpooled:
                  ctx, 0, addr, m->size);
     return 0;
 }
+
+/* ------------------------------------------------------------------ */
+/* Host allocations behind arrays                                      */
+/* ------------------------------------------------------------------ */
+
+const char *const cm_hm_kw_text[KW_N] = {
+    "shape", "dtype", "strides", "order", "stream", "portable", "wc",
+    "attach_global", "ary", "device", "advice",
+};
+
+_Static_assert(KW_N == CM_HOST_KW_N,
+               "cm_state.hm_kw holds one entry per KW_* name");
+
+/* A stream argument: NULL or None give 0; else it must resolve. */
+PyObject *
+cm_hm_stream_arg(PyObject *o)
+{
+    CUstream h;
+
+    if (o == NULL || o == Py_None) {
+        return cm_hm_zero;
+    }
+    return cm_stream_resolve(o, &h) < 0 ? NULL : o;
+}
+
+/* The HostAllocation in arr's base chain, or NULL (no exception). */
+cm_hostmem *
+cm_hm_find(PyObject *arr)
+{
+    while (PyArray_Check(arr)) {
+        PyObject *b = PyArray_BASE((PyArrayObject *)arr);
+
+        if (b == NULL) {
+            return NULL;
+        }
+        if (cm_hm_check(b)) {
+            return (cm_hostmem *)b;
+        }
+        arr = b;
+    }
+    return NULL;
+}
+
+const char cm_host_owner_doc[] = PyDoc_STR(
+"_host_owner(ary)\n--\n\n"
+"The HostAllocation in the base chain of ``ary``, or None.");
+
+PyObject *
+cm_host_owner_fn(PyObject *mod, PyObject *arg)
+{
+    cm_hostmem *m = cm_hm_find(arg);
+
+    (void)mod;
+    return Py_NewRef(m != NULL ? (PyObject *)m : Py_None);
+}
+
+/* The device address of host memory at addr (mapped or registered). */
+int
+cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d)
+{
+    if (m != NULL && m->dptr != 0) {
+        *d = m->dptr + (CUdeviceptr)(addr - m->host);
+        return 0;
+    }
+    return CM_CU(MemHostGetDevicePointer, (d, (void *)addr, 0));
+}
+
+const char cm_host_get_flags_doc[] = PyDoc_STR(
+"_host_get_flags(ptr)\n--\n\n"
+"cuMemHostGetFlags: the flags of the cuMemHostAlloc allocation at ptr.");
+
+PyObject *
+cm_host_get_flags_fn(PyObject *mod, PyObject *arg)
+{
+    void *p = PyLong_AsVoidPtr(arg);
+    unsigned int flags = 0;
+
+    (void)mod;
+    if ((p == NULL && PyErr_Occurred()) || cm_context_current() == NULL
+        || CM_CU(MemHostGetFlags, (&flags, p)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(flags);
+}

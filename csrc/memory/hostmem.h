@@ -139,23 +139,6 @@ extern const char *const cm_hm_kw_text[KW_N];
 /* A stream argument: NULL or None give 0; else it must resolve. */
 PyObject *cm_hm_stream_arg(PyObject *o);
 
-PyObject *
-cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames);
-
-PyObject *cm_pinned_array_like(PyObject *mod, PyObject *ary);
-
-PyObject *
-cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames);
-
-PyObject *cm_mapped_array_like(PyObject *mod, PyObject *const *args,
-                               Py_ssize_t nargs, PyObject *kwnames);
-
-PyObject *
-cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
-                 PyObject *kwnames);
-
 /* The HostAllocation in arr's base chain, or NULL (no exception). */
 cm_hostmem *cm_hm_find(PyObject *arr);
 
@@ -163,8 +146,6 @@ PyObject *cm_host_owner_fn(PyObject *mod, PyObject *arg);
 
 /* The device address of host memory at addr (mapped or registered). */
 int cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d);
-
-PyObject *cm_device_view_fn(PyObject *mod, PyObject *arg);
 
 PyObject *cm_host_get_flags_fn(PyObject *mod, PyObject *arg);
 
@@ -220,13 +201,7 @@ PyObject *cm_managed_advise_fn(PyObject *mod, PyObject *const *args,
                                Py_ssize_t nargs, PyObject *kwnames);
 
 /* Docstrings of functions whose tables live in another file. */
-extern const char cm_pinned_array_doc[];
-extern const char cm_pinned_array_like_doc[];
-extern const char cm_mapped_array_doc[];
-extern const char cm_mapped_array_like_doc[];
-extern const char cm_managed_array_doc[];
 extern const char cm_host_owner_doc[];
-extern const char cm_device_view_doc[];
 extern const char cm_host_get_flags_doc[];
 extern const char cm_register_arrays_doc[];
 extern const char cm_registered_bytes_doc[];

@@ -356,7 +356,7 @@ cm_reg_device_array(cm_hostreg *r, Py_ssize_t i, PyObject *stream)
         }
         d += (uintptr_t)PyArray_DATA(a) - lo;
     }
-    return cm_devicearray_new(PyArray_NDIM(a), PyArray_SHAPE(a),
+    return cm_mem_up.devicearray_new(PyArray_NDIM(a), PyArray_SHAPE(a),
                               PyArray_STRIDES(a), PyArray_DESCR(a),
                               (CUdeviceptr)d, (PyObject *)r, stream);
 }

@@ -34,6 +34,8 @@
 
 #include <string.h>
 
+cm_memory_upcalls cm_mem_up;
+
 /* Settings read by every queue at use; config changes them at run time. */
 static long cm_cfg_count = 10;         /* CUDA_DEALLOCS_COUNT */
 static double cm_cfg_ratio = 0.2;      /* CUDA_DEALLOCS_RATIO */
@@ -114,7 +116,7 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
     case CM_REL_IPC:
         return CM_CU_RAW(IpcCloseMemHandle, ((CUdeviceptr)it->handle));
     case CM_REL_IPC_POOL:
-        return cm_ipc_pool_release(it->handle);
+        return cm_mem_up.ipc_pool_release(it->handle);
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -132,7 +134,7 @@ cm_pending_drop(cm_pending_item *items, Py_ssize_t n)
     }
     for (i = 0; i < n; i++) {
         if (items[i].kind == CM_REL_IPC_POOL) {
-            cm_ipc_pool_drop(items[i].handle);
+            cm_mem_up.ipc_pool_drop(items[i].handle);
         }
     }
 }
@@ -691,7 +693,7 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
 
     if (owner == NULL || !Py_IS_TYPE(owner, cm_st->Mem_type)) {
         /* A view of another device array (as_cuda_array of one). */
-        if (owner == NULL || !cm_devicearray_owner(owner, &owner)
+        if (owner == NULL || !cm_mem_up.devicearray_owner(owner, &owner)
             || owner == NULL || !Py_IS_TYPE(owner, cm_st->Mem_type)) {
             return 0;
         }
@@ -1452,6 +1454,23 @@ cm_memory_init(PyObject *mod, cm_state *st)
 {
     const char *v;
 
+    /* What the context layer reaches of this one (cm.h). */
+    cm_ctx_up.mm_default = &cm_mm_default;
+    cm_ctx_up.mm_plugin = &cm_mm_plugin;
+    cm_ctx_up.mm_pool = &cm_mm_pool;
+    cm_ctx_up.mm_async = &cm_mm_async;
+    cm_ctx_up.mm_builtin = cm_mm_builtin;
+    cm_ctx_up.mm_uses_plugin = cm_mm_uses_plugin;
+    cm_ctx_up.mm_prepare = cm_mm_prepare;
+    cm_ctx_up.limit_device_init = cm_limit_device_init;
+    cm_ctx_up.ctx_init_memory = cm_ctx_init_memory;
+    cm_ctx_up.ctx_flush = cm_ctx_flush;
+    cm_ctx_up.pending_hold = cm_pending_hold;
+    cm_ctx_up.ctx_release = cm_ctx_release;
+    cm_ctx_up.mem_alloc = cm_mem_alloc;
+    cm_ctx_up.hostmem_context_save = cm_hostmem_context_save;
+    cm_ctx_up.hostmem_context_restore = cm_hostmem_context_restore;
+    cm_ctx_up.interop_context_closing = cm_interop_context_closing;
     if ((v = cm_env_setting("MAX_PENDING_DEALLOCS_COUNT")) != NULL) {
         cm_cfg_count = strtol(v, NULL, 10);
     }

@@ -11,10 +11,80 @@
 
 #include "cm.h"
 #include "driver/driver.h"
+#include "context/context.h"
+
+/* ------------------------------------------------------------------ */
+/* layout.c: the layout math of strided views                         */
+/* ------------------------------------------------------------------ */
+
+/* NumPy-1.19 contiguity of a layout: size-1 dimensions are ignored, an
+ * empty array is both, a zero stride on a longer dimension is neither. */
+void cm_layout_flags(int ndim, const Py_ssize_t *shape,
+                     const Py_ssize_t *strides, Py_ssize_t itemsize,
+                     int *c_contig, int *f_contig);
+/* The byte span of a layout (0 when empty) and, in *lo, the offset of its
+ * lowest byte from the first logical element (<= 0). */
+Py_ssize_t cm_layout_span(int ndim, const Py_ssize_t *shape,
+                          const Py_ssize_t *strides, Py_ssize_t itemsize,
+                          Py_ssize_t *lo);
+/* Whether the layout without its zero-stride dimensions (the "core") is
+ * C- or F-contiguous. */
+int cm_layout_core_contiguous(int ndim, const Py_ssize_t *shape,
+                              const Py_ssize_t *strides, Py_ssize_t itemsize,
+                              int *c_out, int *f_out);
+
+/* Compact strides for shape in C (fortran = 0) or F order. */
+void cm_layout_compact(int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize,
+                       int fortran, Py_ssize_t *strides);
+
+/* Dimension indices ordered by descending |stride| (stable): the
+ * keep-order permutation of NumPy's empty_like. */
+void cm_layout_order(int ndim, const Py_ssize_t *strides, int *perm);
+
+/* Compact strides following key's dimension order and signs; zero where
+ * key has a zero stride.  Returns the bytes needed and, in *first, the
+ * offset of the first logical element in such a buffer. */
+Py_ssize_t cm_layout_compact_like(int ndim, const Py_ssize_t *shape,
+                                  const Py_ssize_t *key, Py_ssize_t itemsize,
+                                  Py_ssize_t *strides, Py_ssize_t *first);
+
+/* ------------------------------------------------------------------ */
+/* argparse.c: fast-call arguments                                     */
+/* ------------------------------------------------------------------ */
+
+/* Parse METH_FASTCALL | METH_KEYWORDS arguments against kwlist, n
+ * interned names of positional-or-keyword parameters, the first nreq
+ * required; out[i] is borrowed, or NULL when absent.  0 or -1. */
+int cm_argparse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames, PyObject *const *kwlist, int n,
+                int nreq, PyObject **out);
 
 /* ------------------------------------------------------------------ */
 /* memory.c: allocations                                               */
 /* ------------------------------------------------------------------ */
+
+/* What memory/ calls in the layers above it, through pointers those
+ * layers set in their init functions (module exec, before any Python
+ * code can call into the module): the array layer (array/types.c) and
+ * the IPC imports (features/ipchandle.c). */
+typedef struct {
+    /* cm_devicearray_owner: whether o is a device array, with what keeps
+     * its memory alive */
+    int (*devicearray_owner)(PyObject *o, PyObject **owner);
+    /* cm_devicearray_new: a DeviceNDArray over memory gpu_data keeps
+     * alive */
+    PyObject *(*devicearray_new)(int ndim, const Py_ssize_t *shape,
+                                 const Py_ssize_t *strides,
+                                 PyArray_Descr *dtype, CUdeviceptr ptr,
+                                 PyObject *gpu_data, PyObject *stream);
+    /* cm_ipc_pool_release: let go of one open of a memory-pool import
+     * (a CM_REL_IPC_POOL release); no GIL needed */
+    CUresult (*ipc_pool_release)(uintptr_t imp);
+    /* cm_ipc_pool_drop: the same for an import whose context was closed */
+    void (*ipc_pool_drop)(uintptr_t imp);
+} cm_memory_upcalls;
+
+extern cm_memory_upcalls cm_mem_up;
 
 /* The owner of one device allocation of the default memory manager
  * (Python type DeviceAllocation). */
@@ -59,26 +129,7 @@ typedef struct cm_uses {
  * once.  GIL held.  0, or -1 with MemoryError. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
-/* What a queued release does. */
-enum {
-    CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */
-    CM_REL_HOST,          /* cuMemFreeHost (pinned or mapped memory) */
-    CM_REL_STREAM,        /* cuStreamDestroy */
-    CM_REL_EVENT,         /* cuEventDestroy */
-    CM_REL_MODULE,        /* cuModuleUnload */
-    CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
-    CM_REL_POOL,          /* a block back to the context's pool */
-    CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
-    CM_REL_IPC_POOL,      /* an imported pool allocation (ipc.c's record)
-                           * let go: cuMemFree once unused */
-    CM_REL_POOL_SYNC,     /* a pool block whose streams could not be
-                           * recorded (released on a driver callback
-                           * thread): the flush waits for the context,
-                           * then the block is free for any stream */
-    CM_REL_ASYNC_SYNC     /* the same for the async manager: the flush
-                           * waits for the context, then cuMemFreeAsync
-                           * on the default stream */
-};
+/* The kinds of queued release (CM_REL_*) are in cm.h. */
 
 /* Queue the release of a driver resource of ctx: memory on its memory
  * manager's queue, the rest on the context's; flush past the thresholds.
@@ -208,100 +259,8 @@ int cm_limit_init(PyObject *mod, cm_state *st);
 /* The memory managers' interface                                      */
 /* ------------------------------------------------------------------ */
 
-/* One kind of memory manager, as the allocation path (memory.c) and the
- * context (runtime/context.c) use it, instead of switching on the kind.
- * One constant table per kind: cm_mm_default and cm_mm_plugin
- * (memory.c), cm_mm_pool and cm_mm_async (poolops.c).  A context points
- * at two: ctx->mm, the manager that allocates, and ctx->mm_builtin, the
- * built-in one it was made with, whose state ctx->pool holds (they
- * differ while a plugin is assigned); a DeviceAllocation points at the
- * one that made it.  Calls go one way: memory.c calls the managers
- * through their tables, the pool files never call memory.c.
- *
- * The plugin's table has no functions (the allocation path calls the
- * Python object).  In the built-in ones, alloc, release, trim, stats
- * and alloc_fn are never NULL; the others are NULL where the manager
- * has nothing to do (no state, no stream order, nothing to export). */
-struct cm_mm_ops {
-    int kind;             /* CM_MM_* (the history records it) */
-    const char *name;     /* memory_stats()'s "manager", and the name
-                           * that selects the built-in one */
-    const char *emm_class;  /* the class of cudamem._emm that
-                             * Context.memory_manager makes for it */
-    int ordered;          /* allocates for a stream and releases ordered
-                           * on it (pool, async): the release runs at
-                           * once unless defer_cleanup() holds the
-                           * queue, and uses on other streams are noted */
-    int rel;              /* the CM_REL_* that releases an allocation */
-    int rel_sync;         /* the same when the streams that used it
-                           * cannot be recorded (the flush waits for the
-                           * context first) */
-    /* Give ctx (alive; it need not be current) the manager's state; 0,
-     * or -1 with an exception. */
-    int (*create)(cm_context *ctx);
-    /* Give everything the state holds back to the driver (the context
-     * is being closed or reset; it is still alive).  Never raises. */
-    void (*destroy)(cm_context *ctx);
-    /* Free the C state (Context dealloc). */
-    void (*free)(cm_context *ctx);
-    /* Allocate size bytes for stream, ctx current, GIL held (released
-     * around calls that can block); *handle: what release takes.  What
-     * it gets from the driver counts against the device's memory limit
-     * (cm_limit_take), until given back: CUDA_ERROR_OUT_OF_MEMORY, with
-     * no driver call, where the limit refuses it.  No exception is set:
-     * the CUresult says what happened. */
-    CUresult (*alloc)(cm_context *ctx, size_t size, CUstream stream,
-                      CUdeviceptr *ptr, uintptr_t *handle);
-    /* Run a release (kind: rel or rel_sync) of handle, an allocation
-     * of size bytes, on stream; ctx current, with or without the GIL.
-     * No exception is set. */
-    CUresult (*release)(cm_context *ctx, int kind, uintptr_t handle,
-                        size_t size, CUstream stream);
-    /* Before the release of an allocation (handle, allocated for own)
-     * that work queued by cudamem also used on the n streams (ctx
-     * current, GIL held): order the release after that work.  *on (own
-     * on entry): the stream the release goes to.  Not CUDA_SUCCESS:
-     * release with rel_sync.  Ordered managers only. */
-    CUresult (*order)(cm_context *ctx, uintptr_t handle, CUstream own,
-                      const CUstream *streams, int n, CUstream *on);
-    /* Stream h of ctx is about to be destroyed by cudamem: what waits
-     * for it is ordered now, while the handle is valid.  ctx current,
-     * with or without the GIL; never raises. */
-    void (*stream_gone)(cm_context *ctx, CUstream h);
-    /* Give every wholly free cached byte back to the driver; 0, or -1
-     * with an exception. */
-    int (*trim)(cm_context *ctx);
-    /* Bytes the manager holds, how many of them are free, and the
-     * largest free block (-1 when the manager cannot know); zeros
-     * without state. */
-    void (*stats)(cm_context *ctx, size_t *reserved, size_t *free_b,
-                  long long *largest);
-    /* The entry point that allocates, for messages. */
-    const char *(*alloc_fn)(cm_context *ctx);
-    /* Whether device memory at base (an allocation's start) comes from
-     * the manager's own exportable pool: 1, 0, or -1 with an exception. */
-    int (*owns)(cm_context *ctx, CUdeviceptr base);
-    /* Export the allocation at base for another process: its
-     * cuMemPoolExportPointer data, the descriptor of the pool's
-     * shareable handle (exported on the first call, kept until the
-     * context is closed) and the token that names the pool.  GIL held,
-     * ctx current.  0, or -1 with an exception: CudaAPIError
-     * CUDA_ERROR_NOT_SUPPORTED, saying why, when the pool was made
-     * without a shareable handle type. */
-    int (*export)(cm_context *ctx, CUdeviceptr base,
-                  CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
-    /* Allocate size bytes for stream from what the manager already
-     * holds, with or without the GIL, never growing: the path of callers
-     * that hold no Python object (interop.c's PyTorch entry points).
-     * ctx is current and kept alive by the caller, which counts itself
-     * as a driver call in flight (cm_driver_call_begin) from before the
-     * call until it is done with the memory.  CUDA_SUCCESS;
-     * CUDA_ERROR_NOT_READY when only alloc (GIL held) can serve it
-     * (nothing free fits); CUDA_ERROR_CONTEXT_IS_DESTROYED once the
-     * manager was destroyed.  NULL: the manager has no such path. */
-    CUresult (*take)(cm_context *ctx, size_t size, CUstream stream,
-                     CUdeviceptr *ptr, uintptr_t *handle);
-};
+/* struct cm_mm_ops, the table of one kind of memory manager, is in cm.h
+ * beside the context that points at it. */
 
 extern const cm_mm_ops cm_mm_default;  /* cuMemAlloc, queued cuMemFree */
 extern const cm_mm_ops cm_mm_plugin;   /* a Python EMM plugin */

@@ -46,15 +46,15 @@ cm_context_live(cm_context **out)
     return 0;
 }
 
-/* The GIL-yield state of cm.h's driver-call macros (runtime/callbacks.c
- * in the extension): no Python callback is ever in flight here. */
+/* The GIL-yield state of cm.h's driver-call macros (driver/state.c in
+ * the extension): no Python callback is ever in flight here. */
 long cm_pycb_live;
 _Thread_local int cm_mu_depth;
 _Thread_local cm_gil_saved cm_yield_saved;
 long cm_driver_calls[2];
 unsigned long cm_driver_epoch;
 
-/* The GIL probe (runtime/callbacks.c in the extension): off here. */
+/* The GIL probe (driver/driver.c in the extension): off here. */
 int cm_gil_probe_on;
 
 uint64_t

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The return check of the debug build (csrc/retcheck.c).
+"""The return check of the debug build (csrc/driver/retcheck.c).
 
 Built with CUDAMEM_DEBUG=1, every C function Python can call is wrapped
 in a check that it returns NULL (or -1) exactly when it has set an

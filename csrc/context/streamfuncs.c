@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/streamfuncs.c: the module-level stream and event functions,
+ * context/streamfuncs.c: the module-level stream and event functions,
  * the resolution of stream arguments, and the init of streams.
  */
-#include "runtime/stream.h"
+#include "context/stream.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/context.h: what the files of devices and contexts share
+ * context/devctx.h: what the files of devices and contexts share
  * (device.c, context.c, ctxfuncs.c: the sections of one concept, kept in
- * files of their own).  Private to them: the rest of the folder and
- * module.c use runtime/runtime.h.
+ * files of their own).  Private to them and module.c: the rest of the
+ * folder and the layers above use context/context.h.
  */
-#ifndef CM_CONTEXT_H
-#define CM_CONTEXT_H
+#ifndef CM_DEVCTX_H
+#define CM_DEVCTX_H
 
-#include "runtime/runtime.h"
+#include "context/context.h"
 
 extern int cm_ndev;                           /* device count, once known */
 
@@ -81,4 +81,4 @@ extern PyType_Spec cm_context_spec;
 /* A device ordinal argument, normalised; -1 with an exception. */
 int cm_device_arg(PyObject *arg);
 
-#endif /* CM_CONTEXT_H */
+#endif /* CM_DEVCTX_H */

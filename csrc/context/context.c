@@ -23,8 +23,8 @@
  * device's context waits (GIL released) instead of retaining the primary
  * context being reset, which would give it a context destroyed under it.
  */
-#include "runtime/context.h"
-#include "runtime/devattrs.h"
+#include "context/devctx.h"
+#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -34,6 +34,8 @@
 /* ------------------------------------------------------------------ */
 /* Context                                                             */
 /* ------------------------------------------------------------------ */
+
+cm_context_upcalls cm_ctx_up;
 
 /* Give a new context its memory manager: the plugin if one is set (or
  * named by the environment): cudamem._emm._manager_for(ctx) (registered
@@ -55,7 +57,7 @@ cm_context_make_manager(cm_context *c)
     }
     if (mm == Py_None) {
         Py_DECREF(mm);
-        c->mm_builtin = cm_mm_builtin();
+        c->mm_builtin = cm_ctx_up.mm_builtin();
         c->mm = c->mm_builtin;
         if (c->mm->create == NULL) {
             return 0;
@@ -63,8 +65,8 @@ cm_context_make_manager(cm_context *c)
         return c->mm->create(c);
     }
     c->memory_manager = mm;
-    c->mm = &cm_mm_plugin;
-    c->mm_builtin = &cm_mm_default;
+    c->mm = cm_ctx_up.mm_plugin;
+    c->mm_builtin = cm_ctx_up.mm_default;
     return 0;
 }
 
@@ -148,7 +150,7 @@ again:
     }
     /* The device's first context: CUDAMEM_DEVICE_MEMORY_LIMIT applies
      * now that its memory is known (a bad value raises here). */
-    if (cm_limit_device_init(i, total) < 0) {
+    if (cm_ctx_up.limit_device_init(i, total) < 0) {
         (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
         return NULL;
     }
@@ -165,8 +167,8 @@ again:
     c->total_mem = total;
     c->gen = ++cm_ctx_gen;
     c->memory_manager = NULL;
-    c->mm = &cm_mm_default;
-    c->mm_builtin = &cm_mm_default;
+    c->mm = cm_ctx_up.mm_default;
+    c->mm_builtin = cm_ctx_up.mm_default;
     c->mm_info_busy = 0;
     c->mm_init_pending = 0;
     c->pool = NULL;
@@ -188,7 +190,7 @@ again:
     c->n_stream_cache = 0;
     c->weakreflist = NULL;
     PyObject_GC_Track(c);
-    if (cm_ctx_init_memory(c) < 0) {
+    if (cm_ctx_up.ctx_init_memory(c) < 0) {
         c->alive = 0;
         Py_DECREF(c);
         (void)CM_CU_RAW(DevicePrimaryCtxRelease, (d->handle));
@@ -655,11 +657,11 @@ cm_context_release_device(int i)
     cm_resetter[i] = PyThread_get_thread_ident();
     /* What is queued, and what its pool holds, is given back before the
      * context goes. */
-    if (cm_ctx_flush(c) < 0) {
+    if (cm_ctx_up.ctx_flush(c) < 0) {
         PyErr_WriteUnraisable((PyObject *)c);
     }
-    cm_ipc_context_closing(c);
-    cm_interop_context_closing(c);
+    cm_ctx_up.ipc_context_closing(c);
+    cm_ctx_up.interop_context_closing(c);
     if (c->mm_builtin->destroy != NULL) {
         c->mm_builtin->destroy(c);
     }
@@ -673,7 +675,7 @@ cm_context_release_device(int i)
      * context is still retained. */
     cm_stream_cache_clear(c);
     h = c->device->handle;
-    if (cm_hostmem_context_save(c)) {
+    if (cm_ctx_up.hostmem_context_save(c)) {
         /* Host arrays' pages are gone until the restore: the GIL stays
          * held so that no Python thread touches them meanwhile (not
          * released even while callbacks are in flight: the save let this
@@ -688,7 +690,7 @@ cm_context_release_device(int i)
         Py_END_ALLOW_THREADS
         CM_CU_NOGIL(err, DevicePrimaryCtxReset, (h));
     }
-    cm_hostmem_context_restore(c);
+    cm_ctx_up.hostmem_context_restore(c);
     cm_ctx_dying_clear(i);
     cm_resetting[i] = 0;
     Py_DECREF(c);
@@ -769,7 +771,7 @@ cm_context_get_memory_info(PyObject *self, PyObject *unused)
     int err;
 
     (void)unused;
-    if (cm_mm_uses_plugin(c) && c->memory_manager != NULL
+    if (cm_ctx_up.mm_uses_plugin(c) && c->memory_manager != NULL
         && !c->mm_info_busy) {
         c->mm_info_busy = 1;
         r = PyObject_CallMethod(c->memory_manager, "get_memory_info", NULL);
@@ -839,11 +841,11 @@ cm_context_reset(PyObject *self, PyObject *unused)
         }
         Py_DECREF(r);
     }
-    dm = cm_pending_hold(c->memq, 0);
-    dc = cm_pending_hold(c->ctxq, 0);
-    r = cm_ctx_flush(c) < 0 ? NULL : Py_NewRef(Py_None);
-    cm_pending_hold(c->memq, dm);
-    cm_pending_hold(c->ctxq, dc);
+    dm = cm_ctx_up.pending_hold(c->memq, 0);
+    dc = cm_ctx_up.pending_hold(c->ctxq, 0);
+    r = cm_ctx_up.ctx_flush(c) < 0 ? NULL : Py_NewRef(Py_None);
+    cm_ctx_up.pending_hold(c->memq, dm);
+    cm_ctx_up.pending_hold(c->ctxq, dc);
     if (c->alive) {
         cm_stream_cache_clear(c);
     }
@@ -872,8 +874,9 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
 
     (void)unused;
     if (c->memory_manager == NULL) {
-        cls = c->mm == &cm_mm_pool ? CM_REGISTERED(PoolMemoryManager)
-              : c->mm == &cm_mm_async
+        cls = c->mm == cm_ctx_up.mm_pool
+                  ? CM_REGISTERED(PoolMemoryManager)
+              : c->mm == cm_ctx_up.mm_async
                   ? CM_REGISTERED(AsyncMemoryManager)
                   : CM_REGISTERED(DefaultMemoryManager);
         if (cls == NULL) {
@@ -894,8 +897,8 @@ cm_context_get_memory_manager(PyObject *self, void *unused)
 static int
 cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
 {
-    static const cm_mm_ops *const builtins[] = {
-        &cm_mm_default, &cm_mm_pool, &cm_mm_async,
+    const cm_mm_ops *const builtins[] = {
+        cm_ctx_up.mm_default, cm_ctx_up.mm_pool, cm_ctx_up.mm_async,
     };
     cm_context *c = (cm_context *)self;
     PyObject *fn;
@@ -919,7 +922,7 @@ cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
     }
     if (PyUnicode_Check(kind)
         && PyUnicode_CompareWithASCIIString(kind, "plugin") == 0) {
-        mm = &cm_mm_plugin;
+        mm = cm_ctx_up.mm_plugin;
     }
     for (i = 0; PyUnicode_Check(kind) && i < 3; i++) {
         if (PyUnicode_CompareWithASCIIString(kind, builtins[i]->name)
@@ -928,7 +931,7 @@ cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
         }
     }
     Py_DECREF(kind);
-    if (mm != &cm_mm_plugin && mm != c->mm_builtin) {
+    if (mm != cm_ctx_up.mm_plugin && mm != c->mm_builtin) {
         PyErr_SetString(PyExc_ValueError,
                         "a built-in memory manager can only be given back "
                         "to the context it belongs to, of the kind the "
@@ -938,7 +941,7 @@ cm_context_set_memory_manager(PyObject *self, PyObject *value, void *unused)
     c->mm = mm;
     /* A plugin is initialised when the context is next prepared, before
      * anything is allocated through it (numba's prepare_for_use). */
-    c->mm_init_pending = mm == &cm_mm_plugin;
+    c->mm_init_pending = mm == cm_ctx_up.mm_plugin;
     Py_XSETREF(c->memory_manager, Py_NewRef(value));
     return 0;
 }
@@ -955,7 +958,8 @@ cm_context_push(PyObject *self, PyObject *unused)
     if (!c->alive) {
         return cm_context_activate(c) < 0 ? NULL : Py_None;
     }
-    if (CM_CU(CtxPushCurrent, (c->handle)) < 0 || cm_mm_prepare(c) < 0) {
+    if (CM_CU(CtxPushCurrent, (c->handle)) < 0
+        || cm_ctx_up.mm_prepare(c) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1007,7 +1011,7 @@ cm_context_memalloc(PyObject *self, PyObject *arg)
                      "memalloc size must be positive, got %zd", n);
         return NULL;
     }
-    return cm_mem_alloc((cm_context *)self, (size_t)n, &p);
+    return cm_ctx_up.mem_alloc((cm_context *)self, (size_t)n, &p);
 }
 
 /* A peer argument: a Context, a Device or an ordinal; its Context

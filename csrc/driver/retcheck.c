@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * retcheck.c: the return check of the debug build.
+ * driver/retcheck.c: the return check of the debug build.
  *
  * CPython's rule for a C function that Python calls: it returns NULL (an
  * int-returning one, a negative value; a length or hash, -1) exactly
@@ -463,7 +463,7 @@ cm_rc_take(int kind, cm_rc_fn orig, int null_ok, const char *owner,
         PyErr_Format(PyExc_RuntimeError,
                      "the return check has %d trampolines of signature %s, "
                      "and %s.%s needs one more: enlarge its pool in "
-                     "csrc/retcheck.c", p->cap, p->sig, owner, attr);
+                     "csrc/driver/retcheck.c", p->cap, p->sig, owner, attr);
         return NULL;
     }
     e = &p->e[p->n];
@@ -531,7 +531,7 @@ cm_rc_wrap_getset(PyGetSetDef *d, const char *owner)
         PyErr_Format(PyExc_RuntimeError,
                      "the return check has %d getset records, and %s.%s "
                      "needs one more: enlarge CM_RC_GETSETS in "
-                     "csrc/retcheck.c", CM_RC_GETSETS, owner, d->name);
+                     "csrc/driver/retcheck.c", CM_RC_GETSETS, owner, d->name);
         return -1;
     }
     g = &cm_rc_gs[cm_rc_gs_n++];
@@ -694,7 +694,7 @@ cm_rc_wrap_type(PyTypeObject *tp)
             && cm_rc_wrapper_unchecked((PyWrapperDescrObject *)value)) {
             PyErr_Format(PyExc_RuntimeError,
                          "the return check does not know the slot behind "
-                         "%s.%U: add it to cm_rc_slots in csrc/retcheck.c",
+                         "%s.%U: add it to cm_rc_slots in csrc/driver/retcheck.c",
                          tp->tp_name, key);
             return -1;
         }

@@ -1,17 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/runtime.h: the runtime layer as module.c sees it, and what its
- * files (context.c, stream.c, ipc.c, kernel.c) share: the Stream and
- * Event objects and the closing of a context.  The context itself, and
- * what the lower layers call here, are declared in cm.h.
+ * context/context.h: the context layer as the layers above see it, and
+ * what its files (device.c, context.c, ctxfuncs.c, callbacks.c,
+ * stream.c, event.c, streamfuncs.c) share: the Stream and Event objects,
+ * stream arguments and the driver-thread test.  The Device and Context
+ * objects themselves are declared in cm.h.
  */
-#ifndef CM_RUNTIME_H
-#define CM_RUNTIME_H
+#ifndef CM_CONTEXT_LAYER_H
+#define CM_CONTEXT_LAYER_H
 
 #include "cm.h"
 #include "driver/driver.h"
-#include "memory/memory.h"
-#include "array/array.h"
 
 /* ------------------------------------------------------------------ */
 /* stream.c: streams, events and stream arguments                      */
@@ -80,16 +79,49 @@ void cm_stream_cache_clear(cm_context *ctx);
 PyObject *cm_stream_external_owned(CUstream handle, PyObject *owner);
 
 /* ------------------------------------------------------------------ */
-/* ipc.c                                                              */
+/* streamfuncs.c, callbacks.c: stream arguments, driver threads        */
 /* ------------------------------------------------------------------ */
 
-/* ctx is being closed (still alive, GIL held): free what it still
- * imports from other processes' pools and destroy those pools.  Never
- * raises. */
-void cm_ipc_context_closing(cm_context *ctx);
+/* Whether h names a default stream (0, CU_STREAM_LEGACY or
+ * CU_STREAM_PER_THREAD): always valid, never destroyed. */
+static inline int
+cm_stream_handle_is_default(CUstream h)
+{
+    uintptr_t v = (uintptr_t)h;
+
+    return v == 0 || v == (uintptr_t)CU_STREAM_LEGACY
+           || v == (uintptr_t)CU_STREAM_PER_THREAD;
+}
+
+/* Resolve a stream argument.  0, None and False give *handle = 0 and
+ * return 0 (falsy: the caller then uses the array's bound stream, or a
+ * synchronous call).  A cudamem Stream (one type check, no attribute
+ * lookup), or any object with __cuda_stream__ (the cuda.core protocol),
+ * gives its handle and returns 1 (truthy: asynchronous).  Anything else:
+ * -1 with TypeError; a Stream of a closed context, or a handle that no
+ * stream object can be at (cm_stream_handle_check): -1 with ValueError. */
+int cm_stream_resolve(PyObject *obj, CUstream *handle);
+
+/* Whether h, a stream handle that did not come from cudamem, may be
+ * handed to the driver.  0, 1 and 2 name default streams; any other value
+ * is the address of the driver's stream object, which the driver reads
+ * without a check, so an unaligned address or one that cannot be read
+ * would crash the process.  0, or -1 with ValueError naming what.  A
+ * destroyed stream whose memory is still mapped cannot be told apart. */
+int cm_stream_handle_check(uintptr_t h, const char *what);
+
+/* Whether the calling thread is running a host callback for cudamem (the
+ * driver's callback thread).  The driver forbids API calls there, so a
+ * dealloc that would free a driver resource must defer it instead. */
+int cm_on_driver_thread(void);
+
+/* A new Stream object wrapping a handle cudamem does not own (external:
+ * never destroyed by cudamem), as external_stream(h) returns, in the
+ * current context.  New reference, or NULL with an exception. */
+PyObject *cm_stream_external(CUstream handle);
 
 /* ------------------------------------------------------------------ */
-/* init functions of the runtime layer                                */
+/* init functions of the context layer                                */
 /* ------------------------------------------------------------------ */
 
 int cm_context_init(PyObject *mod, cm_state *st);
@@ -97,7 +129,5 @@ int cm_context_init(PyObject *mod, cm_state *st);
  * for numba patch their methods); called once every type is made.  0. */
 int cm_types_patchable(cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
-int cm_ipc_init(PyObject *mod, cm_state *st);
-int cm_kernel_init(PyObject *mod, cm_state *st);
 
-#endif /* CM_RUNTIME_H */
+#endif /* CM_CONTEXT_LAYER_H */

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/device.c: Device objects, one per device ordinal.
+ * context/device.c: Device objects, one per device ordinal.
  */
-#include "runtime/context.h"
-#include "runtime/devattrs.h"
+#include "context/devctx.h"
+#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -19,9 +19,6 @@ unsigned long cm_ctx_gen;              /* last cm_context.gen */
  * the thread cm_resetter[i]. */
 unsigned char cm_resetting[CM_MAX_DEVICES];
 unsigned long cm_resetter[CM_MAX_DEVICES];
-
-long cm_driver_calls[2];
-unsigned long cm_driver_epoch;
 
 /* Let other threads run for a moment; the GIL is released by the caller. */
 static void

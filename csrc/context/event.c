@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/event.c: Event objects.
+ * context/event.c: Event objects.
  */
-#include "runtime/stream.h"
+#include "context/stream.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/compile.c: compile() through NVRTC and its disk cache, and the
+ * features/compile.c: compile() through NVRTC and its disk cache, and the
  * synchronous copies for views of module globals.
  */
-#include "runtime/kernel.h"
+#include "features/kernel.h"
 #include "array/convert.h"
 
 #include <stdlib.h>

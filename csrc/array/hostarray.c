@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostarray.c: the arrays on host allocations (pinned_array,
- * mapped_array, managed_array and their like-forms).
+ * array/hostarray.c: the arrays on host allocations (pinned_array,
+ * mapped_array, managed_array and their like-forms) and the device view
+ * of a mapped or managed array.  They build on the host allocations of
+ * memory/hostmem.h and the layout rules of the device arrays.
  */
+#include "array/array.h"
 #include "memory/hostmem.h"
 
 #include <errno.h>
@@ -18,14 +21,6 @@
 
 /* Where an empty array's data points: never read or written. */
 static _Alignas(64) char cm_empty_data[64];
-
-const char *const cm_hm_kw_text[KW_N] = {
-    "shape", "dtype", "strides", "order", "stream", "portable", "wc",
-    "attach_global", "ary", "device", "advice",
-};
-
-_Static_assert(KW_N == CM_HOST_KW_N,
-               "cm_state.hm_kw holds one entry per KW_* name");
 
 /* The NumPy subclass for arrays of kind (mapped or managed), as
  * cudamem._hostmem registered it (an ndarray subclass, checked then).
@@ -91,18 +86,6 @@ cm_hm_make(int kind, int ndim, const Py_ssize_t *shape,
     return r;
 }
 
-/* A stream argument: NULL or None give 0; else it must resolve. */
-PyObject *
-cm_hm_stream_arg(PyObject *o)
-{
-    CUstream h;
-
-    if (o == NULL || o == Py_None) {
-        return cm_hm_zero;
-    }
-    return cm_stream_resolve(o, &h) < 0 ? NULL : o;
-}
-
 /* A flag argument: absent is dflt; else its truth. */
 static int
 cm_hm_bool_arg(PyObject *o, int dflt)
@@ -110,7 +93,7 @@ cm_hm_bool_arg(PyObject *o, int dflt)
     return o == NULL ? dflt : PyObject_IsTrue(o);
 }
 
-const char cm_pinned_array_doc[] = PyDoc_STR(
+static const char cm_pinned_array_doc[] = PyDoc_STR(
 "pinned_array(shape, dtype=np.float64, strides=None, order='C')\n--\n\n"
 "An uninitialised NumPy array in page-locked host memory\n"
 "(cuMemHostAlloc).  Its base is the HostAllocation that owns the memory;\n"
@@ -120,7 +103,7 @@ const char cm_pinned_array_doc[] = PyDoc_STR(
 "pending frees and retries once.  The memory comes from the pinned pool\n"
 "(CUDAMEM_PINNED_POOL=0 turns it off); see pinned_pool_stats.");
 
-PyObject *
+static PyObject *
 cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                 PyObject *kwnames)
 {
@@ -144,12 +127,12 @@ cm_pinned_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     return r;
 }
 
-const char cm_pinned_array_like_doc[] = PyDoc_STR(
+static const char cm_pinned_array_like_doc[] = PyDoc_STR(
 "pinned_array_like(ary)\n--\n\n"
 "An uninitialised pinned array with the shape and dtype of ``ary``, laid\n"
 "out like it (as device_array_like).");
 
-PyObject *
+static PyObject *
 cm_pinned_array_like(PyObject *mod, PyObject *ary)
 {
     Py_ssize_t shape[NPY_MAXDIMS];
@@ -182,7 +165,7 @@ cm_mapped_flags(PyObject *portable, PyObject *wc)
            | (w ? CU_MEMHOSTALLOC_WRITECOMBINED : 0);
 }
 
-const char cm_mapped_array_doc[] = PyDoc_STR(
+static const char cm_mapped_array_doc[] = PyDoc_STR(
 "mapped_array(shape, dtype=np.float64, strides=None, order='C', "
 "stream=0, portable=False, wc=False)\n--\n\n"
 "An uninitialised MappedNDArray: host memory mapped into the device's\n"
@@ -192,7 +175,7 @@ const char cm_mapped_array_doc[] = PyDoc_STR(
 "numba ignores ``portable`` and ``wc``; cudamem passes them to the\n"
 "driver (CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED).");
 
-PyObject *
+static PyObject *
 cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                 PyObject *kwnames)
 {
@@ -223,13 +206,13 @@ cm_mapped_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     return r;
 }
 
-const char cm_mapped_array_like_doc[] = PyDoc_STR(
+static const char cm_mapped_array_like_doc[] = PyDoc_STR(
 "mapped_array_like(ary, stream=0, portable=False, wc=False)\n--\n\n"
 "An uninitialised MappedNDArray with the shape and dtype of ``ary``, laid\n"
 "out like it.  ``portable`` and ``wc`` are honoured (numba ignores\n"
 "them).");
 
-PyObject *
+static PyObject *
 cm_mapped_array_like(PyObject *mod, PyObject *const *args,
                      Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -258,14 +241,14 @@ cm_mapped_array_like(PyObject *mod, PyObject *const *args,
     return r;
 }
 
-const char cm_managed_array_doc[] = PyDoc_STR(
+static const char cm_managed_array_doc[] = PyDoc_STR(
 "managed_array(shape, dtype=np.float64, strides=None, order='C', "
 "stream=0, attach_global=True)\n--\n\n"
 "An uninitialised ManagedNDArray in managed (unified) memory\n"
 "(cuMemAllocManaged with CU_MEM_ATTACH_GLOBAL, or CU_MEM_ATTACH_HOST\n"
 "when ``attach_global`` is false), usable from host and device.");
 
-PyObject *
+static PyObject *
 cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                  PyObject *kwnames)
 {
@@ -297,56 +280,14 @@ cm_managed_array(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     return r;
 }
 
-/* The HostAllocation in arr's base chain, or NULL (no exception). */
-cm_hostmem *
-cm_hm_find(PyObject *arr)
-{
-    while (PyArray_Check(arr)) {
-        PyObject *b = PyArray_BASE((PyArrayObject *)arr);
-
-        if (b == NULL) {
-            return NULL;
-        }
-        if (cm_hm_check(b)) {
-            return (cm_hostmem *)b;
-        }
-        arr = b;
-    }
-    return NULL;
-}
-
-const char cm_host_owner_doc[] = PyDoc_STR(
-"_host_owner(ary)\n--\n\n"
-"The HostAllocation in the base chain of ``ary``, or None.");
-
-PyObject *
-cm_host_owner_fn(PyObject *mod, PyObject *arg)
-{
-    cm_hostmem *m = cm_hm_find(arg);
-
-    (void)mod;
-    return Py_NewRef(m != NULL ? (PyObject *)m : Py_None);
-}
-
-/* The device address of host memory at addr (mapped or registered). */
-int
-cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d)
-{
-    if (m != NULL && m->dptr != 0) {
-        *d = m->dptr + (CUdeviceptr)(addr - m->host);
-        return 0;
-    }
-    return CM_CU(MemHostGetDevicePointer, (d, (void *)addr, 0));
-}
-
-const char cm_device_view_doc[] = PyDoc_STR(
+static const char cm_device_view_doc[] = PyDoc_STR(
 "_device_view(ary)\n--\n\n"
 "A DeviceNDArray over the device side of a mapped or managed array (or\n"
 "a view of one), bound to its allocation's stream.  AttributeError when\n"
 "the array's memory is not mapped or managed memory; ValueError when its\n"
 "context was closed.");
 
-PyObject *
+static PyObject *
 cm_device_view_fn(PyObject *mod, PyObject *arg)
 {
     PyArrayObject *a = (PyArrayObject *)arg;
@@ -387,20 +328,25 @@ cm_device_view_fn(PyObject *mod, PyObject *arg)
                               (PyObject *)m, m->stream);
 }
 
-const char cm_host_get_flags_doc[] = PyDoc_STR(
-"_host_get_flags(ptr)\n--\n\n"
-"cuMemHostGetFlags: the flags of the cuMemHostAlloc allocation at ptr.");
 
-PyObject *
-cm_host_get_flags_fn(PyObject *mod, PyObject *arg)
+static PyMethodDef cm_hostarray_functions[] = {
+    {"pinned_array", (PyCFunction)(void (*)(void))cm_pinned_array,
+     METH_FASTCALL | METH_KEYWORDS, cm_pinned_array_doc},
+    {"pinned_array_like", cm_pinned_array_like, METH_O,
+     cm_pinned_array_like_doc},
+    {"mapped_array", (PyCFunction)(void (*)(void))cm_mapped_array,
+     METH_FASTCALL | METH_KEYWORDS, cm_mapped_array_doc},
+    {"mapped_array_like", (PyCFunction)(void (*)(void))cm_mapped_array_like,
+     METH_FASTCALL | METH_KEYWORDS, cm_mapped_array_like_doc},
+    {"managed_array", (PyCFunction)(void (*)(void))cm_managed_array,
+     METH_FASTCALL | METH_KEYWORDS, cm_managed_array_doc},
+    {"_device_view", cm_device_view_fn, METH_O, cm_device_view_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_hostarray_init(PyObject *mod, cm_state *st)
 {
-    void *p = PyLong_AsVoidPtr(arg);
-    unsigned int flags = 0;
-
-    (void)mod;
-    if ((p == NULL && PyErr_Occurred()) || cm_context_current() == NULL
-        || CM_CU(MemHostGetFlags, (&flags, p)) < 0) {
-        return NULL;
-    }
-    return PyLong_FromUnsignedLong(flags);
+    (void)st;
+    return PyModule_AddFunctions(mod, cm_hostarray_functions);
 }

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * array/layout.c: the layout math of strided views (contiguity, byte
- * span, checks against NumPy's limits), shared by device arrays and the
- * host-backed arrays.
+ * memory/layout.c: the layout math of strided views (contiguity, byte
+ * span, orders, compact strides), shared by device arrays, the
+ * host-backed arrays and the registration of host arrays.  Pure
+ * functions: no Python object, no driver call.
  */
-#include "array/devicearray.h"
+#include "memory/memory.h"
 
 #include <numpy/arrayscalars.h>
 #include <stdlib.h>

@@ -26,7 +26,7 @@
  * GIL throughout; NVRTC and module loading run with it released on local
  * data only.
  */
-#include "runtime/kernel.h"
+#include "features/kernel.h"
 #include "array/convert.h"
 
 #include <stdlib.h>

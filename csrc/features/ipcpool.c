@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/ipcpool.c: imports of allocations of other processes' memory
+ * features/ipcpool.c: imports of allocations of other processes' memory
  * pools, and peer access for opened memory.
  */
-#include "runtime/ipc.h"
+#include "features/ipc.h"
 
 #include <errno.h>
 #include <pthread.h>

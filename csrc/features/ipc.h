@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
+ * features/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
  * ipchandle.c: the sections of one concept, kept in files of their own).
  * Private to them: the rest of the folder and module.c use
- * runtime/runtime.h.
+ * features/features.h.
  */
 #ifndef CM_IPC_H
 #define CM_IPC_H
 
-#include "runtime/runtime.h"
+#include "features/features.h"
 
 /* The owner of one imported mapping. */
 typedef struct {
@@ -137,5 +137,14 @@ extern const char cm_ipc_export_doc[];
 extern const char cm_ipc_open_doc[];
 extern const char cm_ipc_open_pool_doc[];
 extern const char cm_ipc_can_access_peer_doc[];
+
+/* Let go of one open of a memory-pool import (the handle of a
+ * CM_REL_IPC_POOL release): the last frees the imported memory and, with
+ * its pool's last allocation, the imported pool.  No GIL needed; the
+ * import's context current.  The first failing CUresult, or success. */
+CUresult cm_ipc_pool_release(uintptr_t imp);
+/* The same for an import whose context was closed: no driver call. */
+void cm_ipc_pool_drop(uintptr_t imp);
+
 
 #endif /* CM_IPC_H */

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/stream.h: what the files of streams and events share
+ * context/stream.h: what the files of streams and events share
  * (callbacks.c, stream.c, event.c, streamfuncs.c: the sections of one
  * concept, kept in files of their own).  Private to them: the rest of the
- * folder and module.c use runtime/runtime.h.
+ * folder and the layers above use context/context.h.
  */
 #ifndef CM_STREAM_H
 #define CM_STREAM_H
 
-#include "runtime/runtime.h"
+#include "context/context.h"
 
 /* interned strings and types, fields of the module state (cm.h) */
 #define cm_str_cuda_stream (cm_st->str_cuda_stream)

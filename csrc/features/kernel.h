@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/kernel.h: what the files of user kernels share (cumodule.c,
+ * features/kernel.h: what the files of user kernels share (cumodule.c,
  * kernel.c, compile.c: the sections of one concept, kept in files of their
  * own).  Private to them: the rest of the folder and module.c use
- * runtime/runtime.h.
+ * features/features.h.
  */
 #ifndef CM_KERNEL_H
 #define CM_KERNEL_H
 
-#include "runtime/runtime.h"
+#include "features/features.h"
 
 /* How a parameter takes a Python int or float. */
 enum {

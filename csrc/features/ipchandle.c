@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/ipchandle.c: the IPC handle objects and
+ * features/ipchandle.c: the IPC handle objects and
  * DeviceNDArray.get_ipc_handle.
  */
-#include "runtime/ipc.h"
+#include "features/ipc.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -589,6 +589,14 @@ cm_ipc_init(PyObject *mod, cm_state *st)
 {
     int i;
 
+    /* What memory/ reaches of the IPC imports (memory/memory.h). */
+    cm_mem_up.ipc_pool_release = cm_ipc_pool_release;
+    cm_mem_up.ipc_pool_drop = cm_ipc_pool_drop;
+    /* What the context layer reaches of them (cm.h). */
+    cm_ctx_up.ipc_context_closing = cm_ipc_context_closing;
+    /* What the array layer reaches of them (array/array.h). */
+    cm_array_up.ipc_get_handle = cm_ipc_get_handle;
+    cm_array_up.ipc_mem_closed = cm_ipc_mem_closed;
     if (cm_ipcpool_fork_init() < 0) {
         return -1;
     }

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/callbacks.c: argument binding, driver threads and deferred
+ * context/callbacks.c: argument binding, driver threads and deferred
  * releases, the cache of idle streams, host calls, add_callback and the
  * GIL-free completion path behind async_done() and await event.
  */
-#include "runtime/stream.h"
+#include "context/stream.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -129,7 +129,7 @@ cm_python_leave(void)
 int
 cm_handle_release(cm_context *ctx, int is_event, void *handle)
 {
-    cm_ctx_release(ctx, is_event ? CM_REL_EVENT : CM_REL_STREAM,
+    cm_ctx_up.ctx_release(ctx, is_event ? CM_REL_EVENT : CM_REL_STREAM,
                    (uintptr_t)handle, 0);
     return 0;
 }
@@ -417,10 +417,6 @@ cm_pycall_free(cm_pycall *pc)
     Py_DECREF(pc->arg);
     PyMem_RawFree(pc);
 }
-
-long cm_pycb_live;
-_Thread_local int cm_mu_depth;
-_Thread_local cm_gil_saved cm_yield_saved;
 
 /* On the driver thread, without the GIL. */
 void

@@ -36,7 +36,7 @@
  * emptying a list takes its entries out before the GIL is released
  * around the destroys.
  */
-#include "runtime/stream.h"
+#include "context/stream.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/cumodule.c: kernel parameters read from PTX, and Module objects
+ * features/cumodule.c: kernel parameters read from PTX, and Module objects
  * (loaded images, their functions and globals).
  */
-#include "runtime/kernel.h"
+#include "features/kernel.h"
 #include "array/convert.h"
 
 #include <stdlib.h>

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * runtime/ctxfuncs.c: the module-level functions of devices and contexts
+ * context/ctxfuncs.c: the module-level functions of devices and contexts
  * (select_device, get_current_device, close, ...) and their init.
  */
-#include "runtime/context.h"
-#include "runtime/devattrs.h"
+#include "context/devctx.h"
+#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -144,7 +144,7 @@ cm_current_context_fn(PyObject *mod, PyObject *const *args,
         }
     }
     /* The context is prepared for use, as numba's get_context does. */
-    if (cm_mm_prepare(c) < 0) {
+    if (cm_ctx_up.mm_prepare(c) < 0) {
         Py_DECREF(c);
         return NULL;
     }

@@ -54,7 +54,7 @@
  * cm_imp_mu guards their lists, counts and flags, and is never held
  * across a driver call.
  */
-#include "runtime/ipc.h"
+#include "features/ipc.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/staging.h: what the files of the staging pipeline share
+ * (staging.c: the host side, the buffers and the pipeline; stagecfg.c:
+ * the tunables, statistics and init: the sections of one concept, kept
+ * in files of their own).  Private to them; the layers above call
+ * cm_staging_copy through memory/memory.h.  Locking as staging.c's
+ * header comment says: cm_stg_mu guards the queue, the caches and the
+ * counters; the GIL guards the tunables.
+ */
+#ifndef CM_STAGING_H
+#define CM_STAGING_H
+
+#include "memory/memory.h"
+
+#include <pthread.h>
+
+#define CM_STG_MAXBUF 16              /* most staging buffers a transfer */
+#define CM_STG_DEVICES 64             /* devices with a buffer cache */
+#define CM_STG_MINCHUNK ((size_t)256 << 10)  /* adaptive chunk floor */
+/* Free buffers a device's cache keeps: this many transfers' worth. */
+#define CM_STG_KEEP_SETS 4
+#define CM_STG_MAXRAMP 6              /* most halvings at each end */
+
+/* The tunables; NOTE: guarded by the GIL. */
+typedef struct {
+    int enabled;              /* CUDAMEM_STAGING=0 turns it off */
+    size_t threshold;         /* bytes from which a copy is staged */
+    size_t chunk;             /* bytes of a chunk (a staging buffer) */
+    int buffers;              /* staging buffers per transfer */
+    int threads;              /* worker threads */
+    size_t part;              /* smallest share of a chunk per worker */
+    int ramp;                 /* halvings of the chunks at each end: the
+                               * first and last chunks, which nothing
+                               * overlaps, get shorter (an experiment:
+                               * 0, off, by default) */
+    int nt;                   /* host-side copies with non-temporal
+                               * stores (x86-64 only) */
+    int spin;                 /* microseconds a worker, or a caller
+                               * waiting for its shares, polls before it
+                               * sleeps */
+    int huge;                 /* staging buffers on transparent huge
+                               * pages: mmap + madvise + cuMemHostRegister
+                               * (Linux), else cuMemHostAlloc */
+} cm_stg_cfg;
+
+extern cm_stg_cfg cm_cfg;
+
+/* Copies of cm_cfg.nt and cm_cfg.spin (nanoseconds) for the workers,
+ * which run without the GIL; written under the GIL, read relaxed. */
+extern int cm_nt_on;
+extern long cm_spin_ns;
+
+/* One page-locked staging buffer with the event of its last copy. */
+typedef struct cm_sbuf {
+    void *host;               /* its page-locked memory */
+    size_t size;              /* bytes */
+    size_t maplen;            /* 0: from cuMemHostAlloc; else bytes
+                               * mmap'd (huge pages asked for) and
+                               * registered with cuMemHostRegister */
+    CUevent ev;               /* recorded after each copy */
+    unsigned long gen;        /* the context generation it belongs to */
+    int dev;                  /* its device's ordinal */
+    struct cm_sbuf *next;     /* free list link */
+} cm_sbuf;
+
+/* One device's cache of free buffers. */
+typedef struct {
+    unsigned long gen;        /* generation of the buffers; 0: unused */
+    cm_sbuf *free;            /* LIFO free list */
+    size_t nfree;             /* buffers on it */
+} cm_scache;
+
+/* A host-side stage of one chunk (staging.c). */
+typedef struct cm_batch cm_batch;
+
+/* NOTE: everything below is guarded by cm_stg_mu. */
+extern pthread_mutex_t cm_stg_mu;
+extern pthread_cond_t cm_stg_work;
+extern pthread_cond_t cm_stg_part_done;
+extern cm_batch *cm_bq_head;          /* batches with shares to take */
+extern cm_batch *cm_bq_tail;
+extern int cm_bq_nonempty;            /* cm_bq_head != NULL, for polls */
+extern int cm_workers;                /* worker threads made */
+extern cm_scache cm_caches[CM_STG_DEVICES];
+extern size_t cm_nlive;               /* buffers made and not freed */
+extern size_t cm_live_bytes;          /* their bytes */
+extern size_t cm_nfree_all;           /* of them, free in a cache */
+extern size_t cm_inflight;            /* transfers running */
+extern size_t cm_staged;              /* transfers staged, ever */
+/* Where the staged transfers' time went, summed (nanoseconds): waits
+ * for a buffer's copy, host-side stages, issuing copies, and the whole
+ * pipelines; and their chunks.  For the sweep and for diagnosis. */
+extern uint64_t cm_ns_wait;
+extern uint64_t cm_ns_stage;
+extern uint64_t cm_ns_issue;
+extern uint64_t cm_ns_total;
+extern size_t cm_nchunks_all;
+
+/* Free buffers; no lock held. */
+void cm_sbuf_free_list(cm_sbuf *list);
+/* The cache of a device, emptied of buffers of an earlier context (their
+ * memory went with it).  Lock held; NULL if the device has none. */
+cm_scache *cm_cache_of_locked(int dev, unsigned long gen);
+
+#endif /* CM_STAGING_H */
