@@ -53,6 +53,18 @@ _Thread_local int cm_mu_depth;
 _Thread_local cm_gil_saved cm_yield_saved;
 long cm_driver_calls[2];
 unsigned long cm_driver_epoch;
+_Thread_local unsigned long cm_call_epoch;
+_Thread_local int cm_call_depth;
+
+/* The dying-context guard of cm.h's CM_CU_CALL_ (driver/driver.c in the
+ * extension): no context is ever closed here. */
+int cm_ctx_dying_n;
+
+int
+cm_ctx_dying_check(void)
+{
+    return 0;
+}
 
 /* The GIL probe (driver/driver.c in the extension): off here. */
 int cm_gil_probe_on;
