@@ -122,6 +122,55 @@ def test_churn_plain_frees_at_once(prog, fake):
     assert s["allocs"] == s["frees"] and s["live"] == 0
 
 
+# What each CALL of the copy command makes per copy: synchronous copies,
+# copies on CU_STREAM_LEGACY, synchronizations of it, pointer queries.
+COPY_CALLS = {
+    "sync": (1, 0, 0, 0),
+    "async": (0, 1, 0, 0),
+    "async-wait": (0, 1, 1, 0),
+    "query-async": (0, 1, 0, 1),
+    "query-async-wait": (0, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("call", sorted(COPY_CALLS))
+@pytest.mark.parametrize("direction", ["htod", "dtoh", "dtoh-new"])
+def test_copy_rows_make_the_calls_they_name(prog, fake, direction, call):
+    """The single-copy rows of issue 32: per copy exactly the driver calls
+    CALL names (the fake counts them), one device buffer, released."""
+    p = run(prog, "copy", direction, call, 1024, 4, 2, fake=fake)
+    assert p.returncode == 0, p.stderr
+    samples(p, 4)
+    s = stats(p)
+    n = s["copies"]
+    assert n > 4
+    assert s["allocs"] == s["frees"] == 1 and s["live"] == 0
+    sync, legacy, legacy_syncs, queries = COPY_CALLS[call]
+    assert (s["scopies"], s["legacy"], s["legacy_syncs"], s["queries"]) \
+        == (sync * n, legacy * n, legacy_syncs * n, queries * n)
+    assert s["streams"] == 0 and s["syncs"] == s["legacy_syncs"]
+
+
+def test_copy_query_refuses_page_locked_memory(prog, fake):
+    """The query's answer is checked: host memory the driver knows is not
+    the pageable memory the row is about."""
+    p = run(prog, "copy", "htod", "query-async", 1024, 2, 2, fake=fake,
+            FAKE_CUDA_QUERY_LOCKED="1")
+    assert p.returncode == 1
+    assert "cuPointerGetAttribute (pageable memory expected) failed: " \
+        "CUDA_ERROR_INVALID_VALUE" in p.stderr
+    s = stats(p)
+    assert s["copies"] == 0 and s["live"] == 0
+
+
+def test_copy_error_is_reported(prog, fake):
+    p = run(prog, "copy", "htod", "sync", 1024, 3, 5, fake=fake,
+            FAKE_CUDA_FAIL_COPY="7")
+    assert p.returncode == 1
+    assert "cuMemcpyHtoD failed: CUDA_ERROR_LAUNCH_FAILED" in p.stderr
+    assert stats(p)["live"] == 0
+
+
 def test_driver_error_is_reported_and_threads_end(prog, fake):
     p = run(prog, "roundtrip", 4, 1024, "pinned", 3, 20, fake=fake,
             FAKE_CUDA_FAIL_COPY="120")
@@ -145,7 +194,10 @@ def test_no_driver(prog, tmp_path):
     ("roundtrip", 1, 1024, "mapped", 1, 1),
     ("roundtrip", 1, "1k", "pinned", 1, 1),
     ("churn", "lazy", 10, 1, 1), ("churn", "plain", -1, 1, 1),
-    ("churn", "plain", 10, 1, 1, 1), ("frobnicate", 1, 1, 1, 1)])
+    ("churn", "plain", 10, 1, 1, 1), ("frobnicate", 1, 1, 1, 1),
+    ("copy", "htod", "sync", 1024, 1), ("copy", "up", "sync", 1024, 1, 1),
+    ("copy", "htod", "later", 1024, 1, 1),
+    ("copy", "dtoh", "async", 0, 1, 1)])
 def test_usage(prog, args):
     p = run(prog, *args, fake="/nonexistent")
     assert p.returncode == 2
