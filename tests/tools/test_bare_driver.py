@@ -236,6 +236,77 @@ def test_threads_rows_driver_column(fake, monkeypatch):
     assert "k/s" in harness.format_table(rows[:1])
 
 
+def test_copy_rows_driver_column(fake, monkeypatch):
+    """The issue-32 copy rows of ops_transfer.py: the driver column is the
+    C program making the calls of cudamem's mode (the pointer query with
+    the async ones), or the async call alone in the [C async] rows."""
+    import ops_transfer
+
+    monkeypatch.setenv("CUDAMEM_DRIVER_LIBRARY", fake)
+    monkeypatch.setattr(ops_transfer, "C_SAMPLES", 3)
+    rows = [op for op in ops_transfer.OPS if "1K pageable" in op["name"]]
+    assert [op["name"] for op in rows] == [
+        "%s [%s]" % (name, mode)
+        for name, modes in (
+            ("htod 1K pageable, existing", ("sync", "async")),
+            ("dtoh 1K pageable, existing", ("sync", "async", "async_wait")),
+            ("dtoh 1K pageable, new", ("sync", "async", "async_wait")))
+        for mode in modes + ("C async",)]
+    calls = []
+    real = bare_driver.run
+
+    def spy(*args, **kw):
+        calls.append(args[1:3])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(bare_driver, "run", spy)
+    out = harness.run_ops(rows, {"driver": object()})
+    for row in out:
+        assert "errors" not in row and set(row["times"]) == {"driver"}, row
+    assert calls == [
+        (d, c) for d, cs in (
+            ("htod", ("sync", "query-async", "async")),
+            ("dtoh", ("sync", "query-async", "query-async-wait", "async")),
+            ("dtoh-new", ("sync", "query-async", "query-async-wait",
+                          "async")))
+        for c in cs]
+
+
+def test_copy_rows_cudamem_modes(monkeypatch):
+    """cudamem's column of each copy row is timed with its mode set, and
+    the mode before is set back, also when the timing fails."""
+    import cudamem
+    import ops_transfer
+    from cudamem import _core
+
+    seen = []
+
+    def timing(fn, **kw):
+        fn()
+        seen.append(_core._sync_copy_call())
+        return (1e-6, 1e-6, 1e-6)
+
+    monkeypatch.setattr(harness, "time_callable", timing)
+    rows = [op for op in ops_transfer.OPS if "1K pageable" in op["name"]
+            and "C async" not in op["name"]]
+    old = _core._sync_copy_call("sync")
+    try:
+        out = harness.run_ops(rows, {"cudamem": cudamem})
+        assert seen == [op["name"].split("[")[1][:-1] for op in rows]
+        assert all(set(r["times"]) == {"cudamem"} for r in out), out
+        assert _core._sync_copy_call() == "sync"
+
+        def broken(fn, **kw):
+            raise RuntimeError("timing failed")
+
+        monkeypatch.setattr(harness, "time_callable", broken)
+        out = harness.run_ops(rows[1:2], {"cudamem": cudamem})
+        assert "timing failed" in out[0]["errors"]["cudamem"]
+        assert _core._sync_copy_call() == "sync"
+    finally:
+        _core._sync_copy_call(old)
+
+
 def test_threaded_counts_and_errors():
     import ops_threads
 
@@ -286,7 +357,8 @@ def test_run_prints_the_rows():
     p = subprocess.run(
         [sys.executable, str(BENCH / "run.py"), "-k",
          "round trip 1 KiB pageable [2 threads]", "-k",
-         "churn 1K-4M [C, deferred]", "--repeats", "3"],
+         "churn 1K-4M [C, deferred]", "-k", "1K pageable, new [async]",
+         "--repeats", "3"],
         capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {line[:40].rstrip(): line for line in p.stdout.splitlines()}
@@ -294,6 +366,7 @@ def test_run_prints_the_rows():
     assert rt[40:].split()[1] == "k/s"
     assert float(rt[40:].split()[0]) > 0
     assert "alloc+drop churn 1K-4M [C, deferred]" in rows
+    assert float(rows["dtoh 1K pageable, new [async]"][40:].split()[0]) > 0
     assert "error" not in p.stdout
     if os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", ""):
         assert "driver=no" in p.stdout
