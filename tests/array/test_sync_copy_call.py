@@ -227,3 +227,27 @@ def test_semantics_with_late_copies(m, ptds):
     assert lines[-1] == "control caught", p.stdout
     assert len(lines) == 11 and all(x.endswith(" ok") for x in lines[:-1]), \
         p.stdout
+
+
+@pytest.mark.parametrize("m", MODES)
+def test_copy_to_host_waits_for_the_default_streams_work(m, ctx):
+    """Whatever the call, a copy into pageable memory returns with the
+    data, after the default stream's earlier work: a large device copy
+    queued on it, then the last 1 KiB of its destination read with no
+    stream.  On a GPU this checks what the documentation no longer
+    promises for cuMemcpyDtoHAsync ('async' mode)."""
+    n = (64 << 20) // 4
+    src = cuda.to_device(np.arange(n, dtype=np.float32))
+    dst = cuda.device_array(n, np.float32)
+    dst[-N:].copy_to_device(np.zeros(N, np.float32))
+    old = _core._sync_copy_call(m)
+    try:
+        for _ in range(3):
+            dst.copy_to_device(src, stream=cuda.legacy_default_stream())
+            out = np.zeros(N, np.float32)
+            dst[-N:].copy_to_host(out)
+            np.testing.assert_array_equal(
+                out, np.arange(n - N, n, dtype=np.float32))
+            dst[-N:].copy_to_device(np.zeros(N, np.float32))
+    finally:
+        _core._sync_copy_call(old)
