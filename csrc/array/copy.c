@@ -530,12 +530,11 @@ static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
              int async, int may_stage, int host)
 {
-    int mode;
-
     cm_joint j;
     cm_plan p;
     const char *fn = "cuMemcpy";
     CUresult rc;
+    int mode;
 
     if (cm_joint_build(&j, dst, src, dst->device || !src->device) < 0) {
         return -1;
