@@ -21,9 +21,22 @@
  *       freed at once (plain) or queued and freed in a batch when more
  *       than COUNT are queued (deferred: the default memory manager's
  *       rule, config.CUDA_DEALLOCS_COUNT).  COUNT is ignored by plain.
+ *   bare_driver copy htod|dtoh|dtoh-new CALL BYTES SAMPLES MS
+ *       One thread, one copy of BYTES between pageable host memory
+ *       (malloc'd and touched) and a device buffer made once: host to
+ *       device, device to host into one host buffer, or device to host
+ *       into a buffer malloc'd before and freed after each copy (what
+ *       copy_to_host() without a destination does).  CALL is how:
+ *       sync (cuMemcpyHtoD / cuMemcpyDtoH), async (the ...Async call on
+ *       CU_STREAM_LEGACY), async-wait (async, then cuStreamSynchronize
+ *       of CU_STREAM_LEGACY), and query-async, query-async-wait (the
+ *       same preceded by cuPointerGetAttribute(MEMORY_TYPE) of the host
+ *       address, the check a library makes to learn that the memory is
+ *       pageable: the driver must answer CUDA_ERROR_INVALID_VALUE).
  *
  * Prints one line, "ok" and per sample the seconds per operation (per
- * round trip of all threads together, or per allocate-and-free).  Exit
+ * round trip of all threads together, per allocate-and-free, per
+ * copy).  Exit
  * status: 0; 1 on a driver or system error (a line on stderr); 2 on a
  * usage error; 3 when the driver library or its device cannot be had.
  */
@@ -34,6 +47,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +75,10 @@ static struct {
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t,
                                 CUstream);
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*PointerGetAttribute)(void *, CUpointer_attribute,
+                                    CUdeviceptr);
     CUresult (*GetErrorName)(CUresult, const char **);
 } cu;
 
@@ -155,6 +173,9 @@ bd_load(void)
     BD_SYM(MemFreeHost, "cuMemFreeHost");
     BD_SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
     BD_SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    BD_SYM(MemcpyHtoD, "cuMemcpyHtoD_v2");
+    BD_SYM(MemcpyDtoH, "cuMemcpyDtoH_v2");
+    BD_SYM(PointerGetAttribute, "cuPointerGetAttribute");
     BD_SYM(GetErrorName, "cuGetErrorName");
 #undef BD_SYM
     return 0;
@@ -465,13 +486,123 @@ bd_churn(int deferred, int count, int samples, long ms)
     return 0;
 }
 
+/* The copy rows' directions and calls (bd_copy). */
+enum { BD_HTOD, BD_DTOH, BD_DTOH_NEW };
+#define BD_ASYNC 1              /* the ...Async call on CU_STREAM_LEGACY */
+#define BD_WAIT 2               /* then cuStreamSynchronize of it */
+#define BD_QUERY 4              /* first cuPointerGetAttribute */
+
+/* One copy of the copy rows; 0, or -1 with the error kept. */
+static int
+bd_copy_once(int dir, int call, CUdeviceptr d, void *host, size_t bytes)
+{
+    void *h = host;
+    CUresult rc = CUDA_SUCCESS;
+    const char *what = "";
+
+    if (dir == BD_DTOH_NEW && (h = malloc(bytes)) == NULL) {
+        bd_fail("malloc", CUDA_ERROR_OUT_OF_MEMORY);
+        return -1;
+    }
+    if (call & BD_QUERY) {
+        CUmemorytype t;
+
+        rc = cu.PointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    (CUdeviceptr)(uintptr_t)h);
+        if (rc != CUDA_ERROR_INVALID_VALUE) {
+            /* Known to the driver (or another error): not pageable. */
+            what = "cuPointerGetAttribute (pageable memory expected)";
+            rc = rc == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : rc;
+            goto out;
+        }
+        rc = CUDA_SUCCESS;
+    }
+    if (!(call & BD_ASYNC)) {
+        what = dir == BD_HTOD ? "cuMemcpyHtoD" : "cuMemcpyDtoH";
+        rc = dir == BD_HTOD ? cu.MemcpyHtoD(d, h, bytes)
+                            : cu.MemcpyDtoH(h, d, bytes);
+        goto out;
+    }
+    what = dir == BD_HTOD ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync";
+    rc = dir == BD_HTOD ? cu.MemcpyHtoDAsync(d, h, bytes, CU_STREAM_LEGACY)
+                        : cu.MemcpyDtoHAsync(h, d, bytes, CU_STREAM_LEGACY);
+    if (rc == CUDA_SUCCESS && (call & BD_WAIT)) {
+        what = "cuStreamSynchronize";
+        rc = cu.StreamSynchronize(CU_STREAM_LEGACY);
+    }
+out:
+    if (h != host) {
+        free(h);
+    }
+    if (rc != CUDA_SUCCESS) {
+        bd_fail(what, rc);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+bd_copy(int dir, int call, size_t bytes, int samples, long ms)
+{
+    double per[BD_MAX_SAMPLES];
+    CUdeviceptr d = 0;
+    CUresult r;
+    void *host;
+    int rc = 0;
+    int k;
+
+    if ((r = cu.MemAlloc(&d, bytes)) != CUDA_SUCCESS) {
+        bd_fail("cuMemAlloc", r);
+        fprintf(stderr, "bare_driver: %s\n", bd_err);
+        return 1;
+    }
+    host = bd_host_alloc(bytes, 0);
+    if (host == NULL) {
+        rc = -1;
+    }
+    /* One warm-up sample, not reported, then the samples. */
+    for (k = -1; rc == 0 && k < samples; k++) {
+        double t0 = bd_now();
+        double t1 = t0;
+        double end = t0 + (k < 0 ? 0.02 : 1e-3 * (double)ms);
+        long n = 0;
+
+        do {
+            if (bd_copy_once(dir, call, d, host, bytes) < 0) {
+                rc = -1;
+                break;
+            }
+            n++;
+            t1 = bd_now();
+        } while (t1 < end);
+        if (k >= 0 && rc == 0) {
+            per[k] = (t1 - t0) / (double)n;
+        }
+    }
+    free(host);
+    (void)cu.MemFree(d);
+    if (rc < 0) {
+        fprintf(stderr, "bare_driver: %s\n", bd_err);
+        return 1;
+    }
+    printf("ok");
+    for (k = 0; k < samples; k++) {
+        printf(" %.9g", per[k]);
+    }
+    printf("\n");
+    return 0;
+}
+
 static int
 bd_usage(void)
 {
     fprintf(stderr,
             "usage: bare_driver roundtrip THREADS BYTES pinned|pageable "
             "SAMPLES MS\n"
-            "       bare_driver churn plain|deferred COUNT SAMPLES MS\n");
+            "       bare_driver churn plain|deferred COUNT SAMPLES MS\n"
+            "       bare_driver copy htod|dtoh|dtoh-new "
+            "sync|async|async-wait|query-async|query-async-wait "
+            "BYTES SAMPLES MS\n");
     return 2;
 }
 
@@ -498,6 +629,7 @@ main(int argc, char **argv)
     long samples;
     long ms;
     int mode;
+    int call = 0;
 
     if (argc != 7 && argc != 6) {
         return bd_usage();
@@ -518,10 +650,25 @@ main(int argc, char **argv)
         samples = bd_arg(argv[4], 1, BD_MAX_SAMPLES);
         ms = bd_arg(argv[5], 1, 60000);
     }
+    else if (strcmp(argv[1], "copy") == 0 && argc == 7) {
+        mode = strcmp(argv[2], "htod") == 0 ? BD_HTOD
+               : strcmp(argv[2], "dtoh") == 0 ? BD_DTOH
+               : strcmp(argv[2], "dtoh-new") == 0 ? BD_DTOH_NEW : -1;
+        call = strcmp(argv[3], "sync") == 0 ? 0
+               : strcmp(argv[3], "async") == 0 ? BD_ASYNC
+               : strcmp(argv[3], "async-wait") == 0 ? BD_ASYNC | BD_WAIT
+               : strcmp(argv[3], "query-async") == 0 ? BD_QUERY | BD_ASYNC
+               : strcmp(argv[3], "query-async-wait") == 0
+                 ? BD_QUERY | BD_ASYNC | BD_WAIT : -1;
+        a = 0;
+        b = bd_arg(argv[4], 1, 1L << 30);
+        samples = bd_arg(argv[5], 1, BD_MAX_SAMPLES);
+        ms = bd_arg(argv[6], 1, 60000);
+    }
     else {
         return bd_usage();
     }
-    if (a < 0 || b < 0 || mode < 0 || samples < 0 || ms < 0) {
+    if (a < 0 || call < 0 || b < 0 || mode < 0 || samples < 0 || ms < 0) {
         return bd_usage();
     }
     if (bd_load() < 0) {
@@ -533,6 +680,9 @@ main(int argc, char **argv)
     }
     if (argv[1][0] == 'r') {
         return bd_roundtrip((int)a, (size_t)b, mode, (int)samples, ms);
+    }
+    if (argv[1][0] == 'c' && argv[1][1] == 'o') {
+        return bd_copy(mode, call, (size_t)b, (int)samples, ms);
     }
     return bd_churn(mode, (int)a, (int)samples, ms);
 }

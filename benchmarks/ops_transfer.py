@@ -3,10 +3,27 @@
 
 Every callable leaves the device idle: copies without a stream are
 synchronous in every library measured.
+
+The ``htod 1K pageable ...`` / ``dtoh 1K pageable ...`` rows (issue
+32) time a synchronous copy (no stream) of 1 KiB between a pageable NumPy
+array and a device array per way of making it: cudamem with the test aid
+``_core._sync_copy_call`` set to the mode in brackets (``sync``: the
+synchronous call, today's default; ``async``: the asynchronous call on
+the default stream after the driver's pointer query found the host
+memory pageable; ``async_wait``: the same, and a copy into the host then
+synchronizes that stream), and in the driver column bare_driver.c making
+the same driver calls from C (``copy`` command: the pointer query too,
+for the async modes).  ``[C async]`` rows have the C program alone, the
+asynchronous call without the query: the difference to the ``[async]``
+row's driver column is the query's cost.  ``existing``: into an existing
+array (``copy_to_device(h)``, ``copy_to_host(out)``); ``new``:
+``copy_to_host()``, a new host array each time.
 """
 
 import numpy as np
 
+import bare_driver
+import harness
 from ops_alloc import _cm_alloc_in
 
 N = 256
@@ -133,6 +150,83 @@ def _htd_driver(core):
     return lambda: core._memcpy_htod(p, HOST)
 
 
+# Synchronous copies of pageable memory, per call (issue 32) ----------------
+
+C_SAMPLES = 31
+C_MS = 2
+
+
+def _in_mode(mode, make):
+    """cudamem's column with _core._sync_copy_call(mode) while it is
+    timed (here: harness.Measured), the previous mode set back after."""
+    def factory(cm):
+        core = cm._core
+        if not hasattr(core, "_sync_copy_call"):
+            raise harness.Skip("this build has no _sync_copy_call")
+        old = core._sync_copy_call(mode)
+        try:
+            fn = make(cm)
+            return harness.Measured(harness.time_callable(fn))
+        finally:
+            core._sync_copy_call(old)
+    return factory
+
+
+def _dth_out_cm(cm):
+    d = cm.device_array_like(HOST)
+    out = np.empty_like(HOST)
+    return lambda: d.copy_to_host(out)
+
+
+def _dth_out_cupy(cp):
+    a = _cupy_array(cp)
+    out = np.empty_like(HOST)
+    return lambda: a.get(out=out)
+
+
+def _dth_out_torch(torch):
+    t = _torch_tensor(torch)
+    out = torch.from_numpy(np.empty_like(HOST))
+    return lambda: out.copy_(t)
+
+
+def _c_copy(direction, call):
+    def factory(core):
+        return bare_driver.run("copy", direction, call, HOST.nbytes,
+                               C_SAMPLES, C_MS)
+    return factory
+
+
+# (row, cudamem's factory, CuPy's, PyTorch's, the C program's direction)
+_PAGEABLE = (
+    ("htod 1K pageable, existing", _htd_cm, _htd_cupy, _htd_torch,
+     "htod"),
+    ("dtoh 1K pageable, existing", _dth_out_cm, _dth_out_cupy,
+     _dth_out_torch, "dtoh"),
+    ("dtoh 1K pageable, new", _dth_cm, _dth_cupy, _dth_torch,
+     "dtoh-new"),
+)
+# cudamem's mode and the C program's call that makes the same driver calls.
+_C_CALL = {"sync": "sync", "async": "query-async",
+           "async_wait": "query-async-wait"}
+
+
+def _pageable_ops():
+    ops = []
+    for name, cm_make, cupy_make, torch_make, direction in _PAGEABLE:
+        modes = ("sync", "async") if direction == "htod" \
+            else ("sync", "async", "async_wait")
+        for mode in modes:
+            ops.append({
+                "name": "%s [%s]" % (name, mode),
+                "impls": {"cudamem": _in_mode(mode, cm_make),
+                          "cupy": cupy_make, "torch": torch_make,
+                          "driver": _c_copy(direction, _C_CALL[mode])}})
+        ops.append({"name": "%s [C async]" % name,
+                    "impls": {"driver": _c_copy(direction, "async")}})
+    return ops
+
+
 # as_cuda_array of a foreign array ------------------------------------------
 
 def _foreign(kind):
@@ -218,6 +312,7 @@ OPS = [
     {"name": "copy_to_device(256 f4, existing)",
      "impls": {"cudamem": _htd_cm, "numba": _htd_numba, "cupy": _htd_cupy,
                "torch": _htd_torch, "driver": _htd_driver}},
+    *_pageable_ops(),
     {"name": "as_cuda_array(cupy array)",
      "impls": {"cudamem": _wrap_cm("cupy"), "numba": _wrap_numba("cupy"),
                "torch": _wrap_torch_of_cupy}},

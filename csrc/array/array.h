@@ -93,13 +93,24 @@ int cm_layout_check(int ndim, const Py_ssize_t *shape,
  * return.  0, or -1 with an exception set. */
 int cm_copy(const cm_view *dst, const cm_view *src, CUstream stream,
             int async);
-/* cm_copy of one side in page-locked host memory (locked: the caller
- * knows, cm_hostmem_page_locked), the other on the device.  While the
- * experiment _core._copy_keep_gil is on, an asynchronous copy of one
- * piece is issued with the GIL kept (it only enqueues); otherwise, and
- * when not locked, it is cm_copy. */
+/* What the caller of cm_copy_host knows of the copy's host side. */
+enum {
+    CM_HOST_OTHER = -1,    /* nothing to go on: cm_copy as it is */
+    CM_HOST_UNKNOWN = 0,   /* a host array that may be pageable, the
+                            * device side plain device memory */
+    CM_HOST_LOCKED = 1     /* cudamem's page-locked memory of the copy's
+                            * context (cm_hostmem_page_locked) */
+};
+/* cm_copy of one side in host memory, the other on the device; host is a
+ * CM_HOST_* value.  CM_HOST_LOCKED: while the experiment
+ * _core._copy_keep_gil is on, an asynchronous copy of one piece is
+ * issued with the GIL kept (it only enqueues).  CM_HOST_UNKNOWN: while
+ * the test aid _core._sync_copy_call is not 'sync', a synchronous copy
+ * of one contiguous piece whose host side proves pageable is made by the
+ * asynchronous call on the default stream (cm_copy_pageable).
+ * Otherwise it is cm_copy. */
 int cm_copy_host(const cm_view *dst, const cm_view *src, CUstream stream,
-                 int async, int locked);
+                 int async, int host);
 
 /* Whether o is a cudamem device array (DeviceNDArrayBase or a subclass):
  * 1 with the address of its first element in *ptr, else 0.  The fast

@@ -351,7 +351,7 @@ cm_stream_wait(CUstream stream)
 
 static int cm_copy_impl(const cm_view *dst, const cm_view *src,
                         CUstream stream, int async, int may_stage,
-                        int locked);
+                        int host);
 
 /* Copy through a compact host buffer laid out like key (a view of the
  * same shape as dst and src): first src into the buffer, then the buffer
@@ -380,7 +380,7 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     tmp.strides = tstrides;
     tmp.itemsize = key->itemsize;
     tmp.device = 0;
-    if (cm_copy_impl(&tmp, src, stream, async, 0, 0) < 0) {
+    if (cm_copy_impl(&tmp, src, stream, async, 0, CM_HOST_OTHER) < 0) {
         goto out_free_buf;
     }
     if (async && src->device && cm_stream_wait(stream) < 0) {
@@ -389,7 +389,7 @@ cm_copy_staged(const cm_view *dst, const cm_view *src, const cm_view *key,
     /* A device-to-device copy staged in src's order may need the host
      * buffer reordered for dst: one more (host-only) staging. */
     if (cm_copy_impl(dst, &tmp, stream, async,
-                     src->device && dst->device, 0) < 0) {
+                     src->device && dst->device, CM_HOST_OTHER) < 0) {
         goto out_free_buf;
     }
     if (async && dst->device && cm_stream_wait(stream) < 0) {
@@ -462,14 +462,79 @@ cm_copy_try_staging(const cm_joint *j, CUstream stream, int async)
     return cm_staging_copy(&x, stream, async);
 }
 
+/* Whether host memory [p, p + n) is pageable: no part of it registered
+ * by cudamem (pinned(), mapped()), and its first and last bytes unknown
+ * to the driver (cuPointerGetAttribute fails with
+ * CUDA_ERROR_INVALID_VALUE for memory that is not page-locked, mapped,
+ * managed or device memory).  Any other answer, an error included, is
+ * "not known pageable".  The GIL released. */
+static int
+cm_host_pageable(uintptr_t p, size_t n)
+{
+    unsigned int type;     /* a CUmemorytype */
+    uintptr_t last = p + n - 1;
+
+    if (cm_hostmem_registered(p, p + n)) {
+        return 0;
+    }
+    if (CM_CU_RAW(PointerGetAttribute,
+                  (&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)p))
+        != CUDA_ERROR_INVALID_VALUE) {
+        return 0;
+    }
+    /* A registration covers whole pages: within one page, one answer. */
+    if ((p >> 12) != (last >> 12)
+        && CM_CU_RAW(PointerGetAttribute,
+                     (&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                      (CUdeviceptr)last)) != CUDA_ERROR_INVALID_VALUE) {
+        return 0;
+    }
+    return 1;
+}
+
+/* A synchronous copy of one piece between host memory the caller could
+ * not place (CM_HOST_UNKNOWN) and plain device memory, made as mode
+ * (CM_SYNC_ASYNC or CM_SYNC_ASYNC_WAIT) says where the host side proves
+ * pageable: the ...Async call on the default stream the synchronous
+ * call would use (legacy, or per-thread), which the driver returns from
+ * once it has taken a pageable source or filled a pageable destination
+ * (see docs/design.md, "Synchronous copies of pageable memory"); with
+ * CM_SYNC_ASYNC_WAIT a copy into the host then synchronizes that
+ * stream.  Elsewhere the synchronous call, as cm_copy_impl makes it. */
+static int
+cm_copy_pageable(const cm_joint *j, const cm_plan *p, int mode)
+{
+    CUstream s = cm_driver_per_thread() ? CU_STREAM_PER_THREAD
+                                        : CU_STREAM_LEGACY;
+    uintptr_t host = j->dst_dev ? j->src : j->dst;
+    const char *fn = "cuMemcpy";
+    CUresult rc;
+
+    CM_DRIVER_BEGIN_NOGIL
+    if (cm_host_pageable(host, (size_t)p->width)) {
+        rc = cm_pieces_run(j, p, s, 1, &fn);
+        if (rc == CUDA_SUCCESS && !j->dst_dev
+            && mode == CM_SYNC_ASYNC_WAIT) {
+            fn = "cuStreamSynchronize";
+            rc = CM_CU_RAW(StreamSynchronize, (s));
+        }
+    }
+    else {
+        rc = cm_pieces_run(j, p, NULL, 0, &fn);
+    }
+    CM_DRIVER_END_NOGIL
+    return cm_cu_check(rc, fn);
+}
+
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
-             int async, int may_stage, int locked)
+             int async, int may_stage, int host)
 {
     cm_joint j;
     cm_plan p;
     const char *fn = "cuMemcpy";
     CUresult rc;
+    int mode;
 
     if (cm_joint_build(&j, dst, src, dst->device || !src->device) < 0) {
         return -1;
@@ -504,7 +569,14 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
         return cm_copy_staged(dst, src, src->device ? src : dst, stream,
                               async);
     }
-    if (locked && async && p.pieces == 1 && dst->device != src->device
+    if (!async && host == CM_HOST_UNKNOWN && p.pieces == 1 && !p.has_y
+        && dst->device != src->device
+        && (mode = __atomic_load_n(&cm_sync_copy_call, __ATOMIC_RELAXED))
+           != CM_SYNC_CALL) {
+        return cm_copy_pageable(&j, &p, mode);
+    }
+    if (host == CM_HOST_LOCKED && async && p.pieces == 1
+        && dst->device != src->device
         && __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED)) {
         /* One enqueue from or into page-locked memory: the GIL kept
          * (CM_CU_RAW still gives it up while callbacks are in flight). */
@@ -520,12 +592,12 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
 int
 cm_copy(const cm_view *dst, const cm_view *src, CUstream stream, int async)
 {
-    return cm_copy_impl(dst, src, stream, async, 1, 0);
+    return cm_copy_impl(dst, src, stream, async, 1, CM_HOST_OTHER);
 }
 
 int
 cm_copy_host(const cm_view *dst, const cm_view *src, CUstream stream,
-             int async, int locked)
+             int async, int host)
 {
-    return cm_copy_impl(dst, src, stream, async, 1, locked);
+    return cm_copy_impl(dst, src, stream, async, 1, host);
 }

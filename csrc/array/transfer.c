@@ -145,6 +145,25 @@ cm_copy_across(cm_da *dst, cm_da *src, CUstream h, int async)
 }
 
 /* self <- ary (host array, cudamem array or CAI object). */
+/* The CM_HOST_* of a copy between the host array arr and the device
+ * array d (cm_copy_host): cudamem's page-locked memory of d's context,
+ * else unknown where d's memory is plain device memory from one of
+ * cudamem's own managers (a copy into managed or mapped memory, or
+ * memory of a plugin or another library, keeps the synchronous call). */
+static int
+cm_host_side(PyObject *arr, cm_da *d)
+{
+    if (cm_hostmem_page_locked(arr, d->ctx)) {
+        return CM_HOST_LOCKED;
+    }
+    if (d->gpu_data != NULL && Py_IS_TYPE(d->gpu_data, ST->Mem_type)
+        && ((cm_mem *)d->gpu_data)->mm != NULL
+        && ((cm_mem *)d->gpu_data)->mm->kind != CM_MM_PLUGIN) {
+        return CM_HOST_UNKNOWN;
+    }
+    return CM_HOST_OTHER;
+}
+
 static int
 cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
 {
@@ -206,8 +225,8 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_da_view(self, &dv);
     rc = cm_copy_host(&dv, &sv, h, async,
-                      !cm_da_check(src)
-                      && cm_hostmem_page_locked(src, self->ctx));
+                      cm_da_check(src) ? CM_HOST_OTHER
+                                       : cm_host_side(src, self));
     if (cm_da_used_on(self, async, h, sobj) < 0
         || (cm_da_check(src)
             && cm_da_used_on((cm_da *)src, async, h, sobj) < 0)) {
@@ -293,7 +312,8 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
     sv = dv;
     sv.addr = (uintptr_t)self->ptr;
     sv.device = 1;
-    if (cm_copy(&dv, &sv, h, async) < 0) {
+    if (cm_copy_host(&dv, &sv, h, async,
+                     cm_host_side((PyObject *)res, self)) < 0) {
         Py_DECREF(res);
         return NULL;
     }
@@ -359,8 +379,7 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_nd_view(dst, &dv);
     cm_da_view(self, &sv);
-    if (cm_copy_host(&dv, &sv, h, async,
-                     cm_hostmem_page_locked(ary, self->ctx)) < 0) {
+    if (cm_copy_host(&dv, &sv, h, async, cm_host_side(ary, self)) < 0) {
         return NULL;
     }
     return Py_NewRef(ary);

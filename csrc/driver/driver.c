@@ -693,6 +693,7 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
 
 int cm_gil_probe_on;
 int cm_copy_keep_gil;
+int cm_sync_copy_call = CM_SYNC_CALL;
 
 /* NOTE: guarded by the GIL: noted by a thread that took it back. */
 static struct {
@@ -845,9 +846,61 @@ cm_copy_keep_gil_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(old);
 }
 
+/* The names of the CM_SYNC_* modes, in their order. */
+static const char *const cm_sync_copy_names[] = {"sync", "async",
+                                                  "async_wait"};
+
+PyDoc_STRVAR(cm_sync_copy_call_doc,
+"_sync_copy_call(mode=None, /)\n--\n\n"
+"A test aid for the benchmarks: how a synchronous copy (no stream) of\n"
+"one contiguous piece between a device array and pageable host memory is\n"
+"made.  'sync' (the default): cuMemcpyHtoD / cuMemcpyDtoH.  'async':\n"
+"cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on the default stream (legacy, or\n"
+"per-thread), used only where the host memory is known pageable.\n"
+"'async_wait': the same, and a copy into host memory then synchronizes\n"
+"that stream.  Sets the mode when given; returns the previous one.");
+
+static PyObject *
+cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    int old = __atomic_load_n(&cm_sync_copy_call, __ATOMIC_RELAXED);
+    int i;
+
+    (void)mod;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_sync_copy_call takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        if (!PyUnicode_Check(args[0])) {
+            PyErr_Format(PyExc_TypeError,
+                         "_sync_copy_call: mode must be a str, not %.100s",
+                         Py_TYPE(args[0])->tp_name);
+            return NULL;
+        }
+        for (i = 0; i < 3; i++) {
+            if (PyUnicode_CompareWithASCIIString(
+                    args[0], cm_sync_copy_names[i]) == 0) {
+                break;
+            }
+        }
+        if (i == 3) {
+            PyErr_Format(PyExc_ValueError,
+                         "_sync_copy_call: mode must be 'sync', 'async' or "
+                         "'async_wait', not %R", args[0]);
+            return NULL;
+        }
+        __atomic_store_n(&cm_sync_copy_call, i, __ATOMIC_RELAXED);
+    }
+    return PyUnicode_FromString(cm_sync_copy_names[old]);
+}
+
 static PyMethodDef cm_driver_methods[] = {
     {"_copy_keep_gil", (PyCFunction)(void (*)(void))cm_copy_keep_gil_fn,
      METH_FASTCALL, cm_copy_keep_gil_doc},
+    {"_sync_copy_call", (PyCFunction)(void (*)(void))cm_sync_copy_call_fn,
+     METH_FASTCALL, cm_sync_copy_call_doc},
     {"_gil_probe", cm_gil_probe_fn, METH_O, cm_gil_probe_doc},
     {"_gil_probe_stats", cm_gil_probe_stats_fn, METH_NOARGS,
      cm_gil_probe_stats_doc},

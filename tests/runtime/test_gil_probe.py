@@ -71,12 +71,16 @@ def test_threads_round_trip(probe):
     ready = threading.Barrier(n + 1)
     go = threading.Barrier(n + 1)
     errors = []
+    # The threads' streams and arrays outlive the count: their release
+    # (a stream destroyed, a pinned block given back) is no round trip.
+    keep = []
 
     def work():
         try:
             s = cuda.stream()
             h = cuda.pinned_array(1024, np.uint8)
             d = cuda.device_array(1024, np.uint8)
+            keep.append((s, h, d))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
         ready.wait()
@@ -97,6 +101,7 @@ def test_threads_round_trip(probe):
     for t in ts:
         t.join(120)
     st = probe._gil_probe_stats()
+    keep.clear()
     assert not errors, errors
     g = st["nogil"]
     assert g["releases"] == 3 * n * trips

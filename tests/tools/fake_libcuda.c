@@ -13,6 +13,12 @@
  * alive, streams still alive, copies, synchronizations).
  * FAKE_CUDA_FAIL_COPY=N: the N-th host-to-device copy (from 1) fails
  * with CUDA_ERROR_LAUNCH_FAILED.
+ * FAKE_CUDA_QUERY_LOCKED=1: cuPointerGetAttribute answers every address
+ * as page-locked host memory (else as unknown: pageable).
+ *
+ * The counts also tell the calls apart: synchronous copies (scopies),
+ * copies on CU_STREAM_LEGACY (legacy), synchronizations of
+ * CU_STREAM_LEGACY (legacy_syncs) and pointer queries (queries).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -27,6 +33,11 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef struct fake_ctx *CUcontext;
 typedef struct fake_stream *CUstream;
+typedef int CUpointer_attribute;
+
+#define FAKE_STREAM_LEGACY ((CUstream)0x1)
+#define FAKE_ATTR_MEMORY_TYPE 2
+#define FAKE_MEMORYTYPE_HOST 1
 
 #define OK 0
 #define ERR_INVALID_VALUE 1
@@ -62,6 +73,10 @@ static long fake_streams;
 static long fake_htod;
 static long fake_copies;
 static long fake_syncs;
+static long fake_scopies;
+static long fake_legacy;
+static long fake_legacy_syncs;
+static long fake_queries;
 
 static CUresult
 fake_ready(void)
@@ -173,6 +188,7 @@ cuStreamSynchronize(CUstream s)
     }
     pthread_mutex_lock(&fake_mu);
     fake_syncs++;
+    fake_legacy_syncs += s == FAKE_STREAM_LEGACY;
     pthread_mutex_unlock(&fake_mu);
     return OK;
 }
@@ -253,10 +269,11 @@ cuMemFreeHost(void *p)
     return OK;
 }
 
-/* A copy between host memory and a live allocation. */
+/* A copy between host memory and a live allocation; sync: made by a
+ * synchronous call (s unused). */
 static CUresult
 fake_copy(void *dst, const void *src, uintptr_t dev, size_t n, CUstream s,
-          int htod)
+          int htod, int sync)
 {
     CUresult rc = fake_ready();
     const char *fail = getenv("FAKE_CUDA_FAIL_COPY");
@@ -265,7 +282,7 @@ fake_copy(void *dst, const void *src, uintptr_t dev, size_t n, CUstream s,
     if (rc != OK) {
         return rc;
     }
-    if (s == NULL) {
+    if (!sync && s == NULL) {
         return ERR_INVALID_VALUE;
     }
     pthread_mutex_lock(&fake_mu);
@@ -274,6 +291,8 @@ fake_copy(void *dst, const void *src, uintptr_t dev, size_t n, CUstream s,
         return ERR_INVALID_VALUE;
     }
     fake_copies++;
+    fake_scopies += sync;
+    fake_legacy += !sync && s == FAKE_STREAM_LEGACY;
     nth = htod ? ++fake_htod : 0;
     pthread_mutex_unlock(&fake_mu);
     if (htod && fail != NULL && nth == atol(fail)) {
@@ -286,14 +305,60 @@ fake_copy(void *dst, const void *src, uintptr_t dev, size_t n, CUstream s,
 CUresult
 cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    return fake_copy((void *)(uintptr_t)dst, src, (uintptr_t)dst, n, s, 1);
+    return fake_copy((void *)(uintptr_t)dst, src, (uintptr_t)dst, n, s, 1,
+                     0);
 }
 
 CUresult
 cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
     return fake_copy(dst, (const void *)(uintptr_t)src, (uintptr_t)src, n,
-                     s, 0);
+                     s, 0, 0);
+}
+
+CUresult
+cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    return fake_copy((void *)(uintptr_t)dst, src, (uintptr_t)dst, n, NULL,
+                     1, 1);
+}
+
+CUresult
+cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    return fake_copy(dst, (const void *)(uintptr_t)src, (uintptr_t)src, n,
+                     NULL, 0, 1);
+}
+
+/* The memory type only: page-locked host memory under
+ * FAKE_CUDA_QUERY_LOCKED=1, device memory for a live allocation, else
+ * unknown to the driver (pageable host memory). */
+CUresult
+cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
+{
+    const char *locked = getenv("FAKE_CUDA_QUERY_LOCKED");
+    CUresult rc = fake_ready();
+    long i;
+
+    if (rc != OK) {
+        return rc;
+    }
+    if (data == NULL || attr != FAKE_ATTR_MEMORY_TYPE) {
+        return ERR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&fake_mu);
+    fake_queries++;
+    i = fake_find((uintptr_t)p, 1);
+    pthread_mutex_unlock(&fake_mu);
+    if (locked != NULL && strcmp(locked, "1") == 0) {
+        *(unsigned int *)data = FAKE_MEMORYTYPE_HOST;
+        return OK;
+    }
+    if (i >= 0) {
+        *(unsigned int *)data = 2;   /* CU_MEMORYTYPE_DEVICE */
+        return OK;
+    }
+    return ERR_INVALID_VALUE;
 }
 
 CUresult
@@ -320,7 +385,9 @@ fake_report(void)
     }
     fprintf(stderr,
             "fake_cuda: allocs=%ld frees=%ld max_live=%ld live=%ld "
-            "streams=%ld copies=%ld syncs=%ld\n",
+            "streams=%ld copies=%ld syncs=%ld scopies=%ld legacy=%ld "
+            "legacy_syncs=%ld queries=%ld\n",
             fake_allocs, fake_frees, fake_max_live, fake_nlive, fake_streams,
-            fake_copies, fake_syncs);
+            fake_copies, fake_syncs, fake_scopies, fake_legacy,
+            fake_legacy_syncs, fake_queries);
 }

@@ -122,6 +122,55 @@ def test_churn_plain_frees_at_once(prog, fake):
     assert s["allocs"] == s["frees"] and s["live"] == 0
 
 
+# What each CALL of the copy command makes per copy: synchronous copies,
+# copies on CU_STREAM_LEGACY, synchronizations of it, pointer queries.
+COPY_CALLS = {
+    "sync": (1, 0, 0, 0),
+    "async": (0, 1, 0, 0),
+    "async-wait": (0, 1, 1, 0),
+    "query-async": (0, 1, 0, 1),
+    "query-async-wait": (0, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("call", sorted(COPY_CALLS))
+@pytest.mark.parametrize("direction", ["htod", "dtoh", "dtoh-new"])
+def test_copy_rows_make_the_calls_they_name(prog, fake, direction, call):
+    """The single-copy rows of issue 32: per copy exactly the driver calls
+    CALL names (the fake counts them), one device buffer, released."""
+    p = run(prog, "copy", direction, call, 1024, 4, 2, fake=fake)
+    assert p.returncode == 0, p.stderr
+    samples(p, 4)
+    s = stats(p)
+    n = s["copies"]
+    assert n > 4
+    assert s["allocs"] == s["frees"] == 1 and s["live"] == 0
+    sync, legacy, legacy_syncs, queries = COPY_CALLS[call]
+    assert (s["scopies"], s["legacy"], s["legacy_syncs"], s["queries"]) \
+        == (sync * n, legacy * n, legacy_syncs * n, queries * n)
+    assert s["streams"] == 0 and s["syncs"] == s["legacy_syncs"]
+
+
+def test_copy_query_refuses_page_locked_memory(prog, fake):
+    """The query's answer is checked: host memory the driver knows is not
+    the pageable memory the row is about."""
+    p = run(prog, "copy", "htod", "query-async", 1024, 2, 2, fake=fake,
+            FAKE_CUDA_QUERY_LOCKED="1")
+    assert p.returncode == 1
+    assert "cuPointerGetAttribute (pageable memory expected) failed: " \
+        "CUDA_ERROR_INVALID_VALUE" in p.stderr
+    s = stats(p)
+    assert s["copies"] == 0 and s["live"] == 0
+
+
+def test_copy_error_is_reported(prog, fake):
+    p = run(prog, "copy", "htod", "sync", 1024, 3, 5, fake=fake,
+            FAKE_CUDA_FAIL_COPY="7")
+    assert p.returncode == 1
+    assert "cuMemcpyHtoD failed: CUDA_ERROR_LAUNCH_FAILED" in p.stderr
+    assert stats(p)["live"] == 0
+
+
 def test_driver_error_is_reported_and_threads_end(prog, fake):
     p = run(prog, "roundtrip", 4, 1024, "pinned", 3, 20, fake=fake,
             FAKE_CUDA_FAIL_COPY="120")
@@ -145,7 +194,10 @@ def test_no_driver(prog, tmp_path):
     ("roundtrip", 1, 1024, "mapped", 1, 1),
     ("roundtrip", 1, "1k", "pinned", 1, 1),
     ("churn", "lazy", 10, 1, 1), ("churn", "plain", -1, 1, 1),
-    ("churn", "plain", 10, 1, 1, 1), ("frobnicate", 1, 1, 1, 1)])
+    ("churn", "plain", 10, 1, 1, 1), ("frobnicate", 1, 1, 1, 1),
+    ("copy", "htod", "sync", 1024, 1), ("copy", "up", "sync", 1024, 1, 1),
+    ("copy", "htod", "later", 1024, 1, 1),
+    ("copy", "dtoh", "async", 0, 1, 1)])
 def test_usage(prog, args):
     p = run(prog, *args, fake="/nonexistent")
     assert p.returncode == 2
@@ -182,6 +234,77 @@ def test_threads_rows_driver_column(fake, monkeypatch):
         assert "errors" not in row and "skipped" not in row, row
         assert set(row["times"]) == {"driver"}
     assert "k/s" in harness.format_table(rows[:1])
+
+
+def test_copy_rows_driver_column(fake, monkeypatch):
+    """The issue-32 copy rows of ops_transfer.py: the driver column is the
+    C program making the calls of cudamem's mode (the pointer query with
+    the async ones), or the async call alone in the [C async] rows."""
+    import ops_transfer
+
+    monkeypatch.setenv("CUDAMEM_DRIVER_LIBRARY", fake)
+    monkeypatch.setattr(ops_transfer, "C_SAMPLES", 3)
+    rows = [op for op in ops_transfer.OPS if "1K pageable" in op["name"]]
+    assert [op["name"] for op in rows] == [
+        "%s [%s]" % (name, mode)
+        for name, modes in (
+            ("htod 1K pageable, existing", ("sync", "async")),
+            ("dtoh 1K pageable, existing", ("sync", "async", "async_wait")),
+            ("dtoh 1K pageable, new", ("sync", "async", "async_wait")))
+        for mode in modes + ("C async",)]
+    calls = []
+    real = bare_driver.run
+
+    def spy(*args, **kw):
+        calls.append(args[1:3])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(bare_driver, "run", spy)
+    out = harness.run_ops(rows, {"driver": object()})
+    for row in out:
+        assert "errors" not in row and set(row["times"]) == {"driver"}, row
+    assert calls == [
+        (d, c) for d, cs in (
+            ("htod", ("sync", "query-async", "async")),
+            ("dtoh", ("sync", "query-async", "query-async-wait", "async")),
+            ("dtoh-new", ("sync", "query-async", "query-async-wait",
+                          "async")))
+        for c in cs]
+
+
+def test_copy_rows_cudamem_modes(monkeypatch):
+    """cudamem's column of each copy row is timed with its mode set, and
+    the mode before is set back, also when the timing fails."""
+    import cudamem
+    import ops_transfer
+    from cudamem import _core
+
+    seen = []
+
+    def timing(fn, **kw):
+        fn()
+        seen.append(_core._sync_copy_call())
+        return (1e-6, 1e-6, 1e-6)
+
+    monkeypatch.setattr(harness, "time_callable", timing)
+    rows = [op for op in ops_transfer.OPS if "1K pageable" in op["name"]
+            and "C async" not in op["name"]]
+    old = _core._sync_copy_call("sync")
+    try:
+        out = harness.run_ops(rows, {"cudamem": cudamem})
+        assert seen == [op["name"].split("[")[1][:-1] for op in rows]
+        assert all(set(r["times"]) == {"cudamem"} for r in out), out
+        assert _core._sync_copy_call() == "sync"
+
+        def broken(fn, **kw):
+            raise RuntimeError("timing failed")
+
+        monkeypatch.setattr(harness, "time_callable", broken)
+        out = harness.run_ops(rows[1:2], {"cudamem": cudamem})
+        assert "timing failed" in out[0]["errors"]["cudamem"]
+        assert _core._sync_copy_call() == "sync"
+    finally:
+        _core._sync_copy_call(old)
 
 
 def test_threaded_counts_and_errors():
@@ -234,7 +357,8 @@ def test_run_prints_the_rows():
     p = subprocess.run(
         [sys.executable, str(BENCH / "run.py"), "-k",
          "round trip 1 KiB pageable [2 threads]", "-k",
-         "churn 1K-4M [C, deferred]", "--repeats", "3"],
+         "churn 1K-4M [C, deferred]", "-k", "1K pageable, new [async]",
+         "--repeats", "3"],
         capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {line[:40].rstrip(): line for line in p.stdout.splitlines()}
@@ -242,6 +366,7 @@ def test_run_prints_the_rows():
     assert rt[40:].split()[1] == "k/s"
     assert float(rt[40:].split()[0]) > 0
     assert "alloc+drop churn 1K-4M [C, deferred]" in rows
+    assert float(rows["dtoh 1K pageable, new [async]"][40:].split()[0]) > 0
     assert "error" not in p.stdout
     if os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", ""):
         assert "driver=no" in p.stdout
