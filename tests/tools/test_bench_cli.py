@@ -133,6 +133,7 @@ def test_plot(tmp_path):
         measured)
     dark = img.mean(axis=2) < 0.5
     assert len(drawn["axes"]) == 3
+    shown = {}
     for ax in drawn["axes"]:
         x0, y0, x1, y1 = (int(round(v)) for v in ax["box"])
         # The frame: each edge a dark line (within a pixel of the box).
@@ -148,9 +149,15 @@ def test_plot(tmp_path):
         for lib, color in _bench.LIBRARY_COLORS.items():
             near = (np.abs(inside - _rgb(color)) < 0.12).all(axis=2).sum()
             if lib in measured:
-                assert near > 100, (ax["title"], lib, near)
+                # Visible in every panel; a library drawn later over the
+                # same figures may hide part of a line (77 pixels of
+                # cudamem's were left once, under the driver's).
+                assert near > 10, (ax["title"], lib, near)
+                shown[lib] = shown.get(lib, 0) + near
             else:
                 assert near < 5, (ax["title"], lib, near)
+    for lib in measured:
+        assert shown[lib] > 100, (lib, shown)
     # The y axis's labels, left of the first panel.
     x0, y0, _, y1 = (int(round(v)) for v in drawn["axes"][0]["box"])
     assert dark[y0:y1, max(x0 - 40, 0):x0 - 3].sum() > 100
