@@ -443,6 +443,39 @@ print(describe(box), "|", describe(rbox), "|", len(held))
     assert left == "0", p.output
     assert "Exception ignored" not in p.stderr, p.output
 
+
+@pytest.mark.skipif(not SIM, reason="forces the order with the simulator")
+def test_reset_waits_for_a_pinned_pool_trim_in_flight():
+    """pinned_pool_trim() frees the pool's blocks with the GIL released.
+    Those calls were not counted, so a reset on another thread did not
+    wait for them and destroyed the context under a cuMemFreeHost in
+    flight.  Now the reset waits until the trim's calls are over."""
+    code = RACE_PRELUDE + r'''
+dev = cuda.get_current_device()
+ctx = cuda.current_context()
+a = cuda.pinned_array(1 << 12)
+del a                              # one free block in the pool
+assert cuda.pinned_pool_stats()["free_bytes"] > 0
+_core._sim_block("MemFreeHost", 1)
+worker, box = outcome(cuda.pinned_pool_trim)
+wait_for(blocked("MemFreeHost"), "the trim's cuMemFreeHost")
+resetter, rbox = outcome(dev.reset)
+wait_for(lambda: dead(ctx), "the reset to mark the context dead")
+time.sleep(0.3)
+waited = resetter.is_alive()
+_core._sim_unblock("MemFreeHost")
+worker.join()
+resetter.join()
+_core._sim_block("MemFreeHost", 0)
+print(describe(box), "|", describe(rbox), "|", waited)
+'''
+    p = run_child(code, timeout=TIMEOUT_S)
+    out = p.stdout.strip().splitlines()[-1]
+    worker, resetter, waited = out.split(" | ")
+    assert worker == "NoneType", p.output
+    assert resetter == "NoneType", p.output
+    assert waited == "True", p.output
+
 @pytest.mark.skipif(not SIM, reason="forces the order with the simulator")
 def test_stream_query_while_another_thread_resets():
     """A Stream method checked that its context was alive, then made the
