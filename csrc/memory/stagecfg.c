@@ -393,17 +393,7 @@ cm_staging_trim_fn(PyObject *mod, PyObject *unused)
             (void)cm_cache_of_locked(d, gen[d]);
             continue;
         }
-        while (c->free != NULL) {
-            cm_sbuf *b = c->free;
-
-            c->free = b->next;
-            c->nfree--;
-            cm_nfree_all--;
-            cm_nlive--;
-            cm_live_bytes -= b->size;
-            b->next = drop;
-            drop = b;
-        }
+        cm_cache_shed_locked(c, 0, &drop);
     }
     cm_mu_unlock(&cm_stg_mu);
     cm_sbuf_free_list(drop);

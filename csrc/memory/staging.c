@@ -645,6 +645,25 @@ cm_stg_acquire(cm_sjob *j, size_t size, size_t alloc_size)
     return rc;
 }
 
+
+/* Unlink the free buffers of c beyond the first keep onto *drop (freed
+ * by cm_sbuf_free_list once cm_stg_mu is let go).  cm_stg_mu held. */
+void
+cm_cache_shed_locked(cm_scache *c, size_t keep, cm_sbuf **drop)
+{
+    while (c->nfree > keep) {
+        cm_sbuf *b = c->free;
+
+        c->free = b->next;
+        c->nfree--;
+        cm_nfree_all--;
+        cm_nlive--;
+        cm_live_bytes -= b->size;
+        b->next = *drop;
+        *drop = b;
+    }
+}
+
 /* Give j's buffers back: to the cache, or (unsure: a copy may still use
  * them) freed.  Trims the cache to keep at most keep free buffers. */
 static void
@@ -680,16 +699,8 @@ cm_stg_release(cm_sjob *j, size_t keep)
         cm_nfree_all++;
     }
     j->nbuf = 0;
-    while (c != NULL && c->nfree > keep) {
-        cm_sbuf *b = c->free;
-
-        c->free = b->next;
-        c->nfree--;
-        cm_nfree_all--;
-        cm_nlive--;
-        cm_live_bytes -= b->size;
-        b->next = drop;
-        drop = b;
+    if (c != NULL) {
+        cm_cache_shed_locked(c, keep, &drop);
     }
     cm_mu_unlock(&cm_stg_mu);
     cm_sbuf_free_list(drop);

@@ -99,6 +99,7 @@ extern size_t cm_nchunks_all;
 
 /* Free buffers; no lock held. */
 void cm_sbuf_free_list(cm_sbuf *list);
+void cm_cache_shed_locked(cm_scache *c, size_t keep, cm_sbuf **drop);
 /* The cache of a device, emptied of buffers of an earlier context (their
  * memory went with it).  Lock held; NULL if the device has none. */
 cm_scache *cm_cache_of_locked(int dev, unsigned long gen);
