@@ -32,17 +32,35 @@ def skip_unless_own_process(request, runner):
         pytest.skip("runs in its own process on a GPU")
 
 
-def run_module_in_a_child(path):
+def run_module_in_a_child(path, timeout=600):
     """Run the test module at ``path`` under pytest in a child process of
-    its own; the test fails with the child's output when the child does.
-    Skipped where the tests already run in this process."""
+    its own; the test fails with the child's output when the child does,
+    or when it runs past ``timeout`` seconds (its output so far then says
+    where it was: the child runs verbosely, each test under a limit of its
+    own where pytest-timeout is installed, and lists its slowest tests).
+    The test that calls this needs a pytest-timeout mark above
+    ``timeout``.  Skipped where the tests already run in this process."""
     if SIMULATOR or ISOLATED:
         pytest.skip("already in a process of its own")
     env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x",
-                        "-p", "no:cacheprovider", str(path)],
-                       env=env, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    args = [sys.executable, "-m", "pytest", "-v", "-x", "-p",
+            "no:cacheprovider", "--durations=10", str(path)]
+    try:
+        import pytest_timeout  # noqa: F401
+        args.insert(-1, "--timeout=%d" % max(30, timeout // 4))
+    except ImportError:
+        pass
+    try:
+        p = subprocess.run(args, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or b""
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        pytest.fail("the child ran past %d s; its output so far:\n%s"
+                    % (timeout, out[-6000:]))
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
+    print(p.stdout[-3000:])
 
 
 def use_manager(kind):

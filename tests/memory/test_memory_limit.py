@@ -47,8 +47,9 @@ def _isolated_on_a_gpu(request):
     skip_unless_own_process(request, "test_memory_limit_module_in_a_child")
 
 
+@pytest.mark.timeout(430)
 def test_memory_limit_module_in_a_child_process():
-    run_module_in_a_child(__file__)
+    run_module_in_a_child(__file__, timeout=400)
 
 
 @pytest.fixture(autouse=True)

@@ -37,8 +37,9 @@ def _isolated_on_a_gpu(request):
     skip_unless_own_process(request, "test_pool_module_in_a_child")
 
 
+@pytest.mark.timeout(430)
 def test_pool_module_in_a_child_process():
-    run_module_in_a_child(__file__)
+    run_module_in_a_child(__file__, timeout=400)
 
 
 @pytest.fixture

@@ -40,8 +40,9 @@ def _isolated_on_a_gpu(request):
     skip_unless_own_process(request, "test_lane_module_in_a_child")
 
 
+@pytest.mark.timeout(330)
 def test_lane_module_in_a_child_process():
-    run_module_in_a_child(__file__)
+    run_module_in_a_child(__file__, timeout=300)
 
 
 @pytest.fixture
