@@ -51,10 +51,13 @@ def _tree_first(argv):
         elif a.startswith("--tree="):
             tree = pathlib.Path(a.split("=", 1)[1]).resolve()
     sys.path.insert(0, str(tree))
-    if tree != HERE.parent:
-        old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = str(tree) + (os.pathsep + old
-                                                if old else "")
+    # Also for this checkout itself: a row's `python -c` child has its
+    # working folder, not this one, first on its path (tools/ab_bench.sh
+    # runs from an empty folder, and there the B side's children could
+    # not import cudamem).  A tree without cudamem/ (the installed-wheel
+    # run) adds nothing that shadows the installed package.
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree) + (os.pathsep + old if old else "")
     return tree
 
 

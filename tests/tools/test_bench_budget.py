@@ -4,6 +4,7 @@ tools/bench_budget_check.py asserts with fake operations of known cost
 (a column's share, the least number of samples, rows past a spent
 budget reported as not run, the cap seen by subprocesses)."""
 
+import os
 import subprocess
 import sys
 
@@ -16,3 +17,19 @@ def test_benchmark_budget_rules():
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip().endswith("ok"), p.stdout + p.stderr
+
+
+def test_rows_subprocesses_see_the_timed_tree(tmp_path):
+    """run.py hands the checkout it times to its rows' `python -c`
+    children through PYTHONPATH, also when that checkout is its own and
+    it runs from another folder (tools/ab_bench.sh runs it from an empty
+    one: there the B side's children once imported no cudamem)."""
+    code = ("import os, runpy, sys; sys.argv = ['run.py']; "
+            "runpy.run_path(%r, run_name='imported'); "
+            "print(os.environ['PYTHONPATH'].split(os.pathsep)[0])"
+            % str(ROOT / "benchmarks" / "run.py"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1] == str(ROOT.resolve())
