@@ -421,6 +421,21 @@ cm_oom_collect_may_help(cm_context *ctx, size_t size, int managed)
     return floor < lim && size <= lim - floor;
 }
 
+/* No manager and no recovery can serve a request past the device's
+ * whole memory, and asking is slow: the stream-ordered pool maps what it
+ * can before it refuses, and the trim after the refusal unmaps it again
+ * (0.7 s a request on the H200, against 14 ms under the other managers).
+ * The driver's answer, without asking it. */
+int
+cm_oom_past_device(cm_context *ctx, size_t size, const char *fn)
+{
+    if (size <= ctx->total_mem) {
+        return 0;
+    }
+    cm_raise_oom_at(ctx, CUDA_ERROR_OUT_OF_MEMORY, size, fn, CM_OOM_DEVICE);
+    return -1;
+}
+
 int
 cm_oom_recover(cm_context *ctx, size_t size, int managed)
 {

@@ -803,6 +803,9 @@ cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
     CUresult rc;
     int attempt;
 
+    if (cm_oom_past_device(ctx, size, mm->alloc_fn(ctx)) < 0) {
+        return -1;
+    }
     for (attempt = 0;; attempt++) {
         rc = mm->alloc(ctx, size, stream, ptr, handle);
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {

@@ -226,6 +226,10 @@ void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
  * docs/design.md), collect cycles, then flush and trim again.  GIL held;
  * 0, or -1 with an exception. */
 int cm_oom_recover(cm_context *ctx, size_t size, int managed);
+/* A device allocation of more than the whole device: raises the
+ * out-of-memory error for fn and returns -1 (no driver call: see
+ * limit.c); 0 for any other size. */
+int cm_oom_past_device(cm_context *ctx, size_t size, const char *fn);
 
 /* Device dev's limit in bytes; 0 for none.  No GIL needed. */
 size_t cm_limit_of(int dev);

@@ -728,3 +728,30 @@ def test_simulator_arena_is_what_the_tests_assume():
     if not SIMULATOR:
         pytest.skip("the simulator's arena")
     assert cudamem.current_context().get_memory_info().total >= 4 * LIMIT
+
+
+@pytest.mark.parametrize("kind", MANAGERS)
+def test_more_than_the_device_is_refused_without_asking_the_driver(kind):
+    """A request past the device's whole memory raises the out-of-memory
+    error at once, under every manager, holding nothing after it.  On the
+    simulator every allocating entry point is armed to fail with another
+    code: cudamem must not have called one."""
+    alloc_fns = ("cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
+    with manager_context(kind) as ctx:
+        total = ctx.get_memory_info().total
+        before = settled(ctx)
+        try:
+            if SIMULATOR:
+                for name in alloc_fns:
+                    _core._sim_inject(name, 1, 1)   # CUDA_ERROR_INVALID_VALUE
+            with pytest.raises(cudamem.CudaOutOfMemoryError,
+                               match="CUDA_ERROR_OUT_OF_MEMORY"):
+                cudamem.device_array(total + 1, np.uint8)
+        finally:
+            if SIMULATOR:
+                for name in alloc_fns:
+                    _core._sim_inject(name, 0, 0)
+        assert settled(ctx) == before
+        d = cudamem.device_array(1024, np.uint8)     # still serves
+        d.copy_to_device(np.ones(1024, np.uint8))
+        assert d.copy_to_host().sum() == 1024
