@@ -293,14 +293,17 @@ enum { CM_PROBE_NOGIL, CM_PROBE_DROP, CM_PROBE_KINDS };
 extern int cm_gil_probe_on;
 /* The experiment _core._copy_keep_gil (see cm_copy_host). */
 extern int cm_copy_keep_gil;
-/* The test aid _core._sync_copy_call (see cm_copy_host): how a
- * synchronous copy between pageable host memory and device memory is
- * made.  CM_SYNC_CALL (the default): the synchronous call;
- * CM_SYNC_ASYNC: the ...Async call on the default stream (legacy, or
- * per-thread when cudamem runs so); CM_SYNC_ASYNC_WAIT: the same, and a
- * copy into host memory then waits for that stream. */
+/* How a synchronous copy between pageable host memory and device memory
+ * is made, per direction (CM_SYNC_HTOD, CM_SYNC_DTOH; set by the test aid
+ * _core._sync_copy_call, see cm_copy_host).  CM_SYNC_CALL: the
+ * synchronous call; CM_SYNC_ASYNC: the ...Async call on the default
+ * stream (legacy, or per-thread when cudamem runs so); CM_SYNC_ASYNC_WAIT:
+ * the same, and a copy into host memory then waits for that stream.  The
+ * defaults, host to device CM_SYNC_ASYNC and device to host CM_SYNC_CALL,
+ * come from the H200's rows (docs/design.md). */
 enum { CM_SYNC_CALL, CM_SYNC_ASYNC, CM_SYNC_ASYNC_WAIT };
-extern int cm_sync_copy_call;
+enum { CM_SYNC_HTOD, CM_SYNC_DTOH };
+extern int cm_sync_copy_call[2];
 uint64_t cm_gil_probe_clock(void);
 void cm_gil_probe_note(int kind, uint64_t t0, uint64_t t1);
 

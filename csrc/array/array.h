@@ -104,10 +104,11 @@ enum {
 /* cm_copy of one side in host memory, the other on the device; host is a
  * CM_HOST_* value.  CM_HOST_LOCKED: while the experiment
  * _core._copy_keep_gil is on, an asynchronous copy of one piece is
- * issued with the GIL kept (it only enqueues).  CM_HOST_UNKNOWN: while
- * the test aid _core._sync_copy_call is not 'sync', a synchronous copy
- * of one contiguous piece whose host side proves pageable is made by the
- * asynchronous call on the default stream (cm_copy_pageable).
+ * issued with the GIL kept (it only enqueues).  CM_HOST_UNKNOWN: where
+ * the direction's cm_sync_copy_call is not CM_SYNC_CALL (host to device,
+ * by default), a synchronous copy of one contiguous piece whose host
+ * side proves pageable is made by the asynchronous call on the default
+ * stream (cm_copy_pageable).
  * Otherwise it is cm_copy. */
 int cm_copy_host(const cm_view *dst, const cm_view *src, CUstream stream,
                  int async, int host);

@@ -571,8 +571,9 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     }
     if (!async && host == CM_HOST_UNKNOWN && p.pieces == 1 && !p.has_y
         && dst->device != src->device
-        && (mode = __atomic_load_n(&cm_sync_copy_call, __ATOMIC_RELAXED))
-           != CM_SYNC_CALL) {
+        && (mode = __atomic_load_n(
+                &cm_sync_copy_call[src->device ? CM_SYNC_DTOH : CM_SYNC_HTOD],
+                __ATOMIC_RELAXED)) != CM_SYNC_CALL) {
         return cm_copy_pageable(&j, &p, mode);
     }
     if (host == CM_HOST_LOCKED && async && p.pieces == 1

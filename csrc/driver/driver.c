@@ -693,7 +693,7 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
 
 int cm_gil_probe_on;
 int cm_copy_keep_gil;
-int cm_sync_copy_call = CM_SYNC_CALL;
+int cm_sync_copy_call[2] = {CM_SYNC_ASYNC, CM_SYNC_CALL};
 
 /* NOTE: guarded by the GIL: noted by a thread that took it back. */
 static struct {
@@ -854,17 +854,41 @@ PyDoc_STRVAR(cm_sync_copy_call_doc,
 "_sync_copy_call(mode=None, /)\n--\n\n"
 "A test aid for the benchmarks: how a synchronous copy (no stream) of\n"
 "one contiguous piece between a device array and pageable host memory is\n"
-"made.  'sync' (the default): cuMemcpyHtoD / cuMemcpyDtoH.  'async':\n"
-"cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on the default stream (legacy, or\n"
-"per-thread), used only where the host memory is known pageable.\n"
-"'async_wait': the same, and a copy into host memory then synchronizes\n"
-"that stream.  Sets the mode when given; returns the previous one.");
+"made.  'sync': cuMemcpyHtoD / cuMemcpyDtoH.  'async': cuMemcpyHtoDAsync /\n"
+"cuMemcpyDtoHAsync on the default stream (legacy, or per-thread), used\n"
+"only where the host memory is known pageable.  'async_wait': the same,\n"
+"and a copy into host memory then synchronizes that stream.  One mode\n"
+"sets both directions; 'H/D' (for example 'async/sync', the default)\n"
+"sets host to device to H and device to host to D.  Sets the modes when\n"
+"given; returns the previous ones, one name when both were the same.");
+
+/* The mode named by the str s (of length n), or -1. */
+static int
+cm_sync_copy_mode(const char *s, Py_ssize_t n)
+{
+    int i;
+
+    for (i = 0; i < 3; i++) {
+        if ((size_t)n == strlen(cm_sync_copy_names[i])
+            && memcmp(s, cm_sync_copy_names[i], (size_t)n) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
 
 static PyObject *
 cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    int old = __atomic_load_n(&cm_sync_copy_call, __ATOMIC_RELAXED);
-    int i;
+    int h = __atomic_load_n(&cm_sync_copy_call[CM_SYNC_HTOD],
+                            __ATOMIC_RELAXED);
+    int d = __atomic_load_n(&cm_sync_copy_call[CM_SYNC_DTOH],
+                            __ATOMIC_RELAXED);
+    const char *s;
+    const char *slash;
+    Py_ssize_t n;
+    int nh;
+    int nd;
 
     (void)mod;
     if (nargs > 1) {
@@ -879,21 +903,34 @@ cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                          Py_TYPE(args[0])->tp_name);
             return NULL;
         }
-        for (i = 0; i < 3; i++) {
-            if (PyUnicode_CompareWithASCIIString(
-                    args[0], cm_sync_copy_names[i]) == 0) {
-                break;
-            }
-        }
-        if (i == 3) {
-            PyErr_Format(PyExc_ValueError,
-                         "_sync_copy_call: mode must be 'sync', 'async' or "
-                         "'async_wait', not %R", args[0]);
+        s = PyUnicode_AsUTF8AndSize(args[0], &n);
+        if (s == NULL) {
             return NULL;
         }
-        __atomic_store_n(&cm_sync_copy_call, i, __ATOMIC_RELAXED);
+        slash = memchr(s, '/', (size_t)n);
+        if (slash == NULL) {
+            nh = nd = cm_sync_copy_mode(s, n);
+        } else {
+            nh = cm_sync_copy_mode(s, slash - s);
+            nd = cm_sync_copy_mode(slash + 1, n - (slash - s) - 1);
+        }
+        if (nh < 0 || nd < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "_sync_copy_call: mode must be 'sync', 'async' or "
+                         "'async_wait', or two of them as 'H/D' (host to "
+                         "device / device to host), not %R", args[0]);
+            return NULL;
+        }
+        __atomic_store_n(&cm_sync_copy_call[CM_SYNC_HTOD], nh,
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&cm_sync_copy_call[CM_SYNC_DTOH], nd,
+                         __ATOMIC_RELAXED);
     }
-    return PyUnicode_FromString(cm_sync_copy_names[old]);
+    if (h == d) {
+        return PyUnicode_FromString(cm_sync_copy_names[h]);
+    }
+    return PyUnicode_FromFormat("%s/%s", cm_sync_copy_names[h],
+                                cm_sync_copy_names[d]);
 }
 
 static PyMethodDef cm_driver_methods[] = {

@@ -69,18 +69,28 @@ def test_the_switch():
         assert _core._sync_copy_call("async") == "sync"
         assert _core._sync_copy_call("async_wait") == "async"
         assert _core._sync_copy_call(None) == "async_wait"
-        with pytest.raises(ValueError, match="'sync', 'async' or"):
-            _core._sync_copy_call("later")
+        # One mode per direction: host to device / device to host.
+        assert _core._sync_copy_call("async/async_wait") == "async_wait"
+        assert _core._sync_copy_call() == "async/async_wait"
+        assert _core._sync_copy_call("sync/sync") == "async/async_wait"
+        assert _core._sync_copy_call() == "sync"
+        for bad in ("later", "", "async/", "/sync", "sync/async/sync",
+                    "sync /async"):
+            with pytest.raises(ValueError, match="'sync', 'async' or"):
+                _core._sync_copy_call(bad)
+        assert _core._sync_copy_call() == "sync"     # unchanged by those
         with pytest.raises(TypeError, match="must be a str"):
             _core._sync_copy_call(1)
         with pytest.raises(TypeError, match="at most one"):
             _core._sync_copy_call("sync", "async")
-        assert _core._sync_copy_call() == "async_wait"
     finally:
         _core._sync_copy_call(old)
 
 
-def test_default_is_the_synchronous_call():
+def test_default_is_async_to_the_device_and_sync_to_the_host():
+    """The defaults the H200's rows chose (docs/design.md, "Synchronous
+    copies of pageable memory"): the asynchronous call for a synchronous
+    copy of pageable memory to the device, the synchronous call back."""
     import subprocess
     import sys
 
@@ -88,7 +98,7 @@ def test_default_is_the_synchronous_call():
         [sys.executable, "-c",
          "from cudamem import _core; print(_core._sync_copy_call())"],
         capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "sync"
+    assert out.strip() == "async/sync"
 
 
 @pytest.mark.parametrize("kind", KINDS)
