@@ -32,14 +32,17 @@ def skip_unless_own_process(request, runner):
         pytest.skip("runs in its own process on a GPU")
 
 
-def run_module_in_a_child(path, timeout=600):
+def run_module_in_a_child(path, timeout=600, workers=1):
     """Run the test module at ``path`` under pytest in a child process of
     its own; the test fails with the child's output when the child does,
     or when it runs past ``timeout`` seconds (its output so far then says
     where it was: the child runs verbosely, each test under a limit of its
     own where pytest-timeout is installed, and lists its slowest tests).
     The test that calls this needs a pytest-timeout mark above
-    ``timeout``.  Skipped where the tests already run in this process."""
+    ``timeout``.  ``workers`` > 1 runs the module's tests in that many
+    processes (pytest-xdist, where installed): only for a module whose
+    tests read nothing device-wide (each process has its own context and
+    limit).  Skipped where the tests already run in this process."""
     if SIMULATOR or ISOLATED:
         pytest.skip("already in a process of its own")
     env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
@@ -50,6 +53,12 @@ def run_module_in_a_child(path, timeout=600):
         args.insert(-1, "--timeout=%d" % max(30, timeout // 4))
     except ImportError:
         pass
+    if workers > 1:
+        try:
+            import xdist  # noqa: F401
+            args[-1:-1] = ["-n", str(workers)]
+        except ImportError:
+            pass
     try:
         p = subprocess.run(args, env=env, capture_output=True, text=True,
                            timeout=timeout)
