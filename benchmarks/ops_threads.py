@@ -29,7 +29,10 @@ trip, the time run with the GIL released and the waits' spread.  For
 pinned memory they run a third time with the experiment
 ``_core._copy_keep_gil`` on (the copies keep the GIL, only the
 synchronize releases it): the ``keep-GIL rt`` rows, in k/s beside the C
-program's figure.
+program's figure.  The main table has the 1 KiB pinned rows with that
+experiment on as well, timed like the others with no probe (``round trip
+1 KiB keep-GIL [N threads]``): whether keeping the GIL across the
+enqueues should be the default.
 
 Timing: the threads set up and make 50 round trips each, then every
 sample starts them together and stops them after ``MS`` milliseconds
@@ -236,6 +239,23 @@ def _driver(nthreads, size, pinned):
     return factory
 
 
+def _cudamem_keep_gil(nthreads, size):
+    """_cudamem's pinned round trips with the experiment
+    _core._copy_keep_gil on (the two copies keep the GIL; the synchronize
+    releases it), timed like every other column (no probe)."""
+    def factory(cm):
+        keep = getattr(cm._core, "_copy_keep_gil", None)
+        if keep is None:
+            raise harness.Skip("this build has no _copy_keep_gil")
+        old = keep(True)
+        try:
+            return _cudamem(nthreads, size, True)(cm)
+        finally:
+            keep(old)
+
+    return factory
+
+
 def row_name(size_label, pinned, nthreads):
     return "round trip %s %s [%d thread%s]" % (
         size_label, "pinned" if pinned else "pageable", nthreads,
@@ -253,6 +273,16 @@ def _ops():
                               "cupy": _cupy(n, size, pinned),
                               "torch": _torch(n, size, pinned),
                               "driver": _driver(n, size, pinned)}})
+    # Whether keeping the GIL across the enqueues should be the default
+    # (issue 32): the smallest pinned rows again with it kept (cudamem
+    # only: read them beside the rows above; 2.4 s each).
+    size, label = SIZES[0]
+    for n in THREADS:
+        ops.append({
+            "name": row_name(label, True, n).replace("pinned",
+                                                     "keep-GIL"),
+            "unit": "k/s",
+            "impls": {"cudamem": _cudamem_keep_gil(n, size)}})
     return ops
 
 
