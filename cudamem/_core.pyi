@@ -10,7 +10,7 @@ import ctypes
 from collections.abc import Callable, Generator, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Literal, Protocol, SupportsIndex, TypeAlias, final, overload
+from typing import Any, Protocol, SupportsIndex, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
