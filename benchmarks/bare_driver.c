@@ -332,6 +332,26 @@ run:
     return NULL;
 }
 
+/* A row's result on stdout, "ok" and the seconds per operation of each
+ * sample, when rc is 0; else the error kept, on stderr.  The exit
+ * status. */
+static int
+bd_report(int rc, const double *per, int samples)
+{
+    int k;
+
+    if (rc < 0) {
+        fprintf(stderr, "bare_driver: %s\n", bd_err);
+        return 1;
+    }
+    printf("ok");
+    for (k = 0; k < samples; k++) {
+        printf(" %.9g", per[k]);
+    }
+    printf("\n");
+    return 0;
+}
+
 static int
 bd_roundtrip(int nthreads, size_t bytes, int pinned, int samples, long ms)
 {
@@ -383,16 +403,7 @@ bd_roundtrip(int nthreads, size_t bytes, int pinned, int samples, long ms)
         pthread_join(tids[i], NULL);
     }
     pthread_barrier_destroy(&bd_barrier);
-    if (atomic_load(&bd_failed)) {
-        fprintf(stderr, "bare_driver: %s\n", bd_err);
-        return 1;
-    }
-    printf("ok");
-    for (k = 0; k < samples; k++) {
-        printf(" %.9g", per[k]);
-    }
-    printf("\n");
-    return 0;
+    return bd_report(atomic_load(&bd_failed) ? -1 : 0, per, samples);
 }
 
 /* Free the queued allocations; 0 or -1. */
@@ -474,16 +485,7 @@ bd_churn(int deferred, int count, int samples, long ms)
         rc = -1;
     }
     free(queue);
-    if (rc < 0) {
-        fprintf(stderr, "bare_driver: %s\n", bd_err);
-        return 1;
-    }
-    printf("ok");
-    for (k = 0; k < samples; k++) {
-        printf(" %.9g", per[k]);
-    }
-    printf("\n");
-    return 0;
+    return bd_report(rc, per, samples);
 }
 
 /* The copy rows' directions and calls (bd_copy). */
@@ -581,16 +583,7 @@ bd_copy(int dir, int call, size_t bytes, int samples, long ms)
     }
     free(host);
     (void)cu.MemFree(d);
-    if (rc < 0) {
-        fprintf(stderr, "bare_driver: %s\n", bd_err);
-        return 1;
-    }
-    printf("ok");
-    for (k = 0; k < samples; k++) {
-        printf(" %.9g", per[k]);
-    }
-    printf("\n");
-    return 0;
+    return bd_report(rc, per, samples);
 }
 
 static int
