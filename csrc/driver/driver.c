@@ -910,7 +910,8 @@ cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         slash = memchr(s, '/', (size_t)n);
         if (slash == NULL) {
             nh = nd = cm_sync_copy_mode(s, n);
-        } else {
+        }
+        else {
             nh = cm_sync_copy_mode(s, slash - s);
             nd = cm_sync_copy_mode(slash + 1, n - (slash - s) - 1);
         }
