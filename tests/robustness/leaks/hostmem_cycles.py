@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Allocate and drop pinned and mapped arrays N times (argv[1]); print
 "flat" when process RSS and cudamem's page-locked bytes end where they
-were after a warm-up, else the figures and exit 1."""
+were after a warm-up (the page-locked bytes within the pool's rise to a
+new high-water mark), else the figures and exit 1."""
 
 import os
 import sys
@@ -45,7 +46,14 @@ def main():
     # AddressSanitizer's allocator keeps freed memory (quarantine, size
     # classes): there only the page-locked bytes can be compared.
     sanitized = "asan" in os.environ.get("LD_PRELOAD", "")
-    if pinned1 == pinned0 and (sanitized or rss1 - rss0 < 8 * 1024):
+    # The pinned pool keeps the most it ever held at once, and a freed
+    # block is reused only once the event recorded at its free has
+    # passed, so that high-water mark depends on the device's (here the
+    # simulator thread's) progress: on a loaded machine it once rose from
+    # 32 KiB to 44 KiB after the warm-up of 100 000 cycles.
+    # A leak of one 1 KiB array in a thousand cycles would be 100 KiB.
+    if (0 <= pinned1 - pinned0 <= 64 * 1024
+            and (sanitized or rss1 - rss0 < 8 * 1024)):
         print("flat")
         return 0
     return 1
