@@ -422,10 +422,11 @@ cm_oom_collect_may_help(cm_context *ctx, size_t size, int managed)
 }
 
 /* No manager and no recovery can serve a request past the device's
- * whole memory, and asking is slow: the stream-ordered pool maps what it
- * can before it refuses, and the trim after the refusal unmaps it again
- * (0.7 s a request on the H200, against 14 ms under the other managers).
- * The driver's answer, without asking it. */
+ * whole memory, and asking is slow: under the async manager 0.7 s a
+ * request on the H200, against 14 ms under the other managers (the
+ * stream-ordered pool seems to take what it can before it refuses: 7 MB
+ * were free after one such refusal, and the trim gives it back).  The
+ * driver's answer, without asking it. */
 int
 cm_oom_past_device(cm_context *ctx, size_t size, const char *fn)
 {
