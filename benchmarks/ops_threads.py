@@ -31,8 +31,10 @@ pinned memory they run a third time with the experiment
 synchronize releases it): the ``keep-GIL rt`` rows, in k/s beside the C
 program's figure.  The main table has the 1 KiB pinned rows with that
 experiment on as well, timed like the others with no probe (``round trip
-1 KiB keep-GIL [N threads]``): whether keeping the GIL across the
-enqueues should be the default.
+1 KiB keep-GIL [N threads]``), and with it set to ``'auto'`` (``round trip
+1 KiB GIL auto [N threads]``): whether keeping the GIL across the
+enqueues, always or only when other threads are in driver calls, should
+be the default.
 
 Timing: the threads set up and make 50 round trips each, then every
 sample starts them together and stops them after ``MS`` milliseconds
@@ -239,15 +241,21 @@ def _driver(nthreads, size, pinned):
     return factory
 
 
-def _cudamem_keep_gil(nthreads, size):
+def _cudamem_keep_gil(nthreads, size, mode=True):
     """_cudamem's pinned round trips with the experiment
-    _core._copy_keep_gil on (the two copies keep the GIL; the synchronize
-    releases it), timed like every other column (no probe)."""
+    _core._copy_keep_gil set to mode (True: the two copies keep the GIL,
+    the synchronize releases it; 'auto': they keep it only while two or
+    more other threads are in driver calls with it released), timed like
+    every other column (no probe)."""
     def factory(cm):
         keep = getattr(cm._core, "_copy_keep_gil", None)
         if keep is None:
             raise harness.Skip("this build has no _copy_keep_gil")
-        old = keep(True)
+        try:
+            old = keep(mode)
+        except ValueError:
+            raise harness.Skip("this build has no _copy_keep_gil(%r)"
+                               % (mode,)) from None
         try:
             return _cudamem(nthreads, size, True)(cm)
         finally:
@@ -277,12 +285,12 @@ def _ops():
     # (issue 32): the smallest pinned rows again with it kept (cudamem
     # only: read them beside the rows above; 2.4 s each).
     size, label = SIZES[0]
-    for n in THREADS:
-        ops.append({
-            "name": row_name(label, True, n).replace("pinned",
-                                                     "keep-GIL"),
-            "unit": "k/s",
-            "impls": {"cudamem": _cudamem_keep_gil(n, size)}})
+    for mode, tag in ((True, "keep-GIL"), ("auto", "GIL auto")):
+        for n in THREADS:
+            ops.append({
+                "name": row_name(label, True, n).replace("pinned", tag),
+                "unit": "k/s",
+                "impls": {"cudamem": _cudamem_keep_gil(n, size, mode)}})
     return ops
 
 

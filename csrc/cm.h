@@ -282,6 +282,26 @@ cm_driver_call_end(int e)
     (void)__atomic_fetch_sub(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
 }
 
+/* The modes of _core._copy_keep_gil (cm_copy_keep_gil). */
+enum { CM_KEEP_GIL_OFF, CM_KEEP_GIL_ON, CM_KEEP_GIL_AUTO };
+
+/* Whether an enqueue that _core._copy_keep_gil covers keeps the GIL now.
+ * CM_KEEP_GIL_AUTO: only while two or more driver calls of other threads
+ * are counted (made with the GIL released, or waiting to take it back):
+ * then a release of ours joins a queue of hand-overs that costs more
+ * than the enqueue (with one other, the overlap is worth it).  Two
+ * relaxed loads; GIL held. */
+static inline int
+cm_keep_gil_now(int mode)
+{
+    if (mode != CM_KEEP_GIL_AUTO) {
+        return mode;
+    }
+    return cm_call_depth == 0
+           && __atomic_load_n(&cm_driver_calls[0], __ATOMIC_RELAXED)
+              + __atomic_load_n(&cm_driver_calls[1], __ATOMIC_RELAXED) >= 2;
+}
+
 /* The GIL probe (_core._gil_probe, for the benchmarks): while it is on,
  * every counted release of the GIL records how long the thread ran with
  * it released and how long it then waited to take it back, per kind
@@ -291,7 +311,8 @@ cm_driver_call_end(int e)
  * counts. */
 enum { CM_PROBE_NOGIL, CM_PROBE_DROP, CM_PROBE_KINDS };
 extern int cm_gil_probe_on;
-/* The experiment _core._copy_keep_gil (see cm_copy_host). */
+/* The experiment _core._copy_keep_gil (see cm_copy_host): a
+ * CM_KEEP_GIL_* mode. */
 extern int cm_copy_keep_gil;
 /* How a synchronous copy between pageable host memory and device memory
  * is made, per direction (CM_SYNC_HTOD, CM_SYNC_DTOH; set by the test aid

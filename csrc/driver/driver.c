@@ -822,7 +822,10 @@ PyDoc_STRVAR(cm_copy_keep_gil_doc,
 "asynchronous copy_to_device / copy_to_host of one piece between a\n"
 "device array and cudamem's page-locked host memory (pinned_array,\n"
 "mapped_array) keeps the GIL around the driver call, which only\n"
-"enqueues.  Sets it when on is given; returns the previous setting.");
+"enqueues.  'auto' keeps it only while two or more driver calls of\n"
+"other threads are in flight with the GIL released.  Sets it when on\n"
+"is given (a truth value or 'auto'); returns the previous setting\n"
+"(False, True or 'auto').");
 
 static PyObject *
 cm_copy_keep_gil_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -837,11 +840,25 @@ cm_copy_keep_gil_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     if (nargs == 1 && args[0] != Py_None) {
-        on = PyObject_IsTrue(args[0]);
-        if (on < 0) {
-            return NULL;
+        if (PyUnicode_Check(args[0])) {
+            if (PyUnicode_CompareWithASCIIString(args[0], "auto") != 0) {
+                PyErr_Format(PyExc_ValueError,
+                             "_copy_keep_gil: %R is not a mode (a truth "
+                             "value or 'auto')", args[0]);
+                return NULL;
+            }
+            on = CM_KEEP_GIL_AUTO;
+        }
+        else {
+            on = PyObject_IsTrue(args[0]);
+            if (on < 0) {
+                return NULL;
+            }
         }
         __atomic_store_n(&cm_copy_keep_gil, on, __ATOMIC_RELAXED);
+    }
+    if (old == CM_KEEP_GIL_AUTO) {
+        return PyUnicode_FromString("auto");
     }
     return PyBool_FromLong(old);
 }

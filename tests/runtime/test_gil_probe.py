@@ -15,6 +15,7 @@ import cudamem as cuda
 from cudamem import _core
 from helpers import ROOT
 from helpers.crashutil import run_child
+from helpers.isolation import SIMULATOR
 from helpers.streamutil import Gate
 
 KINDS = ("nogil", "drop")
@@ -192,6 +193,18 @@ def test_keep_gil_switch(probe):
     with pytest.raises(ZeroDivisionError):
         probe._copy_keep_gil(Bad())
     assert probe._copy_keep_gil() is False
+    # 'auto' is the one string it takes; the setting reads back as given,
+    # and a string that is not a mode changes nothing.
+    assert probe._copy_keep_gil("auto") is False
+    assert probe._copy_keep_gil() == "auto"
+    for bad in ("", "on", "AUTO", "auto "):
+        with pytest.raises(ValueError, match="not a mode"):
+            probe._copy_keep_gil(bad)
+        assert probe._copy_keep_gil() == "auto"
+    assert probe._copy_keep_gil(True) == "auto"
+    # Other objects are truth values, bytes among them.
+    assert probe._copy_keep_gil(b"") is True
+    assert probe._copy_keep_gil(False) is False
 
 
 HOSTS = {
@@ -237,11 +250,70 @@ def test_keep_gil_round_trip(probe, kind):
     assert probe._gil_probe_stats()["nogil"]["releases"] == 2
 
 
-def test_keep_gil_beside_python_callbacks():
-    """Threads making round trips that keep the GIL while Python host
-    callbacks are always in flight on other streams: the driver's lock,
-    which the simulator models, is never waited for with the GIL held."""
-    p = run_child(KEEP_CHILD, timeout=120, args=("1.5",))
+@pytest.mark.skipif(not SIMULATOR,
+                    reason="holds threads inside driver calls with the "
+                           "simulator")
+def test_keep_gil_auto_follows_the_other_threads(probe):
+    """'auto': a copy between a device array and page-locked memory keeps
+    the GIL only while two or more other threads are in driver calls with
+    it released; with none or one it is released as when off."""
+    s = cuda.stream()
+    h = cuda.pinned_array(4096, np.uint8)
+    h[:] = np.arange(4096) % 253
+    d = cuda.device_array(4096, np.uint8)
+    other_s = cuda.stream()
+    ev = cuda.event()
+    ev.record(other_s)
+    probe._copy_keep_gil("auto")
+
+    def releases_of_a_round():
+        probe._gil_probe(True)
+        d.copy_to_device(h, stream=s)
+        d.copy_to_host(h, stream=s)
+        n = probe._gil_probe_stats()["nogil"]["releases"]
+        probe._gil_probe(False)
+        return n
+
+    def wait_blocked(name, n):
+        for _ in range(5000):
+            if _core._sim_blocked(name) >= n:
+                return
+            threading.Event().wait(0.001)
+        raise AssertionError("no thread blocked in cu" + name)
+
+    assert releases_of_a_round() == 2          # no other thread
+    _core._sim_block("StreamSynchronize", 1)
+    _core._sim_block("EventSynchronize", 1)
+    waiters = [threading.Thread(target=other_s.synchronize)]
+    try:
+        waiters[0].start()
+        wait_blocked("StreamSynchronize", 1)
+        assert releases_of_a_round() == 2      # one other: released
+        waiters.append(threading.Thread(target=ev.synchronize))
+        waiters[1].start()
+        wait_blocked("EventSynchronize", 1)
+        assert releases_of_a_round() == 0      # two others: kept
+        probe._copy_keep_gil(False)
+        assert releases_of_a_round() == 2      # off: released regardless
+        probe._copy_keep_gil("auto")
+    finally:
+        _core._sim_unblock("StreamSynchronize")
+        _core._sim_unblock("EventSynchronize")
+        for t in waiters:
+            t.join(30)
+    assert not any(t.is_alive() for t in waiters)
+    assert releases_of_a_round() == 2          # they are back: released
+    s.synchronize()
+    assert (d.copy_to_host() == np.arange(4096) % 253).all()
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_keep_gil_beside_python_callbacks(mode):
+    """Threads making round trips that keep the GIL (always, or 'auto')
+    while Python host callbacks are always in flight on other streams:
+    the driver's lock, which the simulator models, is never waited for
+    with the GIL held."""
+    p = run_child(KEEP_CHILD, timeout=120, args=("1.5", mode))
     assert p.stdout.startswith("ok"), p.output[-3000:]
 
 
@@ -255,7 +327,7 @@ import numpy as np
 import cudamem as cuda
 from cudamem import _core
 
-_core._copy_keep_gil(True)
+_core._copy_keep_gil(True if sys.argv[2] == "on" else sys.argv[2])
 seconds = float(sys.argv[1])
 stop = threading.Event()
 errors = []

@@ -338,7 +338,8 @@ def test_benchmark_lists_the_rows():
     want = ["round trip %s %s [%s]" % (size, mem, n)
             for size in ("1 KiB", "64 KiB") for mem in ("pinned", "pageable")
             for n in ("1 thread", "2 threads", "4 threads", "8 threads")]
-    keep = ["round trip 1 KiB keep-GIL [%s]" % n
+    keep = ["round trip 1 KiB %s [%s]" % (tag, n)
+            for tag in ("keep-GIL", "GIL auto")
             for n in ("1 thread", "2 threads", "4 threads", "8 threads")]
     assert names == want + keep
     for op in ops_threads.OPS:
@@ -373,3 +374,20 @@ def test_run_prints_the_rows():
     assert "error" not in p.stdout
     if os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", ""):
         assert "driver=no" in p.stdout
+
+
+@pytest.mark.parametrize("mode", [True, "auto"])
+def test_keep_gil_rows_run_and_restore_the_setting(monkeypatch, mode):
+    import ops_threads
+
+    import cudamem as cm
+
+    monkeypatch.setattr(ops_threads, "SAMPLES", 2)
+    monkeypatch.setattr(ops_threads, "MS", 2)
+    old = cm._core._copy_keep_gil(False)
+    try:
+        m = ops_threads._cudamem_keep_gil(2, 1024, mode)(cm)
+        assert isinstance(m, tuple) and m[0] > 0
+        assert cm._core._copy_keep_gil() is False
+    finally:
+        cm._core._copy_keep_gil(old)
