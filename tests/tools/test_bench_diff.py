@@ -15,13 +15,13 @@ RESULTS = """\
 
 ## 2026-01-01, commit aaa1111, part bench
 - device: X
-- stream() create+drop (us, median): cuda.core 8.15, cudamem 0.50, cupy 8.57; vs best peer 0.40x
+- stream() create+drop (us, median): cudamem 0.50, cupy 8.57; vs best peer 0.1x
 - event() create+drop (us, median): cudamem 1.00, cupy 1.21
 - HtoD pinned 1 MiB: cudamem 40.0 GB/s, cupy 35.3 GB/s; vs best peer 1.00x
 - only old (us, median): cudamem 1.00
 
 ## 2026-01-02, commit bbb2222, part bench
-- stream() create+drop (us, median): cuda.core 8.90, cudamem 1.00, cupy 8.87
+- stream() create+drop (us, median): cuda.core 8.90, cudamem 1.00
 - event() create+drop (us, median): cudamem 0.95, cupy 1.21
 - HtoD pinned 1 MiB: cudamem 20.0 GB/s, cupy 35.3 GB/s
 - round trip 1 KiB GIL auto [2 threads] (us, median): cudamem 8.00
