@@ -282,18 +282,22 @@ cm_driver_call_end(int e)
     (void)__atomic_fetch_sub(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
 }
 
-/* The modes of _core._copy_keep_gil (cm_copy_keep_gil). */
+/* The experiment _core._copy_keep_gil (see cm_copy_host): a
+ * CM_KEEP_GIL_* mode. */
 enum { CM_KEEP_GIL_OFF, CM_KEEP_GIL_ON, CM_KEEP_GIL_AUTO };
+extern int cm_copy_keep_gil;
 
 /* Whether an enqueue that _core._copy_keep_gil covers keeps the GIL now.
  * CM_KEEP_GIL_AUTO: only while two or more driver calls of other threads
  * are counted (made with the GIL released, or waiting to take it back):
  * then a release of ours joins a queue of hand-overs that costs more
- * than the enqueue (with one other, the overlap is worth it).  Two
- * relaxed loads; GIL held. */
+ * than the enqueue (with one other, the overlap is worth it).  One
+ * relaxed load when off; GIL held. */
 static inline int
-cm_keep_gil_now(int mode)
+cm_keep_gil_now(void)
 {
+    int mode = __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED);
+
     if (mode != CM_KEEP_GIL_AUTO) {
         return mode;
     }
@@ -311,9 +315,6 @@ cm_keep_gil_now(int mode)
  * counts. */
 enum { CM_PROBE_NOGIL, CM_PROBE_DROP, CM_PROBE_KINDS };
 extern int cm_gil_probe_on;
-/* The experiment _core._copy_keep_gil (see cm_copy_host): a
- * CM_KEEP_GIL_* mode. */
-extern int cm_copy_keep_gil;
 /* How a synchronous copy between pageable host memory and device memory
  * is made, per direction (CM_SYNC_HTOD, CM_SYNC_DTOH; set by the test aid
  * _core._sync_copy_call, see cm_copy_host).  CM_SYNC_CALL: the

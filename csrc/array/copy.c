@@ -578,8 +578,7 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     }
     if (host == CM_HOST_LOCKED && async && p.pieces == 1
         && dst->device != src->device
-        && cm_keep_gil_now(
-               __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED))) {
+        && cm_keep_gil_now()) {
         /* One enqueue from or into page-locked memory: the GIL kept
          * (CM_CU_RAW still gives it up while callbacks are in flight). */
         rc = cm_pieces_run(&j, &p, stream, async, &fn);
