@@ -391,3 +391,28 @@ def test_keep_gil_rows_run_and_restore_the_setting(monkeypatch, mode):
         assert cm._core._copy_keep_gil() is False
     finally:
         cm._core._copy_keep_gil(old)
+
+
+def test_keep_gil_rows_skip_a_build_that_reads_auto_as_true(monkeypatch):
+    """A build before 'auto' takes the string as a truth value: its row
+    is skipped, not timed as keep-GIL under the auto label."""
+    import harness
+    import ops_threads
+
+    setting = [False]
+
+    def old_switch(on=None):
+        prev = setting[0]
+        if on is not None:
+            setting[0] = bool(on)
+        return prev
+
+    class Core:
+        _copy_keep_gil = staticmethod(old_switch)
+
+    class Lib:
+        _core = Core
+
+    with pytest.raises(harness.Skip, match="no _copy_keep_gil\\('auto'\\)"):
+        ops_threads._cudamem_keep_gil(2, 1024, "auto")(Lib)
+    assert setting[0] is False
