@@ -63,3 +63,38 @@ def test_two_files_and_a_missing_section(tmp_path):
     p = run(str(old), "ccc3333", "bbb2222")
     assert p.returncode != 0
     assert "no bench section for ccc3333" in p.stderr
+
+
+def test_peers_take_the_machine_out(tmp_path):
+    """--peers: a row whose peers slowed as much as cudamem did is not
+    flagged; one where cudamem alone slowed is; a row with no peer is set
+    against the median of the peers' changes."""
+    f = tmp_path / "RESULTS.md"
+    f.write_text("""\
+## 2026-01-01, commit aaa1111, part bench
+- a (us, median): cudamem 1.00, cupy 2.00, torch 4.00
+- b (us, median): cudamem 1.00, cupy 2.00
+- c (us, median): cudamem 1.00
+- d: cudamem 40.0 GB/s, driver 40.0 GB/s
+
+## 2026-01-02, commit bbb2222, part bench
+- a (us, median): cudamem 2.00, cupy 4.00, torch 8.00
+- b (us, median): cudamem 2.00, cupy 2.00
+- c (us, median): cudamem 1.50
+- d: cudamem 20.0 GB/s, driver 20.0 GB/s
+""")
+    p = run(str(f), "aaa1111", "bbb2222", "--peers")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    by_row = {ln.split()[1]: ln for ln in lines[:4]}
+    # b: +100 %, its peer unchanged; c: +50 % against the median of the
+    # peers' changes (+100 %, +0 %, +100 %: +100 %), so -25 %.
+    assert lines[0].split()[1] == "b" and lines[0].endswith("<--")
+    assert "rel  +100.0%" in by_row["b"]
+    assert "rel    +0.0%" in by_row["a"] and not by_row["a"].endswith("<--")
+    assert "rel    +0.0%" in by_row["d"]
+    assert "peers      -" in by_row["c"] and "rel   -25.0%" in by_row["c"]
+    assert lines[-2].startswith("4 rows in both; 1 worse by more than 10% "
+                                "(relative to the peers)")
+    assert lines[-1].startswith("the peers' median change over 3 rows: "
+                                "+100.0%")
