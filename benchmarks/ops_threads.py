@@ -26,15 +26,14 @@ GIL probe on (``_core._gil_probe``): the ``GIL wait/rt`` rows give the
 time its threads waited to take the GIL back after a driver call, per
 round trip, and a short table before the main one the releases per round
 trip, the time run with the GIL released and the waits' spread.  For
-pinned memory they run a third time with the experiment
-``_core._copy_keep_gil`` on (the copies keep the GIL, only the
-synchronize releases it): the ``keep-GIL rt`` rows, in k/s beside the C
-program's figure.  The main table has the 1 KiB pinned rows with that
-experiment on as well, timed like the others with no probe (``round trip
-1 KiB keep-GIL [N threads]``), and with it set to ``'auto'`` (``round trip
-1 KiB GIL auto [N threads]``): whether keeping the GIL across the
-enqueues, always or only when other threads are in driver calls, should
-be the default.
+pinned memory they run a third time with ``_core._copy_keep_gil`` on
+(the copies keep the GIL, only the synchronize releases it): the
+``keep-GIL rt`` rows, in k/s beside the C program's figure.  The main
+table's 1 KiB pinned rows run with the setting as cudamem has it
+(``'auto'``: the copies keep the GIL only while two or more other
+threads are in driver calls), and again with each setting named, timed
+like the others with no probe: ``round trip 1 KiB release-GIL [N
+threads]`` (False), ``keep-GIL`` (True) and ``GIL auto`` ('auto').
 
 Timing: the threads set up and make 50 round trips each, then every
 sample starts them together and stops them after ``MS`` milliseconds
@@ -227,7 +226,7 @@ def _torch(nthreads, size, pinned):
 
 
 # The C program's figures, by (threads, bytes, pinned), for the
-# experiment's rows below.
+# keep-GIL rows below.
 _driver_seen = {}
 
 
@@ -242,11 +241,11 @@ def _driver(nthreads, size, pinned):
 
 
 def _cudamem_keep_gil(nthreads, size, mode=True):
-    """_cudamem's pinned round trips with the experiment
-    _core._copy_keep_gil set to mode (True: the two copies keep the GIL,
-    the synchronize releases it; 'auto': they keep it only while two or
-    more other threads are in driver calls with it released), timed like
-    every other column (no probe)."""
+    """_cudamem's pinned round trips with _core._copy_keep_gil set to
+    mode (False: every call releases the GIL; True: the two copies keep
+    it, the synchronize releases it; 'auto': they keep it only while two
+    or more other threads are in driver calls with it released), timed
+    like every other column (no probe)."""
     def factory(cm):
         keep = getattr(cm._core, "_copy_keep_gil", None)
         if keep is None:
@@ -282,11 +281,12 @@ def _ops():
                               "cupy": _cupy(n, size, pinned),
                               "torch": _torch(n, size, pinned),
                               "driver": _driver(n, size, pinned)}})
-    # Whether keeping the GIL across the enqueues should be the default
-    # (issue 32): the smallest pinned rows again with it kept (cudamem
-    # only: read them beside the rows above; 2.4 s each).
+    # The settings of _copy_keep_gil side by side: the smallest pinned
+    # rows again with each (cudamem only: read them beside the rows
+    # above; 0.5 s each).
     size, label = SIZES[0]
-    for mode, tag in ((True, "keep-GIL"), ("auto", "GIL auto")):
+    for mode, tag in ((False, "release-GIL"), (True, "keep-GIL"),
+                      ("auto", "GIL auto")):
         for n in THREADS:
             ops.append({
                 "name": row_name(label, True, n).replace("pinned", tag),
@@ -298,13 +298,13 @@ def _ops():
 OPS = _ops()
 
 
-# The GIL probe and the keep-GIL experiment -------------------------------
+# The GIL probe and the keep-GIL rows -----------------------------------------
 
 
 def _probe(cm, nthreads, size, pinned, keep_gil=False):
     """cudamem's round trip once more with _core._gil_probe on (from the
     first sample: setup and warm-up are not counted), and with the
-    experiment _core._copy_keep_gil set to keep_gil: the probe's counts,
+    setting _core._copy_keep_gil at keep_gil: the probe's counts,
     the round trips they cover, the time per round trip
     (harness.Measured)."""
     core = cm._core
@@ -367,7 +367,7 @@ def probe_rows(cm, select=None):
     - ``GIL wait/rt ...`` (us): the time its threads waited to take the
       GIL back, per round trip;
     - pinned rows only, ``keep-GIL rt ...`` (k/s): the same loop with the
-      experiment _core._copy_keep_gil on (the two copies keep the GIL,
+      setting _core._copy_keep_gil on (the two copies keep the GIL,
       only the synchronize releases it), beside the C program's figure
       of the row when it ran.
 
@@ -434,7 +434,7 @@ def format_probe(rows):
 
 
 def run_extra(libs, select=None, repeats=None):
-    """The probe's and the experiment's rows (see probe_rows), where
+    """The probe's and the keep-GIL rows (see probe_rows), where
     cudamem is here and has them; the counts printed first."""
     cm = libs.get("cudamem")
     if cm is None or not hasattr(cm._core, "_gil_probe") \

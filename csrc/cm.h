@@ -282,8 +282,9 @@ cm_driver_call_end(int e)
     (void)__atomic_fetch_sub(&cm_driver_calls[e], 1, __ATOMIC_SEQ_CST);
 }
 
-/* The experiment _core._copy_keep_gil (see cm_copy_host): a
- * CM_KEEP_GIL_* mode. */
+/* The setting _core._copy_keep_gil (see cm_copy_host): a CM_KEEP_GIL_*
+ * mode, CM_KEEP_GIL_AUTO by default (the H200's thread rows,
+ * docs/performance.md). */
 enum { CM_KEEP_GIL_OFF, CM_KEEP_GIL_ON, CM_KEEP_GIL_AUTO };
 extern int cm_copy_keep_gil;
 

@@ -102,11 +102,10 @@ enum {
                             * context (cm_hostmem_page_locked) */
 };
 /* cm_copy of one side in host memory, the other on the device; host is a
- * CM_HOST_* value.  CM_HOST_LOCKED: while the experiment
- * _core._copy_keep_gil is on (or 'auto' and cm_keep_gil_now says so), an
- * asynchronous copy of one piece is issued with the GIL kept (it only
- * enqueues).  CM_HOST_UNKNOWN: where
- * the direction's cm_sync_copy_call is not CM_SYNC_CALL (host to device,
+ * CM_HOST_* value.  CM_HOST_LOCKED: while _core._copy_keep_gil is on
+ * (or 'auto', the default, and cm_keep_gil_now says so), an asynchronous
+ * copy of one piece is issued with the GIL kept (it only enqueues).
+ * CM_HOST_UNKNOWN: where the direction's cm_sync_copy_call is not CM_SYNC_CALL (host to device,
  * by default), a synchronous copy of one contiguous piece whose host
  * side proves pageable is made by the asynchronous call on the default
  * stream (cm_copy_pageable).

@@ -692,7 +692,7 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
 #define CM_PROBE_BUCKETS 17
 
 int cm_gil_probe_on;
-int cm_copy_keep_gil;
+int cm_copy_keep_gil = CM_KEEP_GIL_AUTO;
 int cm_sync_copy_call[2] = {CM_SYNC_ASYNC, CM_SYNC_CALL};
 
 /* NOTE: guarded by the GIL: noted by a thread that took it back. */
@@ -818,14 +818,14 @@ cm_gil_probe_stats_fn(PyObject *mod, PyObject *unused)
 
 PyDoc_STRVAR(cm_copy_keep_gil_doc,
 "_copy_keep_gil(on=None, /)\n--\n\n"
-"An experiment for the benchmarks, off by default: while on, an\n"
-"asynchronous copy_to_device / copy_to_host of one piece between a\n"
-"device array and cudamem's page-locked host memory (pinned_array,\n"
-"mapped_array) keeps the GIL around the driver call, which only\n"
-"enqueues.  'auto' keeps it only while two or more driver calls of\n"
-"other threads are in flight with the GIL released.  Sets it when on\n"
-"is given (a truth value or 'auto'); returns the previous setting\n"
-"(False, True or 'auto').");
+"Whether an asynchronous copy_to_device / copy_to_host of one piece\n"
+"between a device array and cudamem's page-locked host memory\n"
+"(pinned_array, mapped_array) keeps the GIL around the driver call,\n"
+"which only enqueues.  True: always; False: never (it is released, as\n"
+"around every other copy); 'auto', the default: only while two or\n"
+"more driver calls of other threads are in flight with the GIL\n"
+"released.  Sets it when on is given (a truth value or 'auto');\n"
+"returns the previous setting (False, True or 'auto').");
 
 static PyObject *
 cm_copy_keep_gil_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)

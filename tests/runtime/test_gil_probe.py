@@ -2,8 +2,9 @@
 """_core._gil_probe: the benchmarks' count of the GIL's releases around
 driver calls, of the time run with it released and of the waits to take
 it back (benchmarks/ops_threads.py prints it per round trip); and the
-experiment _core._copy_keep_gil, which keeps the GIL around asynchronous
-copies between device arrays and cudamem's page-locked host memory."""
+setting _core._copy_keep_gil ('auto' by default), which keeps the GIL
+around asynchronous copies between device arrays and cudamem's
+page-locked host memory."""
 
 import pathlib
 import threading
@@ -146,6 +147,7 @@ def test_benchmark_probe_rows(monkeypatch):
 
     monkeypatch.setattr(ops_threads, "SAMPLES", 2)
     monkeypatch.setattr(ops_threads, "MS", 20)
+    before = _core._copy_keep_gil()
     fake = harness.Measured((1e-5, 9e-6, 2e-5))
     monkeypatch.setitem(ops_threads._driver_seen, (2, 1024, True), fake)
     rows = ops_threads.probe_rows(cuda,
@@ -158,23 +160,30 @@ def test_benchmark_probe_rows(monkeypatch):
         assert p["round_trips"] > 0 and p["k_per_s"] > 0
         assert p["released_us_per_rt"] > 0 and 0 <= p["wait_share"] < 1
     # Three releases per round trip (and those of the trips cut by the
-    # stop); one with the experiment on.
+    # stop); one with the setting on.
     assert 3 <= rows[0]["probe"]["releases_per_rt"] < 3.5
     assert 1 <= rows[1]["probe"]["releases_per_rt"] < 1.5
     assert rows[0]["unit"] == "us" and rows[1]["unit"] == "k/s"
     assert rows[0]["times"]["cudamem"][0] == pytest.approx(
         rows[0]["probe"]["wait_us_per_rt"] / 1e6)
-    # The experiment's row stands beside the C program's figure.
+    # The keep-GIL row stands beside the C program's figure.
     assert rows[1]["times"]["driver"] == tuple(fake)
     text = ops_threads.format_probe(rows)
     assert "GIL wait/rt 1K pinned [2 threads]" in text
     assert "keep-GIL rt 1K pinned [2 threads]" in text
     assert _core._gil_probe_stats()["on"] is False
-    assert _core._copy_keep_gil() is False
-    # Pageable rows have no experiment row.
+    assert _core._copy_keep_gil() == before
+    # Pageable rows have no keep-GIL row.
     rows = ops_threads.probe_rows(cuda,
                                   ["round trip 1 KiB pageable [1 thread]"])
     assert [r["op"] for r in rows] == ["GIL wait/rt 1K pageable [1 thread]"]
+
+
+def test_keep_gil_is_auto_in_a_new_process():
+    """A process that never set it runs with 'auto'."""
+    p = run_child("from cudamem import _core\n"
+                  "print(repr(_core._copy_keep_gil()))\n", timeout=60)
+    assert p.stdout.strip() == "'auto'", p.output[-2000:]
 
 
 def test_keep_gil_switch(probe):
@@ -217,7 +226,7 @@ HOSTS = {
 
 @pytest.mark.parametrize("kind", sorted(HOSTS))
 def test_keep_gil_round_trip(probe, kind):
-    """With the experiment on, the two copies of a round trip with
+    """With the setting on, the two copies of a round trip with
     page-locked host memory keep the GIL (only the synchronize releases
     it); other host memory is copied as before.  The data round trips
     either way, whole arrays and views."""

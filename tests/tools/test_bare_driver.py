@@ -339,7 +339,7 @@ def test_benchmark_lists_the_rows():
             for size in ("1 KiB", "64 KiB") for mem in ("pinned", "pageable")
             for n in ("1 thread", "2 threads", "4 threads", "8 threads")]
     keep = ["round trip 1 KiB %s [%s]" % (tag, n)
-            for tag in ("keep-GIL", "GIL auto")
+            for tag in ("release-GIL", "keep-GIL", "GIL auto")
             for n in ("1 thread", "2 threads", "4 threads", "8 threads")]
     assert names == want + keep
     for op in ops_threads.OPS:
@@ -376,7 +376,7 @@ def test_run_prints_the_rows():
         assert "driver=no" in p.stdout
 
 
-@pytest.mark.parametrize("mode", [True, "auto"])
+@pytest.mark.parametrize("mode", [False, True, "auto"])
 def test_keep_gil_rows_run_and_restore_the_setting(monkeypatch, mode):
     import ops_threads
 
@@ -384,11 +384,12 @@ def test_keep_gil_rows_run_and_restore_the_setting(monkeypatch, mode):
 
     monkeypatch.setattr(ops_threads, "SAMPLES", 2)
     monkeypatch.setattr(ops_threads, "MS", 2)
-    old = cm._core._copy_keep_gil(False)
+    start = False if mode is True else True
+    old = cm._core._copy_keep_gil(start)
     try:
         m = ops_threads._cudamem_keep_gil(2, 1024, mode)(cm)
         assert isinstance(m, tuple) and m[0] > 0
-        assert cm._core._copy_keep_gil() is False
+        assert cm._core._copy_keep_gil() is start
     finally:
         cm._core._copy_keep_gil(old)
 
