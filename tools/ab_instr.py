@@ -1,0 +1,141 @@
+"""Instructions per call of one Python statement under two cudamem trees:
+an A/B that does not depend on the machine's noise.
+
+Each tree's statement runs under valgrind's callgrind twice, N0 and N1
+times, on the simulator (by default) and with one BLAS thread; the
+difference of the two runs over N1 - N0 is the cost of one call, start-up
+and set-up taken out.  Printed per call: the whole program, cudamem's C
+(the self cost of every function in the extension) and the inclusive cost
+of each of cudamem's functions (``cm_*``) that either tree spends at
+least --min instructions a call in, with B - A.
+
+    python tools/ab_instr.py .ab-base . \\
+        --setup "import numpy as np; f = np.float32" \\
+        --stmt "cuda.device_array(256, f)" --env CUDAMEM_MEMORY_MANAGER=pool
+
+The trees must be built in place (``pip install -e .`` or
+``python setup.py build_ext --inplace``); ``cuda`` is the tree's
+``cudamem``.  Counts are instructions, not time: a change that moves the
+cost into the driver, or into waiting, does not show here.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+DRIVER = """\
+import sys
+sys.path.insert(0, sys.argv[1])
+import cudamem as cuda
+assert cuda.__file__.startswith(sys.argv[1]), cuda.__file__
+exec(sys.argv[3])
+stmt = compile(sys.argv[4], "<stmt>", "exec")
+for _ in range(int(sys.argv[2])):
+    exec(stmt)
+"""
+
+LINE = re.compile(r"^\s*([0-9,]+)\s+(?:\([^)]*\)\s+)?(\S.*)$")
+
+
+def annotate(path, inclusive):
+    """{function: cost} and {function: True if in cudamem's extension}
+    from a callgrind output file."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--threshold=100",
+         "--inclusive=%s" % ("yes" if inclusive else "no"), path],
+        capture_output=True, text=True, check=True).stdout
+    cost, ours = {}, {}
+    for line in out.splitlines():
+        m = LINE.match(line)
+        if not m or m.group(2).startswith("=>"):
+            continue
+        what = m.group(2)
+        if what == "PROGRAM TOTALS":
+            cost[what] = int(m.group(1).replace(",", ""))
+            continue
+        obj = re.search(r"\[([^\]]*)\]\s*$", what)
+        if not obj:
+            continue        # a source line, not a function
+        func = what[:obj.start()].rstrip().rsplit(":", 1)[-1]
+        func = re.sub(r" \(\d[\d,]*x\)$", "", func)
+        cost[func] = cost.get(func, 0) + int(m.group(1).replace(",", ""))
+        ours[func] = "/_core." in obj.group(1) or obj.group(1).startswith(
+            "_core.")
+    return cost, ours
+
+
+def profile(tree, setup, stmt, n, env, work):
+    """(program, cudamem's C, {cm_ function: inclusive}) for n calls."""
+    path = os.path.join(work, "cg.%d" % len(os.listdir(work)))
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + path,
+           sys.executable, "-c", DRIVER, tree, str(n), setup, stmt]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("%s: the statement failed under callgrind:\n%s"
+                 % (tree, p.stderr[-3000:]))
+    self_cost, ours = annotate(path, False)
+    incl, _ = annotate(path, True)
+    total = self_cost.get("PROGRAM TOTALS", 0)
+    c = sum(v for k, v in self_cost.items() if ours.get(k))
+    funcs = {k: v for k, v in incl.items() if k.startswith("cm_")}
+    return total, c, funcs
+
+
+def per_call(tree, a):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    if a.simulator:
+        env["CUDAMEM_SIMULATOR"] = "1"
+    for kv in a.env:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    work = tempfile.mkdtemp(prefix="ab-instr-")
+    try:
+        t0, c0, f0 = profile(tree, a.setup, a.stmt, a.n0, env, work)
+        t1, c1, f1 = profile(tree, a.setup, a.stmt, a.n1, env, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    d = float(a.n1 - a.n0)
+    funcs = {k: (f1[k] - f0.get(k, 0)) / d for k in f1}
+    return (t1 - t0) / d, (c1 - c0) / d, funcs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("tree_a")
+    ap.add_argument("tree_b")
+    ap.add_argument("--stmt", required=True)
+    ap.add_argument("--setup", default="pass")
+    ap.add_argument("--n0", type=int, default=1000)
+    ap.add_argument("--n1", type=int, default=11000)
+    ap.add_argument("--env", action="append", default=[],
+                    help="KEY=VALUE set in the profiled process")
+    ap.add_argument("--min", type=float, default=5.0,
+                    help="show cm_ functions from this many a call")
+    ap.add_argument("--driver", dest="simulator", action="store_false",
+                    help="the real driver, not the simulator")
+    a = ap.parse_args(argv)
+    if a.n1 <= a.n0:
+        sys.exit("--n1 must be larger than --n0")
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed")
+    trees = [os.path.abspath(a.tree_a), os.path.abspath(a.tree_b)]
+    (ta, ca, fa), (tb, cb, fb) = (per_call(t, a) for t in trees)
+    print("instructions per call of %r (%d - %d calls)"
+          % (a.stmt, a.n1, a.n0))
+    print("A = %s\nB = %s" % tuple(trees))
+    print("%-40s %10s %10s %9s" % ("", "A", "B", "B - A"))
+    rows = [("the whole program", ta, tb), ("cudamem's C (self)", ca, cb)]
+    names = sorted((k for k in fa.keys() | fb.keys()
+                    if max(fa.get(k, 0), fb.get(k, 0)) >= a.min),
+                   key=lambda k: -max(fa.get(k, 0), fb.get(k, 0)))
+    rows += [(k + " (incl.)", fa.get(k, 0.0), fb.get(k, 0.0))
+             for k in names]
+    for name, x, y in rows:
+        print("%-40s %10.1f %10.1f %+9.1f" % (name[:40], x, y, y - x))
+
+
+if __name__ == "__main__":
+    main()
