@@ -21,7 +21,7 @@ import argparse
 import re
 import sys
 
-ROW = re.compile(r"^- (?P<row>.+?)(?: \((?P<unit>[^)]*)\))?: (?P<vals>.+?)"
+ROW = re.compile(r"^- (?P<row>.+?)(?: \([^)]*\))?: (?P<vals>.+?)"
                  r"(?:; vs best peer.*|; vs bare driver.*)?$")
 VAL = re.compile(r"(?:^|, )(?P<lib>[\w.-]+) (?P<v>[0-9.]+)"
                  r"(?: (?P<u>GB/s|k/s))?")
