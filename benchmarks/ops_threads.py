@@ -34,6 +34,10 @@ table's 1 KiB pinned rows run with the setting as cudamem has it
 threads are in driver calls), and again with each setting named, timed
 like the others with no probe: ``round trip 1 KiB release-GIL [N
 threads]`` (False), ``keep-GIL`` (True) and ``GIL auto`` ('auto').
+The 1 KiB pageable rows run once more with every copy sent through
+cudamem's staging pipeline (``round trip 1 KiB staged [N threads]``):
+whether its page-locked buffers scale with threads where the driver's
+pageable path does not.
 
 Timing: the threads set up and make 50 round trips each, then every
 sample starts them together and stops them after ``MS`` milliseconds
@@ -264,6 +268,26 @@ def _cudamem_keep_gil(nthreads, size, mode=True):
     return factory
 
 
+def _cudamem_staged(nthreads, size):
+    """_cudamem's pageable round trips through cudamem's own staging
+    pipeline (_core._staging_config(threshold=0): every copy, however
+    small, goes through its page-locked buffers) instead of the driver's
+    pageable path, whose one staging buffer the C program shows not to
+    scale with threads."""
+    def factory(cm):
+        cfg = getattr(cm._core, "_staging_config", None)
+        if cfg is None:
+            raise harness.Skip("this build has no _staging_config")
+        old = cfg()
+        try:
+            cfg(enabled=True, threshold=0)
+            return _cudamem(nthreads, size, False)(cm)
+        finally:
+            cfg(enabled=old["enabled"], threshold=old["threshold"])
+
+    return factory
+
+
 def row_name(size_label, pinned, nthreads):
     return "round trip %s %s [%d thread%s]" % (
         size_label, "pinned" if pinned else "pageable", nthreads,
@@ -292,6 +316,13 @@ def _ops():
                 "name": row_name(label, True, n).replace("pinned", tag),
                 "unit": "k/s",
                 "impls": {"cudamem": _cudamem_keep_gil(n, size, mode)}})
+    # The smallest pageable rows again through cudamem's staging
+    # pipeline (cudamem only, beside the pageable rows above).
+    for n in THREADS:
+        ops.append({
+            "name": row_name(label, False, n).replace("pageable", "staged"),
+            "unit": "k/s",
+            "impls": {"cudamem": _cudamem_staged(n, size)}})
     return ops
 
 

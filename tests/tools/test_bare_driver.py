@@ -341,11 +341,14 @@ def test_benchmark_lists_the_rows():
     keep = ["round trip 1 KiB %s [%s]" % (tag, n)
             for tag in ("release-GIL", "keep-GIL", "GIL auto")
             for n in ("1 thread", "2 threads", "4 threads", "8 threads")]
-    assert names == want + keep
+    staged = ["round trip 1 KiB staged [%s]" % n
+              for n in ("1 thread", "2 threads", "4 threads", "8 threads")]
+    assert names == want + keep + staged
     for op in ops_threads.OPS:
         assert op["unit"] == "k/s"
-        assert set(op["impls"]) == ({"cudamem"} if op["name"] in keep else
-                                    {"cudamem", "cupy", "torch", "driver"})
+        assert set(op["impls"]) == (
+            {"cudamem"} if op["name"] in keep + staged
+            else {"cudamem", "cupy", "torch", "driver"})
     alloc = [op["name"] for op in ops_alloc.OPS]
     i = alloc.index("alloc+drop churn 1K-4M [default]")
     assert alloc[i + 1:i + 3] == ["alloc+drop churn 1K-4M [C, plain]",
@@ -392,6 +395,22 @@ def test_keep_gil_rows_run_and_restore_the_setting(monkeypatch, mode):
         assert cm._core._copy_keep_gil() is start
     finally:
         cm._core._copy_keep_gil(old)
+
+
+def test_staged_rows_run_through_the_pipeline_and_restore_it(monkeypatch):
+    import ops_threads
+
+    import cudamem as cm
+
+    monkeypatch.setattr(ops_threads, "SAMPLES", 2)
+    monkeypatch.setattr(ops_threads, "MS", 2)
+    before = cm._core._staging_config()
+    staged = cm._core._staging_stats()["staged"]
+    m = ops_threads._cudamem_staged(2, 1024)(cm)
+    assert isinstance(m, tuple) and m[0] > 0
+    assert cm._core._staging_config() == before
+    # Both copies of every round trip went through the pipeline.
+    assert cm._core._staging_stats()["staged"] - staged >= 2 * 2 * 50
 
 
 def test_keep_gil_rows_skip_a_build_that_reads_auto_as_true(monkeypatch):
