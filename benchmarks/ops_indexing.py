@@ -2,7 +2,8 @@
 """NumPy's advanced indexing on the device: ``d[idx]``, a gather of 1 M
 float32 elements by 1 M random int64 indices held on the device (CuPy's
 ``take`` and PyTorch's ``index_select`` beside it), and ``d[mask]`` with
-a device boolean mask.  Each call is synchronised.  numba's device arrays
+a device boolean mask (and, cudamem only, that mask's first stage
+alone: its offsets).  Each call is synchronised.  numba's device arrays
 take no index arrays: no numba column.
 
 Each call allocates its result: CuPy and PyTorch from their caching
@@ -75,6 +76,24 @@ def _cudamem_mask(cm):
     return run
 
 
+def _cudamem_mask_offsets(cm):
+    """The first stage of d[mask] alone: the device mask turned into the
+    byte offsets of its true elements (count, scan, write and the count
+    read back), synchronised; d[mask] less this is the gather and the
+    planning around it."""
+    from cudamem import _core
+
+    m = cm.to_device(_MASK)
+    sync = cm.synchronize
+    ix_mask, stream = _core._ix_mask, _core.default_stream()
+
+    def run():
+        ix_mask(m, (4,), stream)
+        sync()
+    run.keep = (m,)
+    return run
+
+
 def _cupy_mask(cp):
     a = cp.asarray(_VALUES)
     m = cp.asarray(_MASK)
@@ -102,7 +121,8 @@ def _measure(op, repeats=None):
     (median, p10, p90)."""
     import cudamem
 
-    fn = {"gather": _cudamem_gather, "mask": _cudamem_mask}[op](cudamem)
+    fn = {"gather": _cudamem_gather, "mask": _cudamem_mask,
+          "mask_offsets": _cudamem_mask_offsets}[op](cudamem)
     return harness.time_callable(fn, repeats=repeats)
 
 
@@ -137,4 +157,7 @@ OPS = [
     {"name": "mask read d[mask] 1M f32 [pool]",
      "impls": {"cudamem": _in_pool("mask"), "cupy": _cupy_mask,
                "torch": _torch_mask}},
+    # Where d[mask]'s time goes: its first stage alone (cudamem only).
+    {"name": "mask offsets only 1M [pool]",
+     "impls": {"cudamem": _in_pool("mask_offsets")}},
 ]
