@@ -105,11 +105,11 @@ enum {
  * CM_HOST_* value.  CM_HOST_LOCKED: while _core._copy_keep_gil is on
  * (or 'auto', the default, and cm_keep_gil_now says so), an asynchronous
  * copy of one piece is issued with the GIL kept (it only enqueues).
- * CM_HOST_UNKNOWN: where the direction's cm_sync_copy_call is not CM_SYNC_CALL (host to device,
- * by default), a synchronous copy of one contiguous piece whose host
- * side proves pageable is made by the asynchronous call on the default
- * stream (cm_copy_pageable).
- * Otherwise it is cm_copy. */
+ * CM_HOST_UNKNOWN: where the direction's cm_sync_copy_call is not
+ * CM_SYNC_CALL (host to device, by default), a synchronous copy of one
+ * contiguous piece whose host side proves pageable is made by the
+ * asynchronous call on the default stream (cm_copy_pageable).  Otherwise
+ * it is cm_copy. */
 int cm_copy_host(const cm_view *dst, const cm_view *src, CUstream stream,
                  int async, int host);
 
