@@ -35,6 +35,8 @@ def test_a_tree_against_itself():
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {}
     for line in p.stdout.splitlines()[4:]:
+        if line.startswith("no cm_ function"):
+            continue
         name, a, b, d = line[:40].rstrip(), *line[40:].split()
         rows[name] = (float(a), float(b), float(d))
     # The extension's own instructions: the same in both runs, and a
@@ -42,9 +44,14 @@ def test_a_tree_against_itself():
     # is part of them.
     a, b, d = rows["cudamem's C (self)"]
     assert a > 100 and abs(d) <= 0.02 * a
-    assert "cm_device_array (incl.)" in rows
-    assert "cm_pool_alloc (incl.)" in rows
     assert rows["the whole program"][0] > a
+    # Its functions, by name where the build keeps their symbols (the
+    # installed wheel's is stripped: the tool says so).
+    if "stripped" in p.stdout.splitlines()[-1]:
+        assert not any(n.startswith("cm_device") for n in rows)
+    else:
+        assert "cm_device_array (incl.)" in rows
+        assert "cm_pool_alloc (incl.)" in rows
 
 
 def test_refuses_fewer_second_runs():
