@@ -1519,9 +1519,14 @@ for src, exp in [
 # Parent side                                                         #
 # ------------------------------------------------------------------ #
 
-def run_group(group, timeout=120, env=None):
-    """Run one group in a child; returns (returncode, stdout, stderr)."""
-    e = dict(os.environ)
+def run_group(group, timeout=120, env=None, base=None):
+    """Run one group in a child; returns (returncode, stdout, stderr).
+    base: the environment to start from (default: a copy of this
+    process's).  A group run from a worker thread is given a copy made
+    in the main thread, which pytest changes under a thread that
+    iterates os.environ (PYTEST_CURRENT_TEST, set and removed around
+    each test: a KeyError in the copy)."""
+    e = dict(os.environ if base is None else base)
     limit_device_memory_on_a_gpu(e, GROUP_MEMORY_LIMIT)
     e.update(env or {})
     e["PYTHONPATH"] = os.pathsep.join(
@@ -1567,9 +1572,11 @@ def _group_result(group, manager=None):
             max_workers=max(1, os.cpu_count() or 1))
         todo = [(g, None) for g in sorted(GROUPS)]
         todo += [(g, m) for m in sorted(MANAGERS) for g in MANAGED_GROUPS]
+        base = dict(os.environ)
         for g, m in todo:
             _RUNS[g, m] = pool.submit(run_group, g,
-                                      env=MANAGERS[m] if m else None)
+                                      env=MANAGERS[m] if m else None,
+                                      base=base)
         pool.shutdown(wait=False)
     return _RUNS[group, manager].result()
 
