@@ -69,7 +69,7 @@ def annotate(path, inclusive):
 
 def profile(tree, setup, stmt, n, env, work):
     """(program, cudamem's C, {cm_ function: inclusive}) for n calls."""
-    path = os.path.join(work, "cg.%d" % len(os.listdir(work)))
+    path = os.path.join(work, "cg.%d" % n)
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + path,
            sys.executable, "-c", DRIVER, tree, str(n), setup, stmt]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -88,6 +88,8 @@ def per_call(tree, a):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     if a.simulator:
         env["CUDAMEM_SIMULATOR"] = "1"
+    else:
+        env.pop("CUDAMEM_SIMULATOR", None)
     for kv in a.env:
         k, _, v = kv.partition("=")
         env[k] = v
