@@ -62,8 +62,8 @@ typedef struct {
 } cm_ixdesc;
 
 /* A boolean mask's nonzero elements, in C order, as byte offsets into
- * the array it indexes: the mask is walked in chunks of `chunk`
- * elements, one per thread. */
+ * the array it indexes: the mask is walked in chunks of `chunk` (4096)
+ * elements, a block of 256 threads a chunk and 16 elements a thread. */
 typedef struct {
     long long n;             /* mask elements */
     long long chunk;         /* elements per chunk */
@@ -189,78 +189,63 @@ cm_ix_element(unsigned char *arr, unsigned char *other,
     }
 }
 
-/* The multi-index of element e of the mask (C order) into ix[]. */
+/* The byte offsets of mask element e (C order) into the mask (*mo) and
+ * into the array it indexes (*ao).  No division when the mask is one
+ * dimension (cm_ix_mask_body merges the axes that step evenly). */
 CM_FN void
-cm_ixm_unravel(const cm_ixmdesc *m, long long e, long long *ix)
+cm_ixm_offsets(const cm_ixmdesc *m, long long e, long long *mo,
+               long long *ao)
 {
+    long long q;
+    long long ix;
+    long long a = 0;
+    long long b = 0;
     int k;
 
-    for (k = m->ndim - 1; k >= 0; k--) {
-        ix[k] = e % m->shape[k];
-        e /= m->shape[k];
+    for (k = m->ndim - 1; k > 0; k--) {
+        q = e / m->shape[k];
+        ix = e - q * m->shape[k];
+        a += ix * m->ms[k];
+        b += ix * m->as[k];
+        e = q;
     }
+    *mo = a + e * m->ms[0];
+    *ao = b + e * m->as[0];
 }
 
-/* The nonzero elements in chunk c of the mask. */
-CM_FN long long
-cm_ixm_count_chunk(const unsigned char *mask, const cm_ixmdesc *m,
-                   long long c)
+/* The nonzero flags of the 16 mask elements from e0 (a thread's share of
+ * a chunk): bit i for element e0 + i, none past the mask's end. */
+CM_FN unsigned int
+cm_ixm_bits(const unsigned char *mask, const cm_ixmdesc *m, long long e0)
 {
-    long long ix[32];
-    long long e = c * m->chunk;
-    long long end = e + m->chunk < m->n ? e + m->chunk : m->n;
-    long long moff = 0;
-    long long count = 0;
-    int k;
+    unsigned int bits = 0;
+    long long mo;
+    long long ao;
+    int i;
 
-    cm_ixm_unravel(m, e, ix);
-    for (k = 0; k < m->ndim; k++) {
-        moff += ix[k] * m->ms[k];
-    }
-    for (; e < end; e++) {
-        count += mask[moff] != 0;
-        for (k = m->ndim - 1; k >= 0; k--) {
-            if (++ix[k] < m->shape[k]) {
-                moff += m->ms[k];
-                break;
-            }
-            moff -= (m->shape[k] - 1) * m->ms[k];
-            ix[k] = 0;
+    for (i = 0; i < 16 && e0 + i < m->n; i++) {
+        cm_ixm_offsets(m, e0 + i, &mo, &ao);
+        if (mask[mo] != 0) {
+            bits |= 1u << i;
         }
     }
-    return count;
+    return bits;
 }
 
-/* Write the byte offsets of chunk c's nonzero elements from out[pos]. */
+/* Write the array byte offsets of the elements flagged in bits (from
+ * cm_ixm_bits at e0) in order from out[pos]. */
 CM_FN void
-cm_ixm_write_chunk(const unsigned char *mask, const cm_ixmdesc *m,
-                   long long c, long long pos, long long *out)
+cm_ixm_put(long long *out, long long pos, unsigned int bits,
+           const cm_ixmdesc *m, long long e0)
 {
-    long long ix[32];
-    long long e = c * m->chunk;
-    long long end = e + m->chunk < m->n ? e + m->chunk : m->n;
-    long long moff = 0;
-    long long aoff = 0;
-    int k;
+    long long mo;
+    long long ao;
+    int i;
 
-    cm_ixm_unravel(m, e, ix);
-    for (k = 0; k < m->ndim; k++) {
-        moff += ix[k] * m->ms[k];
-        aoff += ix[k] * m->as[k];
-    }
-    for (; e < end; e++) {
-        if (mask[moff] != 0) {
-            out[pos++] = aoff;
-        }
-        for (k = m->ndim - 1; k >= 0; k--) {
-            if (++ix[k] < m->shape[k]) {
-                moff += m->ms[k];
-                aoff += m->as[k];
-                break;
-            }
-            moff -= (m->shape[k] - 1) * m->ms[k];
-            aoff -= (m->shape[k] - 1) * m->as[k];
-            ix[k] = 0;
+    for (i = 0; i < 16; i++) {
+        if ((bits >> i) & 1u) {
+            cm_ixm_offsets(m, e0 + i, &mo, &ao);
+            out[pos++] = ao;
         }
     }
 }

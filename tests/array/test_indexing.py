@@ -147,6 +147,95 @@ def test_device_index_arrays_and_masks(pair):
         d[Foreign(cuda.to_device(idx))].copy_to_host(), h[idx])
 
 
+def _mask_offsets_want(mask_bytes, astrides):
+    """The byte offsets _ix_mask must give: the nonzero elements of the
+    mask (any nonzero byte is true) in C order, dotted with astrides."""
+    nz = np.nonzero(mask_bytes)
+    off = np.zeros(len(nz[0]) if nz else 0, np.int64)
+    for ix, st in zip(nz, astrides, strict=True):
+        off += ix.astype(np.int64) * st
+    return off
+
+
+def _mask_cases(rng):
+    """(host mask as bool, device mask, astrides): sizes about the kernels'
+    16-element shares and 4096-element chunks, past 256 chunks (the scan
+    kernel's runs), views whose start is not 16-byte aligned, strided,
+    reversed and Fortran-ordered masks, array strides that merge with
+    the mask's axes and strides that do not."""
+    for n in (1, 15, 16, 17, 4095, 4096, 4097, 3 * 4096 + 5, 100_003):
+        for p in (0.0, 1.0, 0.5, 0.01):
+            h = rng.random(n) < p
+            yield h, cuda.to_device(h), (4,)
+    big = rng.random(257 * 4096 + 33) < 0.3
+    yield big, cuda.to_device(big), (8,)
+    base = rng.random(40_000) < 0.5
+    dbase = cuda.to_device(base)
+    for view in (slice(3, None), slice(16, None), slice(None, None, 2),
+                 slice(None, None, -1), slice(5, -7, 3)):
+        yield base[view], dbase[view], (2,)
+    m2 = rng.random((300, 70)) < 0.4
+    yield m2, cuda.to_device(m2), (70 * 8, 8)       # merges to one axis
+    yield m2, cuda.to_device(m2), (80 * 8, 8)       # does not merge
+    yield m2, cuda.to_device(m2), (-8, 300 * 8)     # any strides
+    f = np.asfortranarray(m2)
+    yield f, cuda.to_device(f), (70 * 4, 4)
+    m3 = rng.random((9, 1, 33, 17)) < 0.5
+    d3 = cuda.to_device(m3)
+    yield m3, d3, (33 * 17 * 4, 4, 17 * 4, 4)
+    yield m3[::-2, :, 1::4], d3[::-2, :, 1::4], (100, 7, 3, 1)
+    one = np.ones((1, 1), bool)
+    yield one, cuda.to_device(one), (12, 4)
+
+
+def test_mask_offsets_match_numpy(ctx):
+    """_core._ix_mask, the first stage of d[mask] on a device mask, gives
+    NumPy's nonzero positions as byte offsets for every layout."""
+    rng = np.random.default_rng(7)
+    stream = _core.default_stream()
+    for h, d, ast in _mask_cases(rng):
+        got = _core._ix_mask(d, ast, stream).copy_to_host()
+        want = _mask_offsets_want(h, ast)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want, err_msg=(
+            "mask shape %s strides %s astrides %s"
+            % (h.shape, d.strides, ast)))
+
+
+def test_mask_bytes_other_than_one_are_true(ctx):
+    """A bool mask's byte that is neither 0 nor 1 (from a view of other
+    bytes) is true, in the kernels' 16-byte loads as in NumPy."""
+    raw = np.zeros(4096 * 2 + 48, np.uint8)
+    pattern = np.array([1, 2, 0x7F, 0x80, 0xFF, 0x10, 0x01, 0x40], np.uint8)
+    raw[::3] = np.resize(pattern, len(raw[::3]))
+    h = raw.view(bool)
+    d = cuda.to_device(h)
+    got = _core._ix_mask(d, (1,), _core.default_stream()).copy_to_host()
+    np.testing.assert_array_equal(got, np.nonzero(raw)[0])
+    vals = np.arange(len(raw), dtype=np.float32)
+    np.testing.assert_array_equal(cuda.to_device(vals)[d].copy_to_host(),
+                                  vals[raw != 0])
+
+
+def test_large_device_mask_reads_and_writes(ctx):
+    """d[mask] and d[mask] = v with a device mask of many chunks, against
+    NumPy, for a contiguous and a strided array."""
+    rng = np.random.default_rng(11)
+    h = rng.standard_normal((513, 300)).astype(np.float32)
+    m = rng.random(h.shape) < 0.37
+    d = cuda.to_device(h)
+    dm = cuda.to_device(m)
+    np.testing.assert_array_equal(d[dm].copy_to_host(), h[m])
+    sv = d[:, ::-2]
+    np.testing.assert_array_equal(
+        sv[cuda.to_device(m[:, ::-2].copy())].copy_to_host(),
+        h[:, ::-2][m[:, ::-2]])
+    d[dm] = 5.0
+    h2 = h.copy()
+    h2[m] = 5.0
+    np.testing.assert_array_equal(d.copy_to_host(), h2)
+
+
 def test_layouts_and_dtypes(ctx):
     base = np.arange(2 * 6 * 8, dtype=np.int16).reshape(2, 6, 8)
     d = cuda.to_device(base)
