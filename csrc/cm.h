@@ -307,6 +307,25 @@ cm_keep_gil_now(void)
               + __atomic_load_n(&cm_driver_calls[1], __ATOMIC_RELAXED) >= 2;
 }
 
+/* Whether 'auto' (not 'on') keeps the GIL now around the two calls it
+ * alone covers: a host-to-device enqueue of at most CM_SHORT_HTOD_BYTES
+ * from host memory cudamem cannot place (cm_copy_host), and a
+ * Stream.synchronize whose stream a query, made first, finds done.  Both
+ * return at once where they apply; under contention (cm_keep_gil_now)
+ * a release around them costs a place in the queue for the GIL. */
+static inline int
+cm_keep_gil_auto_now(void)
+{
+    return __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED)
+               == CM_KEEP_GIL_AUTO
+           && cm_keep_gil_now();
+}
+
+/* The driver returns from a host-to-device enqueue from pageable memory
+ * of up to this many bytes once it has copied the source into its
+ * staging memory (no wait for the stream). */
+#define CM_SHORT_HTOD_BYTES 65536
+
 /* The GIL probe (_core._gil_probe, for the benchmarks): while it is on,
  * every counted release of the GIL records how long the thread ran with
  * it released and how long it then waited to take it back, per kind

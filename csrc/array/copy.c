@@ -584,6 +584,15 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
         rc = cm_pieces_run(&j, &p, stream, async, &fn);
         return cm_cu_check(rc, fn);
     }
+    if (host == CM_HOST_UNKNOWN && async && p.pieces == 1 && !p.has_y
+        && dst->device && !src->device
+        && (size_t)j.count * (size_t)j.itemsize <= CM_SHORT_HTOD_BYTES
+        && cm_keep_gil_auto_now()) {
+        /* A short enqueue from memory that may be pageable: the driver
+         * takes the source into its staging memory and returns. */
+        rc = cm_pieces_run(&j, &p, stream, async, &fn);
+        return cm_cu_check(rc, fn);
+    }
     CM_DRIVER_BEGIN_NOGIL
     rc = cm_pieces_run(&j, &p, stream, async, &fn);
     CM_DRIVER_END_NOGIL

@@ -150,6 +150,12 @@ cm_stream_synchronize_run(PyObject *self, PyObject *unused)
         || cm_context_activate(s->ctx) < 0) {
         return NULL;
     }
+    /* Under contention, a stream already done costs no hand-over of the
+     * GIL (any other answer: the synchronize tells it). */
+    if (cm_keep_gil_auto_now()
+        && CM_CU_RAW(StreamQuery, (h)) == CUDA_SUCCESS) {
+        Py_RETURN_NONE;
+    }
     CM_CU_NOGIL(err, StreamSynchronize, (h));
     if (err < 0) {
         return NULL;

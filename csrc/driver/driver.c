@@ -824,7 +824,10 @@ PyDoc_STRVAR(cm_copy_keep_gil_doc,
 "which only enqueues.  True: always; False: never (it is released, as\n"
 "around every other copy); 'auto', the default: only while two or\n"
 "more driver calls of other threads are in flight with the GIL\n"
-"released.  Sets it when on is given (a truth value or 'auto');\n"
+"released; then also a host-to-device enqueue of up to 64 KiB from\n"
+"any other host memory (the driver stages it at once) and a\n"
+"Stream.synchronize whose stream a query first finds done keep it.\n"
+"Sets it when on is given (a truth value or 'auto');\n"
 "returns the previous setting (False, True or 'auto').");
 
 static PyObject *

@@ -6,6 +6,7 @@ setting _core._copy_keep_gil ('auto' by default), which keeps the GIL
 around asynchronous copies between device arrays and cudamem's
 page-locked host memory."""
 
+import contextlib
 import pathlib
 import threading
 
@@ -259,6 +260,52 @@ def test_keep_gil_round_trip(probe, kind):
     assert probe._gil_probe_stats()["nogil"]["releases"] == 2
 
 
+def _wait_blocked(name, n):
+    for _ in range(5000):
+        if _core._sim_blocked(name) >= n:
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError("no thread blocked in cu" + name)
+
+
+@contextlib.contextmanager
+def _others_in_driver_calls():
+    """Yields a function that puts one more thread into a driver call
+    (a synchronize the simulator holds), up to two; all are let go and
+    joined on leaving."""
+    other_s = cuda.stream()
+    ev = cuda.event()
+    ev.record(other_s)
+    waits = [("StreamSynchronize", other_s.synchronize),
+             ("EventSynchronize", ev.synchronize)]
+    for name, _ in waits:
+        _core._sim_block(name, 1)
+    waiters = []
+
+    def one_more():
+        name, fn = waits[len(waiters)]
+        waiters.append(threading.Thread(target=fn))
+        waiters[-1].start()
+        _wait_blocked(name, 1)
+
+    try:
+        yield one_more
+    finally:
+        for name, _ in waits:
+            _core._sim_unblock(name)
+        for t in waiters:
+            t.join(30)
+    assert not any(t.is_alive() for t in waiters)
+
+
+def _releases(fn):
+    _core._gil_probe(True)
+    fn()
+    n = _core._gil_probe_stats()["nogil"]["releases"]
+    _core._gil_probe(False)
+    return n
+
+
 @pytest.mark.skipif(not SIMULATOR,
                     reason="holds threads inside driver calls with the "
                            "simulator")
@@ -270,50 +317,81 @@ def test_keep_gil_auto_follows_the_other_threads(probe):
     h = cuda.pinned_array(4096, np.uint8)
     h[:] = np.arange(4096) % 253
     d = cuda.device_array(4096, np.uint8)
-    other_s = cuda.stream()
-    ev = cuda.event()
-    ev.record(other_s)
     probe._copy_keep_gil("auto")
 
-    def releases_of_a_round():
-        probe._gil_probe(True)
+    def a_round():
         d.copy_to_device(h, stream=s)
         d.copy_to_host(h, stream=s)
-        n = probe._gil_probe_stats()["nogil"]["releases"]
-        probe._gil_probe(False)
-        return n
 
-    def wait_blocked(name, n):
-        for _ in range(5000):
-            if _core._sim_blocked(name) >= n:
-                return
-            threading.Event().wait(0.001)
-        raise AssertionError("no thread blocked in cu" + name)
-
-    assert releases_of_a_round() == 2          # no other thread
-    _core._sim_block("StreamSynchronize", 1)
-    _core._sim_block("EventSynchronize", 1)
-    waiters = [threading.Thread(target=other_s.synchronize)]
-    try:
-        waiters[0].start()
-        wait_blocked("StreamSynchronize", 1)
-        assert releases_of_a_round() == 2      # one other: released
-        waiters.append(threading.Thread(target=ev.synchronize))
-        waiters[1].start()
-        wait_blocked("EventSynchronize", 1)
-        assert releases_of_a_round() == 0      # two others: kept
+    assert _releases(a_round) == 2             # no other thread
+    with _others_in_driver_calls() as one_more:
+        one_more()
+        assert _releases(a_round) == 2         # one other: released
+        one_more()
+        assert _releases(a_round) == 0         # two others: kept
         probe._copy_keep_gil(False)
-        assert releases_of_a_round() == 2      # off: released regardless
+        assert _releases(a_round) == 2         # off: released regardless
         probe._copy_keep_gil("auto")
-    finally:
-        _core._sim_unblock("StreamSynchronize")
-        _core._sim_unblock("EventSynchronize")
-        for t in waiters:
-            t.join(30)
-    assert not any(t.is_alive() for t in waiters)
-    assert releases_of_a_round() == 2          # they are back: released
+    assert _releases(a_round) == 2             # they are back: released
     s.synchronize()
     assert (d.copy_to_host() == np.arange(4096) % 253).all()
+
+
+@pytest.mark.skipif(not SIMULATOR,
+                    reason="holds threads inside driver calls with the "
+                           "simulator")
+def test_keep_gil_auto_short_pageable_copies_and_done_streams(probe):
+    """'auto' under contention also keeps the GIL around a host-to-device
+    enqueue of up to 64 KiB from pageable memory and around the
+    synchronize of a stream that is done; a larger enqueue, a copy into
+    pageable memory (the driver waits for it) and a synchronize of a
+    stream with work pending release it.  'on' keeps it only for
+    page-locked memory, as before."""
+    s = cuda.stream()
+    small = np.arange(1 << 16, dtype=np.uint8)           # 64 KiB
+    big = np.arange((1 << 16) + 1, dtype=np.uint8)
+    d = cuda.device_array(big.size, np.uint8)
+    out = np.zeros(big.size, np.uint8)
+    probe._copy_keep_gil("auto")
+
+    def small_in():
+        d[:small.size].copy_to_device(small, stream=s)
+
+    def big_in():
+        d.copy_to_device(big, stream=s)
+
+    def back():
+        d.copy_to_host(out, stream=s)
+
+    with _others_in_driver_calls() as one_more:
+        one_more()
+        assert _releases(small_in) == 1        # one other: released
+        assert _releases(s.synchronize) == 1
+        one_more()
+        assert _releases(small_in) == 0        # two others: kept
+        assert _releases(big_in) == 1
+        assert _releases(back) == 1
+        assert (out == big).all()
+        assert _releases(s.synchronize) == 0   # done: kept
+        probe._copy_keep_gil(True)
+        assert _releases(small_in) == 1        # 'on': page-locked only
+        assert _releases(s.synchronize) == 1
+        probe._copy_keep_gil("auto")
+        # Work pending behind a gate: the synchronize waits for it, with
+        # the GIL released (the gate's callback takes it to return).
+        pinned = cuda.pinned_array(big.size, np.uint8)
+        with Gate() as gate:
+            gate.block(s)
+            d.copy_to_device(big[::-1].copy(), stream=s)
+            d.copy_to_host(pinned, stream=s)
+            opener = threading.Timer(0.2, gate.open)
+            opener.start()
+            s.synchronize()
+            assert gate.entered.is_set()
+            opener.join()
+        assert not gate.timed_out
+        assert (pinned == big[::-1]).all()
+    assert _releases(small_in) == 1            # they are back: released
 
 
 @pytest.mark.parametrize("mode", ["on", "auto"])
