@@ -310,9 +310,10 @@ cm_keep_gil_now(void)
 /* Whether 'auto' (not 'on') keeps the GIL now around the two calls it
  * alone covers: a host-to-device enqueue of at most CM_SHORT_HTOD_BYTES
  * from host memory cudamem cannot place (cm_copy_host), and a
- * Stream.synchronize whose stream a query, made first, finds done.  Both
- * return at once where they apply; under contention (cm_keep_gil_now)
- * a release around them costs a place in the queue for the GIL. */
+ * Stream.synchronize of the stream of cm_done_hint, when a query, made
+ * first, finds it done.  Both return at once where they apply; under
+ * contention (cm_keep_gil_now) a release around them costs a place in
+ * the queue for the GIL. */
 static inline int
 cm_keep_gil_auto_now(void)
 {
@@ -320,6 +321,12 @@ cm_keep_gil_auto_now(void)
                == CM_KEEP_GIL_AUTO
            && cm_keep_gil_now();
 }
+
+/* The stream of this thread's last copy into host memory cudamem could
+ * not place, which the driver returns from once the copy is done where
+ * that memory is pageable: its synchronize likely finds nothing left.
+ * A hint only (the query decides); NULL when none. */
+extern _Thread_local CUstream cm_done_hint;
 
 /* The driver returns from a host-to-device enqueue from pageable memory
  * of up to this many bytes once it has copied the source into its

@@ -596,6 +596,9 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     CM_DRIVER_BEGIN_NOGIL
     rc = cm_pieces_run(&j, &p, stream, async, &fn);
     CM_DRIVER_END_NOGIL
+    if (host == CM_HOST_UNKNOWN && async && !dst->device) {
+        cm_done_hint = stream;
+    }
     return cm_cu_check(rc, fn);
 }
 

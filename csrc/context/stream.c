@@ -150,11 +150,15 @@ cm_stream_synchronize_run(PyObject *self, PyObject *unused)
         || cm_context_activate(s->ctx) < 0) {
         return NULL;
     }
-    /* Under contention, a stream already done costs no hand-over of the
-     * GIL (any other answer: the synchronize tells it). */
-    if (cm_keep_gil_auto_now()
-        && CM_CU_RAW(StreamQuery, (h)) == CUDA_SUCCESS) {
-        Py_RETURN_NONE;
+    /* Under contention, a stream that a copy into pageable memory left
+     * done costs no hand-over of the GIL (any other answer of the query:
+     * the synchronize tells it). */
+    if (h == cm_done_hint && h != NULL) {
+        cm_done_hint = NULL;
+        if (cm_keep_gil_auto_now()
+            && CM_CU_RAW(StreamQuery, (h)) == CUDA_SUCCESS) {
+            Py_RETURN_NONE;
+        }
     }
     CM_CU_NOGIL(err, StreamSynchronize, (h));
     if (err < 0) {

@@ -693,6 +693,7 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
 
 int cm_gil_probe_on;
 int cm_copy_keep_gil = CM_KEEP_GIL_AUTO;
+_Thread_local CUstream cm_done_hint;
 int cm_sync_copy_call[2] = {CM_SYNC_ASYNC, CM_SYNC_CALL};
 
 /* NOTE: guarded by the GIL: noted by a thread that took it back. */

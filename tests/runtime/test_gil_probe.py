@@ -343,10 +343,11 @@ def test_keep_gil_auto_follows_the_other_threads(probe):
 def test_keep_gil_auto_short_pageable_copies_and_done_streams(probe):
     """'auto' under contention also keeps the GIL around a host-to-device
     enqueue of up to 64 KiB from pageable memory and around the
-    synchronize of a stream that is done; a larger enqueue, a copy into
-    pageable memory (the driver waits for it) and a synchronize of a
-    stream with work pending release it.  'on' keeps it only for
-    page-locked memory, as before."""
+    synchronize of a stream that a copy into pageable memory (which the
+    driver returns from once done) left done; a larger enqueue, that copy
+    itself, a synchronize with no such copy before it and one of a stream
+    with work pending release it.  'on' keeps it only for page-locked
+    memory, as before."""
     s = cuda.stream()
     small = np.arange(1 << 16, dtype=np.uint8)           # 64 KiB
     big = np.arange((1 << 16) + 1, dtype=np.uint8)
@@ -373,6 +374,8 @@ def test_keep_gil_auto_short_pageable_copies_and_done_streams(probe):
         assert _releases(back) == 1
         assert (out == big).all()
         assert _releases(s.synchronize) == 0   # done: kept
+        assert _releases(s.synchronize) == 1   # no copy since: released
+        back()
         probe._copy_keep_gil(True)
         assert _releases(small_in) == 1        # 'on': page-locked only
         assert _releases(s.synchronize) == 1
