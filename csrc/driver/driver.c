@@ -826,8 +826,9 @@ PyDoc_STRVAR(cm_copy_keep_gil_doc,
 "around every other copy); 'auto', the default: only while two or\n"
 "more driver calls of other threads are in flight with the GIL\n"
 "released; then also a host-to-device enqueue of up to 64 KiB from\n"
-"any other host memory (the driver stages it at once) and a\n"
-"Stream.synchronize whose stream a query first finds done keep it.\n"
+"any other host memory (the driver stages it at once) keeps it, and\n"
+"so does a Stream.synchronize of the stream that the thread's last\n"
+"copy into such memory went to, when a query first finds it done.\n"
 "Sets it when on is given (a truth value or 'auto');\n"
 "returns the previous setting (False, True or 'auto').");
 
