@@ -34,6 +34,10 @@ table's 1 KiB pinned rows run with the setting as cudamem has it
 threads are in driver calls), and again with each setting named, timed
 like the others with no probe: ``round trip 1 KiB release-GIL [N
 threads]`` (False), ``keep-GIL`` (True) and ``GIL auto`` ('auto').
+The pageable rows run with 'auto' as well, where under the same
+contention the host-to-device copy (up to 64 KiB) and the synchronize
+after the copy back keep the GIL; their ``GIL wait/rt`` rows run with
+the setting False, as every probe row does but the ``keep-GIL rt`` ones.
 The 1 KiB pageable rows run once more with every copy sent through
 cudamem's staging pipeline (``round trip 1 KiB staged [N threads]``):
 whether its page-locked buffers scale with threads where the driver's
