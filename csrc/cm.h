@@ -288,23 +288,27 @@ cm_driver_call_end(int e)
 enum { CM_KEEP_GIL_OFF, CM_KEEP_GIL_ON, CM_KEEP_GIL_AUTO };
 extern int cm_copy_keep_gil;
 
-/* Whether an enqueue that _core._copy_keep_gil covers keeps the GIL now.
- * CM_KEEP_GIL_AUTO: only while two or more driver calls of other threads
- * are counted (made with the GIL released, or waiting to take it back):
- * then a release of ours joins a queue of hand-overs that costs more
- * than the enqueue (with one other, the overlap is worth it).  One
- * relaxed load when off; GIL held. */
+/* Whether two or more driver calls of other threads are counted (made
+ * with the GIL released, or waiting to take it back): then a release of
+ * ours joins a queue of hand-overs that costs more than a short call
+ * (with one other, the overlap is worth it).  GIL held. */
+static inline int
+cm_gil_contended(void)
+{
+    return cm_call_depth == 0
+           && __atomic_load_n(&cm_driver_calls[0], __ATOMIC_RELAXED)
+              + __atomic_load_n(&cm_driver_calls[1], __ATOMIC_RELAXED) >= 2;
+}
+
+/* Whether an enqueue that _core._copy_keep_gil covers keeps the GIL now
+ * (CM_KEEP_GIL_AUTO: while cm_gil_contended).  One relaxed load when
+ * off; GIL held. */
 static inline int
 cm_keep_gil_now(void)
 {
     int mode = __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED);
 
-    if (mode != CM_KEEP_GIL_AUTO) {
-        return mode;
-    }
-    return cm_call_depth == 0
-           && __atomic_load_n(&cm_driver_calls[0], __ATOMIC_RELAXED)
-              + __atomic_load_n(&cm_driver_calls[1], __ATOMIC_RELAXED) >= 2;
+    return mode == CM_KEEP_GIL_AUTO ? cm_gil_contended() : mode;
 }
 
 /* Whether 'auto' (not 'on') keeps the GIL now around the two calls it
@@ -312,14 +316,14 @@ cm_keep_gil_now(void)
  * from host memory cudamem cannot place (cm_copy_host), and a
  * Stream.synchronize of the stream of cm_done_hint, when a query, made
  * first, finds it done.  Both return at once where they apply; under
- * contention (cm_keep_gil_now) a release around them costs a place in
+ * contention (cm_gil_contended) a release around them costs a place in
  * the queue for the GIL. */
 static inline int
 cm_keep_gil_auto_now(void)
 {
     return __atomic_load_n(&cm_copy_keep_gil, __ATOMIC_RELAXED)
                == CM_KEEP_GIL_AUTO
-           && cm_keep_gil_now();
+           && cm_gil_contended();
 }
 
 /* The stream of this thread's last copy into host memory cudamem could

@@ -526,6 +526,23 @@ cm_copy_pageable(const cm_joint *j, const cm_plan *p, int mode)
     return cm_cu_check(rc, fn);
 }
 
+/* Whether an asynchronous copy of one piece between the host and a
+ * device keeps the GIL around its driver call (host: CM_HOST_*): one
+ * from or into page-locked memory while cm_keep_gil_now says so; a
+ * host-to-device one of at most CM_SHORT_HTOD_BYTES, one row, from
+ * memory that may be pageable (the driver takes it into its staging
+ * memory and returns) while cm_keep_gil_auto_now says so. */
+static int
+cm_copy_keeps_gil(const cm_joint *j, const cm_plan *p, int host)
+{
+    if (host == CM_HOST_LOCKED) {
+        return cm_keep_gil_now();
+    }
+    return host == CM_HOST_UNKNOWN && j->dst_dev && !p->has_y
+           && (size_t)j->count * (size_t)j->itemsize <= CM_SHORT_HTOD_BYTES
+           && cm_keep_gil_auto_now();
+}
+
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
              int async, int may_stage, int host)
@@ -576,20 +593,10 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
                 __ATOMIC_RELAXED)) != CM_SYNC_CALL) {
         return cm_copy_pageable(&j, &p, mode);
     }
-    if (host == CM_HOST_LOCKED && async && p.pieces == 1
-        && dst->device != src->device
-        && cm_keep_gil_now()) {
-        /* One enqueue from or into page-locked memory: the GIL kept
-         * (CM_CU_RAW still gives it up while callbacks are in flight). */
-        rc = cm_pieces_run(&j, &p, stream, async, &fn);
-        return cm_cu_check(rc, fn);
-    }
-    if (host == CM_HOST_UNKNOWN && async && p.pieces == 1 && !p.has_y
-        && dst->device && !src->device
-        && (size_t)j.count * (size_t)j.itemsize <= CM_SHORT_HTOD_BYTES
-        && cm_keep_gil_auto_now()) {
-        /* A short enqueue from memory that may be pageable: the driver
-         * takes the source into its staging memory and returns. */
+    if (async && p.pieces == 1 && dst->device != src->device
+        && cm_copy_keeps_gil(&j, &p, host)) {
+        /* One enqueue that returns at once: the GIL kept (CM_CU_RAW
+         * still gives it up while callbacks are in flight). */
         rc = cm_pieces_run(&j, &p, stream, async, &fn);
         return cm_cu_check(rc, fn);
     }
