@@ -656,6 +656,28 @@ _env_done = False       # the environment variable was consulted
 BUILTIN_MANAGERS = ("default", "pool", "async")
 
 
+def _draws_from_cudamem(plugin):
+    """Whether the EMM plugin class (or object) ``plugin`` takes its
+    memory from cudamem's manager of the same device: numba's plugin
+    ``cudamem.NumbaManager`` and its subclasses, or any plugin that says
+    so with a true ``_draws_from_cudamem`` attribute.  Such a plugin
+    serves numba's contexts; as the manager of a cudamem context it would
+    ask itself for every allocation."""
+    return bool(getattr(plugin, "_draws_from_cudamem", False))
+
+
+def _refuse_loop(plugin, what):
+    name = getattr(plugin, "__qualname__", None) or type(plugin).__qualname__
+    return ValueError(
+        "%s: the EMM plugin %s takes its memory from cudamem's memory "
+        "manager, so a cudamem context cannot use it as its manager (every "
+        "allocation would ask the plugin itself). It is numba's plugin: "
+        "give it to numba (numba.cuda.set_memory_manager(...), or "
+        "NUMBA_CUDA_MEMORY_MANAGER=cudamem.numba_plugin) and choose "
+        "cudamem's own manager with set_memory_manager(\"pool\") or "
+        "CUDAMEM_MEMORY_MANAGER" % (what, name))
+
+
 def set_memory_manager(mm_plugin: Any) -> None:
     """Use ``mm_plugin`` for contexts created from now on; existing
     contexts (and their live allocations) keep theirs.
@@ -664,7 +686,9 @@ def set_memory_manager(mm_plugin: Any) -> None:
     the name of a built-in manager: ``"default"`` (or None), ``"pool"``
     (cudamem's caching allocator) or ``"async"`` (the driver's
     stream-ordered allocator).  An explicit call wins over
-    ``CUDAMEM_MEMORY_MANAGER`` / ``NUMBA_CUDA_MEMORY_MANAGER``.
+    ``CUDAMEM_MEMORY_MANAGER`` / ``NUMBA_CUDA_MEMORY_MANAGER``.  A plugin
+    that takes its memory from cudamem (``cudamem.NumbaManager``) raises
+    ``ValueError``: it is numba's, not cudamem's.
     """
     global _plugin, _env_done
     if mm_plugin is None:
@@ -678,6 +702,8 @@ def set_memory_manager(mm_plugin: Any) -> None:
         _plugin = None
         _env_done = True
         return
+    if _draws_from_cudamem(mm_plugin):
+        raise _refuse_loop(mm_plugin, "set_memory_manager")
     dummy = mm_plugin(context=None)
     iv = dummy.interface_version
     if iv != 1:
@@ -688,21 +714,46 @@ def set_memory_manager(mm_plugin: Any) -> None:
     _env_done = True
 
 
+#: The module NUMBA_CUDA_MEMORY_MANAGER names to make numba allocate from
+#: cudamem; cudamem's own contexts do not take it (nor import it).
+NUMBA_PLUGIN_MODULE = "cudamem.numba_plugin"
+
+
 def _from_environment():
+    """The manager the environment names, for contexts made from now on.
+
+    ``CUDAMEM_MEMORY_MANAGER`` wins; ``NUMBA_CUDA_MEMORY_MANAGER`` is
+    honoured too, except where it names a plugin that takes its memory
+    from cudamem (``cudamem.numba_plugin``): that setting means "numba
+    allocates from cudamem", and cudamem's contexts keep the built-in
+    manager (``CUDAMEM_MEMORY_MANAGER``, or the default)."""
     global _env_done
     with _lock:
         if _env_done:
             return
         _env_done = True
-    name = (os.environ.get("CUDAMEM_MEMORY_MANAGER")
-            or os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default")
+    name = os.environ.get("CUDAMEM_MEMORY_MANAGER")
+    var = "CUDAMEM_MEMORY_MANAGER"
+    if not name:
+        name = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default"
+        var = "NUMBA_CUDA_MEMORY_MANAGER"
+        if name == NUMBA_PLUGIN_MODULE:
+            name = "default"
     if name in BUILTIN_MANAGERS:
         _core._set_builtin_manager(name)
         return
     try:
         mod = importlib.import_module(name)
-        set_memory_manager(mod._numba_memory_manager)
+        plugin = mod._numba_memory_manager
+        if _draws_from_cudamem(plugin):
+            if var == "NUMBA_CUDA_MEMORY_MANAGER":
+                # numba's plugin drawing from cudamem: numba's setting.
+                _core._set_builtin_manager("default")
+                return
+            raise _refuse_loop(plugin, "%s=%s" % (var, name))
+        set_memory_manager(plugin)
     except Exception as e:
+        _env_done = False       # the next context raises again
         raise RuntimeError("Failed to use memory manager from %s" % name) \
             from e
 
@@ -730,6 +781,8 @@ def _manager_kind(context, mm):
         if isinstance(mm, AsyncMemoryManager):
             return "async"
         return "pool" if isinstance(mm, PoolMemoryManager) else "default"
+    if _draws_from_cudamem(mm):
+        raise _refuse_loop(type(mm), "context.memory_manager")
     if isinstance(mm, type) or not callable(getattr(mm, "memalloc", None)):
         raise TypeError("memory_manager must be a memory manager object "
                         "(an instance of an EMM plugin class), not %s"

@@ -66,6 +66,12 @@ class CudamemNumbaManager(
     """numba's device memory from cudamem's memory manager of the same
     device; see the module's docstring."""
 
+    #: It takes its memory from cudamem: numba's contexts may use it,
+    #: cudamem's may not (cudamem.set_memory_manager refuses it, and
+    #: NUMBA_CUDA_MEMORY_MANAGER naming it leaves cudamem's contexts on
+    #: their built-in manager).
+    _draws_from_cudamem = True
+
     def initialize(self):
         """Make cudamem's context of numba's device (without making it
         current), so that a failure shows when numba makes its context."""

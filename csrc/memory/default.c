@@ -139,20 +139,47 @@ cm_mm_prepare(cm_context *ctx)
     return 0;
 }
 
+/* The context whose plugin's memalloc this thread is in, or NULL.  A
+ * plugin whose memalloc allocates from the manager of its own context
+ * asks itself again, without end: the second call is refused. */
+static _Thread_local const cm_context *cm_plugin_calling;
+
+/* The refusal of a plugin that re-entered its own context's manager. */
+static void
+cm_plugin_loop_error(cm_context *ctx)
+{
+    PyErr_Format(PyExc_RuntimeError,
+                 "the memory manager plugin %s of device %d's context "
+                 "allocated from that context's own memory manager, which "
+                 "is the plugin itself: every allocation would ask the "
+                 "plugin again. A plugin of a cudamem context must take "
+                 "its memory elsewhere (a plugin that takes it from "
+                 "cudamem, such as cudamem.NumbaManager, belongs to "
+                 "numba's contexts)",
+                 Py_TYPE(ctx->memory_manager)->tp_name, ctx->device->id);
+}
+
 PyObject *
 cm_mm_plugin_alloc(cm_context *ctx, size_t size, CUdeviceptr *out)
 {
+    const cm_context *outer = cm_plugin_calling;
     uintptr_t addr = 0;
     PyObject *mp;
 
+    if (outer == ctx) {
+        cm_plugin_loop_error(ctx);
+        return NULL;
+    }
     /* A Python plugin: its users pay for the calls, and for counting
      * what it hands out against the limit. */
     if (cm_mm_prepare(ctx) < 0
         || cm_limit_plugin_take(ctx, size, "memalloc", 0) < 0) {
         return NULL;
     }
+    cm_plugin_calling = ctx;
     mp = PyObject_CallMethod(ctx->memory_manager, "memalloc", "n",
                              (Py_ssize_t)size);
+    cm_plugin_calling = outer;
     if (mp == NULL || cm_pointer_attr(mp, "device_pointer", &addr) < 0) {
         Py_XDECREF(mp);
         cm_limit_give(ctx, size);
