@@ -185,6 +185,22 @@ def _cm_past_limit(cm):
                     cm.CudaOutOfMemoryError)
 
 
+def _cm_past_limit_held(cm):
+    """The limit nine tenths held by a live array, and a request of a
+    fifth of it: refused by the limit with owners alive (what a service
+    probing for room meets)."""
+    lim = cm.memory_stats()["limit_bytes"]
+    keep = cm.device_array(lim // 10 * 9, np.uint8)
+    fn = _failing(lambda: cm.device_array(lim // 5, np.uint8),
+                  cm.CudaOutOfMemoryError)
+
+    def probe():
+        fn()
+        return keep        # alive as long as the row runs
+
+    return probe
+
+
 def _numba_fail(cuda):
     n = _too_big(cuda.current_context().get_memory_info()[1])
     return _failing(lambda: cuda.device_array(n, np.uint8),
@@ -223,6 +239,8 @@ def _measure(op, repeats=None, history=None):
         fn = _cm_fail(cudamem)
     elif op == "past_limit":
         fn = _cm_past_limit(cudamem)
+    elif op == "past_limit_held":
+        fn = _cm_past_limit_held(cudamem)
     else:
         fn = _cm_alloc(op)(cudamem)
     return harness.time_callable(fn, repeats=repeats)
@@ -296,6 +314,16 @@ def _alloc_ops():
                     "impls": {"cudamem": _cm_alloc_in(
                         kind, "past_limit",
                         env={"CUDAMEM_DEVICE_MEMORY_LIMIT": "0.25"})}})
+    # The same with nine tenths of the limit held by a live array and a
+    # request of a fifth of it (a service probing for room), beside the
+    # driver's own refusal: the policy must not collect or synchronise
+    # per refusal.
+    for kind in MANAGERS:
+        ops.append({"name": "refusal, limit 0.9 held [%s]" % kind,
+                    "impls": {"cudamem": _cm_alloc_in(
+                        kind, "past_limit_held",
+                        env={"CUDAMEM_DEVICE_MEMORY_LIMIT": "0.25"}),
+                              "driver": _driver_fail}})
     return ops
 
 

@@ -720,6 +720,14 @@ typedef struct {
      * objects go; NOTE: guarded by the GIL */
     size_t plugin_bytes;
     size_t plugin_count;
+    size_t plugin_total;  /* plugin allocations ever counted */
+    /* The last garbage collection an out-of-memory retry made
+     * (memory/limit.c): the allocations ever made (st_total_count +
+     * lane_total_count + plugin_total) when it began, when it ended and
+     * what it took (monotonic ns).  NOTE: guarded by the GIL */
+    size_t oom_collected_at;
+    long long oom_collect_end;
+    long long oom_collect_ns;
     /* [d]: gen of device d's context that this one enabled peer access
      * to (0: none); stale once that context is reset */
     unsigned long peer_gen[CM_MAX_DEVICES];

@@ -186,6 +186,10 @@ again:
     c->lim_used = 0;
     c->plugin_bytes = 0;
     c->plugin_count = 0;
+    c->plugin_total = 0;
+    c->oom_collected_at = 0;
+    c->oom_collect_end = 0;
+    c->oom_collect_ns = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
     c->n_stream_cache = 0;
     c->weakreflist = NULL;

@@ -365,8 +365,17 @@ cm_raw_alloc(cm_context *ctx, int kind, size_t size, unsigned int flags,
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
-        if ((kind == CM_HM_MANAGED ? cm_oom_recover(ctx, size, 1)
-                                   : cm_make_room(ctx)) < 0) {
+        if (kind == CM_HM_MANAGED) {
+            int r = cm_oom_recover(ctx, size, 1);
+
+            if (r < 0) {
+                return -1;
+            }
+            if (r == 0) {
+                break;
+            }
+        }
+        else if (cm_make_room(ctx) < 0) {
             return -1;
         }
     }

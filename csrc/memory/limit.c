@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CM_LIMIT_ENV "CUDAMEM_DEVICE_MEMORY_LIMIT"
@@ -438,20 +439,123 @@ cm_oom_past_device(cm_context *ctx, size_t size, const char *fn)
 }
 
 int
-cm_oom_recover(cm_context *ctx, size_t size, int managed)
+cm_limit_refuses(cm_context *ctx, size_t size)
+{
+    size_t lim = cm_limit_of(ctx->device->id);
+    size_t used;
+
+    if (lim == 0) {
+        return 0;
+    }
+    used = cm_limit_used(ctx);
+    return size > lim || used > lim - size;
+}
+
+/* Run the pending frees and trim the pools; 0 or -1. */
+static int
+cm_oom_make_room(cm_context *ctx)
 {
     if (cm_pending_flush(ctx->memq) < 0 || ctx->mm_builtin->trim(ctx) < 0) {
         return -1;
     }
-    if (!cm_oom_collect_may_help(ctx, size, managed)) {
+    return 0;
+}
+
+/* The allocations ever made in ctx whose owners a collection could
+ * free. */
+static size_t
+cm_oom_owners_made(cm_context *ctx)
+{
+    return ctx->st_total_count
+           + __atomic_load_n(&ctx->lane_total_count, __ATOMIC_RELAXED)
+           + ctx->plugin_total;
+}
+
+/* Whether what the release queue holds and the pools' free bytes, all
+ * counted against the limit until given back, could make room for size
+ * bytes under it (lim nonzero). */
+static int
+cm_oom_cheap_room(cm_context *ctx, size_t size, size_t lim)
+{
+    size_t reserved = 0;
+    size_t pool_free = 0;
+    long long largest = -1;
+    size_t back;
+    size_t used = cm_limit_used(ctx);
+
+    if (size > lim) {
         return 0;
     }
-    /* Cycles collected queue or run their frees. */
-    if (cm_gc_collect() < 0 || cm_pending_flush(ctx->memq) < 0
-        || ctx->mm_builtin->trim(ctx) < 0) {
+    back = cm_pending_bytes(ctx->memq);
+    if (ctx->mm_builtin->kind == CM_MM_POOL) {
+        ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
+        back += pool_free;
+    }
+    return back != 0 && (used > back ? used - back : 0) <= lim - size;
+}
+
+static long long
+cm_oom_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Whether a retry should collect garbage again, made allocations having
+ * been made in ctx so far, at time now.  A collection finds the owners
+ * that became garbage; the last one found those of every allocation
+ * made before it, so it is due again at once when owners were made
+ * since; else only once 100 times what it took has passed (an owner
+ * made before it may have been put in a cycle and dropped since: no
+ * event cudamem sees tells).  A loop probing for room so pays one
+ * collection, then at most 1 % of its time, not a collection a probe. */
+static int
+cm_oom_collect_due(cm_context *ctx, size_t made, long long now)
+{
+    if (ctx->oom_collect_end == 0 || made != ctx->oom_collected_at) {
+        return 1;
+    }
+    return now - ctx->oom_collect_end >= 100 * ctx->oom_collect_ns;
+}
+
+int
+cm_oom_recover(cm_context *ctx, size_t size, int managed)
+{
+    int by_limit = cm_limit_refuses(ctx, size);
+    long long now;
+    size_t made;
+    int r;
+
+    if (by_limit) {
+        /* Nothing was asked of the driver: a refusal costs what the
+         * answer costs, unless freeing something can change it. */
+        if (cm_oom_cheap_room(ctx, size, cm_limit_of(ctx->device->id))) {
+            return cm_oom_make_room(ctx) < 0 ? -1 : 1;
+        }
+    }
+    else if (cm_oom_make_room(ctx) < 0) {
         return -1;
     }
-    return 0;
+    if (!cm_oom_collect_may_help(ctx, size, managed)) {
+        return !by_limit;
+    }
+    /* Amortised: see cm_oom_collect_due. */
+    made = cm_oom_owners_made(ctx);
+    now = cm_oom_now_ns();
+    if (!cm_oom_collect_due(ctx, made, now)) {
+        return !by_limit;
+    }
+    ctx->oom_collected_at = made;
+    /* Cycles collected queue or run their frees. */
+    r = cm_gc_collect();
+    ctx->oom_collect_end = cm_oom_now_ns();
+    ctx->oom_collect_ns = ctx->oom_collect_end - now;
+    if (r < 0 || cm_oom_make_room(ctx) < 0) {
+        return -1;
+    }
+    return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -539,6 +643,7 @@ cm_limit_plugin_track(cm_context *ctx, PyObject *mp, size_t size)
     }
     ctx->plugin_bytes += size;
     ctx->plugin_count++;
+    ctx->plugin_total++;
     Py_DECREF(key);
     Py_DECREF(rec);
     Py_DECREF(wr);
@@ -555,13 +660,16 @@ int
 cm_limit_plugin_take(cm_context *ctx, size_t size, const char *fn,
                      int managed)
 {
+    int r;
+
     if (cm_limit_take(ctx, size)) {
         return 0;
     }
-    if (cm_oom_recover(ctx, size, managed) < 0) {
+    r = cm_oom_recover(ctx, size, managed);
+    if (r < 0) {
         return -1;
     }
-    if (cm_limit_take(ctx, size)) {
+    if (r > 0 && cm_limit_take(ctx, size)) {
         return 0;
     }
     cm_raise_oom_at(ctx, CUDA_ERROR_OUT_OF_MEMORY, size, fn, CM_OOM_DEVICE);

@@ -807,20 +807,26 @@ cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
         return -1;
     }
     for (attempt = 0;; attempt++) {
+        int r;
+
         rc = mm->alloc(ctx, size, stream, ptr, handle);
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             break;
         }
-        if (cm_oom_recover(ctx, size, 0) < 0
-            || cm_context_activate(ctx) < 0) {
+        r = cm_oom_recover(ctx, size, 0);
+        if (r < 0 || (r > 0 && cm_context_activate(ctx) < 0)) {
             return -1;
+        }
+        if (r == 0) {
+            break;
         }
     }
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
         /* What a refused attempt left cached (the driver's stream-ordered
          * pool grows as it tries) goes back before the snapshot; a
-         * failure here leaves the out-of-memory error to report. */
-        if (mm->trim(ctx) < 0) {
+         * failure here leaves the out-of-memory error to report.  A
+         * refusal of the limit asked the driver nothing. */
+        if (!cm_limit_refuses(ctx, size) && mm->trim(ctx) < 0) {
             PyErr_Clear();
         }
         cm_raise_oom(ctx, mm, rc, size);

@@ -220,12 +220,19 @@ enum {
 void cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size,
                      const char *fn, int where);
 
-/* The out-of-memory policy before the one retry of an allocation of
- * size bytes in ctx (managed: of managed memory): run the pending frees,
- * trim the pools and, when a collection could make room (see
- * docs/design.md), collect cycles, then flush and trim again.  GIL held;
- * 0, or -1 with an exception. */
+/* The out-of-memory policy after a failed allocation of size bytes in
+ * ctx (managed: of managed memory), before its one retry.  Refused by
+ * the driver: run the pending frees, trim the pools and, when a
+ * collection could make room, collect cycles, then flush and trim
+ * again; retry.  Refused by the memory limit (no driver call made): the
+ * same only where it can help, that is the pending frees and the pool's
+ * free bytes could cover the request, or a collection could (and owners
+ * were made since the last collection for a refusal); else no retry.
+ * GIL held; 1: retry, 0: refuse now, -1 with an exception. */
 int cm_oom_recover(cm_context *ctx, size_t size, int managed);
+/* Whether the memory limit refuses size more bytes in ctx now (no
+ * driver call needed to know).  No GIL needed. */
+int cm_limit_refuses(cm_context *ctx, size_t size);
 /* A device allocation of more than the whole device: raises the
  * out-of-memory error for fn and returns -1 (no driver call: see
  * limit.c); 0 for any other size. */

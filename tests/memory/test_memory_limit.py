@@ -367,6 +367,59 @@ def test_no_collection_when_it_cannot_help(limited):
     assert held() == before
 
 
+def test_probing_under_the_limit_collects_once(limited):
+    # A service that probes for room in a loop while its own live arrays
+    # hold the limit: the first refusal collects (those arrays might be
+    # garbage), the next ones find no owner made since and ask nothing
+    # more; the queue and pools hold nothing to give back.
+    keep = device_bytes(LIMIT - 8 * MiB)
+    before = settled(limited)
+    with Collections() as c:
+        for _ in range(200):
+            with pytest.raises(cudamem.CudaOutOfMemoryError) as ei:
+                device_bytes(16 * MiB)
+    assert c.n == 1
+    e = ei.value
+    # The error keeps its diagnostics.
+    assert e.requested == 16 * MiB and e.limit == LIMIT
+    assert e.limit_used >= LIMIT - 8 * MiB
+    assert held() == before
+    # An owner made since: the next refusal looks again, and finds the
+    # garbage that makes room.
+    class Holder:
+        pass
+
+    h = Holder()
+    h.self = h
+    h.mem = device_bytes(4 * MiB)
+    del keep
+    keep = device_bytes(LIMIT - 6 * MiB)    # 2 MiB left under it
+    del h
+    with Collections() as c:
+        m = device_bytes(4 * MiB)            # fits once h is collected
+    assert c.n == 1
+    del m, keep
+
+
+def test_refusal_flushes_only_when_that_can_help(limited):
+    # Frees waiting in the queue (or the pool's free blocks) that cover
+    # the request: the refusal runs them and the retry succeeds, with no
+    # collection.
+    keep = device_bytes(LIMIT // 2)
+    with cudamem.defer_cleanup():
+        a = device_bytes(LIMIT // 4)
+        del a                                # queued, not yet run
+        with Collections() as c:
+            with pytest.raises(cudamem.CudaOutOfMemoryError):
+                # Held: the deferred free must stay deferred.
+                device_bytes(LIMIT // 2)
+    assert c.n == 0
+    with Collections() as c:
+        b = device_bytes(LIMIT // 2 - 4 * MiB)
+    assert c.n == 0
+    del b, keep
+
+
 def test_no_collection_past_the_device_without_a_limit(ctx):
     keep = device_bytes(MiB)
     total = ctx.get_memory_info().total
