@@ -17,6 +17,12 @@ and the JIT rule: kernels are CUDA C in cudamem).
     python tools/compat_matrix.py --out docs/numba-compat.md --check
 
 ``--check`` exits 1 when a name cudamem lacks has no reason.
+
+The section on numba-cuda's own test suite (between the markers
+``<!-- begin: numba-suite -->`` and ``<!-- end: numba-suite -->``) is
+written by hand: it is copied from ``--keep-from`` (docs/numba-compat.md)
+into what is generated, after the summary, or written as
+NUMBA_SUITE_SECTION where that file has none.
 """
 
 import argparse
@@ -582,6 +588,55 @@ def build(sections, classes):
     return head, lines, missing_unexplained
 
 
+# The hand-written section on numba-cuda's suite under cudamem's plugin
+# (tools/numba_suite.py reads the test ids listed in it).
+KEEP_BEGIN = "<!-- begin: numba-suite -->"
+KEEP_END = "<!-- end: numba-suite -->"
+NUMBA_SUITE_SECTION = KEEP_BEGIN + """
+## numba-cuda's test suite on cudamem's plugin
+
+`CUDAMEM_GPU_PART=numba bash .ci/gpu` runs numba-cuda's own tests on the
+GPU twice, each module in a child process of its own: with numba's own
+memory manager, and with `NUMBA_CUDA_MEMORY_MANAGER=cudamem.numba_plugin`
+(`tools/numba_suite.py`; `--dry-run` lists the modules and why each is
+there: all of `numba.cuda.tests.cudadrv`, and the `cudapy` modules whose
+tests allocate, copy, share or free device memory).  The two counts go
+side by side into `benchmarks/RESULTS.md`; the tool's `numba-suite.md`
+has them per module, and the tests that pass with numba's manager but
+not with the plugin, each with the last line of its error.
+
+Every test that passes with numba's manager passes with the plugin, or
+is listed here with its reason.  The tool reads this list (the test ids
+in backticks between this section's markers) and fails the run on a
+difference that is not in it.  A test numba skips by design when an
+external memory manager is in use (`skip_if_external_memmgr`) is
+listed with numba's reason for skipping it.
+
+This section is written by hand; `tools/compat_matrix.py` keeps it when
+it regenerates this file.  Its rows come from a GPU run's
+`numba-suite.md` (the table "Pass on numba's manager, not on
+cudamem.numba_plugin"): the test's full id in backticks, its outcome
+with the plugin, and the reason (the error's last line says what
+happened, not why).
+
+| test | with the plugin | reason |
+|---|---|---|
+""" + KEEP_END
+
+
+def kept_section(path):
+    """The hand-written section of ``path`` (markers included), or
+    NUMBA_SUITE_SECTION when the file or the section is missing."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return NUMBA_SUITE_SECTION
+    m = re.search(re.escape(KEEP_BEGIN) + ".*?" + re.escape(KEEP_END),
+                  text, re.S)
+    return m.group(0) if m else NUMBA_SUITE_SECTION
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--numba-source", metavar="DIR",
@@ -591,6 +646,11 @@ def main(argv=None):
                     help="also write the markdown to FILE")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if a missing name has no reason")
+    ap.add_argument("--keep-from", metavar="FILE",
+                    default=os.path.join(ROOT, "docs", "numba-compat.md"),
+                    help="the file whose hand-written section on "
+                         "numba-cuda's suite is kept "
+                         "(docs/numba-compat.md)")
     a = ap.parse_args(argv)
     sys.path.insert(0, ROOT)
     if a.numba_source:
@@ -625,6 +685,7 @@ def main(argv=None):
     ] + head + [
         "", "Missing without a written reason: %s" % (
             ", ".join("`%s`" % n for n in unexplained) or "none"),
+        "", kept_section(a.keep_from),
     ] + body) + "\n"
     sys.stdout.write(text)
     if a.out:
