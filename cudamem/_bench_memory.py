@@ -62,7 +62,8 @@ over the number of operations, gc off, one synchronise at the end
 included.  The sampling passes read device-wide memory, so on a GPU no
 two children run at once; on the simulator (each child has its own
 simulated device) the sampling passes may run in parallel (``jobs``);
-timing passes always run one at a time.  On the simulator only cudamem's managers run.
+timing passes always run one at a time.  On the simulator only
+cudamem's managers run.
 """
 
 import gc
