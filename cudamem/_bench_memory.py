@@ -102,10 +102,10 @@ CHILD_LIMIT_S = 150.0
 METHOD = ("peak used = max over a sampling pass of the driver's memory in "
           "use (total - free from cuMemGetInfo after every operation) "
           "less a baseline taken after the library's first tiny "
-          "allocation; peak live = the most bytes requested and not yet "
-          "freed; us/op = wall time of a separate pass without sampling "
-          "(one synchronise at its end) over the operations; each pass in "
-          "a fresh process")
+          "allocation (kept live); peak live = the most bytes requested "
+          "and not yet freed; us/op = wall time of a separate pass "
+          "without sampling (one synchronise at its end) over the "
+          "operations; each pass in a fresh process")
 _TAG = "MEMEFF-RESULT "
 
 
