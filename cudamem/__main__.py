@@ -8,6 +8,10 @@ memory; exits 1 when no backend can be used, after saying why.
 ``python -m cudamem bench [--quick] [--compare] [--json FILE]
 [--plot FILE.png]`` measures transfer bandwidth and call latency beside
 the bare driver (and numba-cuda, CuPy, PyTorch, RMM, cuda.core with
+``--compare``).  ``bench --memory [--quick] [--compare] [--cap BYTES]
+[--json FILE]`` measures instead how much device memory each memory
+manager holds on four seeded workloads (peak used / peak live) and its
+cost per operation (and CuPy's, PyTorch's, RMM's and cuda.core's with
 ``--compare``).
 
 ``python -m cudamem memviz SNAPSHOT.json -o memory.html|memory.png``
@@ -87,6 +91,14 @@ def _parser():
                         "the simulator)")
     b.add_argument("--no-progress", action="store_true",
                    help="no progress bar")
+    b.add_argument("--memory", action="store_true",
+                   help="instead: peak device memory used / peak live "
+                        "bytes and us per operation of each memory manager "
+                        "(and the peers with --compare) on four seeded "
+                        "workloads, each in fresh processes")
+    b.add_argument("--cap", metavar="BYTES", type=int, default=None,
+                   help="with --memory: the bound on live bytes (default "
+                        "2 GiB; 192 MiB on the simulator)")
     m = sub.add_parser(
         "memviz", help="draw a memory snapshot",
         description="Turn a snapshot (cudamem.dump_snapshot, or "
@@ -167,6 +179,8 @@ def _bench(args):
     if err is not None:
         print("backend: unavailable\n%s" % err, file=sys.stderr)
         return 1
+    if args.memory:
+        return _bench_memory(args)
     res = _bench.run(quick=args.quick, compare=args.compare,
                      progress=not args.no_progress and sys.stderr.isatty(),
                      max_size=args.max_size)
@@ -177,6 +191,23 @@ def _bench(args):
     if args.plot:
         _bench.write_plot(res, args.plot)
         print("plot written to %s" % args.plot)
+    return 0
+
+
+def _bench_memory(args):
+    from cudamem import _bench, _bench_memory
+
+    if args.plot:
+        print("--plot draws bandwidth; --memory has no plot",
+              file=sys.stderr)
+        return 2
+    res = _bench.run_memory(
+        quick=args.quick, compare=args.compare, cap=args.cap,
+        progress=not args.no_progress and sys.stderr.isatty())
+    print(_bench_memory.format_table(res))
+    if args.json:
+        _bench_memory.write_json(res, args.json)
+        print("figures written to %s" % args.json)
     return 0
 
 

@@ -29,7 +29,8 @@ import numpy as np
 import cudamem
 from cudamem import _core
 
-__all__ = ["format_table", "run", "write_json", "write_plot"]
+__all__ = ["format_table", "run", "run_memory", "write_json",
+           "write_plot"]
 
 SCHEMA_VERSION = 1
 KiB = 1 << 10
@@ -728,6 +729,27 @@ def format_table(res):
                      "%.2f GB/s" % res["pcie_limit_gbps"])
     lines.append("(%.1f s)" % res["elapsed_s"])
     return "\n".join(lines)
+
+
+def run_memory(quick=False, compare=False, progress=False, cap=None,
+               ops=None, stream=None):
+    """The memory-efficiency benchmark (``cudamem._bench_memory``) for
+    cudamem's three managers, and with ``compare=True`` CuPy, PyTorch
+    (with and without expandable segments), RMM and cuda.core where
+    installed: a JSON-ready dict; ``_bench_memory.format_table`` prints
+    it.  ``quick`` runs 4000 operations per workload instead of 20000."""
+    from cudamem import _bench_memory as mem
+
+    allocators = mem.ALLOCATORS if compare else mem.CUDAMEM
+    if ops is None:
+        ops = 4000 if quick else mem.DEFAULT_OPS
+    bar = _Progress(2 * len(allocators) * len(mem.WORKLOADS), progress,
+                    stream)
+    try:
+        return mem.run(allocators=allocators, cap=cap, ops=ops,
+                       progress=bar.step)
+    finally:
+        bar.close()
 
 
 def write_json(res, path):
