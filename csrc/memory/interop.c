@@ -223,6 +223,25 @@ cm_client_alloc(cm_context *ctx, size_t size, CUstream stream, int client)
     return (PyObject *)c;
 }
 
+/* Keep the object stream_obj (CuPy's Stream) that the allocation owner
+ * was made for alive until the memory is released: CuPy destroys a
+ * stream when its object goes, possibly before the memory made for it,
+ * whose release orders itself after that stream. */
+static void
+cm_client_keep_stream(PyObject *owner, PyObject *stream_obj)
+{
+    cm_client_mem *c = (cm_client_mem *)owner;
+    cm_mem *m;
+
+    if (c->mem == NULL || !Py_IS_TYPE(c->mem, cm_st->Mem_type)) {
+        return;                       /* a plugin's pointer object */
+    }
+    m = (cm_mem *)c->mem;
+    if (m->stream_obj == NULL && !cm_stream_handle_is_default(m->stream)) {
+        m->stream_obj = Py_NewRef(stream_obj);
+    }
+}
+
 PyDoc_STRVAR(cm_client_alloc_doc,
 "_client_alloc(device, size, stream_handle, client, /)\n--\n\n"
 "size bytes from the memory manager of device's context (an ordinal, or "
@@ -476,6 +495,7 @@ cm_cupy_malloc(PyObject *self, PyObject *arg)
             goto out;
         }
         ptr = ((cm_client_mem *)owner)->ptr;
+        cm_client_keep_stream(owner, st);
     }
     a[0] = PyLong_FromUnsignedLongLong(ptr);
     a[1] = PyLong_FromSsize_t(size);

@@ -603,6 +603,22 @@ cm_mem_clear_uses(cm_mem *m)
     PyMem_Free(u);
 }
 
+/* Whether m's stream may be destroyed without cudamem hearing of it: a
+ * stream that is not a default one and not a stream() of cudamem's (those
+ * tell the pool when they go: stream_gone).  Such a stream must not be
+ * left for the manager to record an event on later (the pool does so
+ * when another stream first wants a block): its release is ordered now,
+ * while the stream is known to be alive. */
+static int
+cm_mem_stream_foreign(const cm_mem *m)
+{
+    if (cm_stream_handle_is_default(m->stream)) {
+        return 0;
+    }
+    return m->stream_obj == NULL || !cm_stream_check(m->stream_obj)
+           || ((cm_stream *)m->stream_obj)->kind != CM_STREAM_USER;
+}
+
 /* Order the release of a pool or async allocation after the work queued
  * on it: by events on the other streams it was used on, and, when the
  * release waits in the queue, on its own stream too (the handle may be
@@ -626,7 +642,7 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
         return kind;                 /* nothing will be released */
     }
     deferred = ctx->memq->disabled > 0;
-    if (n == 0 && (!deferred || own_default)) {
+    if (n == 0 && (!deferred || own_default) && !cm_mem_stream_foreign(m)) {
         return kind;                 /* the common case: stream order */
     }
     if (cm_on_driver_thread()) {
