@@ -63,6 +63,11 @@
  * another process can import the pool and its allocations (the section
  * "Shareable memory pools").
  *
+ * Virtual memory management (vmm.c): reservations are PROT_NONE host
+ * mappings, physical allocations memfds charged to their device, and each
+ * cuMemMap mapping an allocation of the registry, so that every path
+ * above finds it; vmm.c explains the model and what it refuses.
+ *
  * Everything here is plain C11 and pthreads: it runs on worker threads
  * that never hold the GIL, so it must not call the Python API.
  */
