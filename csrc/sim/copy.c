@@ -76,11 +76,12 @@ sim_side_check(const sim_side *sd, size_t w, size_t h, size_t d,
         || span > UINTPTR_MAX - p) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (device != 1 && sim_alloc_find_any(p) == NULL
+    if (device != 1 && sim_alloc_find(p) == NULL
         && sim_vmm_overlaps(p, span)) {
-        /* Host memory that runs into a reservation: none is there (the
-         * pages are not the process's to read), and a hole of one is no
-         * device memory either. */
+        /* Host memory that runs into a reservation, or starts in one
+         * where nothing live is mapped (a hole, a mapping being
+         * unmapped): no host memory is there, nor usable device
+         * memory. */
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (device == 1 || (device == -1 && sim_alloc_find_any(p) != NULL)) {
