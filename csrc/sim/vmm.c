@@ -697,8 +697,8 @@ sim_MemUnmap(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
-/* Whether a CUmemAccessDesc's location names a device that may be given
- * access to memory on device dev; else why not. */
+/* Whether a CUmemAccessDesc names a device and flags the simulator
+ * models; else why not (peers are checked per mapping). */
 static CUresult
 sim_vmm_access_check(const CUmemAccessDesc *d)
 {

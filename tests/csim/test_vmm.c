@@ -768,7 +768,8 @@ share_importer(int sock)
 static void
 group_share(void)
 {
-    CUmemAllocationProp p = prop_on(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemAllocationProp p =
+        prop_on(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     CUmemAllocationProp np = prop_on(0, 0);
     CUmemGenericAllocationHandle h = 0, hn = 0, hi = 0;
     CUdeviceptr r = 0;
