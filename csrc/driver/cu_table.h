@@ -69,6 +69,19 @@
     X(MemPoolImportFromShareableHandle, 11020) \
     X(MemPoolExportPointer, 11020)      \
     X(MemPoolImportPointer, 11020)      \
+    X(MemAddressReserve, 10020)         \
+    X(MemAddressFree, 10020)            \
+    X(MemCreate, 10020)                 \
+    X(MemRelease, 10020)                \
+    X(MemMap, 10020)                    \
+    X(MemUnmap, 10020)                  \
+    X(MemSetAccess, 10020)              \
+    X(MemGetAccess, 10020)              \
+    X(MemGetAllocationGranularity, 10020) \
+    X(MemGetAllocationPropertiesFromHandle, 10020) \
+    X(MemRetainAllocationHandle, 11000) \
+    X(MemExportToShareableHandle, 10020) \
+    X(MemImportFromShareableHandle, 10020) \
     X(MemHostAlloc, 2020)               \
     X(MemFreeHost, 2000)                \
     X(MemHostRegister, 6050)            \

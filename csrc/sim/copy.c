@@ -76,6 +76,14 @@ sim_side_check(const sim_side *sd, size_t w, size_t h, size_t d,
         || span > UINTPTR_MAX - p) {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if (device != 1 && sim_alloc_find(p) == NULL
+        && sim_vmm_overlaps(p, span)) {
+        /* Host memory that runs into a reservation, or starts in one
+         * where nothing live is mapped (a hole, a mapping being
+         * unmapped): no host memory is there, nor usable device
+         * memory. */
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (device == 1 || (device == -1 && sim_alloc_find_any(p) != NULL)) {
         if (sim_range(p, span) == NULL) {
             return CUDA_ERROR_INVALID_VALUE;
@@ -262,7 +270,8 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
             op->u.copy.owned = NULL;
             dst_alloc = sim_alloc_find_any((uintptr_t)dp);
             if (sync && sim_side_pageable(src, sp) && dst_alloc != NULL
-                && dst_alloc->kind == SIM_MEM_DEVICE) {
+                && (dst_alloc->kind == SIM_MEM_DEVICE
+                    || dst_alloc->kind == SIM_MEM_VMM)) {
                 rc = sim_submit_pageable_upload(op, sp);
             }
             else {

@@ -337,7 +337,9 @@ sim_MemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
         if (a == NULL
             || (a->kind != SIM_MEM_DEVICE && a->kind != SIM_MEM_MANAGED
                 && a->kind != SIM_MEM_IPC && a->kind != SIM_MEM_ASYNC
-                && a->kind != SIM_MEM_POOL_IMPORT)) {
+                && a->kind != SIM_MEM_POOL_IMPORT
+                && a->kind != SIM_MEM_VMM)) {
+            /* VMM memory: the mapping, not the reservation. */
             rc = CUDA_ERROR_NOT_FOUND;
         }
         else {
@@ -365,18 +367,24 @@ sim_pointer_attr_size(CUpointer_attribute attribute)
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
         return sizeof(CUdeviceptr);
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
         return sizeof(void *);
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
         return sizeof(unsigned long long);
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         return sizeof(int);
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
         return sizeof(size_t);
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
         return sizeof(CUmemoryPool);
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
         return sizeof(unsigned int);
     default:
         return 0;
@@ -391,8 +399,14 @@ sim_pointer_attr(const sim_alloc *a, void *data,
     int host = a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_REGISTERED;
     int managed = a->kind == SIM_MEM_MANAGED;
 
+    if (a->kind == SIM_MEM_VMM) {
+        return sim_vmm_pointer_attr(a, data, attribute, ptr);
+    }
     /* Booleans are written as unsigned int, the type the driver uses. */
     switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        *(unsigned int *)data = a->kind == SIM_MEM_DEVICE;
+        break;
     case CU_POINTER_ATTRIBUTE_CONTEXT:
         *(CUcontext *)data = sim_ctx_handle(a->ctx);
         break;
@@ -444,6 +458,7 @@ sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
 {
     sim_alloc *a;
     CUresult rc;
+    int known;
 
     SIM_ENTER(PointerGetAttribute);
     if (data == NULL) {
@@ -451,8 +466,13 @@ sim_PointerGetAttribute(void *data, CUpointer_attribute attribute,
     }
     sim_lock();
     a = sim_alloc_find((uintptr_t)ptr);
-    rc = a == NULL ? CUDA_ERROR_INVALID_VALUE
-                   : sim_pointer_attr(a, data, attribute, ptr);
+    if (a != NULL) {
+        rc = sim_pointer_attr(a, data, attribute, ptr);
+    }
+    else {
+        /* An unmapped address of a reservation answers its range. */
+        rc = sim_vmm_hole_attr((uintptr_t)ptr, data, attribute, &known);
+    }
     sim_unlock();
     return rc;
 }
@@ -468,6 +488,7 @@ sim_PointerGetAttributes(unsigned int numAttributes,
     CUresult rc = CUDA_SUCCESS;
     size_t size;
     unsigned int i;
+    int known;
 
     SIM_ENTER(PointerGetAttributes);
     if (numAttributes == 0 || attributes == NULL || data == NULL) {
@@ -484,7 +505,12 @@ sim_PointerGetAttributes(unsigned int numAttributes,
     for (i = 0; i < numAttributes && rc == CUDA_SUCCESS; i++) {
         size = sim_pointer_attr_size(attributes[i]);
         if (a == NULL) {
-            memset(data[i], 0, size);
+            /* Unknown, or a reservation's unmapped address: its range
+             * and MAPPED (0) are known, the rest reads as zero. */
+            if (sim_vmm_hole_attr((uintptr_t)ptr, data[i], attributes[i],
+                                  &known) != CUDA_SUCCESS) {
+                memset(data[i], 0, size);
+            }
         }
         else if (attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER
                  && a->kind != SIM_MEM_HOST && a->kind != SIM_MEM_REGISTERED

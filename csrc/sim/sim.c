@@ -63,6 +63,11 @@
  * another process can import the pool and its allocations (the section
  * "Shareable memory pools").
  *
+ * Virtual memory management (vmm.c): reservations are PROT_NONE host
+ * mappings, physical allocations memfds charged to their device, and each
+ * cuMemMap mapping an allocation of the registry, so that every path
+ * above finds it; vmm.c explains the model and what it refuses.
+ *
  * Everything here is plain C11 and pthreads: it runs on worker threads
  * that never hold the GIL, so it must not call the Python API.
  */
@@ -987,6 +992,7 @@ static const sim_attr sim_attrs[] = {
     {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448},
     {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
@@ -1221,6 +1227,9 @@ sim_alloc_release(sim_alloc *a)
         munmap((void *)a->base, a->span);
         mp->nimports--;
     }
+    else if (a->kind == SIM_MEM_VMM) {
+        sim_vmm_map_release(a);
+    }
     else if (a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_MANAGED) {
         /* Like the driver's: unmapped, so a stale pointer faults. */
         munmap((void *)a->base, sim_device_span(a->size));
@@ -1234,16 +1243,29 @@ sim_alloc_release(sim_alloc *a)
     }
 }
 
-/* Whether [p, p + n) lies inside one live allocation; n > 0. */
+/* sim_range as seen from device dev (-1: none, so no VMM memory). */
 sim_alloc *
-sim_range(uintptr_t p, size_t n)
+sim_range_dev(uintptr_t p, size_t n, int dev)
 {
     sim_alloc *a = sim_alloc_find(p);
 
-    if (a == NULL || n > a->size - (p - a->base)) {
+    if (a == NULL) {
         return NULL;
     }
-    return a;
+    if (a->kind == SIM_MEM_VMM) {
+        return sim_vmm_range(a, p, n, dev) ? a : NULL;
+    }
+    return n > a->size - (p - a->base) ? NULL : a;
+}
+
+/* Whether [p, p + n) lies inside one live allocation, as seen from the
+ * current context's device; n > 0. */
+sim_alloc *
+sim_range(uintptr_t p, size_t n)
+{
+    const sim_ctx *c = sim_top();
+
+    return sim_range_dev(p, n, c != NULL && !c->destroyed ? c->dev : -1);
 }
 
 /* ------------------------------------------------------------------ */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sim/sim.h: what the files of the CPU simulator share (sim.c, queue.c,
- * primary.c, memory.c, mempool.c, copy.c, stream.c, ipc.c): its types,
+ * primary.c, memory.c, mempool.c, copy.c, stream.c, ipc.c, vmm.c): its types,
  * its global state and the helpers one section calls in another.  Not
  * seen outside csrc/sim/: the layers above reach the simulator only
  * through the driver table (driver/cu_table.h).  Plain C11 and pthreads,
@@ -55,6 +55,8 @@ typedef struct sim_op sim_op;
 typedef struct sim_ipc sim_ipc;
 
 typedef struct sim_mempool sim_mempool;
+
+typedef struct sim_vmap sim_vmap;
 
 /* One life of a device's primary context, from retain to reset or last
  * release.  The CUcontext handle is not its address but its device's
@@ -175,7 +177,8 @@ enum {
     SIM_MEM_REGISTERED,     /* cuMemHostRegister */
     SIM_MEM_IPC,            /* cuIpcOpenMemHandle (another process's) */
     SIM_MEM_ASYNC,          /* cuMemAllocAsync / cuMemAllocFromPoolAsync */
-    SIM_MEM_POOL_IMPORT     /* cuMemPoolImportPointer (another process's) */
+    SIM_MEM_POOL_IMPORT,    /* cuMemPoolImportPointer (another process's) */
+    SIM_MEM_VMM             /* one cuMemMap mapping (see vmm.c) */
 };
 
 /* Who is freeing an allocation (it stays registered while they wait). */
@@ -201,6 +204,7 @@ typedef struct {
     uint64_t off;           /* in a shareable pool: its data offset */
     size_t span;            /* in a shareable pool: bytes mapped (whole
                              * pages); 0: heap memory */
+    sim_vmap *vmap;         /* SIM_MEM_VMM: the mapping; else NULL */
 } sim_alloc;
 
 /* A chunk of a memory pool freed by cuMemFreeAsync and kept cached.
@@ -479,8 +483,14 @@ void sim_alloc_remove(sim_alloc *a);
 /* Give back what a (already out of the registry) holds, and a itself. */
 void sim_alloc_release(sim_alloc *a);
 
-/* Whether [p, p + n) lies inside one live allocation; n > 0. */
+/* Whether [p, p + n) lies inside one live allocation, as seen from the
+ * current context's device; n > 0.  VMM mappings count as one
+ * allocation where they are adjacent in one reservation, and only where
+ * the device has access to each. */
 sim_alloc *sim_range(uintptr_t p, size_t n);
+
+/* sim_range as seen from device dev (-1: none, so no VMM memory). */
+sim_alloc *sim_range_dev(uintptr_t p, size_t n, int dev);
 
 /* This thread's state, made on first use; NULL when out of memory. */
 sim_tls *sim_tls_get(void);
@@ -903,5 +913,81 @@ size_t sim_device_span(size_t size);
 
 /* Undo what sim_ipc_share or an open did to a; from sim_alloc_release. */
 void sim_ipc_release(sim_alloc *a);
+
+/* ------------------------------------------------------------------ */
+/* Virtual memory management (vmm.c; lock held unless noted)           */
+/* ------------------------------------------------------------------ */
+
+/* The allocation granularity, minimum and recommended: an H200's. */
+#define SIM_VMM_GRANULE ((size_t)2 << 20)
+
+/* Whether the mappings from a on cover [p, p + n) without a hole, all in
+ * a's reservation and all accessible to device dev; p lies in a. */
+int sim_vmm_range(const sim_alloc *a, uintptr_t p, size_t n, int dev);
+
+/* Whether [p, p + n) overlaps any address reservation. */
+int sim_vmm_overlaps(uintptr_t p, size_t n);
+
+/* One pointer attribute of ptr, which lies in mapping a (live). */
+CUresult sim_vmm_pointer_attr(const sim_alloc *a, void *data,
+                              CUpointer_attribute attribute, CUdeviceptr ptr);
+
+/* One pointer attribute of ptr, which lies in no allocation: if it lies
+ * in a reservation, the range and MAPPED (0) are answered, and *known is
+ * set; other attributes give CUDA_ERROR_INVALID_VALUE.  Else *known is
+ * 0. */
+CUresult sim_vmm_hole_attr(uintptr_t ptr, void *data,
+                           CUpointer_attribute attribute, int *known);
+
+/* Give back what mapping a holds (out of the registry; nothing queued
+ * uses it): the pages return to the reservation, inaccessible. */
+void sim_vmm_map_release(sim_alloc *a);
+
+CUresult sim_MemAddressReserve(CUdeviceptr *ptr, size_t size,
+                               size_t alignment, CUdeviceptr addr,
+                               unsigned long long flags);
+
+CUresult sim_MemAddressFree(CUdeviceptr ptr, size_t size);
+
+CUresult sim_MemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                       const CUmemAllocationProp *prop,
+                       unsigned long long flags);
+
+CUresult sim_MemRelease(CUmemGenericAllocationHandle handle);
+
+CUresult sim_MemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                    CUmemGenericAllocationHandle handle,
+                    unsigned long long flags);
+
+CUresult sim_MemUnmap(CUdeviceptr ptr, size_t size);
+
+CUresult sim_MemSetAccess(CUdeviceptr ptr, size_t size,
+                          const CUmemAccessDesc *desc, size_t count);
+
+CUresult sim_MemGetAccess(unsigned long long *flags,
+                          const CUmemLocation *location, CUdeviceptr ptr);
+
+CUresult
+sim_MemGetAllocationGranularity(size_t *granularity,
+                                const CUmemAllocationProp *prop,
+                                CUmemAllocationGranularity_flags option);
+
+CUresult
+sim_MemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                         CUmemGenericAllocationHandle handle);
+
+CUresult sim_MemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+                                       void *addr);
+
+CUresult
+sim_MemExportToShareableHandle(void *shareableHandle,
+                               CUmemGenericAllocationHandle handle,
+                               CUmemAllocationHandleType handleType,
+                               unsigned long long flags);
+
+CUresult
+sim_MemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                 void *osHandle,
+                                 CUmemAllocationHandleType shHandleType);
 
 #endif /* CM_SIM_H */

@@ -243,13 +243,13 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, int nranges,
     op->u.hostfn.fn = fn;
     op->u.hostfn.data = data;
     sim_lock();
+    rc = sim_stream_get(h, &s);
+    /* VMM memory must be accessible to the stream's device. */
     for (i = 0; i < nranges && rc == CUDA_SUCCESS; i++) {
-        if (len[i] > 0 && sim_range(start[i], len[i]) == NULL) {
+        if (len[i] > 0
+            && sim_range_dev(start[i], len[i], s->ctx->dev) == NULL) {
             rc = CUDA_ERROR_INVALID_VALUE;
         }
-    }
-    if (rc == CUDA_SUCCESS) {
-        rc = sim_stream_get(h, &s);
     }
     if (rc == CUDA_SUCCESS) {
         rc = sim_enqueue(s, op);
