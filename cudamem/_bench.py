@@ -748,7 +748,7 @@ LIMIT_COLOR = "#808080"
 def write_plot(res, path):
     """Bandwidth against size, one line per library and method, with the
     pinned path's best host-to-device figure as a reference line.  Needs
-    matplotlib (``pip install cudamem[plot]``).
+    matplotlib (``pip install matplotlib``).
 
     Returns what was drawn: ``size`` (width, height) of the PNG in
     pixels; ``axes``, per panel its ``title`` and ``box`` (left, top,
