@@ -109,3 +109,27 @@ def test_bench_without_a_driver_asked_for():
             CUDAMEM_SIMULATOR="0")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "backend: unavailable" in p.stderr
+
+
+def test_install_hints_name_plain_packages():
+    # cudamem is not on the package index: a hint such as
+    # pip install 'cudamem[test]' cannot work for a user; every hint the
+    # package prints names the packages themselves.
+    hints = []
+    for path in sorted((ROOT / "cudamem").rglob("*.py")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if "pip install" in line:
+                hints.append((path.name, line.strip()))
+    assert hints
+    for name, line in hints:
+        assert "cudamem[" not in line, (name, line)
+
+
+def test_validation_suite_without_pytest_says_what_to_install():
+    code = ("import sys; sys.modules['pytest'] = None; "
+            "from cudamem.__main__ import main; sys.exit(main(['test']))")
+    e = dict(os.environ, PYTHONPATH=str(ROOT), CUDAMEM_SIMULATOR="1")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=120, env=e)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "pip install pytest" in p.stderr
