@@ -214,7 +214,7 @@ def main(argv=None):
     try:
         import distributed  # noqa: F401
     except ImportError:
-        print("distributed is not installed (pip install 'cudamem[dask]')")
+        print("distributed is not installed (pip install dask distributed)")
         return 2
     sim = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "")
     t0 = time.perf_counter()

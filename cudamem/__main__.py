@@ -20,10 +20,23 @@ draws a snapshot written by ``cudamem.dump_snapshot``.
 ``python -m cudamem test [PYTEST ARGS...]`` runs the validation suite
 shipped in the package (``cudamem.tests``; needs pytest) and ends with a
 pass/fail line.  ``python -m cudamem --version`` prints the version.
+
+One rule picks the backend of the report, ``test`` and ``bench``: when
+none of CUDAMEM_SIMULATOR, NUMBA_ENABLE_CUDASIM and NUMBA_DISABLE_CUDA is
+set and the CUDA driver does not initialise (asked of a child process,
+so that this one can still choose), the command says why on standard
+error and runs on the CPU simulator.  CUDAMEM_SIMULATOR=0 asks for the
+driver only: without one the report and ``bench`` exit 1.
+
+Exit status: 0 done (on the driver or the simulator); 1 no backend
+(report, bench) or a failed test (test: pytest's status, 5 when no test
+was selected); 2 a usage error, an unreadable input, or a missing
+optional package (pytest, matplotlib).
 """
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -31,11 +44,47 @@ import cudamem
 from cudamem import _core
 
 
+# The variables that choose the backend (or none) by hand: when one is
+# set, the command does as it says and never falls back.
+_CHOSEN_BY = ("CUDAMEM_SIMULATOR", "NUMBA_ENABLE_CUDASIM",
+              "NUMBA_DISABLE_CUDA")
+_PROBE = ("import cudamem, sys; e = cudamem.cuda_error(); "
+          "sys.stdout.write(e or ''); sys.exit(1 if e else 0)")
+
+
+def _fall_back():
+    """The rule every subcommand that needs a device follows: without a
+    backend chosen in the environment, when the driver does not
+    initialise, choose the simulator (CUDAMEM_SIMULATOR=1, inherited by
+    child processes too) and say so on standard error.  Returns the
+    driver's error when it fell back, else None."""
+    if any(os.environ.get(name, "") != "" for name in _CHOSEN_BY):
+        return None
+    env = dict(os.environ, CUDAMEM_SIMULATOR="0")
+    try:
+        p = subprocess.run([sys.executable, "-c", _PROBE], env=env,
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode == 0:
+            return None
+        why = p.stdout.strip() or (p.stderr.strip().splitlines()
+                                   or ["the driver probe failed"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        why = "the driver probe failed: %s" % e
+    os.environ["CUDAMEM_SIMULATOR"] = "1"
+    print("cudamem: no usable CUDA driver, so this runs on the CPU "
+          "simulator (CUDAMEM_SIMULATOR=1 chooses it without this note, "
+          "CUDAMEM_SIMULATOR=0 makes it an error).\n"
+          "cudamem: the driver said: %s" % why, file=sys.stderr)
+    sys.stderr.flush()
+    return why
+
+
 def _gib(n):
     return "%.2f GiB" % (n / 2**30)
 
 
 def info():
+    fell_back = _fall_back()
     print("cudamem %s" % cudamem.__version__)
     print("built against: %s" % _core._cuda_headers)
     err = cudamem.cuda_error()
@@ -43,7 +92,9 @@ def info():
         print("backend: unavailable")
         print(err)
         return 1
-    print("backend: %s" % _core._backend())
+    print("backend: %s%s" % (_core._backend(),
+                             " (no usable CUDA driver: the CPU simulator "
+                             "stands in)" if fell_back else ""))
     print("driver version: CUDA %d.%d" % cudamem.driver_version())
     print("default stream: %s" % ("per-thread"
                                   if _core._per_thread_default_stream()
@@ -85,7 +136,7 @@ def _parser():
     b.add_argument("--json", metavar="FILE", help="write the figures")
     b.add_argument("--plot", metavar="FILE.png",
                    help="draw bandwidth against size (needs matplotlib: "
-                        "pip install cudamem[plot])")
+                        "pip install matplotlib)")
     b.add_argument("--max-size", metavar="BYTES", type=int, default=None,
                    help="the largest transfer (default 1 GiB; 16 MiB on "
                         "the simulator)")
@@ -115,7 +166,7 @@ def _parser():
                     "host memory, memory managers, IPC, interop with the "
                     "libraries installed) on the CUDA driver when one "
                     "initialises, else on the simulator. Needs pytest "
-                    "(pip install 'cudamem[test]'); further arguments go "
+                    "(pip install pytest); further arguments go "
                     "to pytest.")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER,
                    help="passed to pytest (-k EXPR, -x, --junitxml=...)")
@@ -150,11 +201,12 @@ def _test(args):
     try:
         import pytest
     except ImportError:
-        print("the validation suite needs pytest: "
-              "pip install 'cudamem[test]'", file=sys.stderr)
+        print("the validation suite needs pytest: pip install pytest",
+              file=sys.stderr)
         return 2
     import cudamem.tests
 
+    _fall_back()
     here = os.path.dirname(os.path.abspath(cudamem.tests.__file__))
     # The suite's own pytest.ini and root, not the caller's configuration.
     argv = [here, "-c", os.path.join(here, "pytest.ini"), "--rootdir",
@@ -172,9 +224,10 @@ def _bench(args):
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("--plot needs matplotlib: pip install 'cudamem[plot]'",
+            print("--plot needs matplotlib: pip install matplotlib",
                   file=sys.stderr)
             return 2
+    _fall_back()
     err = cudamem.cuda_error()
     if err is not None:
         print("backend: unavailable\n%s" % err, file=sys.stderr)
@@ -225,7 +278,7 @@ def _memviz(args):
         try:
             _memviz.write_png(snap, out)
         except ImportError:
-            print("a PNG needs matplotlib: pip install 'cudamem[plot]'",
+            print("a PNG needs matplotlib: pip install matplotlib",
                   file=sys.stderr)
             return 2
     elif out.lower().endswith((".html", ".htm")):
@@ -239,6 +292,12 @@ def _memviz(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["test"] and argv[1:] not in (["-h"], ["--help"]):
+        # Everything after "test" is pytest's, options first included
+        # (argparse's REMAINDER does not take a leading "-k EXPR").
+        args = argparse.Namespace(command="test", pytest_args=argv[1:])
+        return _test(args)
     args = _parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)

@@ -770,7 +770,7 @@ LIMIT_COLOR = "#808080"
 def write_plot(res, path):
     """Bandwidth against size, one line per library and method, with the
     pinned path's best host-to-device figure as a reference line.  Needs
-    matplotlib (``pip install cudamem[plot]``).
+    matplotlib (``pip install matplotlib``).
 
     Returns what was drawn: ``size`` (width, height) of the PNG in
     pixels; ``axes``, per panel its ``title`` and ``box`` (left, top,
@@ -791,6 +791,7 @@ def write_plot(res, path):
     titles = {"htod": "host to device", "dtoh": "device to host",
               "bidir": "bidirectional"}
     drawn = []
+    limits = {}
     for ax, direction in zip(axes, DIRECTIONS, strict=True):
         for lib in res["libraries"]:
             color = LIBRARY_COLORS.get(lib)
@@ -810,13 +811,27 @@ def write_plot(res, path):
                               "color": matplotlib.colors.to_hex(
                                   line.get_color()),
                               "points": pts})
-        if res["pcie_limit_gbps"]:
-            ax.axhline(res["pcie_limit_gbps"], color=LIMIT_COLOR,
-                       linewidth=1, linestyle="-.",
-                       label="pinned limit %.1f GB/s"
-                       % res["pcie_limit_gbps"])
+        # The link's limit as this direction measured it: the best pinned
+        # figure of any library, so that no pinned curve crosses it (the
+        # two directions of a link differ, and bidirectional is a sum).
+        best = max((r["gbps"] for r in res["bandwidth"]
+                    if r["method"] == "pinned"
+                    and r["direction"] == direction), default=0.0)
+        if best > 0:
+            ax.axhline(best, color=LIMIT_COLOR, linewidth=1, linestyle="-.",
+                       label="best pinned (limit)")
+            ax.annotate("best pinned %.1f GB/s" % best, xy=(0.01, best),
+                        xycoords=("axes fraction", "data"),
+                        xytext=(0, 3), textcoords="offset points",
+                        fontsize=8, color=LIMIT_COLOR)
+        limits[direction] = best
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("transfer size (bytes)")
+        ticks = _size_ticks(res)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+            lambda x, _pos: size_label(x)))
+        ax.set_xlabel("transfer size")
         ax.set_title(titles[direction])
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("GB/s")
@@ -843,5 +858,31 @@ def write_plot(res, path):
         boxes.append({"title": titles[direction],
                       "box": [float(b.x0), float(height - b.y1),
                               float(b.x1), float(height - b.y0)]})
+    xticks = [t.get_text() for t in axes[0].get_xticklabels()]
     plt.close(fig)
-    return {"size": [width, height], "axes": boxes, "series": drawn}
+    return {"size": [width, height], "axes": boxes, "series": drawn,
+            "limits": limits, "xticks": xticks}
+
+
+def size_label(n):
+    """A byte count as the plot's axis writes it: '512 B', '4 KiB',
+    '1 MiB', '1.5 GiB'."""
+    n = float(n)
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return ("%d %s" if v == int(v) else "%.3g %s") % (v, unit)
+    return "%d B" % n
+
+
+def _size_ticks(res):
+    """The sizes labelled on the x axis: the measured ones when there are
+    few, else every other power of two from the smallest."""
+    sizes = sorted({r["size"] for r in res["bandwidth"]}) or \
+        sorted(res.get("sizes") or [4096])
+    if len(sizes) <= 8:
+        return sizes
+    ticks = [sizes[0]]
+    while ticks[-1] * 4 <= sizes[-1]:
+        ticks.append(ticks[-1] * 4)
+    return ticks

@@ -17,6 +17,7 @@ also embedded as JSON (``<script id="memviz-data">``) for tools.
 
 import html
 import json
+import math
 import time
 
 __all__ = ["load", "series", "write_html", "write_png"]
@@ -35,10 +36,27 @@ def load(path):
     return snap
 
 
-def _series_key(kind, device, stream, multi_device):
+def stream_names(snap):
+    """A name for each stream handle of the snapshot: 0 is the default
+    stream, 1 and 2 the legacy and per-thread default streams, the others
+    'stream 1', 'stream 2', ... in the order they first appear (the
+    history's events, then the live allocations).  The raw handles are
+    the process's addresses, shown only in the tooltips."""
+    names = {0: "default stream", 1: "legacy default stream",
+             2: "per-thread default stream"}
+    n = 0
+    for h in ([e.get("stream") or 0 for e in snap["history"]["entries"]]
+              + [b.get("stream") or 0 for b in snap["live"]]):
+        if h not in names:
+            n += 1
+            names[h] = "stream %d" % n
+    return names
+
+
+def _series_key(kind, device, stream, multi_device, names):
     name = kind
     if stream:
-        name += " stream 0x%x" % stream
+        name += " " + names[stream]
     if multi_device:
         name += " (device %d)" % device
     return name
@@ -81,10 +99,11 @@ def series(snap):
     devices = {e["device"] for e in entries}
     devices |= {b["device"] for b in snap["live"]}
     multi = len(devices) > 1
+    names_of = stream_names(snap)
 
     def key(kind, device, stream):
         return _series_key(kind, device, stream if kind == "device" else 0,
-                           multi)
+                           multi, names_of)
 
     final = {}
     for b in snap["live"]:
@@ -122,8 +141,13 @@ def series(snap):
 # ---------------------------------------------------------------------------
 # HTML
 
-_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+# The series' colours; red is kept for the out-of-memory mark (OOM_COLOR)
+# alone.
+_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
+           "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+OOM_COLOR = "#dd0000"
+# The pool's blocks: a used block is blue, never the OOM mark's red.
+BLOCK_COLORS = {"used": "#1f77b4", "free": "#2ca02c", "pending": "#ff7f0e"}
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
@@ -219,8 +243,38 @@ def _e(s):
     return html.escape(str(s), quote=True)
 
 
-def _stream_name(stream):
-    return "stream 0x%x" % stream if stream else "default stream"
+def _stream_name(stream, names):
+    """The stream's name with its raw handle, for tooltips."""
+    stream = stream or 0
+    name = names.get(stream, "stream")
+    return name if stream == 0 else "%s (handle 0x%x)" % (name, stream)
+
+
+def _nice_ticks(top, count=4):
+    """Round tick values from 0 covering top: a step of 1, 2 or 5 times a
+    power of ten (of the unit, for bytes: see _byte_ticks), at most about
+    count + 1 ticks; the last tick is at or above top."""
+    if top <= 0:
+        return [0.0, 1.0]
+    raw = top / count
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    n = math.ceil(top / step - 1e-9)
+    return [i * step for i in range(n + 1)]
+
+
+def _byte_ticks(top, count=4):
+    """Round byte values from 0 covering top: round in the largest unit
+    (B, KiB, MiB, GiB, TiB) top reaches, and their labels."""
+    unit, name = 1, "B"
+    for u, nm in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"),
+                  (1 << 10, "KiB")):
+        if top >= u:
+            unit, name = u, nm
+            break
+    vals = _nice_ticks(top / unit, count)
+    return ([v * unit for v in vals],
+            ["%g %s" % (v, name) if v else "0" for v in vals])
 
 
 class _Records:
@@ -259,14 +313,24 @@ def _t_first(snap):
     return snap.get("time", 0.0)
 
 
-def _timeline_svg(ser, ooms, records):
-    """The timeline and its legend; ooms: [(seconds, entry)]."""
+def _timeline_svg(ser, ooms, records, snames):
+    """The timeline and its legend; ooms: [(seconds, entry)]; snames: the
+    streams' names (stream_names)."""
     w, h, left, bottom, top, right = 900, 320, 70, 30, 16, 12
     names = [k for k in ser if k != "total"] + ["total"]
+    handles = {}
+    for h, nm in snames.items():
+        if h not in (0, 1, 2):
+            handles[nm] = h
     t_max = max((pts[-1][0] for pts in ser.values() if pts), default=1.0)
     t_max = max([t_max] + [t for t, _ in ooms]) or 1.0
     y_max = max((v for pts in ser.values() for _, v in pts), default=1)
     y_max = y_max or 1
+    # Round ticks; the axes end at the last one.
+    t_ticks = _nice_ticks(t_max)
+    t_max = t_ticks[-1]
+    y_ticks, y_labels = _byte_ticks(y_max)
+    y_max = y_ticks[-1]
     pw, ph = w - left - right, h - top - bottom
 
     def x(t):
@@ -281,17 +345,19 @@ def _timeline_svg(ser, ooms, records):
              % (w, h, w, h, left, pw, t_max)]
     parts.append('<rect x="%d" y="%d" width="%d" height="%d" fill="#fafafa" '
                  'stroke="#ccc"/>' % (left, top, pw, ph))
-    for i in range(5):
-        v = y_max * i / 4
+    for v, label in zip(y_ticks, y_labels, strict=True):
         parts.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" '
                      'stroke="#eee"/>' % (left, left + pw, y(v), y(v)))
-        parts.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>'
-                     % (left - 4, y(v) + 4, _e(_fmt_bytes(v))))
-    for i in range(5):
-        t = t_max * i / 4
+        parts.append('<text class="ytick" x="%d" y="%.1f" '
+                     'text-anchor="end">%s</text>'
+                     % (left - 4, y(v) + 4, _e(label)))
+    for i, t in enumerate(t_ticks):
         # The last label ends at the axis's end, inside the picture.
-        parts.append('<text x="%.1f" y="%d" text-anchor="%s">%.3g s</text>'
-                     % (x(t), h - 10, "end" if i == 4 else "middle", t))
+        parts.append('<text class="xtick" x="%.1f" y="%d" text-anchor="%s">'
+                     '%g s</text>'
+                     % (x(t), h - 10,
+                        "end" if i == len(t_ticks) - 1 else "middle",
+                        round(t, 9)))
     legend = []
     for i, k in enumerate(names):
         pts = ser[k]
@@ -309,30 +375,36 @@ def _timeline_svg(ser, ooms, records):
             '<path class="series" data-series="%s" d="%s" fill="none" '
             'stroke="%s" stroke-width="%s"/>'
             % (_e(k), " ".join(d), color, "2" if k == "total" else "1.5"))
-        legend.append('<span><i class="sw" style="background:%s"></i>%s '
+        handle = next((h for nm, h in handles.items()
+                       if k == "device " + nm
+                       or k.startswith("device " + nm + " (")), None)
+        title = (' title="stream handle 0x%x"' % handle
+                 if handle is not None else "")
+        legend.append('<span%s><i class="sw" style="background:%s"></i>%s '
                       '<span class="hint">(peak %s)</span></span>'
-                      % (color, _e(k), _e(_fmt_bytes(peak))))
+                      % (title, color, _e(k), _e(_fmt_bytes(peak))))
     for t, e in ooms:
         head = ["out of memory: %s of %s memory asked for"
                 % (_fmt_bytes(e["size"]), e["kind"]),
                 "device %d, %s, %s manager, at t = %.4g s"
-                % (e["device"], _stream_name(e["stream"]), e["manager"], t)]
+                % (e["device"], _stream_name(e["stream"], snames),
+                   e["manager"], t)]
         idx = records.add(head, e.get("stack"), "failed at")
         # Two pixels wide on whole pixels: a crisp line, not a blur.
         parts.append('<line x1="%d" x2="%d" y1="%d" y2="%d" '
-                     'stroke="#d00" stroke-width="2" '
+                     'stroke="%s" stroke-width="2" '
                      'stroke-dasharray="4 3"/>'
-                     % (round(x(t)), round(x(t)), top, top + ph))
-        parts.append('<text x="%.1f" y="%d" text-anchor="end" fill="#d00">'
-                     'OOM</text>' % (x(t) - 2, top - 4))
+                     % (round(x(t)), round(x(t)), top, top + ph, OOM_COLOR))
+        parts.append('<text x="%.1f" y="%d" text-anchor="end" fill="%s">'
+                     'OOM</text>' % (x(t) - 2, top - 4, OOM_COLOR))
         # A band wider than the line, so that it is easy to point at.
         parts.append('<rect class="oom" x="%.1f" y="%d" width="9" '
                      'height="%d" fill="transparent" pointer-events="all" '
                      'data-tip="%s" data-alloc="%d"/>'
                      % (x(t) - 4.5, top, ph, _e("\n".join(head)), idx))
     if ooms:
-        legend.append('<span><i class="sw" style="background:#d00"></i>'
-                      'out of memory</span>')
+        legend.append('<span><i class="sw" style="background:%s"></i>'
+                      'out of memory</span>' % OOM_COLOR)
     parts.append('<line id="cursor" x1="0" x2="0" y1="%d" y2="%d" '
                  'stroke="#888" stroke-width="1" style="display:none"/>'
                  % (top, top + ph))
@@ -340,7 +412,7 @@ def _timeline_svg(ser, ooms, records):
     return "".join(parts), '<div class="legend">%s</div>' % "".join(legend)
 
 
-def _segments_svg(dev, live, records):
+def _segments_svg(dev, live, records, snames):
     """The pool's segments of one device, each block to scale; a used
     block's record is its live allocation (size asked for, stream,
     stack)."""
@@ -350,7 +422,7 @@ def _segments_svg(dev, live, records):
     w, row, left = 900, 22, 170
     h = row * len(segs) + 10
     biggest = max(s["size"] for s in segs)
-    colors = {"used": "#d62728", "free": "#2ca02c", "pending": "#ff7f0e"}
+    colors = BLOCK_COLORS
     parts = ['<svg class="segments" data-device="%d" '
              'xmlns="http://www.w3.org/2000/svg" width="%d" height="%d">'
              % (dev["device"], w, h)]
@@ -368,7 +440,7 @@ def _segments_svg(dev, live, records):
             if b is not None:
                 head = [tip, "allocation: %s of %s memory, device %d, %s"
                         % (_fmt_bytes(b["size"]), b["kind"], b["device"],
-                           _stream_name(b.get("stream")))]
+                           _stream_name(b.get("stream"), snames))]
                 ref = ' data-alloc="%d"' % records.add(
                     head, b.get("stack"), "allocated at")
             parts.append(
@@ -437,7 +509,8 @@ def render_html(snap):
     t0 = _t_first(snap)
     ooms = [(e["time"] - t0, e) for e in hist["entries"]
             if e["action"] == "oom"]
-    svg, legend = _timeline_svg(ser, ooms, records)
+    snames = stream_names(snap)
+    svg, legend = _timeline_svg(ser, ooms, records, snames)
     out.append("<h2>Live bytes over time</h2>")
     if len(hist["entries"]) == 0:
         out.append("<p>No history recorded: call "
@@ -450,7 +523,7 @@ def render_html(snap):
     out.append(svg + legend)
     live = {(b["device"], b["address"]): b for b in snap["live"]
             if b["kind"] == "device"}
-    frag = [_segments_svg(d, live, records)
+    frag = [_segments_svg(d, live, records, snames)
             for d in snap.get("devices", [])]
     frag = [f for f in frag if f]
     out.append("<h2>Pool segments</h2>")
@@ -461,12 +534,14 @@ def render_html(snap):
                "<th class=l>stream</th><th class=l>address</th>"
                "<th class=l>allocated at</th></tr>")
     for b in snap["live"][:50]:
+        h = b.get("stream") or 0
         out.append("<tr><td>%s</td><td class=l>%s</td><td>%d</td>"
-                   "<td class=l>%s</td><td class=l>0x%x</td><td class=l>%s"
-                   "</td></tr>" % (
+                   "<td class=l%s>%s</td><td class=l>0x%x</td><td class=l>"
+                   "%s</td></tr>" % (
                        _fmt_bytes(b["size"]), _e(b["kind"]), b["device"],
-                       "0x%x" % b["stream"] if b.get("stream") else
-                       "default", b["address"], _stack_html(b.get("stack"))))
+                       ' title="stream handle 0x%x"' % h if h else "",
+                       _e(snames.get(h, "stream")), b["address"],
+                       _stack_html(b.get("stack"))))
     out.append("</table>")
     names = [k for k in ser if k != "total"] + ["total"]
     data = json.dumps({"series": ser, "order": names,
@@ -495,11 +570,26 @@ def write_png(snap, path):
 
     ser = series(snap)
     fig, ax = plt.subplots(figsize=(11, 5))
+    i = 0
     for k, pts in ser.items():
+        color = "black" if k == "total" else _COLORS[i % len(_COLORS)]
+        i += k != "total"
         ax.step([p[0] for p in pts], [p[1] / 2**20 for p in pts],
                 where="post", label=k,
-                linewidth=2 if k == "total" else 1.2,
-                color="black" if k == "total" else None)
+                linewidth=2 if k == "total" else 1.2, color=color)
+    # The out-of-memory errors of the history: a dashed red line each,
+    # as on the page.
+    t0 = _t_first(snap)
+    ooms = [e["time"] - t0 for e in snap["history"]["entries"]
+            if e["action"] == "oom"]
+    for j, t in enumerate(ooms):
+        ax.axvline(t, color=OOM_COLOR, linestyle="--", linewidth=2,
+                   label="out of memory" if j == 0 else None)
+    if ooms:
+        ax.annotate("OOM", xy=(ooms[0], 1.0), xycoords=("data",
+                                                        "axes fraction"),
+                    xytext=(-2, 2), textcoords="offset points",
+                    ha="right", va="bottom", color=OOM_COLOR)
     ax.set_xlabel("seconds since the first recorded event")
     ax.set_ylabel("live MiB")
     title = "cudamem memory timeline"
@@ -511,3 +601,4 @@ def write_png(snap, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return {"ooms": ooms, "series": list(ser)}

@@ -34,8 +34,7 @@ CUDAMEM_DEVICE_MEMORY_LIMIT             size 1 .. the        none
                                         a fraction 0 < f <= 1
 CUDAMEM_POOL_POISON (checked by _core)  integer 0 .. 255     0 (off)
 CUDAMEM_SIM_DEVICES                     integer 1 .. 16      1
-CUDAMEM_SIM_MEMORY                      integer 2**20 ..     1 GiB
-                                        2**50 (bytes)
+CUDAMEM_SIM_MEMORY                      size 2**20 .. 2**50  1 GiB
 CUDAMEM_SIM_DELAY_US                    integer 0 .. 6e7     0
 CUDAMEM_SIM_NO_PEER                     "all", or pairs      none
                                         "0-1,2-3" of 0 .. 15
@@ -129,9 +128,11 @@ def _number(lo, hi):
     return convert
 
 
-def _size(lo, hi):
+def _size(lo, hi, what=None):
     """A converter of a byte count (digits with an optional K, M or G) to
     an int in [lo, hi]."""
+    what = what or ("a size from %d to %d bytes (digits with an optional "
+                    "K, M or G)" % (lo, hi))
 
     def convert(value, name="value"):
         m = _SIZE.fullmatch(value) if isinstance(value, str) else None
@@ -139,9 +140,8 @@ def _size(lo, hi):
         if m is not None:
             v = int(m.group(1)) << _SHIFT[m.group(2).upper()]
         if v is None or not lo <= v <= hi:
-            raise ValueError("%s=%s is not valid: expected a size from %d "
-                             "to %d bytes (digits with an optional K, M or "
-                             "G)" % (name, value, lo, hi))
+            raise ValueError("%s=%s is not valid: expected %s"
+                             % (name, value, what))
         return v
     return convert
 
@@ -237,9 +237,9 @@ _env(("CUDAMEM_POOL_LIMIT",), _size(0, 2 ** 63 - 1), 0)
 _env(("CUDAMEM_ASYNC_RELEASE_THRESHOLD",), _size(0, 2 ** 64 - 1), 0)
 _env(("CUDAMEM_DEVICE_MEMORY_LIMIT",), _memory_limit, None)
 _env(("CUDAMEM_SIM_DEVICES",), _integer(1, 16), 1)
-_env(("CUDAMEM_SIM_MEMORY",), _integer(
-    2 ** 20, 2 ** 50, "a byte count from 1048576 (1 MiB) to 2**50, in "
-    "digits"), 0)
+_env(("CUDAMEM_SIM_MEMORY",), _size(
+    2 ** 20, 2 ** 50, "a size from 1048576 (1 MiB) to 2**50 bytes (digits "
+    "with an optional K, M or G, such as 512M or 1GiB)"), 0)
 _env(("CUDAMEM_SIM_DELAY_US",), _integer(0, 60000000), 0)
 _env(("CUDAMEM_SIM_NO_PEER",), _no_peer, None)
 

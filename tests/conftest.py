@@ -80,9 +80,40 @@ def device_count():
         return 0
 
 
+# The quick subset, ``pytest -m quick``: a few files of every layer
+# (arrays and copies, memory and its managers, contexts, streams and
+# errors, numba compatibility, the driver-call checks, the command line,
+# packaging and the documents), under a minute on 2 cores on the
+# simulator.  The full suite runs everything, these included.
+QUICK = frozenset((
+    "array/test_device_array.py",
+    "array/test_transfers.py",
+    "array/test_indexing.py",
+    "array/test_cuda_array_interface.py",
+    "memory/test_pool.py",
+    "memory/test_pinned.py",
+    "memory/test_deallocations.py",
+    "memory/test_managed.py",
+    "memory/test_mapped.py",
+    "runtime/test_context.py",
+    "runtime/test_events.py",
+    "runtime/test_errors.py",
+    "runtime/test_cudadrv.py",
+    "compat/test_compat_arrays.py",
+    "compat/test_compat_devices.py",
+    "robustness/test_retcheck.py",
+    "tools/test_cli_backend.py",
+    "tools/test_docs.py",
+    "tools/test_packaging.py",
+))
+
+
 def pytest_collection_modifyitems(config, items):
     ndev = None
     for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+        if rel in QUICK:
+            item.add_marker(pytest.mark.quick)
         if SIMULATOR and item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.skip(reason="needs a real GPU"))
         if not SIMULATOR and item.get_closest_marker("sim"):

@@ -13,7 +13,7 @@
 # checkout, `.`).  The same benchmark code times both, so a row the older
 # tree cannot run shows as an error in its column.  A base tree is
 # prepared in the checkout as a git-ignored folder, carried by the device
-# tool (docs/gpu-session.md):
+# tool (CONTRIBUTING.md, "Running on the GPU"):
 #
 #   rm -rf .ab-base && mkdir .ab-base && git archive <sha> | tar -x -C .ab-base
 #

@@ -492,10 +492,13 @@ cm_same_core_shape(int n1, const Py_ssize_t *s1, int n2,
 }
 
 /* numba's check_array_compatibility without the strides rule (cudamem
- * copies between any layouts): TypeError on dtype, ValueError on shape. */
+ * copies between any layouts): TypeError on dtype, ValueError on shape,
+ * with numba's words followed by which is which (the device array, then
+ * other: "the source" or "the destination"). */
 int
 cm_check_compatible(PyArray_Descr *d1, int n1, const Py_ssize_t *s1,
-                    PyArray_Descr *d2, int n2, const Py_ssize_t *s2)
+                    PyArray_Descr *d2, int n2, const Py_ssize_t *s2,
+                    const char *other)
 {
     PyObject *t1;
     PyObject *t2;
@@ -505,8 +508,9 @@ cm_check_compatible(PyArray_Descr *d1, int n1, const Py_ssize_t *s1,
         return -1;
     }
     if (!eq) {
-        PyErr_Format(PyExc_TypeError, "incompatible dtype: %S vs. %S", d1,
-                     d2);
+        PyErr_Format(PyExc_TypeError,
+                     "incompatible dtype: %S vs. %S (the device array vs. "
+                     "%s)", d1, d2, other);
         return -1;
     }
     if (cm_same_core_shape(n1, s1, n2, s2)) {
@@ -515,8 +519,9 @@ cm_check_compatible(PyArray_Descr *d1, int n1, const Py_ssize_t *s1,
     t1 = cm_ssize_tuple(n1, s1);
     t2 = cm_ssize_tuple(n2, s2);
     if (t1 != NULL && t2 != NULL) {
-        PyErr_Format(PyExc_ValueError, "incompatible shape: %R vs. %R", t1,
-                     t2);
+        PyErr_Format(PyExc_ValueError,
+                     "incompatible shape: %R vs. %R (the device array vs. "
+                     "%s)", t1, t2, other);
     }
     Py_XDECREF(t1);
     Py_XDECREF(t2);

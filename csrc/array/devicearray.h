@@ -216,9 +216,12 @@ int cm_da_used_on(cm_da *a, int async, CUstream h, PyObject *sobj);
 PyObject *cm_pick_stream(PyObject *arg, cm_da *a);
 
 /* numba's check_array_compatibility without the strides rule (cudamem
- * copies between any layouts): TypeError on dtype, ValueError on shape. */
+ * copies between any layouts): TypeError on dtype, ValueError on shape;
+ * the message ends with which is which, the device array then other
+ * ("the source" or "the destination"). */
 int cm_check_compatible(PyArray_Descr *d1, int n1, const Py_ssize_t *s1,
-                        PyArray_Descr *d2, int n2, const Py_ssize_t *s2);
+                        PyArray_Descr *d2, int n2, const Py_ssize_t *s2,
+                        const char *other);
 
 /* ------------------------------------------------------------------ */
 /* CUDA Array Interface import                                         */

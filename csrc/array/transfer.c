@@ -195,7 +195,7 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         }
         if (cm_check_compatible(self->dtype, self->ndim, self->shape,
                                 PyArray_DESCR((PyArrayObject *)src),
-                                sv.ndim, sv.shape) < 0) {
+                                sv.ndim, sv.shape, "the source") < 0) {
             goto out_src;
         }
     }
@@ -207,7 +207,8 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
             goto out_src;
         }
         if (cm_check_compatible(self->dtype, self->ndim, self->shape,
-                                s->dtype, s->ndim, s->shape) < 0) {
+                                s->dtype, s->ndim, s->shape,
+                                "the source") < 0) {
             goto out_src;
         }
         if (s->ctx != NULL && self->ctx != NULL && s->ctx != self->ctx) {
@@ -341,8 +342,8 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     if (self->ndim == 0 && PyArray_IsScalar(ary, Void)) {
         PyVoidScalarObject *vs = (PyVoidScalarObject *)ary;
 
-        if (cm_check_compatible(self->dtype, 0, NULL, vs->descr, 0, NULL)
-            < 0) {
+        if (cm_check_compatible(self->dtype, 0, NULL, vs->descr, 0, NULL,
+                                "the destination") < 0) {
             return NULL;
         }
         dv.addr = (uintptr_t)vs->obval;
@@ -366,7 +367,7 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     dst = (PyArrayObject *)ary;
     if (cm_check_compatible(self->dtype, self->ndim, self->shape,
                             PyArray_DESCR(dst), PyArray_NDIM(dst),
-                            PyArray_SHAPE(dst)) < 0) {
+                            PyArray_SHAPE(dst), "the destination") < 0) {
         return NULL;
     }
     if (self->size == 0) {

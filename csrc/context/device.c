@@ -150,20 +150,22 @@ int
 cm_device_index(Py_ssize_t i)
 {
     int n = cm_device_count();
+    Py_ssize_t j = i;
 
     if (n < 0) {
         return -1;
     }
-    if (i < 0) {
-        i += n;
+    if (j < 0) {
+        j += n;
     }
-    if (i < 0 || i >= n) {
+    if (j < 0 || j >= n) {
+        /* The number the caller gave, not the wrapped one. */
         PyErr_Format(PyExc_IndexError,
                      "device index out of range: %zd (there %s %d device%s)",
                      i, n == 1 ? "is" : "are", n, n == 1 ? "" : "s");
         return -1;
     }
-    return (int)i;
+    return (int)j;
 }
 
 /* Device i (already normalised): borrowed, made on first use. */

@@ -74,6 +74,7 @@
 #include "driver/cu_table.h"
 #include "sim/sim.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -370,6 +371,57 @@ sim_env_ull(const char *name, unsigned long long lo, unsigned long long hi,
         return dflt;
     }
     return v;
+}
+
+/* A size environment variable in [lo, hi], or dflt: digits, then an
+ * optional unit K, M or G (KiB, MiB, GiB: powers of 1024) with an
+ * optional B or iB, any case, blanks around; the spelling of
+ * CUDAMEM_DEVICE_MEMORY_LIMIT's byte counts (cudamem/config.py checks
+ * the same at import). */
+static unsigned long long
+sim_env_size(const char *name, unsigned long long lo, unsigned long long hi,
+             unsigned long long dflt)
+{
+    const char *s = getenv(name);
+    const char *p;
+    char *end;
+    unsigned long long v;
+    int shift = 0;
+
+    if (s == NULL) {
+        return dflt;
+    }
+    for (p = s; isspace((unsigned char)*p); p++) {
+    }
+    if (*p < '0' || *p > '9') {
+        return dflt;
+    }
+    errno = 0;
+    v = strtoull(p, &end, 10);
+    if (errno != 0) {
+        return dflt;
+    }
+    for (p = end; isspace((unsigned char)*p); p++) {
+    }
+    switch (*p) {
+    case 'k': case 'K': shift = 10; p++; break;
+    case 'm': case 'M': shift = 20; p++; break;
+    case 'g': case 'G': shift = 30; p++; break;
+    default: break;
+    }
+    if ((*p == 'i' || *p == 'I') && (p[1] == 'b' || p[1] == 'B')) {
+        p += 2;
+    }
+    else if (*p == 'b' || *p == 'B') {
+        p++;
+    }
+    for (; isspace((unsigned char)*p); p++) {
+    }
+    if (*p != '\0' || v > (hi >> shift)) {
+        return dflt;
+    }
+    v <<= shift;
+    return v < lo ? dflt : v;
 }
 
 static int
@@ -867,8 +919,8 @@ sim_Init(unsigned int Flags)
     if (atomic_load(&sim_state) == SIM_UNINIT) {
         sim.ndev = (int)sim_env_ull("CUDAMEM_SIM_DEVICES", 1,
                                     SIM_MAX_DEVICES, 1);
-        sim.capacity = (size_t)sim_env_ull("CUDAMEM_SIM_MEMORY", 1, SIZE_MAX,
-                                           SIM_DEFAULT_MEMORY);
+        sim.capacity = (size_t)sim_env_size("CUDAMEM_SIM_MEMORY", 1,
+                                            SIZE_MAX, SIM_DEFAULT_MEMORY);
         sim.delay_us = (long)sim_env_ull("CUDAMEM_SIM_DELAY_US", 0,
                                          60000000, 0);
         sim_parse_no_peer();

@@ -192,15 +192,26 @@ def test_copy_to_host_strided_keeps_strides(ctx):
 
 def test_compatibility_errors(ctx):
     d = cuda.device_array((5, 5, 5))
-    with pytest.raises(TypeError, match=r"incompatible dtype: float64 vs\. "
-                                        r"float32"):
+    # numba's words (and exception types), then which is which.
+    with pytest.raises(TypeError, match=r"^incompatible dtype: float64 vs\. "
+                                        r"float32 \(the device array vs\. "
+                                        r"the source\)$"):
         d.copy_to_device(np.zeros((5, 5, 5), np.float32))
-    with pytest.raises(ValueError, match=r"incompatible shape: \(5, 5, 5\) "
-                                         r"vs\. \(5, 5\)"):
+    with pytest.raises(ValueError, match=r"^incompatible shape: \(5, 5, 5\) "
+                                         r"vs\. \(5, 5\) \(the device "
+                                         r"array vs\. the source\)$"):
         d.copy_to_device(np.zeros((5, 5)))
-    with pytest.raises(ValueError, match="incompatible shape"):
+    with pytest.raises(ValueError, match=r"^incompatible shape: \(5, 5, 5\) "
+                                         r"vs\. \(5, 5, 4\) \(the device "
+                                         r"array vs\. the destination\)$"):
         d.copy_to_host(np.zeros((5, 5, 4)))
-    with pytest.raises(TypeError, match="incompatible dtype"):
+    with pytest.raises(TypeError, match=r"^incompatible dtype: float64 vs\. "
+                                        r"int32 \(the device array vs\. the "
+                                        r"destination\)$"):
+        d.copy_to_host(np.zeros((5, 5, 5), np.int32))
+    with pytest.raises(TypeError, match=r"incompatible dtype: float64 vs\. "
+                                        r"int64 \(the device array vs\. the "
+                                        r"source\)"):
         d.copy_to_device(cuda.device_array((5, 5, 5), np.int64))
     with pytest.raises(TypeError):
         d.copy_to_host([1, 2])
@@ -223,6 +234,22 @@ def test_c_to_f_device_copy(ctx):
     f.copy_to_device(c)
     np.testing.assert_array_equal(f.copy_to_host(),
                                   np.arange(125.0).reshape(5, 5, 5))
+
+
+def test_to_device_mixed_list_is_numpys_array(ctx):
+    # As in numba (its auto_device passes a list through np.array):
+    # [1, 'a', 2.0] becomes NumPy's array of str ('<U32'), a device array
+    # of that dtype, and comes back as the same strings.
+    host = np.array([1, "a", 2.0])
+    d = cuda.to_device([1, "a", 2.0])
+    assert d.dtype == host.dtype and d.dtype.kind == "U"
+    assert d.shape == (3,)
+    np.testing.assert_array_equal(d.copy_to_host(), host)
+    assert list(d.copy_to_host()) == ["1", "a", "2.0"]
+    # A list NumPy can only hold as objects is refused (numba would put
+    # the objects' addresses on the device).
+    with pytest.raises(TypeError, match="Python objects"):
+        cuda.to_device([1, None])
 
 
 def test_to_device_passthrough_and_to(ctx):

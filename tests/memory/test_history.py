@@ -4,6 +4,7 @@ dump_snapshot, err.dump) and the memviz viewer."""
 
 import html.parser
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -356,8 +357,8 @@ def test_memviz_html(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     page = _Page()
     page.feed(page_path.read_text())
-    want = {"device", "device stream 0x%x" % stream, "pinned", "managed",
-            "total"}
+    # The stream by its name, not its handle.
+    want = {"device", "device stream 1", "pinned", "managed", "total"}
     assert set(page.series) == want
     assert set(page.data["series"]) == want
     snap = json.loads(snap_path.read_text())
@@ -366,7 +367,8 @@ def test_memviz_html(tmp_path):
     # Three 64 KiB arrays remain on the default stream.
     assert page.data["series"]["device"][-1][1] == 3 << 16
     assert max(v for _, v in page.data["series"]["device"]) == 4 << 16
-    assert page.data["series"]["device stream 0x%x" % stream][-1][1] \
+    assert "0x%x" % stream not in " ".join(page.series)
+    assert page.data["series"]["device stream 1"][-1][1] \
         == 1 << 15
     assert "used" in page.blocks and "free" in page.blocks
     assert page.external == []           # self-contained
@@ -415,3 +417,89 @@ def test_memviz_png(tmp_path):
     p = _memviz_run(snap_path, png)
     assert p.returncode == 0, p.stdout + p.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _synthetic_snapshot():
+    """A snapshot written by hand: device memory on the default stream
+    and on two streams (raw handles as a process has them), 700 MiB at
+    the peak over 3.7 s, and an out-of-memory error at 3 s."""
+    s1, s2 = 0x5581F2A03C40, 0x5581F2A04D10
+    mib = 1 << 20
+    ev = []
+
+    def add(t, action, stream, addr, size):
+        ev.append({"seq": len(ev), "time_ns": int(t * 1e9),
+                   "time": 1000.0 + t, "action": action, "kind": "device",
+                   "manager": "default", "device": 0, "stream": stream,
+                   "address": addr, "size": size, "stack": None})
+
+    add(0.0, "alloc", 0, 0x1000, 100 * mib)
+    add(1.0, "alloc", s1, 0x2000, 300 * mib)
+    add(2.0, "alloc", s2, 0x3000, 300 * mib)
+    add(3.0, "oom", s2, 0, 900 * mib)
+    add(3.7, "free", s1, 0x2000, 300 * mib)
+    live = [{"kind": "device", "device": 0, "manager": "default",
+             "stream": 0, "address": 0x1000, "size": 100 * mib},
+            {"kind": "device", "device": 0, "manager": "default",
+             "stream": s2, "address": 0x3000, "size": 300 * mib}]
+    return {"version": 1, "backend": "simulator", "time": 1003.7,
+            "devices": [], "live": live,
+            "history": {"enabled": True, "stacks": False, "recorded": 5,
+                        "dropped": 0, "max_entries": 100, "entries": ev}}
+
+
+def test_memviz_names_streams_and_rounds_ticks():
+    snap = _synthetic_snapshot()
+    names = _memviz.stream_names(snap)
+    assert names[0] == "default stream"
+    assert names[0x5581F2A03C40] == "stream 1"
+    assert names[0x5581F2A04D10] == "stream 2"
+    ser = _memviz.series(snap)
+    assert set(ser) == {"device", "device stream 1", "device stream 2",
+                        "total"}
+    page = _memviz.render_html(snap)
+    # The raw handle only in tooltips (titles and data-tip).
+    assert 'title="stream handle 0x5581f2a03c40"' in page
+    assert "stream 2 (handle 0x5581f2a04d10)" in page
+    # Round ticks: bytes in steps of 200 MiB up to 800 MiB, seconds 0..4.
+    ticks = re.findall(r'class="ytick"[^>]*>([^<]*)<', page)
+    assert ticks == ["0", "200 MiB", "400 MiB", "600 MiB", "800 MiB"]
+    ticks = re.findall(r'class="xtick"[^>]*>([^<]*)<', page)
+    assert ticks == ["0 s", "1 s", "2 s", "3 s", "4 s"]
+    # Red is the OOM mark's alone.
+    assert _memviz.OOM_COLOR not in _memviz.BLOCK_COLORS.values()
+    assert _memviz.OOM_COLOR not in _memviz._COLORS
+    assert 'stroke="%s"' % _memviz.OOM_COLOR in page
+
+
+@pytest.mark.parametrize("top, ticks", [
+    (3.7, [0, 1, 2, 3, 4]), (0.37, [0, 0.1, 0.2, 0.3, 0.4]),
+    (10, [0, 2.5, 5, 7.5, 10]), (1, [0, 0.25, 0.5, 0.75, 1.0]),
+])
+def test_memviz_nice_ticks(top, ticks):
+    got = _memviz._nice_ticks(top)
+    assert got == pytest.approx(ticks)
+
+
+def test_memviz_png_marks_the_oom(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image as mimage
+
+    snap = _synthetic_snapshot()
+    png = tmp_path / "m.png"
+    drawn = _memviz.write_png(snap, str(png))
+    assert drawn["ooms"] == pytest.approx([3.0])
+    img = mimage.imread(png)[:, :, :3]
+    red = (np.abs(img - np.array([0xdd, 0, 0]) / 255) < 0.1).all(axis=2)
+    # A dashed vertical line: red pixels in one narrow band of columns,
+    # over much of the plot's height.
+    cols = np.nonzero(red.sum(axis=0) > 40)[0]
+    assert len(cols) > 0 and cols.max() - cols.min() < 12, cols
+    # Without an error, no red at all.
+    snap["history"]["entries"] = [e for e in snap["history"]["entries"]
+                                  if e["action"] != "oom"]
+    drawn = _memviz.write_png(snap, str(png))
+    assert drawn["ooms"] == []
+    img = mimage.imread(png)[:, :, :3]
+    red = (np.abs(img - np.array([0xdd, 0, 0]) / 255) < 0.1).all(axis=2)
+    assert red.sum() == 0

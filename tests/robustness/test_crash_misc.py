@@ -356,6 +356,9 @@ def import_error(**env):
     ("CUDAMEM_DEVICE_MEMORY_LIMIT", "4T", "a byte count above 0"),
     ("CUDAMEM_SIM_DEVICES", "0", "1 to 16"),
     ("CUDAMEM_SIM_MEMORY", "1000", "1048576 (1 MiB) to 2**50"),
+    ("CUDAMEM_SIM_MEMORY", "1023K", "such as 512M or 1GiB"),
+    ("CUDAMEM_SIM_MEMORY", "2TiB", "1048576 (1 MiB) to 2**50"),
+    ("CUDAMEM_SIM_MEMORY", "1.5G", "digits with an optional K, M or G"),
     ("CUDAMEM_SIM_DELAY_US", "-1", "0 to 60000000"),
     ("CUDAMEM_SIM_NO_PEER", "0-0", "pairs of distinct devices"),
 ])
@@ -384,6 +387,22 @@ def test_environment_tunable_out_of_range(name, value, expect):
 ])
 def test_environment_tunables_at_their_bounds(env):
     assert import_error(**env) == "ok"
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("value, size", [
+    ("3145728", 3 << 20), ("512M", 512 << 20), ("2 GiB", 2 << 30),
+    ("1536kb", 1536 << 10), (" 64MB ", 64 << 20), ("1g", 1 << 30),
+])
+def test_sim_memory_takes_the_limits_spellings(value, size):
+    # CUDAMEM_SIM_MEMORY is written as CUDAMEM_DEVICE_MEMORY_LIMIT's byte
+    # counts are; the simulated device has that much memory.
+    out = run_child("""
+        import cudamem as cuda
+        print(cuda.current_context().get_memory_info()[1])
+    """, timeout=60, env={"CUDAMEM_SIMULATOR": "1",
+                          "CUDAMEM_SIM_MEMORY": value}).stdout
+    assert int(out) == size, (value, out)
 
 
 def test_staging_chunk_of_one_byte_is_refused_not_slow(ctx):

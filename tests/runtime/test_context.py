@@ -128,6 +128,19 @@ def test_bad_device_ids(ctx, bad):
         cudamem.current_context(bad)
 
 
+def test_bad_device_id_is_reported_as_given(ctx):
+    # A negative ordinal wraps as in a list; one past the start is
+    # reported as the caller wrote it, not as the wrapped number.
+    n = len(cudamem.gpus)
+    for bad in (-n - 1, -n - 2, n, n + 5):
+        with pytest.raises(IndexError,
+                           match=r"device index out of range: %d \(there "
+                                 r"(is|are) %d device" % (bad, n)):
+            cudamem.select_device(bad)
+        with pytest.raises(IndexError, match=r": %d \(" % bad):
+            cudamem.current_context(bad)
+
+
 def test_device_id_type_errors(ctx):
     with pytest.raises(TypeError, match="integer"):
         cudamem.select_device(0.0)

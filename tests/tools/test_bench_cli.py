@@ -109,7 +109,7 @@ def test_plot(tmp_path):
     except ImportError:
         p = cli("bench", "--quick", "--plot", str(tmp_path / "b.png"))
         assert p.returncode == 2
-        assert "pip install 'cudamem[plot]'" in p.stderr
+        assert "pip install matplotlib" in p.stderr
         pytest.skip("matplotlib is not installed")
     import numpy as np
 
@@ -161,6 +161,52 @@ def test_plot(tmp_path):
     # The y axis's labels, left of the first panel.
     x0, y0, _, y1 = (int(round(v)) for v in drawn["axes"][0]["box"])
     assert dark[y0:y1, max(x0 - 40, 0):x0 - 3].sum() > 100
+
+
+def test_size_labels():
+    assert _bench.size_label(512) == "512 B"
+    assert _bench.size_label(4096) == "4 KiB"
+    assert _bench.size_label(1 << 20) == "1 MiB"
+    assert _bench.size_label(256 << 20) == "256 MiB"
+    assert _bench.size_label(1 << 30) == "1 GiB"
+    assert _bench.size_label(3 << 29) == "1.5 GiB"
+
+
+def test_plot_limit_per_direction_and_size_axis(tmp_path):
+    """Device to host faster than host to device (as on some links): each
+    panel's limit line is that direction's best pinned figure, so no
+    pinned curve crosses it; the x axis is labelled in KiB / MiB / GiB."""
+    pytest.importorskip("matplotlib")
+    sizes = [4096 << (2 * k) for k in range(10)]        # 4 KiB .. 1 GiB
+    rows = []
+    for direction, top in (("htod", 50.0), ("dtoh", 55.0),
+                           ("bidir", 90.0)):
+        for lib, scale in (("cudamem", 1.0), ("driver", 0.98)):
+            for i, size in enumerate(sizes):
+                g = top * scale * (i + 1) / len(sizes)
+                rows.append({"library": lib, "method": "pinned",
+                             "direction": direction, "size": size,
+                             "gbps": g})
+                rows.append({"library": lib, "method": "pageable-staged",
+                             "direction": direction, "size": size,
+                             "gbps": g * 0.8})
+    res = {"libraries": ["cudamem", "driver"], "bandwidth": rows,
+           "sizes": sizes, "pcie_limit_gbps": 50.0, "simulated": True,
+           "device": {"name": "test"}}
+    drawn = _bench.write_plot(res, tmp_path / "p.png")
+    assert drawn["limits"] == {"htod": 50.0, "dtoh": 55.0, "bidir": 90.0}
+    for s in drawn["series"]:
+        if s["method"] == "pinned":
+            top = max(g for _, g in s["points"])
+            assert top <= drawn["limits"][s["direction"]], s
+    assert drawn["xticks"] == ["4 KiB", "16 KiB", "64 KiB", "256 KiB",
+                               "1 MiB", "4 MiB", "16 MiB", "64 MiB",
+                               "256 MiB", "1 GiB"]
+    # Few sizes: each measured size is labelled.
+    res["bandwidth"] = [r for r in rows if r["size"] in (4096, 1 << 16,
+                                                         1 << 20)]
+    drawn = _bench.write_plot(res, tmp_path / "q.png")
+    assert drawn["xticks"] == ["4 KiB", "64 KiB", "1 MiB"]
 
 
 def test_plain_progress(monkeypatch):

@@ -38,7 +38,10 @@ def test_changelog_names_this_version():
     versions = re.findall(r"^## \[(\d[^\]]*)\]", text, re.M)
     assert versions, "no version heading in CHANGELOG.md"
     assert versions[0] == cudamem.__version__
-    assert re.search(r"^## \[Unreleased\]", text, re.M)
+    # This version's section is the one unreleased section until it has a
+    # date.
+    assert re.search(r"^## \[%s\] - (Unreleased|\d{4}-\d\d-\d\d)$"
+                     % re.escape(cudamem.__version__), text, re.M)
 
 
 def test_headers_are_recorded():

@@ -183,7 +183,9 @@ def test_page_loads_and_draws(browser, recorded, capsys):
     assert tab.problems() == []
     assert tab.evaluate("document.title") == "cudamem memory snapshot"
     # One line per series, each spread over the timeline.
-    names = ["device"] + ["device stream 0x%x" % h for h in streams] + [
+    # Streams by name ("stream 1", ...), their handles in the tooltips.
+    sn = _memviz.stream_names(snap)
+    names = ["device"] + ["device " + sn[h] for h in streams] + [
         "managed", "pinned", "total"]
     drawn = tab.evaluate("""Array.from(document.querySelectorAll(
         'path.series')).map(function(p){var b = p.getBBox();
@@ -231,7 +233,10 @@ def test_page_loads_and_draws(browser, recorded, capsys):
     oom = _box(tab, "rect.oom")
     assert _count(rows, oom, (0xdd, 0, 0), 30) > 100           # OOM mark
     segs = _box(tab, "svg.segments")
-    assert _count(rows, segs, _hex("#d62728"), 20) > 500      # used
+    assert _count(rows, segs, _hex(_memviz.BLOCK_COLORS["used"]),
+                  20) > 500                                     # used
+    # Red is the OOM mark's alone: no used block is red.
+    assert _count(rows, segs, (0xdd, 0, 0), 30) == 0
     assert _count(rows, segs, _hex("#2ca02c"), 20) > 500      # free
     blank = _count(rows, svg, (0xfa, 0xfa, 0xfa), 2)
     area = (svg[2] - svg[0]) * (svg[3] - svg[1])
@@ -262,7 +267,8 @@ def test_pointing_shows_size_and_stack(browser, recorded, capsys):
               for f in b["stack"]]
     assert "allocation: %s of device memory" % _memviz._fmt_bytes(
         b["size"]) in text
-    assert "stream 0x%x" % streams[1] in text
+    assert "%s (handle 0x%x)" % (_memviz.stream_names(snap)[streams[1]],
+                                 streams[1]) in text
     assert "allocated at:" in text and frames[0] in text
     # The tooltip stays inside the window.
     assert 0 <= left and right <= vw and 0 <= top and bottom <= vh
