@@ -22,7 +22,8 @@ MANAGERS = ["pool", "async"]
 
 
 @pytest.mark.parametrize("manager", MANAGERS)
-@pytest.mark.parametrize("how", ["external_stream", "client_alloc"])
+@pytest.mark.parametrize("how", ["external_stream", "client_alloc",
+                                 "cupy_shaped"])
 def test_memory_of_a_stream_destroyed_after_its_release(manager, how):
     r = run_child("""
         import gc, json, sys
@@ -32,22 +33,56 @@ def test_memory_of_a_stream_destroyed_after_its_release(manager, how):
 
         manager, how = sys.argv[1], sys.argv[2]
         cudamem.set_memory_manager(manager)
-        n = 1 << 20
+        # A block of its own segment: the next request of that size from
+        # another stream wants exactly that block.
+        n = 24 << 20
+
+        class Stream:
+            # CuPy's shape: the object owns its stream and destroys it
+            # when it goes.
+            def __init__(self):
+                self.ptr = _core._raw_stream_create(1)
+
+            def __del__(self):
+                _core._raw_stream_destroy(self.ptr)
+
+        class Unowned:
+            def __init__(self, ptr, size, owner, device):
+                self.owner = owner
+
+        class MemPtr:
+            def __init__(self, mem, offset):
+                self.mem = mem
+
+        current = []
+        malloc = _core._cupy_allocator(lambda: current[-1], Unowned, MemPtr)
         res = {"ok": []}
         for round_ in range(3):
-            raw = _core._raw_stream_create(1)      # non-blocking, foreign
+            if how == "cupy_shaped":
+                # The stream object goes first, its memory afterwards (a
+                # function's locals in any order): cudamem keeps the
+                # stream until the memory is released.
+                current.append(Stream())
+                mp = malloc(n)
+                current.clear()
+                del mp
+                gc.collect()
+                raw = None
+            else:
+                raw = _core._raw_stream_create(1)  # non-blocking, foreign
             if how == "external_stream":
                 ext = cudamem.external_stream(raw)
                 a = cudamem.device_array(n, np.uint8, stream=ext)
                 a.copy_to_device(np.full(n, 7, np.uint8), stream=ext)
                 del a
                 del ext
-            else:
-                # What CuPy's and PyTorch's adapters call: a raw handle.
+            elif how == "client_alloc":
+                # What PyTorch's adapter calls: a raw handle.
                 own = _core._client_alloc(0, n, raw, 0)
                 del own
             gc.collect()
-            _core._raw_stream_destroy(raw)
+            if raw is not None:
+                _core._raw_stream_destroy(raw)
             # Other streams now want blocks of that size (and the
             # default stream): none may touch the destroyed handle.
             s = cudamem.stream()
