@@ -878,6 +878,12 @@ struct cm_mm_ops {
      * for it is ordered now, while the handle is valid.  ctx current,
      * with or without the GIL; never raises. */
     void (*stream_gone)(cm_context *ctx, CUstream h);
+    /* Block handle, about to be released, was allocated for a stream
+     * that may be destroyed without cudamem hearing of it (an external
+     * stream, another library's): whatever its release will need of that
+     * stream later is taken now, while the stream is alive.  With or
+     * without the GIL; never raises. */
+    void (*foreign_free)(cm_context *ctx, uintptr_t handle);
     /* Give every wholly free cached byte back to the driver; 0, or -1
      * with an exception. */
     int (*trim)(cm_context *ctx);

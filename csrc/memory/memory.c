@@ -605,10 +605,10 @@ cm_mem_clear_uses(cm_mem *m)
 
 /* Whether m's stream may be destroyed without cudamem hearing of it: a
  * stream that is not a default one and not a stream() of cudamem's (those
- * tell the pool when they go: stream_gone).  Such a stream must not be
- * left for the manager to record an event on later (the pool does so
- * when another stream first wants a block): its release is ordered now,
- * while the stream is known to be alive. */
+ * tell the pool when they go: stream_gone).  The manager must not be
+ * left to record an event on such a stream later (the pool does so when
+ * another stream first wants a block): cm_mem_release tells it
+ * (foreign_free) while the stream is known to be alive. */
 static int
 cm_mem_stream_foreign(const cm_mem *m)
 {
@@ -642,7 +642,7 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
         return kind;                 /* nothing will be released */
     }
     deferred = ctx->memq->disabled > 0;
-    if (n == 0 && (!deferred || own_default) && !cm_mem_stream_foreign(m)) {
+    if (n == 0 && (!deferred || own_default)) {
         return kind;                 /* the common case: stream order */
     }
     if (cm_on_driver_thread()) {
@@ -690,6 +690,10 @@ cm_mem_release(cm_mem *m)
                  (uintptr_t)m->ptr, m->size);
     if (m->mm->ordered) {
         on = m->stream;
+        if (m->mm->foreign_free != NULL && cm_mem_stream_foreign(m)
+            && m->ctx->alive && !cm_forked) {
+            m->mm->foreign_free(m->ctx, m->handle);
+        }
         kind = cm_mem_order_release(m, &on);
         cm_ctx_release_on(m->ctx, kind, m->handle, m->size, on);
     }

@@ -469,10 +469,11 @@ cm_pool_put(cm_pool *p, cm_blk *b)
         p->pending_bytes += b->size;
         return;
     }
-    if (p->multi_stream && b->stream != CM_POOL_ANY
+    if ((p->multi_stream || b->record_now) && b->stream != CM_POOL_ANY
         && b->stream != CM_POOL_STUCK) {
         cm_event_record(p, b);
     }
+    b->record_now = 0;
     n = b->next;
     if (n != NULL && n->free) {
         cm_bin_del(p, n);

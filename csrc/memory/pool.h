@@ -69,6 +69,9 @@ struct cm_blk {
                            * event of its own stream is among them) */
     int free;             /* in a bin */
     int pending;          /* on the pool's pending list */
+    int record_now;       /* its stream may go without notice: its event
+                           * is recorded when it is freed, not left for
+                           * later (cleared then) */
     int bin;              /* which, while free */
 };
 

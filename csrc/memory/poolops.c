@@ -698,6 +698,24 @@ cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
     return rc;
 }
 
+/* The pool manager's foreign_free: block handle's event is recorded when
+ * it is freed (cm_pool_put), never later on a handle that may be gone. */
+static void
+cm_pool_foreign_free(cm_context *ctx, uintptr_t handle)
+{
+    cm_pool *p = ctx->pool;
+    cm_gil_saved gd;
+
+    if (p == NULL) {
+        return;
+    }
+    cm_pool_lock(p, &gd);
+    if (!p->dead) {
+        ((cm_blk *)handle)->record_now = 1;
+    }
+    cm_pool_unlock(p, &gd);
+}
+
 /* The pool manager's stream_gone: free blocks that wait for stream h
  * to reach their release get an event recorded on it now. */
 static void
@@ -1104,6 +1122,7 @@ const cm_mm_ops cm_mm_pool = {
     .release = cm_pool_release,
     .order = cm_pool_order,
     .stream_gone = cm_pool_stream_gone,
+    .foreign_free = cm_pool_foreign_free,
     .trim = cm_pool_trim,
     .stats = cm_pool_stats,
     .alloc_fn = cm_pool_alloc_fn,
