@@ -78,7 +78,14 @@ class CudamemNumbaManager(
         _core._client_stats(self._numba_device_id())
 
     def _numba_device_id(self):
-        return int(self.context.device.id)
+        """The ordinal of numba's device: a numba Device's ``id``, or the
+        driver's device handle itself (an int, or a cuda-python
+        ``CUdevice``), which numba's context of a primary context it did
+        not make (``cuda.current_context()`` after another library made
+        it current) holds instead."""
+        dev = self.context.device
+        ordinal = getattr(dev, "id", None)
+        return int(dev if ordinal is None else ordinal)
 
     def memalloc(self, size):
         """``size`` bytes from cudamem, for the default stream; numba's

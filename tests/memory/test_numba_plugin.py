@@ -305,3 +305,33 @@ def test_numba_to_device_with_set_memory_manager(import_cudamem_first):
     assert out["held"] >= 8 << 20
     assert out["after"] == 0
     assert out["mm"] == "DefaultMemoryManager"
+
+
+@pytest.mark.parametrize("device", ["int", "CUdevice"])
+def test_plugin_on_a_context_numba_did_not_make(numba_cuda, device):
+    """numba's context of a primary context another library made current
+    holds the driver's device handle, not a numba Device: the plugin
+    takes its ordinal from that (numba's Test3rdPartyContext)."""
+    code = SHIM + textwrap.dedent("""
+        import json, sys, types
+        import cudamem
+        if sys.argv[1] == "CUdevice":
+            from cuda.bindings import driver as cu
+            dev = cu.CUdevice(0)
+        else:
+            dev = 0
+        mm = cudamem.NumbaManager(context=types.SimpleNamespace(device=dev))
+        mm.initialize()
+        mp = mm.memalloc(4096)
+        print(json.dumps({
+            "held": cudamem.memory_stats()["by_client"]["numba"]}))
+    """)
+    if device == "CUdevice":
+        r = run_child("import cuda.bindings.driver\n", check=False,
+                      timeout=60)
+        if r.returncode != 0:
+            pytest.skip("cuda.bindings is not importable here")
+    r = run_child(code, args=[device], timeout=120,
+                  env={"CUDAMEM_TEST_ISOLATED": "1"})
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["held"] == 4096
