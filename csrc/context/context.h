@@ -141,6 +141,10 @@ int cm_capture_any(void);
  * a global-mode capture cudamem began is in progress.  No driver call. */
 int cm_capture_refuse_sync(const char *what);
 
+/* A context-wide synchronize: refused while any capture cudamem began
+ * is in progress.  No driver call. */
+int cm_capture_refuse_ctx(const char *what);
+
 /* Work that must happen now on stream h (waits on it, or queues host
  * code that runs once): refused while h captures.  A default handle is
  * cm_capture_refuse_sync; a stream cudamem captures is known without a

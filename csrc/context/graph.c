@@ -96,6 +96,19 @@ cm_capture_refuse_sync(const char *what)
 }
 
 int
+cm_capture_refuse_ctx(const char *what)
+{
+    if (!cm_capture_any()) {
+        return 0;
+    }
+    return cm_capture_raise(
+        what, "a stream of this process",
+        "synchronising a context waits on its capturing streams; "
+        "synchronise the streams that are not capturing, or end the "
+        "capture first");
+}
+
+int
 cm_capture_refuse_stream(CUstream h, int external, const char *what)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;

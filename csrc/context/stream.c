@@ -147,6 +147,8 @@ cm_stream_synchronize_run(PyObject *self, PyObject *unused)
 
     (void)unused;
     if (cm_check_not_in_callback("synchronize") < 0
+        || cm_capture_refuse_stream(h, s->kind == CM_STREAM_EXTERNAL,
+                                    "Stream.synchronize()") < 0
         || cm_context_activate(s->ctx) < 0) {
         return NULL;
     }
