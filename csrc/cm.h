@@ -128,6 +128,9 @@ typedef struct cm_state {
     PyObject *CudaOutOfMemoryError;
     PyObject *CompileError;
     PyObject *MemoryInfo;          /* the namedtuple class */
+    PyObject *StreamCaptureError;
+    /* from cudamem.graphs: what Stream.end_capture returns */
+    PyObject *Graph;
     /* from cudamem._emm: the manager of a new context (_manager_for),
      * the kind of an assigned one (_manager_kind), the built-in
      * managers' classes and the pointer class of IPC exports */

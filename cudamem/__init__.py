@@ -95,7 +95,9 @@ from ._errors import (
     CudaOutOfMemoryError,
     CudaSupportError,
     MemoryInfo,
+    StreamCaptureError,
 )
+from .graphs import Graph, graph
 from ._history import dump_snapshot, memory_history, memory_snapshot
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
 from . import _lower  # noqa: F401  (numba's Context and pointer methods)
@@ -138,6 +140,9 @@ __all__ = [
     "CudaOutOfMemoryError",
     "CudaSupportError",
     "Device",
+    "Graph",
+    "StreamCaptureError",
+    "graph",
     "DeviceNDArray",
     "DeviceNDArrayBase",
     "DeviceRecord",

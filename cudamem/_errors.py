@@ -14,6 +14,7 @@ __all__ = [
     "CudaOutOfMemoryError",
     "CudaSupportError",
     "MemoryInfo",
+    "StreamCaptureError",
 ]
 
 
@@ -63,6 +64,27 @@ class CudaAPIError(CudaDriverError):
         if self.name is None:
             return (type(self), (self.code, self.msg))
         return (type(self), (self.code, self.fn, self.name))
+
+
+class StreamCaptureError(CudaAPIError):
+    """Work that must happen now was refused because a stream it touches
+    is capturing a CUDA graph; raised before any driver call, so the
+    capture stays valid.
+
+    A CudaAPIError (code 900, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the
+    code the driver answers for the same call) so that code catching
+    numba's driver errors catches it too.  The message names the stream
+    and what to do instead.
+    """
+
+    CODE = 900
+
+    def __init__(self, msg):
+        super().__init__(self.CODE, msg)
+        self.name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+
+    def __reduce__(self):
+        return (type(self), (self.msg,))
 
 
 class CudaOutOfMemoryError(CudaAPIError, MemoryError):

@@ -11,7 +11,7 @@ RuntimeError naming what is missing.
 """
 
 from . import (_api, _core, _emm, _errors, _hostmem, _index, _ipc, _kernel,
-               config)
+               config, graphs)
 
 _core._register(
     CudaSupportError=_errors.CudaSupportError,
@@ -20,6 +20,8 @@ _core._register(
     CudaOutOfMemoryError=_errors.CudaOutOfMemoryError,
     CompileError=_errors.CompileError,
     MemoryInfo=_errors.MemoryInfo,
+    StreamCaptureError=_errors.StreamCaptureError,
+    Graph=graphs.Graph,
     manager_for=_emm._manager_for,
     manager_kind=_emm._manager_kind,
     DefaultMemoryManager=_emm.DefaultMemoryManager,

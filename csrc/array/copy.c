@@ -553,6 +553,10 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     CUresult rc;
     int mode;
 
+    if (!async && (dst->device || src->device)
+        && cm_capture_refuse_sync("a synchronous copy") < 0) {
+        return -1;
+    }
     if (cm_joint_build(&j, dst, src, dst->device || !src->device) < 0) {
         return -1;
     }

@@ -483,6 +483,12 @@ cm_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     if (p[2] != NULL && (copy = PyObject_IsTrue(p[2])) < 0) {
         return NULL;
     }
+    if (cm_capture_any() && copy
+        && (p[1] == NULL || PyObject_Not(p[1]) == 1)
+        && cm_capture_refuse_sync("to_device() without a stream") < 0) {
+        /* Before the allocation: the whole call is synchronous. */
+        return NULL;
+    }
     return cm_to_device_impl(p[0], p[1], copy, p[3]);
 }
 

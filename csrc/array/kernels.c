@@ -239,7 +239,6 @@ cm_host_copy_run(void *arg)
                      cm_load(c->src_type, c->src + soff));
         }
     }
-    free(c);
 }
 
 /* The bytes one element of a CM_T_* type occupies. */
@@ -303,8 +302,10 @@ cm_host_copy_launch(cm_host_copy *c, CUstream stream)
         rc = CUDA_ERROR_INVALID_VALUE;
     }
     else {
+        /* The simulator runs (and a capture records) its own copy of c. */
         rc = CM_GIL_YIELD(cm_sim_launch_checked(stream, cm_host_copy_run,
-                                                c, 2, start, len));
+                                                c, sizeof(*c), 2, start,
+                                                len));
     }
     return cm_cu_check(rc, "cuLaunchHostFunc");
 }
@@ -364,11 +365,8 @@ cm_copy_kernel(cm_context *ctx, const cm_copy_desc *d, CUstream stream)
         c->dst_type = d->dst_type;
         c->src_type = d->src_type;
         c->itemsize = d->itemsize;
-        if (cm_host_copy_launch(c, stream) < 0) {
-            free(c);
-            goto out_leave;
-        }
-        rc = 0;
+        rc = cm_host_copy_launch(c, stream);
+        free(c);
         goto out_leave;
     }
     if (cm_kernel_get(ctx, d->dst_type, d->src_type,

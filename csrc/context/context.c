@@ -809,7 +809,8 @@ cm_context_synchronize(PyObject *self, PyObject *unused)
     int err;
 
     (void)unused;
-    if (cm_context_enter(c, &prev) < 0) {
+    if (cm_capture_refuse_ctx("Context.synchronize()") < 0
+        || cm_context_enter(c, &prev) < 0) {
         return NULL;
     }
     CM_CU_NOGIL(err, CtxSynchronize, ());

@@ -130,4 +130,26 @@ int cm_context_init(PyObject *mod, cm_state *st);
 int cm_types_patchable(cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
 
+/* Capture-aware work (graph.c; docs/design.md, "Capture-aware
+ * synchronous work").  Each is 0, or -1 with StreamCaptureError, raised
+ * before any driver call; what names the refused call. */
+
+/* Whether a capture cudamem began is in progress (an atomic load). */
+int cm_capture_any(void);
+
+/* Work on the legacy default stream that must happen now: refused while
+ * a global-mode capture cudamem began is in progress.  No driver call. */
+int cm_capture_refuse_sync(const char *what);
+
+/* A context-wide synchronize: refused while any capture cudamem began
+ * is in progress.  No driver call. */
+int cm_capture_refuse_ctx(const char *what);
+
+/* Work that must happen now on stream h (waits on it, or queues host
+ * code that runs once): refused while h captures.  A default handle is
+ * cm_capture_refuse_sync; a stream cudamem captures is known without a
+ * driver call; for an external stream (external != 0) the driver is
+ * asked (cuStreamIsCapturing), as another library may capture it. */
+int cm_capture_refuse_stream(CUstream h, int external, const char *what);
+
 #endif /* CM_CONTEXT_LAYER_H */

@@ -243,7 +243,8 @@ cm_synchronize_fn(PyObject *mod, PyObject *unused)
 
     (void)mod;
     (void)unused;
-    if (cm_context_current() == NULL) {
+    if (cm_capture_refuse_ctx("cudamem.synchronize()") < 0
+        || cm_context_current() == NULL) {
         return NULL;
     }
     CM_CU_NOGIL(err, CtxSynchronize, ());

@@ -147,6 +147,8 @@ cm_stream_synchronize_run(PyObject *self, PyObject *unused)
 
     (void)unused;
     if (cm_check_not_in_callback("synchronize") < 0
+        || cm_capture_refuse_stream(h, s->kind == CM_STREAM_EXTERNAL,
+                                    "Stream.synchronize()") < 0
         || cm_context_activate(s->ctx) < 0) {
         return NULL;
     }
@@ -437,6 +439,19 @@ static PyMethodDef cm_stream_methods[] = {
     {"async_done", cm_stream_async_done, METH_NOARGS,
      cm_stream_async_done_doc},
     {"wait_event", cm_stream_wait_event, METH_O, cm_stream_wait_event_doc},
+    {"begin_capture", (PyCFunction)(void (*)(void))cm_stream_begin_capture,
+     METH_FASTCALL | METH_KEYWORDS,
+     "begin_capture($self, /, mode='global')\n--\n\n"
+     "Begin capturing a CUDA graph: stream-ordered work on this stream is "
+     "recorded instead of run.  mode: 'global', 'thread_local' or "
+     "'relaxed'."},
+    {"end_capture", cm_stream_end_capture, METH_NOARGS,
+     "end_capture($self, /)\n--\n\n"
+     "End the capture begun on this stream; returns a cudamem.Graph."},
+    {"is_capturing", cm_stream_is_capturing, METH_NOARGS,
+     "is_capturing($self, /)\n--\n\n"
+     "Whether the stream is capturing (for an external stream, a capture "
+     "another library began counts)."},
     {"__cuda_stream__", cm_stream_cuda_stream, METH_NOARGS,
      cm_stream_cuda_stream_doc},
     {NULL, NULL, 0, NULL},

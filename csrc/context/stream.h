@@ -136,6 +136,25 @@ PyObject *cm_elapsed(PyObject *start, PyObject *end);
 
 extern PyType_Spec cm_event_spec;
 
+/* ------------------------------------------------------------------ */
+/* Capture and graphs (graph.c)                                        */
+/* ------------------------------------------------------------------ */
+
+PyObject *cm_stream_begin_capture(PyObject *self, PyObject *const *args,
+                                  Py_ssize_t nargs, PyObject *kwnames);
+
+PyObject *cm_stream_end_capture(PyObject *self, PyObject *unused);
+
+PyObject *cm_stream_is_capturing(PyObject *self, PyObject *unused);
+
+PyObject *cm_graph_launch(PyObject *mod, PyObject *const *args,
+                          Py_ssize_t nargs);
+
+PyObject *cm_graph_destroy(PyObject *mod, PyObject *const *args,
+                           Py_ssize_t nargs);
+
+PyObject *cm_capture_counts(PyObject *mod, PyObject *unused);
+
 /* Docstrings of functions whose tables live in another file. */
 extern const char cm_set_stream_cache_size_doc[];
 extern const char cm_stream_cache_doc[];

@@ -321,6 +321,19 @@ static PyMethodDef cm_stream_functions[] = {
     {"_gil_yield_hold", cm_gil_yield_hold_fn, METH_O, cm_gil_yield_hold_doc},
     {"_set_stream_cache_size", cm_set_stream_cache_size, METH_O,
      cm_set_stream_cache_size_doc},
+    {"_graph_launch", (PyCFunction)(void (*)(void))cm_graph_launch,
+     METH_FASTCALL,
+     "_graph_launch(exec, ctx, gen, stream, upload, /)\n--\n\n"
+     "cuGraphLaunch (or cuGraphUpload) of exec on stream (None: the "
+     "default stream); for cudamem.Graph."},
+    {"_graph_destroy", (PyCFunction)(void (*)(void))cm_graph_destroy,
+     METH_FASTCALL,
+     "_graph_destroy(exec, ctx, gen, /)\n--\n\n"
+     "cuGraphExecDestroy, unless the context is gone; for cudamem.Graph."},
+    {"_capture_counts", cm_capture_counts, METH_NOARGS,
+     "_capture_counts($module, /)\n--\n\n"
+     "(captures, global-mode captures) cudamem began and has not ended "
+     "(tests)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -114,6 +114,16 @@
     X(StreamWaitEvent, 3020)            \
     X(StreamAddCallback, 5000)          \
     X(LaunchHostFunc, 10000)            \
+    X(StreamBeginCapture, 10010)        \
+    X(StreamEndCapture, 10000)          \
+    X(StreamIsCapturing, 10000)         \
+    X(StreamGetCaptureInfo, 12030)      \
+    X(ThreadExchangeStreamCaptureMode, 10010) \
+    X(GraphInstantiateWithFlags, 11040) \
+    X(GraphLaunch, 10000)               \
+    X(GraphUpload, 11010)               \
+    X(GraphDestroy, 10000)              \
+    X(GraphExecDestroy, 10000)          \
     X(EventCreate, 2000)                \
     X(EventRecord, 2000)                \
     X(EventSynchronize, 2000)           \
@@ -189,10 +199,15 @@ int cm_sim_stream_live(const void *h);
 /* cuLaunchHostFunc(h, fn, data), queued only if each of the nranges
  * byte ranges [start[i], start[i] + len[i]) (empty ones skipped) lies
  * inside one live allocation, else CUDA_ERROR_INVALID_VALUE as the
- * simulator's copies answer; checked and queued atomically.  For the
- * internal kernels (kernels.c).  Simulator backend only. */
+ * simulator's copies answer; checked and queued atomically.  size > 0:
+ * the simulator copies the size bytes at data into the operation and fn
+ * gets that copy (freed with the operation; the caller keeps data), so
+ * a capture can record it and a graph replay it; size 0: fn owns data
+ * (runs once), and a capturing stream refuses it with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.  For the internal kernels
+ * (kernels.c, gather.c).  Simulator backend only. */
 CUresult cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data,
-                               int nranges, const uintptr_t *start,
-                               const size_t *len);
+                               size_t size, int nranges,
+                               const uintptr_t *start, const size_t *len);
 
 #endif /* CM_CU_TABLE_H */

@@ -978,6 +978,13 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
             want *= x->shape[i];
         }
     }
+    /* Staged: host code runs once per chunk, which a capture could not
+     * replay; refused on a capturing stream (a driver query for a
+     * non-default stream: small beside a copy this large). */
+    if (cm_capture_refuse_stream(stream, 1, "a staged copy of pageable "
+                                 "host memory") < 0) {
+        return -1;
+    }
     ctx = cm_context_current();
     if (ctx == NULL) {
         return -1;

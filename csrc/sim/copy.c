@@ -243,6 +243,10 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
     if (rc == CUDA_SUCCESS && sync && tls_worker != NULL) {
         rc = CUDA_ERROR_NOT_PERMITTED;
     }
+    if (rc == CUDA_SUCCESS && sync) {
+        /* A synchronous copy or memset is a potentially unsafe call. */
+        rc = sim_capture_unsafe();
+    }
     if (rc != CUDA_SUCCESS || w == 0 || h == 0 || d == 0) {
         sim_unlock();
         return rc;
@@ -496,6 +500,10 @@ sim_memset(CUdeviceptr dst, unsigned char uc, size_t n, CUstream hs,
     rc = sim_current(&c);
     if (rc == CUDA_SUCCESS && sync && tls_worker != NULL) {
         rc = CUDA_ERROR_NOT_PERMITTED;
+    }
+    if (rc == CUDA_SUCCESS && sync) {
+        /* A synchronous copy or memset is a potentially unsafe call. */
+        rc = sim_capture_unsafe();
     }
     if (rc == CUDA_SUCCESS && n > 0) {
         if (sim_range((uintptr_t)dst, n) == NULL) {

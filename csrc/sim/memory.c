@@ -107,6 +107,9 @@ CUresult
 sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize)
 {
     SIM_ENTER(MemAlloc);
+    if (sim_capture_check_unsafe() != CUDA_SUCCESS) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     return sim_device_alloc(dptr, bytesize, SIM_MEM_DEVICE, 0);
 }
 
@@ -114,6 +117,9 @@ CUresult
 sim_MemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     SIM_ENTER(MemAllocManaged);
+    if (sim_capture_check_unsafe() != CUDA_SUCCESS) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -157,6 +163,9 @@ CUresult
 sim_MemFree(CUdeviceptr dptr)
 {
     SIM_ENTER(MemFree);
+    if (sim_capture_check_unsafe() != CUDA_SUCCESS) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     return sim_free((uintptr_t)dptr,
                     (1u << SIM_MEM_DEVICE) | (1u << SIM_MEM_MANAGED)
                     | (1u << SIM_MEM_POOL_IMPORT),
@@ -191,6 +200,9 @@ sim_MemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     CUresult rc;
 
     SIM_ENTER(MemHostAlloc);
+    if (sim_capture_check_unsafe() != CUDA_SUCCESS) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     if (pp == NULL || bytesize == 0
         || (Flags & ~(unsigned int)(CU_MEMHOSTALLOC_PORTABLE
                                     | CU_MEMHOSTALLOC_DEVICEMAP
@@ -221,6 +233,9 @@ CUresult
 sim_MemFreeHost(void *p)
 {
     SIM_ENTER(MemFreeHost);
+    if (sim_capture_check_unsafe() != CUDA_SUCCESS) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     return sim_free((uintptr_t)p, 1u << SIM_MEM_HOST,
                     CUDA_ERROR_INVALID_VALUE);
 }
@@ -260,6 +275,9 @@ sim_MemHostRegister(void *p, size_t bytesize, unsigned int Flags)
     CUresult rc;
 
     SIM_ENTER(MemHostRegister);
+    if (sim_capture_check_unsafe() != CUDA_SUCCESS) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     if (p == NULL || bytesize == 0
         || bytesize > UINTPTR_MAX - (uintptr_t)p
         || (Flags & ~(unsigned int)(CU_MEMHOSTREGISTER_PORTABLE
@@ -290,6 +308,9 @@ CUresult
 sim_MemHostUnregister(void *p)
 {
     SIM_ENTER(MemHostUnregister);
+    if (sim_capture_check_unsafe() != CUDA_SUCCESS) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     return sim_free((uintptr_t)p, 1u << SIM_MEM_REGISTERED,
                     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 }

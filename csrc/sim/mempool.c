@@ -547,6 +547,10 @@ sim_pool_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
     }
     sim_lock();
     rc = sim_stream_get(hStream, &s);
+    if (rc == CUDA_SUCCESS && s->cap != NULL) {
+        /* Allocation nodes of a graph: not modelled. */
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (rc == CUDA_SUCCESS && pool != NULL) {
         mp = sim_mempool_get(pool);
         /* An imported pool cannot allocate; a pool's memory must be
@@ -684,6 +688,10 @@ sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     sim_lock();
     rc = sim_stream_get(hStream, &s);
     a = sim_alloc_find((uintptr_t)dptr);
+    if (rc == CUDA_SUCCESS && s->cap != NULL) {
+        /* Free nodes of a graph: not modelled. */
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (rc == CUDA_SUCCESS
         && (a == NULL || a->base != (uintptr_t)dptr
             || a->kind != SIM_MEM_ASYNC)) {

@@ -46,6 +46,7 @@ sim_ctx_destroy(int dev)
         return CUDA_ERROR_NOT_PERMITTED;
     }
     c->destroyed = 1;
+    sim_capture_drop_ctx(c);
     sim.dev[dev].primary = NULL;
     c->next_dead = sim.dead;
     sim.dead = c;
@@ -290,6 +291,9 @@ sim_CtxSynchronize(void)
     SIM_ENTER(CtxSynchronize);
     sim_lock();
     rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_capture_ctx_sync(c);
+    }
     if (rc == CUDA_SUCCESS) {
         rc = sim_drain(c);
     }

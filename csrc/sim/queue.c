@@ -63,6 +63,9 @@ sim_event_unref(sim_event *e)
     if (e->rec_stream != NULL) {
         sim_stream_unref(e->rec_stream);
     }
+    if (e->cap_src != NULL) {
+        sim_stream_unref(e->cap_src);
+    }
     free(e);
 }
 
@@ -131,6 +134,7 @@ sim_stream_destroy(sim_stream *s)
     }
     s->destroyed = 1;
     sim_set_del(&sim.streams, s);
+    sim_capture_stream_gone(s);
     pthread_cond_signal(&s->cv);
     sim_stream_unref(s);
 }
@@ -184,6 +188,9 @@ sim_op_free(sim_op *op)
     if (op->kind == SIM_OP_COPY) {
         free(op->u.copy.owned);
     }
+    if (op->kind == SIM_OP_HOSTFN) {
+        free(op->u.hostfn.owned);
+    }
     free(op);
 }
 
@@ -193,7 +200,17 @@ CUresult
 sim_enqueue(sim_stream *s, sim_op *op)
 {
     sim_stream *t;
+    CUresult rc;
 
+    if (s->cap != NULL) {
+        /* Recorded into the capture instead of run. */
+        return sim_capture_record(s, op, -1, NULL, NULL);
+    }
+    rc = sim_capture_legacy(s, 1);
+    if (rc != CUDA_SUCCESS) {
+        sim_op_free(op);
+        return rc;
+    }
     if (s->kind == SIM_STREAM_LEGACY) {
         for (t = s->ctx->streams; t != NULL; t = t->next) {
             if (t != s && sim_blocking(t)

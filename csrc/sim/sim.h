@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sim/sim.h: what the files of the CPU simulator share (sim.c, queue.c,
- * primary.c, memory.c, mempool.c, copy.c, stream.c, ipc.c, vmm.c): its types,
- * its global state and the helpers one section calls in another.  Not
- * seen outside csrc/sim/: the layers above reach the simulator only
- * through the driver table (driver/cu_table.h).  Plain C11 and pthreads,
+ * primary.c, memory.c, mempool.c, copy.c, stream.c, ipc.c, vmm.c,
+ * graph.c): its types, its global state and the helpers one section
+ * calls in another.  Not seen outside csrc/sim/: the layers above reach
+ * the simulator only through the driver table (driver/cu_table.h).  Plain C11 and pthreads,
  * no Python header.
  */
 #ifndef CM_SIM_H
@@ -58,6 +58,10 @@ typedef struct sim_mempool sim_mempool;
 
 typedef struct sim_vmap sim_vmap;
 
+typedef struct sim_capture sim_capture;
+
+typedef struct sim_graph sim_graph;
+
 /* One life of a device's primary context, from retain to reset or last
  * release.  The CUcontext handle is not its address but its device's
  * (sim_ctx_handle), the same across lives as on the driver: a thread
@@ -91,6 +95,11 @@ struct sim_stream {
     sim_op *head;           /* oldest pending operation (maybe running) */
     sim_op *tail;           /* newest pending operation */
     pthread_cond_t cv;      /* work arrived, or the stream was destroyed */
+    sim_capture *cap;       /* the capture it takes part in, or NULL */
+    uint64_t cap_tip;       /* in a capture: its count of recorded ops at
+                             * this stream's newest op (or join) */
+    int cap_joined;         /* in a capture: the origin has waited on an
+                             * event recorded at or after cap_tip */
     sim_stream *prev;       /* links in ctx->streams */
     sim_stream *next;
 };
@@ -106,6 +115,10 @@ struct sim_event {
     uint64_t rec_ticket;    /* its ticket on that stream */
     uint64_t done_seq;      /* number of the record that set time_ns */
     int64_t time_ns;        /* CLOCK_MONOTONIC time of that record */
+    uint64_t cap_id;        /* last recorded in this capture, or 0 */
+    uint64_t cap_pos;       /* the capture's count of recorded ops then */
+    sim_stream *cap_src;    /* the stream it was recorded on (a ref), or
+                             * NULL */
 };
 
 /* One thing an operation waits for: ticket done on stream (a ref). */
@@ -155,6 +168,10 @@ struct sim_op {
         struct {
             CUhostFn fn;        /* the host function */
             void *data;         /* its argument */
+            void *owned;        /* data when the op owns a copy of it
+                                 * (freed with the op), or NULL */
+            size_t size;        /* bytes of owned */
+            int once;           /* fn owns data: never replayed */
         } hostfn;
         struct {
             CUstreamCallback fn;  /* the callback */
@@ -320,6 +337,9 @@ struct sim_shared {
     sim_grave *graves;      /* pool memory waiting to be freed */
     sim_mempool *pools;     /* pools made or imported, not yet freed */
     uint64_t next_pool_id;  /* last shareable pool number handed out */
+    sim_capture *captures;  /* captures begun and not yet ended */
+    uint64_t next_cap_id;   /* last capture id handed out */
+    sim_set graphs;         /* live CUgraph and CUgraphExec handles */
 };
 extern struct sim_shared sim;
 
@@ -564,6 +584,91 @@ int sim_ctx_busy(const sim_ctx *c, uint64_t g);
  * context (destroyed ones too, which may still be draining) if c is
  * NULL.  The lock is released meanwhile. */
 CUresult sim_drain(const sim_ctx *c);
+
+/* ------------------------------------------------------------------ */
+/* Stream capture and graphs (graph.c; lock held unless noted)         */
+/* ------------------------------------------------------------------ */
+
+/* Record op, queued on capturing stream s, into its capture instead of
+ * running it; the nranges ranges [start[i], start[i] + len[i]) must
+ * still lie in live allocations at each launch of the graph.  Always
+ * consumes op. */
+CUresult sim_capture_record(sim_stream *s, sim_op *op, int nranges,
+                            const uintptr_t *start, const size_t *len);
+
+/* A use of the legacy stream s (enqueue, query, synchronize): while a
+ * blocking stream of its context captures, the driver refuses it with
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures
+ * (invalidate 0: the capture-status queries, which leave them valid). */
+CUresult sim_capture_legacy(const sim_stream *s, int invalidate);
+
+/* A potentially unsafe call (synchronous copy or memset, allocation,
+ * free, registration) on this thread: refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the captures that
+ * forbid it, under the capture modes' rules. */
+CUresult sim_capture_unsafe(void);
+
+/* sim_capture_unsafe, taking the lock (not held). */
+CUresult sim_capture_check_unsafe(void);
+
+/* A synchronising call on c (cuCtxSynchronize): refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED while a stream of c captures,
+ * which invalidates those captures. */
+CUresult sim_capture_ctx_sync(const sim_ctx *c);
+
+/* Mark s's capture invalidated (its later use and EndCapture fail). */
+void sim_capture_invalidate(sim_stream *s);
+
+/* s is being destroyed: it leaves its capture, which is invalidated; a
+ * capture whose origin it was is discarded. */
+void sim_capture_stream_gone(sim_stream *s);
+
+/* Discard every capture of context c (being destroyed). */
+void sim_capture_drop_ctx(const sim_ctx *c);
+
+/* Whether event e is (last) recorded in a capture. */
+int sim_event_captured(const sim_event *e);
+
+/* cuStreamWaitEvent(s, e) where s captures or e was recorded in a
+ * capture. */
+CUresult sim_capture_wait(sim_stream *s, sim_event *e);
+
+/* A synchronising call (query, synchronize, elapsed time) on captured
+ * event e: refused with CUDA_ERROR_CAPTURED_EVENT, invalidating its
+ * capture if it is still going. */
+CUresult sim_capture_event_refuse(const sim_event *e);
+
+/* cuEventRecord(e, s) on capturing stream s. */
+CUresult sim_capture_event_record(sim_stream *s, sim_event *e);
+
+CUresult sim_StreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode);
+
+CUresult sim_StreamEndCapture(CUstream hStream, CUgraph *phGraph);
+
+CUresult
+sim_StreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+
+CUresult
+sim_StreamGetCaptureInfo(CUstream hStream,
+                         CUstreamCaptureStatus *captureStatus_out,
+                         cuuint64_t *id_out, CUgraph *graph_out,
+                         const CUgraphNode **dependencies_out,
+                         const CUgraphEdgeData **edgeData_out,
+                         size_t *numDependencies_out);
+
+CUresult sim_ThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+
+CUresult sim_GraphInstantiateWithFlags(CUgraphExec *phGraphExec,
+                                       CUgraph hGraph,
+                                       unsigned long long flags);
+
+CUresult sim_GraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+
+CUresult sim_GraphUpload(CUgraphExec hGraphExec, CUstream hStream);
+
+CUresult sim_GraphDestroy(CUgraph hGraph);
+
+CUresult sim_GraphExecDestroy(CUgraphExec hGraphExec);
 
 /* ------------------------------------------------------------------ */
 /* Primary contexts                                                    */

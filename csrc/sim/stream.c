@@ -90,6 +90,15 @@ sim_StreamSynchronize(CUstream hStream)
     SIM_ENTER(StreamSynchronize);
     sim_lock();
     rc = sim_stream_get(hStream, &s);
+    if (rc == CUDA_SUCCESS && s->cap != NULL) {
+        /* A capturing stream has nothing to wait for: refused, and the
+         * capture is invalidated. */
+        sim_capture_invalidate(s);
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_capture_legacy(s, 1);
+    }
     if (rc == CUDA_SUCCESS) {
         rc = sim_wait(s, s->submitted);
     }
@@ -109,6 +118,13 @@ sim_StreamQuery(CUstream hStream)
     SIM_ENTER(StreamQuery);
     sim_lock();
     rc = sim_stream_get(hStream, &s);
+    if (rc == CUDA_SUCCESS && s->cap != NULL) {
+        sim_capture_invalidate(s);
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = sim_capture_legacy(s, 1);
+    }
     if (rc == CUDA_SUCCESS && s->completed < s->submitted) {
         rc = CUDA_ERROR_NOT_READY;
     }
@@ -141,8 +157,14 @@ sim_StreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         rc = CUDA_ERROR_INVALID_HANDLE;
     }
     if (rc == CUDA_SUCCESS) {
+        rc = sim_capture_legacy(s, 1);
+    }
+    if (rc == CUDA_SUCCESS) {
         e = (sim_event *)(void *)hEvent;
-        if (!sim_event_done(e)) {
+        if (s->cap != NULL || sim_event_captured(e)) {
+            rc = sim_capture_wait(s, e);
+        }
+        else if (!sim_event_done(e)) {
             op = sim_op_new(SIM_OP_NOP);
             if (op == NULL
                 || sim_op_dep(op, e->rec_stream, e->rec_ticket) != 0) {
@@ -224,8 +246,8 @@ sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
  * check and the enqueue share one hold of the lock, and frees wait for
  * queued work, so the memory outlives the function. */
 CUresult
-cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, int nranges,
-                      const uintptr_t *start, const size_t *len)
+cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, size_t size,
+                      int nranges, const uintptr_t *start, const size_t *len)
 {
     sim_stream *s;
     sim_op *op;
@@ -242,6 +264,17 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, int nranges,
     }
     op->u.hostfn.fn = fn;
     op->u.hostfn.data = data;
+    op->u.hostfn.once = size == 0;
+    if (size > 0) {
+        op->u.hostfn.owned = malloc(size);
+        if (op->u.hostfn.owned == NULL) {
+            sim_op_free(op);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        memcpy(op->u.hostfn.owned, data, size);
+        op->u.hostfn.data = op->u.hostfn.owned;
+        op->u.hostfn.size = size;
+    }
     sim_lock();
     rc = sim_stream_get(h, &s);
     /* VMM memory must be accessible to the stream's device. */
@@ -252,7 +285,12 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, int nranges,
         }
     }
     if (rc == CUDA_SUCCESS) {
-        rc = sim_enqueue(s, op);
+        if (s->cap != NULL) {
+            rc = sim_capture_record(s, op, nranges, start, len);
+        }
+        else {
+            rc = sim_enqueue(s, op);
+        }
     }
     else {
         sim_op_free(op);
@@ -323,7 +361,10 @@ sim_EventRecord(CUevent hEvent, CUstream hStream)
     }
     if (rc == CUDA_SUCCESS) {
         e = (sim_event *)(void *)hEvent;
-        if (s->ctx != e->ctx) {
+        if (s->cap != NULL) {
+            rc = sim_capture_event_record(s, e);
+        }
+        else if (s->ctx != e->ctx) {
             rc = CUDA_ERROR_INVALID_HANDLE;
         }
         else if ((op = sim_op_new(SIM_OP_RECORD)) == NULL) {
@@ -341,6 +382,11 @@ sim_EventRecord(CUevent hEvent, CUstream hStream)
                 }
                 e->rec_stream = s;
                 e->rec_ticket = s->submitted;
+                e->cap_id = 0;
+                if (e->cap_src != NULL) {
+                    sim_stream_unref(e->cap_src);
+                    e->cap_src = NULL;
+                }
             }
         }
     }
@@ -357,6 +403,9 @@ sim_EventQuery(CUevent hEvent)
     sim_lock();
     if (!sim_event_known(hEvent)) {
         rc = CUDA_ERROR_INVALID_HANDLE;
+    }
+    else if (sim_event_captured((sim_event *)(void *)hEvent)) {
+        rc = sim_capture_event_refuse((sim_event *)(void *)hEvent);
     }
     else if (!sim_event_done((sim_event *)(void *)hEvent)) {
         rc = CUDA_ERROR_NOT_READY;
@@ -378,7 +427,10 @@ sim_EventSynchronize(CUevent hEvent)
     }
     else {
         e = (sim_event *)(void *)hEvent;
-        if (e->rec_stream != NULL) {
+        if (sim_event_captured(e)) {
+            rc = sim_capture_event_refuse(e);
+        }
+        else if (e->rec_stream != NULL) {
             rc = sim_wait(e->rec_stream, e->rec_ticket);
         }
         if (rc == CUDA_SUCCESS) {
@@ -427,7 +479,10 @@ sim_EventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
     else {
         a = (sim_event *)(void *)hStart;
         b = (sim_event *)(void *)hEnd;
-        if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING
+        if (sim_event_captured(a) || sim_event_captured(b)) {
+            rc = sim_capture_event_refuse(sim_event_captured(a) ? a : b);
+        }
+        else if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING
             || a->rec_stream == NULL || b->rec_stream == NULL) {
             rc = CUDA_ERROR_INVALID_HANDLE;
         }

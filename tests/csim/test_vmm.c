@@ -331,7 +331,8 @@ group_map(void)
     EXPECT(cu.MemsetD8Async(r, 1, 16, NULL), CUDA_ERROR_INVALID_VALUE);
     kstart = (uintptr_t)r;
     klen = 1;
-    EXPECT(cm_sim_launch_checked(NULL, bump, (void *)r, 1, &kstart, &klen),
+    EXPECT(cm_sim_launch_checked(NULL, bump, (void *)r, 0, 1, &kstart,
+                                 &klen),
            CUDA_ERROR_INVALID_VALUE);
 
     /* cuMemSetAccess's misuse. */
@@ -418,7 +419,7 @@ group_map(void)
     OK(cu.MemsetD8(r + G, 41, 1));
     kstart = (uintptr_t)r + G - 4;
     klen = 8;
-    OK(cm_sim_launch_checked(NULL, bump, (void *)(uintptr_t)(r + G), 1,
+    OK(cm_sim_launch_checked(NULL, bump, (void *)(uintptr_t)(r + G), 0, 1,
                              &kstart, &klen));
     OK(cu.CtxSynchronize());
     CHECK(kernel_runs == 1);
@@ -435,7 +436,7 @@ group_map(void)
     EXPECT(cu.MemcpyHtoDAsync(r + 2 * G, buf, 16, NULL),
            CUDA_ERROR_INVALID_VALUE);
     kstart = (uintptr_t)r + 2 * G - 4;
-    EXPECT(cm_sim_launch_checked(NULL, bump, (void *)(uintptr_t)r, 1,
+    EXPECT(cm_sim_launch_checked(NULL, bump, (void *)(uintptr_t)r, 0, 1,
                                  &kstart, &klen),
            CUDA_ERROR_INVALID_VALUE);
     /* A hole named as host memory, either side. */

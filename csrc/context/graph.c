@@ -1,0 +1,456 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * context/graph.c: stream capture and graph launch.  Owns the
+ * process-wide record of the captures cudamem began (a count, a count of
+ * the global-mode ones, and the capturing stream handles, in atomics:
+ * no lock, read without a driver call on every synchronous path), the
+ * Stream methods begin_capture / end_capture / is_capturing, the
+ * private functions the Python Graph class (cudamem/graphs.py) calls,
+ * and the checks that refuse, with StreamCaptureError and before any
+ * driver call, work that must happen now on a capturing stream
+ * (docs/design.md, "Capture-aware synchronous work").  Every function
+ * runs with the GIL held; the atomics make the record safe to read from
+ * any thread.
+ */
+#include "cm.h"
+#include "context/stream.h"
+
+#include <stdatomic.h>
+
+/* The most captures cudamem tracks at once. */
+#define CM_CAP_SLOTS 64
+
+/* Captures cudamem began and has not ended. */
+static atomic_int cm_cap_count;
+
+/* Of those, the ones in global mode. */
+static atomic_int cm_cap_global;
+
+/* Their streams' handles (0: a free slot) and modes. */
+static _Atomic(uintptr_t) cm_cap_handle[CM_CAP_SLOTS];
+
+static int cm_cap_mode[CM_CAP_SLOTS];
+
+static const char *const cm_cap_mode_names[] = {
+    "global", "thread_local", "relaxed"
+};
+
+/* The slot of capturing handle h, or -1. */
+static int
+cm_cap_find(CUstream h)
+{
+    int i;
+
+    for (i = 0; i < CM_CAP_SLOTS; i++) {
+        if (atomic_load(&cm_cap_handle[i]) == (uintptr_t)h) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+int
+cm_capture_any(void)
+{
+    return atomic_load_explicit(&cm_cap_count, memory_order_relaxed) != 0;
+}
+
+/* Raise StreamCaptureError: what cannot run while stream (a description)
+ * captures, and what to do instead. */
+static int
+cm_capture_raise(const char *what, const char *stream, const char *instead)
+{
+    PyObject *cls = CM_REGISTERED(StreamCaptureError);
+    PyObject *msg;
+    PyObject *exc;
+
+    if (cls == NULL) {
+        return -1;
+    }
+    msg = PyUnicode_FromFormat("%s cannot run while %s is capturing a CUDA "
+                               "graph: %s", what, stream, instead);
+    if (msg == NULL) {
+        return -1;
+    }
+    exc = PyObject_CallOneArg(cls, msg);
+    Py_DECREF(msg);
+    if (exc != NULL) {
+        PyErr_SetObject(cls, exc);
+        Py_DECREF(exc);
+    }
+    return -1;
+}
+
+int
+cm_capture_refuse_sync(const char *what)
+{
+    if (atomic_load_explicit(&cm_cap_global, memory_order_relaxed) == 0) {
+        return 0;
+    }
+    return cm_capture_raise(
+        what, "a stream (in global mode)",
+        "a synchronous call uses the legacy default stream, which would "
+        "join or invalidate the capture; use an asynchronous copy on the "
+        "capturing stream into pinned memory (cudamem.pinned_array), or "
+        "end the capture first");
+}
+
+int
+cm_capture_refuse_ctx(const char *what)
+{
+    if (!cm_capture_any()) {
+        return 0;
+    }
+    return cm_capture_raise(
+        what, "a stream of this process",
+        "synchronising a context waits on its capturing streams; "
+        "synchronise the streams that are not capturing, or end the "
+        "capture first");
+}
+
+int
+cm_capture_refuse_stream(CUstream h, int external, const char *what)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    char name[64];
+
+    if (cm_stream_handle_is_default(h)) {
+        return cm_capture_refuse_sync(what);
+    }
+    if (!(cm_capture_any() && cm_cap_find(h) >= 0)) {
+        if (!external || CM_CU_RAW(StreamIsCapturing, (h, &st))
+                             != CUDA_SUCCESS
+            || st == CU_STREAM_CAPTURE_STATUS_NONE) {
+            return 0;
+        }
+    }
+    snprintf(name, sizeof(name), "stream %" PRIuPTR, (uintptr_t)h);
+    return cm_capture_raise(
+        what, name,
+        "it would wait on the stream or run host code in the graph; use "
+        "an asynchronous copy on that stream into or out of pinned memory, "
+        "or end the capture first");
+}
+
+/* ------------------------------------------------------------------ */
+/* Stream methods                                                      */
+/* ------------------------------------------------------------------ */
+
+/* The CU_STREAM_CAPTURE_MODE_* mode names, or -1 with ValueError. */
+static int
+cm_capture_mode(PyObject *mode)
+{
+    int i;
+
+    if (PyUnicode_Check(mode)) {
+        for (i = 0; i < 3; i++) {
+            if (PyUnicode_CompareWithASCIIString(mode, cm_cap_mode_names[i])
+                == 0) {
+                return i;
+            }
+        }
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "mode must be 'global', 'thread_local' or 'relaxed', "
+                 "not %R", mode);
+    return -1;
+}
+
+static PyObject *
+cm_begin_capture_run(cm_stream *s, int mode)
+{
+    int slot;
+
+    if (cm_stream_handle_is_default(s->handle)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the default stream cannot capture; capture on a "
+                        "stream made by cudamem.stream()");
+        return NULL;
+    }
+    if (cm_cap_find(s->handle) >= 0) {
+        PyErr_Format(PyExc_RuntimeError, "%R is already capturing",
+                     (PyObject *)s);
+        return NULL;
+    }
+    for (slot = 0; slot < CM_CAP_SLOTS; slot++) {
+        uintptr_t zero = 0;
+
+        if (atomic_compare_exchange_strong(&cm_cap_handle[slot], &zero,
+                                           (uintptr_t)s->handle)) {
+            break;
+        }
+    }
+    if (slot == CM_CAP_SLOTS) {
+        PyErr_Format(PyExc_RuntimeError, "more than %d captures at once",
+                     CM_CAP_SLOTS);
+        return NULL;
+    }
+    if (CM_CU(StreamBeginCapture, (s->handle, (CUstreamCaptureMode)mode))
+        < 0) {
+        atomic_store(&cm_cap_handle[slot], 0);
+        return NULL;
+    }
+    cm_cap_mode[slot] = mode;
+    atomic_fetch_add(&cm_cap_count, 1);
+    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        atomic_fetch_add(&cm_cap_global, 1);
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject *
+cm_stream_begin_capture(PyObject *self, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames)
+{
+    static PyObject *names[1];
+    PyObject *out[1] = {NULL};
+    PyObject *r;
+    int mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+    if (names[0] == NULL) {
+        names[0] = PyUnicode_InternFromString("mode");
+        if (names[0] == NULL) {
+            return NULL;
+        }
+    }
+    if (cm_bind_args("begin_capture", args, nargs, kwnames, names, 1, 0,
+                     out) < 0) {
+        return NULL;
+    }
+    if (out[0] != NULL && (mode = cm_capture_mode(out[0])) < 0) {
+        return NULL;
+    }
+    CM_IN_CONTEXT(((cm_stream *)self)->ctx, r, NULL,
+                  cm_begin_capture_run((cm_stream *)self, mode));
+    return r;
+}
+
+/* End s's capture and instantiate its graph: a (exec handle) int, or
+ * NULL.  Forgets the capture whatever the driver answers. */
+static PyObject *
+cm_end_capture_run(cm_stream *s)
+{
+    CUgraph g = NULL;
+    CUgraphExec x = NULL;
+    CUresult rc;
+    int slot = cm_cap_find(s->handle);
+    int err;
+
+    rc = CM_CU_RAW(StreamEndCapture, (s->handle, &g));
+    if (slot >= 0 && rc != CUDA_ERROR_ILLEGAL_STATE
+        && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+        if (cm_cap_mode[slot] == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+            atomic_fetch_sub(&cm_cap_global, 1);
+        }
+        atomic_fetch_sub(&cm_cap_count, 1);
+        atomic_store(&cm_cap_handle[slot], 0);
+    }
+    if (rc == CUDA_ERROR_ILLEGAL_STATE && slot < 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "%R is not capturing: call begin_capture() first",
+                     (PyObject *)s);
+        return NULL;
+    }
+    if (cm_cu_check(rc, "cuStreamEndCapture") < 0) {
+        return NULL;
+    }
+    err = CM_CU(GraphInstantiateWithFlags, (&x, g, 0));
+    (void)CM_CU_RAW(GraphDestroy, (g));
+    if (err < 0) {
+        return NULL;
+    }
+    return PyLong_FromVoidPtr((void *)x);
+}
+
+PyObject *
+cm_stream_end_capture(PyObject *self, PyObject *unused)
+{
+    cm_stream *s = (cm_stream *)self;
+    PyObject *cls;
+    PyObject *x;
+    PyObject *r;
+
+    (void)unused;
+    cls = CM_REGISTERED(Graph);
+    if (cls == NULL) {
+        return NULL;
+    }
+    CM_IN_CONTEXT(s->ctx, x, NULL, cm_end_capture_run(s));
+    if (x == NULL) {
+        return NULL;
+    }
+    r = PyObject_CallFunction(cls, "OOk", x, (PyObject *)s->ctx,
+                              s->ctx->gen);
+    if (r == NULL) {
+        /* The executable graph would be lost: destroy it. */
+        PyObject *et, *ev, *tb;
+        CUgraphExec h;
+
+        PyErr_Fetch(&et, &ev, &tb);
+        h = (CUgraphExec)PyLong_AsVoidPtr(x);
+        if (h != NULL) {
+            (void)CM_CU_RAW(GraphExecDestroy, (h));
+        }
+        PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+    Py_DECREF(x);
+    return r;
+}
+
+static PyObject *
+cm_is_capturing_run(cm_stream *s)
+{
+    CUstreamCaptureStatus st;
+
+    if (s->kind != CM_STREAM_EXTERNAL
+        && !cm_stream_handle_is_default(s->handle)) {
+        if (!cm_capture_any()) {
+            Py_RETURN_FALSE;
+        }
+        return PyBool_FromLong(cm_cap_find(s->handle) >= 0);
+    }
+    if (CM_CU(StreamIsCapturing, (s->handle, &st)) < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(st != CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+PyObject *
+cm_stream_is_capturing(PyObject *self, PyObject *unused)
+{
+    PyObject *r;
+
+    (void)unused;
+    CM_IN_CONTEXT(((cm_stream *)self)->ctx, r, NULL,
+                  cm_is_capturing_run((cm_stream *)self));
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* What cudamem.Graph calls                                            */
+/* ------------------------------------------------------------------ */
+
+/* Parse (exec, ctx, gen[, stream]) and check the context is live. */
+static int
+cm_graph_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+              CUgraphExec *x, cm_context **ctx)
+{
+    unsigned long gen;
+
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, "wrong number of arguments");
+        return -1;
+    }
+    *x = (CUgraphExec)PyLong_AsVoidPtr(args[0]);
+    gen = PyLong_AsUnsignedLong(args[2]);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    if (!PyObject_TypeCheck(args[1], cm_st->Context_type)) {
+        PyErr_SetString(PyExc_TypeError, "expected a Context");
+        return -1;
+    }
+    *ctx = (cm_context *)args[1];
+    if (!cm_context_gen_live(gen)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the graph's context was closed or reset: the "
+                        "graph is gone with it");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+cm_graph_launch_run(CUgraphExec x, CUstream h, int upload)
+{
+    int err;
+
+    if (upload) {
+        CM_CU_NOGIL(err, GraphUpload, (x, h));
+    }
+    else {
+        CM_CU_NOGIL(err, GraphLaunch, (x, h));
+    }
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* _graph_launch(exec, ctx, gen, stream, upload) */
+PyObject *
+cm_graph_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    CUgraphExec x;
+    cm_context *ctx;
+    CUstream h = NULL;
+    PyObject *r;
+    int upload;
+
+    (void)mod;
+    if (cm_graph_args(args, nargs, 5, &x, &ctx) < 0
+        || (upload = PyObject_IsTrue(args[4])) < 0) {
+        return NULL;
+    }
+    if (args[3] != Py_None) {
+        if (cm_stream_resolve(args[3], &h) < 0) {
+            return NULL;
+        }
+        if (cm_stream_check(args[3])
+            && ((cm_stream *)args[3])->ctx != ctx) {
+            PyErr_Format(PyExc_ValueError,
+                         "%R belongs to another device's context than the "
+                         "graph; launch it on a stream of the device it "
+                         "was captured on", args[3]);
+            return NULL;
+        }
+    }
+    if (!upload && cm_stream_handle_is_default(h)
+        && cm_capture_refuse_sync("Graph.launch() on the default stream")
+               < 0) {
+        return NULL;
+    }
+    CM_IN_CONTEXT(ctx, r, NULL, cm_graph_launch_run(x, h, upload));
+    return r;
+}
+
+static PyObject *
+cm_graph_destroy_run(CUgraphExec x)
+{
+    if (CM_CU(GraphExecDestroy, (x)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* _graph_destroy(exec, ctx, gen): nothing to do once the context is
+ * gone (its graphs went with it). */
+PyObject *
+cm_graph_destroy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    CUgraphExec x;
+    cm_context *ctx;
+    PyObject *r;
+
+    (void)mod;
+    if (cm_graph_args(args, nargs, 3, &x, &ctx) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    CM_IN_CONTEXT(ctx, r, NULL, cm_graph_destroy_run(x));
+    return r;
+}
+
+/* _capture_counts(): (captures, global-mode captures) cudamem began. */
+PyObject *
+cm_capture_counts(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return Py_BuildValue("ii", atomic_load(&cm_cap_count),
+                         atomic_load(&cm_cap_global));
+}

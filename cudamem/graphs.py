@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: MIT
+"""CUDA graphs: what ``Stream.end_capture()`` returns, and ``graph()``.
+
+Capture itself is in C (``Stream.begin_capture`` / ``end_capture`` /
+``is_capturing``, csrc/context/graph.c); this module holds the graph
+object, which launches through ``_core`` with its context current, and
+the context manager that captures a block.
+"""
+
+from . import _core
+
+__all__ = ["Graph", "graph"]
+
+
+class Graph:
+    """An instantiated CUDA graph, ready to launch.
+
+    Made by ``Stream.end_capture()`` or filled by ``with
+    cudamem.graph() as g``.  The pointers and values of the captured work
+    are fixed: a replay reads and writes the same memory, so keep the
+    arrays the capture used alive, and change their contents between
+    replays.  ``close()`` destroys it (idempotent); a closed graph, or
+    one whose context was closed or reset, raises ValueError.
+    """
+
+    def __init__(self, _exec=None, _ctx=None, _gen=0):
+        self._exec = _exec
+        self._ctx = _ctx
+        self._gen = _gen
+        self._closed = False
+        # graph(): the side stream made for the block; None otherwise.
+        self.stream = None
+
+    def _check(self):
+        if self._closed:
+            raise ValueError("the graph is closed")
+        if self._exec is None:
+            raise ValueError("the graph is empty: its capture has not "
+                             "ended (or failed)")
+
+    def launch(self, stream=None):
+        """Launch the graph on ``stream`` (None: the default stream)."""
+        self._check()
+        _core._graph_launch(self._exec, self._ctx, self._gen, stream, False)
+
+    def replay(self, stream=None):
+        """Alias of ``launch``, as PyTorch names it."""
+        self.launch(stream)
+
+    def upload(self, stream=None):
+        """Upload the graph's work to the device ahead of a launch."""
+        self._check()
+        _core._graph_launch(self._exec, self._ctx, self._gen, stream, True)
+
+    def close(self):
+        """Destroy the graph; later uses raise ValueError."""
+        if self._closed:
+            return
+        self._closed = True
+        x, self._exec = self._exec, None
+        if x is not None:
+            _core._graph_destroy(x, self._ctx, self._gen)
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def _fill(self, other):
+        # Take over the executable graph of other (an end_capture result).
+        self._exec, self._ctx, self._gen = other._exec, other._ctx, other._gen
+        other._exec = None
+        other._closed = True
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "closed" if self._closed else (
+            "empty" if self._exec is None else "ready")
+        return "<cudamem.Graph %s>" % state
+
+
+class graph:
+    """``with cudamem.graph(stream=None, mode="global") as g:`` captures
+    the block into ``g``.
+
+    cudamem has no "current stream": the block's work must name the
+    capturing stream.  With ``stream=None`` a new stream is made for the
+    capture (a side stream, as PyTorch's ``torch.cuda.graph`` uses) and
+    is ``g.stream``; pass it to the block's copies and kernels.  At a
+    normal exit the capture ends and ``g`` can be launched; if the block
+    raises, the capture is ended and thrown away (``g`` stays empty) and
+    the exception propagates.
+    """
+
+    def __init__(self, stream=None, mode="global"):
+        if mode not in ("global", "thread_local", "relaxed"):
+            raise ValueError("mode must be 'global', 'thread_local' or "
+                             "'relaxed', not %r" % (mode,))
+        self._stream = stream
+        self._mode = mode
+        self._graph = None
+
+    def __enter__(self):
+        if self._graph is not None:
+            raise RuntimeError("a cudamem.graph() block cannot be entered "
+                               "twice")
+        s = self._stream if self._stream is not None else _core.stream()
+        g = Graph()
+        g.stream = s
+        s.begin_capture(self._mode)
+        self._graph = g
+        return g
+
+    def __exit__(self, et, ev, tb):
+        g = self._graph
+        if et is not None:
+            try:
+                g.stream.end_capture().close()
+            except Exception:
+                pass
+            return False
+        g._fill(g.stream.end_capture())
+        return False

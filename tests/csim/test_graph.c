@@ -1,0 +1,374 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_graph.c: standalone tests of the simulator's stream capture and
+ * graphs (csrc/sim/graph.c): recording and replay, the driver's
+ * refusals during a capture and the capture modes.  Built and run by
+ * tests/csim/Makefile (`make -C tests/csim check`) under ASan+UBSan and
+ * under TSan, in one process: each test ends every capture it begins.
+ */
+#include "driver/cu_table.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cm_cu_table cu;
+static int failures;
+
+#define CHECK(cond)                                                     \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,      \
+                    __LINE__, #cond);                                   \
+            failures++;                                                 \
+        }                                                               \
+    } while (0)
+
+#define EXPECT(call, want)                                              \
+    do {                                                                \
+        CUresult got_ = (call);                                         \
+        if (got_ != (want)) {                                           \
+            const char *n_ = NULL;                                      \
+            cu.GetErrorName(got_, &n_);                                 \
+            fprintf(stderr, "%s:%d: %s returned %d (%s), want %s\n",    \
+                    __FILE__, __LINE__, #call, (int)got_,               \
+                    n_ ? n_ : "?", #want);                              \
+            failures++;                                                 \
+        }                                                               \
+    } while (0)
+
+#define OK(call) EXPECT(call, CUDA_SUCCESS)
+
+#define N 256
+
+static CUstream stream;     /* a non-blocking stream */
+static CUdeviceptr dev;     /* N bytes of device memory */
+static unsigned char *pin;  /* N bytes of page-locked host memory */
+
+/* Capture memset + H->D + D->H, replay it several times with the host
+ * bytes changed in between. */
+static void
+test_replay(void)
+{
+    unsigned char *out;
+    CUdeviceptr tmp;
+    CUgraph g = NULL;
+    CUgraphExec x = NULL;
+    CUstreamCaptureStatus st;
+    cuuint64_t id = 0;
+    int i, r;
+
+    OK(cu.MemHostAlloc((void **)&out, N, 0));
+    OK(cu.MemAlloc(&tmp, N));
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.StreamIsCapturing(stream, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    OK(cu.StreamGetCaptureInfo(stream, &st, &id, NULL, NULL, NULL, NULL));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE && id != 0);
+    EXPECT(cu.StreamGetCaptureInfo(stream, &st, &id, &g, NULL, NULL, NULL),
+           CUDA_ERROR_NOT_SUPPORTED);
+    OK(cu.MemsetD8Async(dev, 7, N, stream));
+    OK(cu.MemcpyHtoDAsync(tmp, pin, N / 2, stream));
+    OK(cu.MemcpyDtoDAsync(dev, tmp, N / 2, stream));
+    OK(cu.MemcpyDtoHAsync(out, dev, N, stream));
+    OK(cu.StreamEndCapture(stream, &g));
+    CHECK(g != NULL);
+    OK(cu.StreamIsCapturing(stream, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_NONE);
+    /* Nothing ran during the capture. */
+    CHECK(out[0] == 0);
+    OK(cu.GraphInstantiateWithFlags(&x, g, 0));
+    EXPECT(cu.GraphInstantiateWithFlags(&x, g, 1), CUDA_ERROR_NOT_SUPPORTED);
+    OK(cu.GraphDestroy(g));
+    OK(cu.GraphUpload(x, stream));
+    for (r = 0; r < 5; r++) {
+        memset(pin, 100 + r, N);
+        memset(out, 0, N);
+        OK(cu.GraphLaunch(x, stream));
+        OK(cu.StreamSynchronize(stream));
+        for (i = 0; i < N; i++) {
+            CHECK(out[i] == (i < N / 2 ? 100 + r : 7));
+        }
+    }
+    /* A recorded range freed since: refused, not a write into freed
+     * memory. */
+    OK(cu.MemFree(tmp));
+    EXPECT(cu.GraphLaunch(x, stream), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.GraphExecDestroy(x));
+    OK(cu.MemFreeHost(out));
+}
+
+/* Synchronising a capturing stream invalidates the capture. */
+static void
+test_invalidate(void)
+{
+    CUgraph g = (CUgraph)1;
+    CUstreamCaptureStatus st;
+    CUevent e;
+
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_ILLEGAL_STATE);
+    EXPECT(cu.StreamSynchronize(stream),
+           CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cu.StreamIsCapturing(stream, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    EXPECT(cu.MemsetD8Async(dev, 1, N, stream),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK(g == NULL);
+    EXPECT(cu.StreamEndCapture(stream, &g), CUDA_ERROR_ILLEGAL_STATE);
+
+    /* A synchronous copy during a global capture. */
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(cu.MemcpyHtoD(dev, pin, N), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    /* cuCtxSynchronize during a capture. */
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    EXPECT(cu.CtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    /* A captured event cannot be queried. */
+    OK(cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.EventRecord(e, stream));
+    EXPECT(cu.EventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* Recorded outside a capture again, it is an ordinary event. */
+    OK(cu.EventRecord(e, stream));
+    OK(cu.EventSynchronize(e));
+    OK(cu.EventDestroy(e));
+
+    /* Querying a capturing stream invalidates it too. */
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(cu.StreamQuery(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+/* The legacy stream while a blocking stream captures. */
+static void
+test_legacy(void)
+{
+    CUstream blocking;
+    CUgraph g = NULL;
+    CUstreamCaptureStatus st;
+
+    OK(cu.StreamCreate(&blocking, 0));
+    EXPECT(cu.StreamBeginCapture(CU_STREAM_LEGACY,
+                                 CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cu.StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED));
+    /* The status query answers IMPLICIT and leaves the capture valid. */
+    EXPECT(cu.StreamIsCapturing(CU_STREAM_LEGACY, &st),
+           CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    OK(cu.StreamIsCapturing(blocking, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    /* Relaxed: the synchronous copy passes the mode check, and its use
+     * of the legacy stream is refused. */
+    EXPECT(cu.MemcpyHtoD(dev, pin, N), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    OK(cu.StreamIsCapturing(blocking, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    EXPECT(cu.StreamEndCapture(blocking, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* A non-blocking stream's relaxed capture leaves the legacy stream
+     * alone. */
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    OK(cu.MemcpyHtoD(dev, pin, N));
+    OK(cu.StreamSynchronize(CU_STREAM_LEGACY));
+    OK(cu.StreamEndCapture(stream, &g));
+    OK(cu.GraphDestroy(g));
+    OK(cu.StreamDestroy(blocking));
+}
+
+/* Fork and join through events; an unjoined stream. */
+static void
+test_fork_join(void)
+{
+    CUstream side;
+    CUevent fork_ev, join_ev;
+    CUgraph g = NULL;
+    CUgraphExec x;
+    CUstreamCaptureStatus st;
+    unsigned char out[N];
+    int i;
+
+    OK(cu.StreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    OK(cu.EventCreate(&fork_ev, CU_EVENT_DISABLE_TIMING));
+    OK(cu.EventCreate(&join_ev, CU_EVENT_DISABLE_TIMING));
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.MemsetD8Async(dev, 3, N, stream));
+    OK(cu.EventRecord(fork_ev, stream));
+    OK(cu.StreamWaitEvent(side, fork_ev, 0));
+    OK(cu.StreamIsCapturing(side, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    OK(cu.MemsetD8Async(dev, 4, N / 4, side));
+    OK(cu.EventRecord(join_ev, side));
+    OK(cu.StreamWaitEvent(stream, join_ev, 0));
+    /* Only the origin ends it. */
+    EXPECT(cu.StreamEndCapture(side, &g),
+           CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.MemsetD8Async(dev, 3, N, stream));
+    OK(cu.EventRecord(fork_ev, stream));
+    OK(cu.StreamWaitEvent(side, fork_ev, 0));
+    OK(cu.MemsetD8Async(dev, 4, N / 4, side));
+    OK(cu.EventRecord(join_ev, side));
+    OK(cu.StreamWaitEvent(stream, join_ev, 0));
+    OK(cu.StreamEndCapture(stream, &g));
+    OK(cu.StreamIsCapturing(side, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_NONE);
+    OK(cu.GraphInstantiateWithFlags(&x, g, 0));
+    OK(cu.GraphLaunch(x, stream));
+    OK(cu.StreamSynchronize(stream));
+    OK(cu.MemcpyDtoH(out, dev, N));
+    for (i = 0; i < N; i++) {
+        CHECK(out[i] == (i < N / 4 ? 4 : 3));
+    }
+    OK(cu.GraphExecDestroy(x));
+    OK(cu.GraphDestroy(g));
+
+    /* Forked and never joined back. */
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.EventRecord(fork_ev, stream));
+    OK(cu.StreamWaitEvent(side, fork_ev, 0));
+    OK(cu.MemsetD8Async(dev, 4, N, side));
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    OK(cu.StreamIsCapturing(side, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* An event of work outside the capture. */
+    OK(cu.EventRecord(fork_ev, side));
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(cu.StreamWaitEvent(stream, fork_ev, 0),
+           CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cu.EventDestroy(fork_ev));
+    OK(cu.EventDestroy(join_ev));
+    OK(cu.StreamDestroy(side));
+}
+
+/* What another thread may do during a capture, by mode. */
+typedef struct {
+    CUcontext ctx;
+    CUstreamCaptureMode mine;   /* the thread's interaction mode */
+    CUresult rc;                /* what its cuMemcpyHtoD returned */
+} other_arg;
+
+static void *
+other_thread(void *p)
+{
+    other_arg *a = p;
+    CUstreamCaptureMode m = a->mine;
+
+    cu.CtxSetCurrent(a->ctx);
+    cu.ThreadExchangeStreamCaptureMode(&m);
+    a->rc = cu.MemcpyHtoD(dev, pin, N);
+    return NULL;
+}
+
+static CUresult
+in_other_thread(CUcontext ctx, CUstreamCaptureMode mine)
+{
+    other_arg a = {ctx, mine, CUDA_SUCCESS};
+    pthread_t t;
+
+    pthread_create(&t, NULL, other_thread, &a);
+    pthread_join(t, NULL);
+    return a.rc;
+}
+
+static void
+test_modes(CUcontext ctx)
+{
+    CUgraph g = NULL;
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+    /* Another thread's global capture forbids this thread's unsafe call
+     * unless this thread is relaxed. */
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(in_other_thread(ctx, CU_STREAM_CAPTURE_MODE_RELAXED));
+    EXPECT(in_other_thread(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* A thread-local capture forbids only its own thread's. */
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    OK(in_other_thread(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.StreamEndCapture(stream, &g));
+    OK(cu.GraphDestroy(g));
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    EXPECT(cu.MemAlloc(&(CUdeviceptr){0}, 16),
+           CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(stream, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* This thread relaxed: its own capture does not forbid it. */
+    OK(cu.ThreadExchangeStreamCaptureMode(&m));
+    CHECK(m == CU_STREAM_CAPTURE_MODE_GLOBAL);
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.MemcpyHtoD(dev, pin, N));
+    OK(cu.StreamEndCapture(stream, &g));
+    OK(cu.GraphDestroy(g));
+    OK(cu.ThreadExchangeStreamCaptureMode(&m));
+    CHECK(m == CU_STREAM_CAPTURE_MODE_RELAXED);
+}
+
+/* A capture whose origin stream is destroyed is discarded. */
+static void
+test_destroy(void)
+{
+    CUstream s;
+    CUgraph g = NULL;
+
+    OK(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cu.MemsetD8Async(dev, 1, N, s));
+    OK(cu.StreamDestroy(s));
+    /* No capture is left to forbid this. */
+    OK(cu.MemcpyHtoD(dev, pin, N));
+    EXPECT(cu.StreamEndCapture(stream, &g), CUDA_ERROR_ILLEGAL_STATE);
+}
+
+int
+main(void)
+{
+    CUcontext ctx;
+    CUdevice d;
+
+    cm_sim_fill(&cu, 0);
+    OK(cu.Init(0));
+    OK(cu.DeviceGet(&d, 0));
+    OK(cu.DevicePrimaryCtxRetain(&ctx, d));
+    OK(cu.CtxSetCurrent(ctx));
+    OK(cu.StreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    OK(cu.MemAlloc(&dev, N));
+    OK(cu.MemHostAlloc((void **)&pin, N, 0));
+    memset(pin, 0, N);
+    test_replay();
+    test_invalidate();
+    test_legacy();
+    test_fork_join();
+    test_modes(ctx);
+    test_destroy();
+    OK(cu.MemFreeHost(pin));
+    OK(cu.MemFree(dev));
+    OK(cu.StreamDestroy(stream));
+    OK(cu.DevicePrimaryCtxRelease(d));
+    if (failures) {
+        fprintf(stderr, "test_graph: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("ok   graph\n");
+    return 0;
+}

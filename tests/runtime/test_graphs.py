@@ -1,0 +1,242 @@
+# SPDX-License-Identifier: MIT
+"""CUDA graphs: capture, replay, and the capture-aware synchronous work
+(issue 41, the foundation: no allocation inside a capture here)."""
+
+import numpy as np
+import pytest
+
+import cudamem
+from cudamem import Graph, StreamCaptureError, _core
+from tests.helpers.crashutil import run_child
+
+N = 64
+
+
+@pytest.fixture
+def setup():
+    s = cudamem.stream()
+    hin = cudamem.pinned_array(N, np.float32)
+    hout = cudamem.pinned_array(N, np.float32)
+    d = cudamem.device_array(N, np.float32)
+    d2 = cudamem.device_array(N, np.float32)
+    yield s, hin, hout, d, d2
+    left = _core._capture_counts()
+    if s.is_capturing():
+        try:
+            s.end_capture().close()
+        except cudamem.CudaAPIError:
+            pass
+    assert left == (0, 0)
+
+
+def _capture_roundtrip(s, hin, hout, d, d2):
+    s.begin_capture()
+    d.copy_to_device(hin, stream=s)
+    d2.copy_to_device(d, stream=s)
+    d2.copy_to_host(hout, stream=s)
+    return s.end_capture()
+
+
+def test_capture_and_replay(setup):
+    s, hin, hout, d, d2 = setup
+    g = _capture_roundtrip(s, hin, hout, d, d2)
+    assert isinstance(g, Graph)
+    assert not s.is_capturing()
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        hin[:] = rng.standard_normal(N)
+        g.replay(s)
+        s.synchronize()
+        np.testing.assert_array_equal(hout, hin)
+    g.close()
+
+
+def test_capture_memset_and_kernel(setup):
+    s, hin, hout, d, d2 = setup
+    a = cudamem.device_array((8, 8), np.float32)
+    t_host = cudamem.pinned_array((8, 8), np.float32)
+    h2 = cudamem.pinned_array((8, 8), np.float32)
+    b = cudamem.device_array((8, 8), np.float32)
+    b.copy_to_device(np.zeros((8, 8), np.float32))
+    s.begin_capture()
+    d.setitem(slice(None), 0, stream=s)
+    d.copy_to_host(hout, stream=s)
+    a.copy_to_device(h2, stream=s)
+    # A strided device-to device copy runs cudamem's internal kernel (a
+    # host function on the simulator).
+    b[:, ::2].copy_to_device(a[:, ::2], stream=s)
+    b.copy_to_host(t_host, stream=s)
+    g = s.end_capture()
+    for r in range(3):
+        hout[:] = 7
+        h2[:] = np.arange(64, dtype=np.float32).reshape(8, 8) + r
+        g.launch(s)
+        s.synchronize()
+        assert (hout == 0).all()
+        want = np.zeros((8, 8), np.float32)
+        want[:, ::2] = h2[:, ::2]
+        np.testing.assert_array_equal(t_host, want)
+    g.close()
+
+
+def test_is_capturing_and_modes(setup):
+    s = setup[0]
+    assert not s.is_capturing()
+    for mode in ("global", "thread_local", "relaxed"):
+        s.begin_capture(mode=mode)
+        assert s.is_capturing()
+        s.end_capture().close()
+    with pytest.raises(ValueError):
+        s.begin_capture(mode="bogus")
+
+
+def test_graph_context_manager(setup):
+    s, hin, hout, d, d2 = setup
+    with cudamem.graph() as g:
+        assert g.stream.is_capturing()
+        d.copy_to_device(hin, stream=g.stream)
+        d.copy_to_host(hout, stream=g.stream)
+    assert not g.stream.is_capturing()
+    hin[:] = 3
+    g.launch(s)
+    s.synchronize()
+    assert (hout == 3).all()
+    g.close()
+    with cudamem.graph(stream=s) as g2:
+        d.copy_to_host(hout, stream=s)
+    assert g2.stream is s
+    g2.close()
+
+
+def test_graph_block_raises(setup):
+    s = setup[0]
+    with pytest.raises(KeyError):
+        with cudamem.graph(stream=s) as g:
+            raise KeyError("x")
+    assert not s.is_capturing()
+    with pytest.raises(ValueError):
+        g.launch(s)
+
+
+@pytest.mark.parametrize("what", [
+    "copy_to_host", "to_device", "copy_to_device", "synchronize",
+    "cudamem.synchronize",
+])
+def test_sync_work_raises_and_capture_stays_valid(setup, what):
+    s, hin, hout, d, d2 = setup
+    s.begin_capture()
+    d.copy_to_device(hin, stream=s)
+    with pytest.raises(StreamCaptureError) as ei:
+        if what == "copy_to_host":
+            d.copy_to_host()
+        elif what == "to_device":
+            cudamem.to_device(np.ones(4))
+        elif what == "copy_to_device":
+            d.copy_to_device(np.ones(N, np.float32))
+        elif what == "synchronize":
+            s.synchronize()
+        else:
+            cudamem.synchronize()
+    assert isinstance(ei.value, cudamem.CudaAPIError)
+    assert ei.value.code == 900
+    assert "capturing" in str(ei.value)
+    assert s.is_capturing()
+    d.copy_to_host(hout, stream=s)
+    g = s.end_capture()
+    hin[:] = 5
+    g.launch(s)
+    s.synchronize()
+    assert (hout == 5).all()
+    g.close()
+
+
+def test_staged_pageable_copy_raises(setup):
+    s, hin, hout, d, d2 = setup
+    big = cudamem.device_array(1 << 22, np.uint8)
+    s.begin_capture()
+    with pytest.raises(StreamCaptureError):
+        big.copy_to_host(np.empty(1 << 22, np.uint8), stream=s)
+    s.end_capture().close()
+
+
+def test_external_stream_capture_seen():
+    h = _core._raw_stream_create(1)
+    try:
+        ext = cudamem.external_stream(h)
+        assert not ext.is_capturing()
+        ext.begin_capture()
+        assert ext.is_capturing()
+        with pytest.raises(StreamCaptureError):
+            ext.synchronize()
+        ext.end_capture().close()
+        assert not ext.is_capturing()
+    finally:
+        _core._raw_stream_destroy(h)
+
+
+def test_adversarial(setup):
+    s, hin, hout, d, d2 = setup
+    with pytest.raises(RuntimeError, match="not capturing"):
+        s.end_capture()
+    s.begin_capture()
+    with pytest.raises(RuntimeError, match="already capturing"):
+        s.begin_capture()
+    g = s.end_capture()
+    g.close()
+    g.close()
+    for call in (g.launch, g.replay, g.upload):
+        with pytest.raises(ValueError):
+            call(s)
+    with pytest.raises(ValueError):
+        cudamem.default_stream().begin_capture()
+    assert "closed" in repr(g)
+
+
+def test_graph_outlives_context():
+    run_child("""
+        import numpy as np, cudamem
+        s = cudamem.stream()
+        h = cudamem.pinned_array(4, np.float32)
+        d = cudamem.device_array(4, np.float32)
+        s.begin_capture()
+        d.copy_to_device(h, stream=s)
+        g = s.end_capture()
+        cudamem.close()
+        try:
+            g.launch()
+        except ValueError as e:
+            assert "context" in str(e), e
+        else:
+            raise SystemExit("no ValueError")
+        g.close()
+        g.close()
+        print("ok")
+    """)
+
+
+@pytest.mark.multi_gpu
+def test_graph_on_other_device_stream():
+    with cudamem.gpus[0]:
+        s0 = cudamem.stream()
+        d = cudamem.device_array(4, np.float32)
+        h = cudamem.pinned_array(4, np.float32)
+        s0.begin_capture()
+        d.copy_to_device(h, stream=s0)
+        g = s0.end_capture()
+    with cudamem.gpus[1]:
+        s1 = cudamem.stream()
+    with pytest.raises(ValueError, match="another device"):
+        g.launch(s1)
+    g.close()
+
+
+@pytest.mark.gpu
+def test_gpu_replay_many(setup):
+    s, hin, hout, d, d2 = setup
+    g = _capture_roundtrip(s, hin, hout, d, d2)
+    for i in range(1000):
+        hin[:] = i
+        g.launch(s)
+        s.synchronize()
+        assert hout[0] == i
+    g.close()
