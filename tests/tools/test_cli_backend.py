@@ -9,6 +9,7 @@ loaded (CUDAMEM_DRIVER_LIBRARY names a file that does not exist), so
 these tests see a machine without a driver on a GPU machine as well."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -115,8 +116,12 @@ def test_install_hints_name_plain_packages():
     # cudamem is not on the package index: a hint such as
     # pip install 'cudamem[test]' cannot work for a user; every hint the
     # package prints names the packages themselves.
+    # The package under test: the installed one where the suite runs
+    # against an install (the tree beside the tests may have no cudamem/).
+    import cudamem
+
     hints = []
-    for path in sorted((ROOT / "cudamem").rglob("*.py")):
+    for path in sorted(pathlib.Path(cudamem.__file__).parent.rglob("*.py")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if "pip install" in line:
                 hints.append((path.name, line.strip()))
