@@ -6,39 +6,13 @@
  * tests/csim/Makefile (`make -C tests/csim check`) under ASan+UBSan and
  * under TSan, in one process: each test ends every capture it begins.
  */
-#include "driver/cu_table.h"
+#include "csim_check.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static cm_cu_table cu;
-static int failures;
-
-#define CHECK(cond)                                                     \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,      \
-                    __LINE__, #cond);                                   \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
-
-#define EXPECT(call, want)                                              \
-    do {                                                                \
-        CUresult got_ = (call);                                         \
-        if (got_ != (want)) {                                           \
-            const char *n_ = NULL;                                      \
-            cu.GetErrorName(got_, &n_);                                 \
-            fprintf(stderr, "%s:%d: %s returned %d (%s), want %s\n",    \
-                    __FILE__, __LINE__, #call, (int)got_,               \
-                    n_ ? n_ : "?", #want);                              \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
-
-#define OK(call) EXPECT(call, CUDA_SUCCESS)
 
 #define N 256
 

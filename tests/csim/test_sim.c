@@ -15,7 +15,7 @@
  * forked before the group calls cuInit: a child forked after cuInit
  * could not use the simulator.
  */
-#include "driver/cu_table.h"
+#include "csim_check.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -28,33 +28,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static cm_cu_table cu;
-static int failures;
-
-#define CHECK(cond)                                                     \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,      \
-                    __LINE__, #cond);                                   \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
-
-/* Check that a call returns the expected CUresult. */
-#define EXPECT(call, want)                                              \
-    do {                                                                \
-        CUresult got_ = (call);                                         \
-        if (got_ != (want)) {                                           \
-            const char *n_ = NULL;                                      \
-            cu.GetErrorName(got_, &n_);                                 \
-            fprintf(stderr, "%s:%d: %s returned %d (%s), want %s\n",    \
-                    __FILE__, __LINE__, #call, (int)got_,               \
-                    n_ ? n_ : "?", #want);                              \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
-
-#define OK(call) EXPECT(call, CUDA_SUCCESS)
 
 static void
 sleep_ms(long ms)
@@ -252,16 +225,6 @@ callback_fn(CUstream h, CUresult status, void *arg)
 /* ------------------------------------------------------------------ */
 /* Groups                                                              */
 /* ------------------------------------------------------------------ */
-
-static CUcontext
-retain_and_push(int dev)
-{
-    CUcontext ctx = NULL;
-
-    OK(cu.DevicePrimaryCtxRetain(&ctx, dev));
-    OK(cu.CtxPushCurrent(ctx));
-    return ctx;
-}
 
 static void
 group_init_and_devices(void)
@@ -1707,12 +1670,6 @@ group_ipc(void)
 /* Driver                                                              */
 /* ------------------------------------------------------------------ */
 
-typedef struct {
-    const char *name;       /* printed */
-    void (*fn)(void);       /* the group */
-    const char *env;        /* "NAME=value NAME=value", or NULL */
-    int per_thread;         /* cm_sim_fill's second argument */
-} group;
 
 static const group groups[] = {
     {"init_and_devices", group_init_and_devices, "CUDAMEM_SIM_DEVICES=2", 0},
@@ -1728,60 +1685,16 @@ static const group groups[] = {
     {"ipc", group_ipc, NULL, 0},
 };
 
-static void
-apply_env(const char *env)
-{
-    char buf[256], *tok, *save = NULL, *eq;
-
-    if (env == NULL) {
-        return;
-    }
-    snprintf(buf, sizeof(buf), "%s", env);
-    for (tok = strtok_r(buf, " ", &save); tok != NULL;
-         tok = strtok_r(NULL, " ", &save)) {
-        eq = strchr(tok, '=');
-        *eq = '\0';
-        setenv(tok, eq + 1, 1);
-    }
-}
 
 int
 main(int argc, char **argv)
 {
-    size_t i;
-    int bad = 0;
-
     abort_want = mmap(NULL, ABORT_WANT_SIZE, PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (abort_want == MAP_FAILED) {
         perror("mmap");
         return 1;
     }
-    for (i = 0; i < sizeof(groups) / sizeof(groups[0]); i++) {
-        const group *g = &groups[i];
-        pid_t pid;
-        int status = 0;
-
-        if (argc > 1 && strcmp(argv[1], g->name) != 0) {
-            continue;
-        }
-        fflush(stdout);
-        fflush(stderr);
-        pid = fork();
-        if (pid == 0) {
-            apply_env(g->env);
-            cm_sim_fill(&cu, g->per_thread);
-            g->fn();
-            exit(failures ? 1 : 0);
-        }
-        waitpid(pid, &status, 0);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-            printf("ok   %s\n", g->name);
-        }
-        else {
-            printf("FAIL %s (status %d)\n", g->name, status);
-            bad = 1;
-        }
-    }
-    return bad;
+    return run_groups(groups, sizeof(groups) / sizeof(groups[0]), argc,
+                      argv);
 }

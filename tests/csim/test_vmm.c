@@ -10,7 +10,7 @@
  * of its own, as in test_sim.c: the simulator reads its environment once,
  * at cuInit.
  */
-#include "driver/cu_table.h"
+#include "csim_check.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -22,45 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static cm_cu_table cu;
-static int failures;
-
 #define G ((size_t)2 << 20)
 
-#define CHECK(cond)                                                     \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,      \
-                    __LINE__, #cond);                                   \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
-
-/* Check that a call returns the expected CUresult. */
-#define EXPECT(call, want)                                              \
-    do {                                                                \
-        CUresult got_ = (call);                                         \
-        if (got_ != (want)) {                                           \
-            const char *n_ = NULL;                                      \
-            cu.GetErrorName(got_, &n_);                                 \
-            fprintf(stderr, "%s:%d: %s returned %d (%s), want %s\n",    \
-                    __FILE__, __LINE__, #call, (int)got_,               \
-                    n_ ? n_ : "?", #want);                              \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
-
-#define OK(call) EXPECT(call, CUDA_SUCCESS)
-
-static CUcontext
-retain_and_push(int dev)
-{
-    CUcontext ctx = NULL;
-
-    OK(cu.DevicePrimaryCtxRetain(&ctx, dev));
-    OK(cu.CtxPushCurrent(ctx));
-    return ctx;
-}
 
 /* Properties of a pinned allocation on dev with handle types types. */
 static CUmemAllocationProp
@@ -921,70 +884,21 @@ group_threads(void)
 /* Driver                                                              */
 /* ------------------------------------------------------------------ */
 
-typedef struct {
-    const char *name;       /* printed */
-    void (*fn)(void);       /* the group */
-    const char *env;        /* "NAME=value NAME=value", or NULL */
-} group;
 
 static const group groups[] = {
-    {"props", group_props, NULL},
-    {"map", group_map, "CUDAMEM_SIM_MEMORY=33554432"},
-    {"peer", group_peer, "CUDAMEM_SIM_DEVICES=2"},
+    {"props", group_props, NULL, 0},
+    {"map", group_map, "CUDAMEM_SIM_MEMORY=33554432", 0},
+    {"peer", group_peer, "CUDAMEM_SIM_DEVICES=2", 0},
     {"no_peer", group_no_peer,
-     "CUDAMEM_SIM_DEVICES=2 CUDAMEM_SIM_NO_PEER=all"},
-    {"share", group_share, NULL},
-    {"threads", group_threads, NULL},
+     "CUDAMEM_SIM_DEVICES=2 CUDAMEM_SIM_NO_PEER=all", 0},
+    {"share", group_share, NULL, 0},
+    {"threads", group_threads, NULL, 0},
 };
 
-static void
-apply_env(const char *env)
-{
-    char buf[256], *tok, *save = NULL, *eq;
-
-    if (env == NULL) {
-        return;
-    }
-    snprintf(buf, sizeof(buf), "%s", env);
-    for (tok = strtok_r(buf, " ", &save); tok != NULL;
-         tok = strtok_r(NULL, " ", &save)) {
-        eq = strchr(tok, '=');
-        *eq = '\0';
-        setenv(tok, eq + 1, 1);
-    }
-}
 
 int
 main(int argc, char **argv)
 {
-    size_t i;
-    int bad = 0;
-
-    for (i = 0; i < sizeof(groups) / sizeof(groups[0]); i++) {
-        const group *g = &groups[i];
-        pid_t pid;
-        int status = 0;
-
-        if (argc > 1 && strcmp(argv[1], g->name) != 0) {
-            continue;
-        }
-        fflush(stdout);
-        fflush(stderr);
-        pid = fork();
-        if (pid == 0) {
-            apply_env(g->env);
-            cm_sim_fill(&cu, 0);
-            g->fn();
-            exit(failures ? 1 : 0);
-        }
-        waitpid(pid, &status, 0);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-            printf("ok   %s\n", g->name);
-        }
-        else {
-            printf("FAIL %s (status %d)\n", g->name, status);
-            bad = 1;
-        }
-    }
-    return bad;
+    return run_groups(groups, sizeof(groups) / sizeof(groups[0]), argc,
+                      argv);
 }
