@@ -7,6 +7,8 @@ object, which launches through ``_core`` with its context current, and
 the context manager that captures a block.
 """
 
+import threading
+
 from . import _core
 
 __all__ = ["Graph", "graph"]
@@ -20,10 +22,14 @@ class Graph:
     are fixed: a replay reads and writes the same memory, so keep the
     arrays the capture used alive, and change their contents between
     replays.  ``close()`` destroys it (idempotent); a closed graph, or
-    one whose context was closed or reset, raises ValueError.
+    one whose context was closed or reset, raises ValueError.  Launches
+    and ``close()`` from several threads are serialised by the graph's
+    lock, so that a graph is never destroyed while a launch of it is in
+    the driver (the driver orders launches of one graph anyway).
     """
 
     def __init__(self, _exec=None, _ctx=None, _gen=0):
+        self._lock = threading.Lock()
         self._exec = _exec
         self._ctx = _ctx
         self._gen = _gen
@@ -40,8 +46,10 @@ class Graph:
 
     def launch(self, stream=None):
         """Launch the graph on ``stream`` (None: the default stream)."""
-        self._check()
-        _core._graph_launch(self._exec, self._ctx, self._gen, stream, False)
+        with self._lock:
+            self._check()
+            _core._graph_launch(self._exec, self._ctx, self._gen, stream,
+                                False)
 
     def replay(self, stream=None):
         """Alias of ``launch``, as PyTorch names it."""
@@ -49,17 +57,20 @@ class Graph:
 
     def upload(self, stream=None):
         """Upload the graph's work to the device ahead of a launch."""
-        self._check()
-        _core._graph_launch(self._exec, self._ctx, self._gen, stream, True)
+        with self._lock:
+            self._check()
+            _core._graph_launch(self._exec, self._ctx, self._gen, stream,
+                                True)
 
     def close(self):
         """Destroy the graph; later uses raise ValueError."""
-        if self._closed:
-            return
-        self._closed = True
-        x, self._exec = self._exec, None
-        if x is not None:
-            _core._graph_destroy(x, self._ctx, self._gen)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            x, self._exec = self._exec, None
+            if x is not None:
+                _core._graph_destroy(x, self._ctx, self._gen)
 
     @property
     def closed(self):
@@ -67,9 +78,11 @@ class Graph:
 
     def _fill(self, other):
         # Take over the executable graph of other (an end_capture result).
-        self._exec, self._ctx, self._gen = other._exec, other._ctx, other._gen
-        other._exec = None
-        other._closed = True
+        with self._lock, other._lock:
+            self._exec, self._ctx, self._gen = (other._exec, other._ctx,
+                                                other._gen)
+            other._exec = None
+            other._closed = True
 
     def __del__(self):
         try:

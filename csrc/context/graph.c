@@ -254,7 +254,8 @@ cm_end_capture_run(cm_stream *s)
     if (cm_cu_check(rc, "cuStreamEndCapture") < 0) {
         return NULL;
     }
-    err = CM_CU(GraphInstantiateWithFlags, (&x, g, 0));
+    /* Instantiation takes as long as the graph is large: GIL released. */
+    CM_CU_NOGIL(err, GraphInstantiateWithFlags, (&x, g, 0));
     (void)CM_CU_RAW(GraphDestroy, (g));
     if (err < 0) {
         return NULL;
