@@ -120,6 +120,15 @@ def device_bytes(n):
     return cudamem.device_array(n, np.uint8)
 
 
+class Cycle:
+    """An object in a reference cycle holding n device bytes: once it is
+    dropped, only a garbage collection frees them."""
+
+    def __init__(self, n):
+        self.self = self
+        self.mem = device_bytes(n)
+
+
 # ---------------------------------------------------------------------------
 # Setting it
 # ---------------------------------------------------------------------------
@@ -329,12 +338,7 @@ def test_freed_memory_makes_room(limited):
 
 
 def test_cycles_are_collected_to_make_room(limited):
-    class Holder:
-        pass
-
-    h = Holder()
-    h.self = h
-    h.mem = device_bytes(40 * MiB)
+    h = Cycle(40 * MiB)
     del h                                     # only gc can free it
     with Collections() as c:
         m = device_bytes(40 * MiB)
@@ -386,12 +390,7 @@ def test_probing_under_the_limit_collects_once(limited):
     assert held() == before
     # An owner made since: the next refusal looks again, and finds the
     # garbage that makes room.
-    class Holder:
-        pass
-
-    h = Holder()
-    h.self = h
-    h.mem = device_bytes(4 * MiB)
+    h = Cycle(4 * MiB)
     del keep
     keep = device_bytes(LIMIT - 6 * MiB)    # 2 MiB left under it
     del h
@@ -552,12 +551,7 @@ def test_plugin_allocations_count(plugin_ctx):
 
 
 def test_plugin_cycles_are_collected_to_make_room(plugin_ctx):
-    class Holder:
-        pass
-
-    h = Holder()
-    h.self = h
-    h.mem = device_bytes(40 * MiB)
+    h = Cycle(40 * MiB)
     del h
     b = device_bytes(40 * MiB)
     assert cudamem.memory_stats()["limit_used_bytes"] == 40 * MiB
