@@ -318,17 +318,16 @@ def _timeline_svg(ser, ooms, records, snames):
     streams' names (stream_names)."""
     w, h, left, bottom, top, right = 900, 320, 70, 30, 16, 12
     names = [k for k in ser if k != "total"] + ["total"]
-    handles = {}
-    for h, nm in snames.items():
-        if h not in (0, 1, 2):
-            handles[nm] = h
+    # Each named stream's raw handle, for the legend's tooltips.
+    handles = {nm: sh for sh, nm in snames.items() if sh not in (0, 1, 2)}
     t_max = max((pts[-1][0] for pts in ser.values() if pts), default=1.0)
     t_max = max([t_max] + [t for t, _ in ooms]) or 1.0
     y_max = max((v for pts in ser.values() for _, v in pts), default=1)
     y_max = y_max or 1
-    # Round ticks; the axes end at the last one.
-    t_ticks = _nice_ticks(t_max)
-    t_max = t_ticks[-1]
+    # Round ticks.  The byte axis ends at its last one; the time axis
+    # ends with the data, so that every series spans the timeline, and
+    # shows the round times within it.
+    t_ticks = [t for t in _nice_ticks(t_max) if t <= t_max * (1 + 1e-9)]
     y_ticks, y_labels = _byte_ticks(y_max)
     y_max = y_ticks[-1]
     pw, ph = w - left - right, h - top - bottom
