@@ -30,6 +30,7 @@
  * with the GIL held.
  */
 #include "memory/memory.h"
+#include "driver/bytesize.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -78,7 +79,6 @@ cm_limit_parse(const char *s, size_t *bytes, double *frac)
     const char *p = s;
     const char *start;
     unsigned long long v = 0;
-    int shift = 0;
     int ndigits = 0;
     int point = 0;
     char buf[64];
@@ -118,35 +118,10 @@ cm_limit_parse(const char *s, size_t *bytes, double *frac)
         *frac = f;
         return CM_LIM_FRACTION;
     }
-    for (p = start; isdigit((unsigned char)*p); p++) {
-        if (v > (ULLONG_MAX - 9) / 10) {
-            return CM_LIM_INVALID;
-        }
-        v = v * 10 + (unsigned long long)(*p - '0');
-    }
-    while (isspace((unsigned char)*p)) {
-        p++;
-    }
-    switch (toupper((unsigned char)*p)) {
-    case 'K': shift = 10; p++; break;
-    case 'M': shift = 20; p++; break;
-    case 'G': shift = 30; p++; break;
-    default: break;
-    }
-    if (toupper((unsigned char)*p) == 'I'
-        && toupper((unsigned char)p[1]) == 'B') {
-        p += 2;
-    }
-    else if (toupper((unsigned char)*p) == 'B') {
-        p++;
-    }
-    while (isspace((unsigned char)*p)) {
-        p++;
-    }
-    if (*p != '\0' || v == 0 || v > ((unsigned long long)INT64_MAX >> shift)) {
+    if (cm_parse_bytes(s, (unsigned long long)INT64_MAX, &v) < 0 || v == 0) {
         return CM_LIM_INVALID;
     }
-    *bytes = (size_t)(v << shift);
+    *bytes = (size_t)v;
     return CM_LIM_BYTES;
 }
 

@@ -73,8 +73,8 @@
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
+#include "driver/bytesize.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -373,55 +373,20 @@ sim_env_ull(const char *name, unsigned long long lo, unsigned long long hi,
     return v;
 }
 
-/* A size environment variable in [lo, hi], or dflt: digits, then an
- * optional unit K, M or G (KiB, MiB, GiB: powers of 1024) with an
- * optional B or iB, any case, blanks around; the spelling of
- * CUDAMEM_DEVICE_MEMORY_LIMIT's byte counts (cudamem/config.py checks
- * the same at import). */
+/* A size environment variable in [lo, hi], or dflt: a byte count as
+ * CUDAMEM_DEVICE_MEMORY_LIMIT spells one (driver/bytesize.h; cudamem/
+ * config.py checks the same at import). */
 static unsigned long long
 sim_env_size(const char *name, unsigned long long lo, unsigned long long hi,
              unsigned long long dflt)
 {
     const char *s = getenv(name);
-    const char *p;
-    char *end;
     unsigned long long v;
-    int shift = 0;
 
-    if (s == NULL) {
+    if (s == NULL || cm_parse_bytes(s, hi, &v) < 0 || v < lo) {
         return dflt;
     }
-    for (p = s; isspace((unsigned char)*p); p++) {
-    }
-    if (*p < '0' || *p > '9') {
-        return dflt;
-    }
-    errno = 0;
-    v = strtoull(p, &end, 10);
-    if (errno != 0) {
-        return dflt;
-    }
-    for (p = end; isspace((unsigned char)*p); p++) {
-    }
-    switch (*p) {
-    case 'k': case 'K': shift = 10; p++; break;
-    case 'm': case 'M': shift = 20; p++; break;
-    case 'g': case 'G': shift = 30; p++; break;
-    default: break;
-    }
-    if ((*p == 'i' || *p == 'I') && (p[1] == 'b' || p[1] == 'B')) {
-        p += 2;
-    }
-    else if (*p == 'b' || *p == 'B') {
-        p++;
-    }
-    for (; isspace((unsigned char)*p); p++) {
-    }
-    if (*p != '\0' || v > (hi >> shift)) {
-        return dflt;
-    }
-    v <<= shift;
-    return v < lo ? dflt : v;
+    return v;
 }
 
 static int
