@@ -67,23 +67,33 @@ class CudaAPIError(CudaDriverError):
 
 
 class StreamCaptureError(CudaAPIError):
-    """Work that must happen now was refused because a stream it touches
-    is capturing a CUDA graph; raised before any driver call, so the
-    capture stays valid.
+    """Work was refused because a stream it touches is capturing a CUDA
+    graph.
 
-    A CudaAPIError (code 900, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the
-    code the driver answers for the same call) so that code catching
-    numba's driver errors catches it too.  The message names the stream
-    and what to do instead.
+    Where cudamem knows of the capture (one it began), the error comes
+    before any driver call and the capture stays valid: code 900,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (what the driver answers for
+    the same call), a message that names the stream and what to do
+    instead.  Where only the driver knows (another library's capture),
+    the driver's refusal (its codes 900 to 908) raises it, with the
+    driver's code and wording; the driver has then invalidated that
+    capture.  A CudaAPIError, so that code catching numba's driver
+    errors catches it too.
     """
 
     CODE = 900
 
-    def __init__(self, msg):
+    def __init__(self, msg, fn=None, name=None):
+        if fn is not None:
+            # cm_raise_cu: StreamCaptureError(code, fn, name).
+            super().__init__(msg, fn, name)
+            return
         super().__init__(self.CODE, msg)
         self.name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
 
     def __reduce__(self):
+        if self.fn is not None:
+            return (type(self), (self.code, self.fn, self.name))
         return (type(self), (self.msg,))
 
 

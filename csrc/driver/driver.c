@@ -406,9 +406,18 @@ cm_raise_cu(CUresult rc, const char *fn)
         return -1;
     }
     name = cm_cu_error_name(rc, buf, sizeof(buf));
-    cls = rc == CUDA_ERROR_OUT_OF_MEMORY
-              ? CM_REGISTERED(CudaOutOfMemoryError)
-              : CM_REGISTERED(CudaAPIError);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        cls = CM_REGISTERED(CudaOutOfMemoryError);
+    }
+    else if (rc >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+             && rc <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+        /* A capture refused the call: one cudamem did not know of (it
+         * refuses work during its own before asking the driver). */
+        cls = CM_REGISTERED(StreamCaptureError);
+    }
+    else {
+        cls = CM_REGISTERED(CudaAPIError);
+    }
     if (cls == NULL) {
         return -1;
     }

@@ -289,6 +289,26 @@ cm_raw_stream_destroy_fn(PyObject *mod, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_raw_begin_capture_doc,
+"_raw_begin_capture(handle, mode)\n--\n\n"
+"cuStreamBeginCapture of a raw stream, as another library begins one, "
+"without cudamem's record of its captures (tests only).");
+
+static PyObject *
+cm_raw_begin_capture_fn(PyObject *mod, PyObject *args)
+{
+    unsigned long long h;
+    int mode;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "Ki:_raw_begin_capture", &h, &mode)
+        || CM_CU(StreamBeginCapture,
+                 ((CUstream)(uintptr_t)h, (CUstreamCaptureMode)mode)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(cm_raw_stream_sync_doc,
 "_raw_stream_synchronize(handle)\n--\n\n"
 "cuStreamSynchronize with the GIL released (tests only).");
@@ -511,6 +531,8 @@ static PyMethodDef cm_pool_functions[] = {
      cm_async_shareable_doc},
     {"_raw_stream_create", cm_raw_stream_create_fn, METH_VARARGS,
      cm_raw_stream_create_doc},
+    {"_raw_begin_capture", cm_raw_begin_capture_fn, METH_VARARGS,
+     cm_raw_begin_capture_doc},
     {"_raw_stream_destroy", cm_raw_stream_destroy_fn, METH_O,
      cm_raw_stream_destroy_doc},
     {"_raw_stream_synchronize", cm_raw_stream_sync_fn, METH_O,

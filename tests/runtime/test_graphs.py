@@ -174,6 +174,57 @@ def test_external_stream_capture_seen():
         _core._raw_stream_destroy(h)
 
 
+@pytest.mark.parametrize("flags", [0, 1], ids=["blocking", "non_blocking"])
+def test_work_on_a_capture_another_library_began(setup, flags):
+    # Another library (raw driver calls here, as CuPy's do) captures its
+    # stream in global mode; cudamem works on it through external_stream.
+    s, hin, hout, d, d2 = setup
+    h = _core._raw_stream_create(flags)
+    try:
+        ext = cudamem.external_stream(h)
+        _core._raw_begin_capture(h, 0)
+        assert ext.is_capturing()               # the driver says so
+        assert _core._capture_counts() == (0, 0)
+        with pytest.raises(StreamCaptureError):
+            ext.synchronize()                   # refused before the driver
+        # Stream-ordered work on the capturing stream is recorded.
+        d.copy_to_device(hin, stream=ext)
+        d2.copy_to_device(d, stream=ext)
+        d2.copy_to_host(hout, stream=ext)
+        g = ext.end_capture()
+        for k in range(3):
+            hin[:] = np.arange(N) * (k + 1)
+            g.launch(ext)
+            _core._raw_stream_synchronize(h)
+            np.testing.assert_array_equal(hout, hin)
+        g.close()
+    finally:
+        _core._raw_stream_destroy(h)
+
+
+def test_sync_copy_during_a_capture_another_library_began(setup):
+    # cudamem cannot know of that capture without asking the driver on
+    # every synchronous copy: the driver refuses the copy and invalidates
+    # the capture; both refusals are StreamCaptureError, with the
+    # driver's codes, and nothing is recorded to crash at a replay.
+    s, hin, hout, d, d2 = setup
+    h = _core._raw_stream_create(0)
+    try:
+        ext = cudamem.external_stream(h)
+        _core._raw_begin_capture(h, 0)
+        with pytest.raises(StreamCaptureError) as ei:
+            d.copy_to_host()
+        assert ei.value.code == 900
+        with pytest.raises(StreamCaptureError) as ei:
+            ext.end_capture()
+        assert ei.value.code == 901             # invalidated
+        assert not ext.is_capturing()
+        d.copy_to_device(hin)                   # all is well afterwards
+        np.testing.assert_array_equal(d.copy_to_host(), hin)
+    finally:
+        _core._raw_stream_destroy(h)
+
+
 def test_adversarial(setup):
     s, hin, hout, d, d2 = setup
     with pytest.raises(RuntimeError, match="not capturing"):
