@@ -290,7 +290,7 @@ cm_raw_stream_destroy_fn(PyObject *mod, PyObject *arg)
 }
 
 PyDoc_STRVAR(cm_raw_begin_capture_doc,
-"_raw_begin_capture(handle, mode)\n--\n\n"
+"_raw_begin_capture(handle, mode, /)\n--\n\n"
 "cuStreamBeginCapture of a raw stream, as another library begins one, "
 "without cudamem's record of its captures (tests only).");
 
