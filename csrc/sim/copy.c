@@ -244,8 +244,8 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
         rc = CUDA_ERROR_NOT_PERMITTED;
     }
     if (rc == CUDA_SUCCESS && sync) {
-        /* A synchronous copy or memset is a potentially unsafe call. */
-        rc = sim_capture_unsafe();
+        /* On the legacy stream, and a potentially unsafe call. */
+        rc = sim_capture_sync_call();
     }
     if (rc != CUDA_SUCCESS || w == 0 || h == 0 || d == 0) {
         sim_unlock();
@@ -502,8 +502,8 @@ sim_memset(CUdeviceptr dst, unsigned char uc, size_t n, CUstream hs,
         rc = CUDA_ERROR_NOT_PERMITTED;
     }
     if (rc == CUDA_SUCCESS && sync) {
-        /* A synchronous copy or memset is a potentially unsafe call. */
-        rc = sim_capture_unsafe();
+        /* On the legacy stream, and a potentially unsafe call. */
+        rc = sim_capture_sync_call();
     }
     if (rc == CUDA_SUCCESS && n > 0) {
         if (sim_range((uintptr_t)dst, n) == NULL) {

@@ -348,6 +348,28 @@ sim_capture_unsafe(void)
 }
 
 CUresult
+sim_capture_sync_call(void)
+{
+    sim_stream *legacy;
+    CUresult rc;
+
+    if (sim.captures == NULL) {
+        return CUDA_SUCCESS;
+    }
+    if (!atomic_load(&sim_per_thread)) {
+        rc = sim_stream_get(CU_STREAM_LEGACY, &legacy);
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+        rc = sim_capture_legacy(legacy, 1);
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+    }
+    return sim_capture_unsafe();
+}
+
+CUresult
 sim_capture_check_unsafe(void)
 {
     CUresult rc;

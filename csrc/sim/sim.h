@@ -608,6 +608,14 @@ CUresult sim_capture_legacy(const sim_stream *s, int invalidate);
  * forbid it, under the capture modes' rules. */
 CUresult sim_capture_unsafe(void);
 
+/* A synchronous copy or memset on this thread (sim lock held): it runs on
+ * the legacy stream unless the per-thread default stream is chosen, so a
+ * blocking stream of the current context that captures is joined
+ * implicitly (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the capture
+ * invalidated, as the driver answers); else the unsafe-call rules of
+ * sim_capture_unsafe. */
+CUresult sim_capture_sync_call(void);
+
 /* sim_capture_unsafe, taking the lock (not held). */
 CUresult sim_capture_check_unsafe(void);
 
