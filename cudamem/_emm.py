@@ -667,7 +667,9 @@ def _draws_from_cudamem(plugin):
 
 
 def _refuse_loop(plugin, what):
-    name = getattr(plugin, "__qualname__", None) or type(plugin).__qualname__
+    """The ValueError for a plugin class that takes its memory from
+    cudamem, asked for by what."""
+    name = plugin.__qualname__
     return ValueError(
         "%s: the EMM plugin %s takes its memory from cudamem's memory "
         "manager, so a cudamem context cannot use it as its manager (every "
