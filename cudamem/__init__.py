@@ -86,6 +86,7 @@ from ._emm import (
     PinnedMemory,
     PoolMemoryManager,
     defer_cleanup,
+    empty_cache,
     set_memory_manager,
 )
 from ._errors import (
@@ -175,6 +176,7 @@ __all__ = [
     "current_context",
     "default_stream",
     "defer_cleanup",
+    "empty_cache",
     "detect",
     "device_array",
     "device_array_like",

@@ -84,11 +84,13 @@ SCHEMA_VERSION = 1
 WORKLOADS = ("mixed", "growing", "bulk", "training")
 TITLES = {"mixed": "mixed sizes", "growing": "growing sizes",
           "bulk": "equal sizes, bulk frees", "training": "training step"}
-CUDAMEM = ("cudamem-default", "cudamem-pool", "cudamem-async")
+CUDAMEM = ("cudamem-default", "cudamem-pool", "cudamem-pool-vmm",
+           "cudamem-async")
 PEERS = ("cupy", "torch", "torch-expandable", "rmm", "cuda.core")
 ALLOCATORS = CUDAMEM + PEERS
 LABELS = {"cudamem-default": "cudamem `default`",
           "cudamem-pool": "cudamem `pool`",
+          "cudamem-pool-vmm": "cudamem `pool`, `CUDAMEM_POOL_VMM=1`",
           "cudamem-async": "cudamem `async` (driver's pool)",
           "cupy": "CuPy (its default pool)",
           "torch": "PyTorch",
@@ -324,7 +326,7 @@ def _open(name):
     if name in CUDAMEM:
         import cudamem
 
-        kind = name.split("-", 1)[1]
+        kind = name.split("-")[1]
         got = cudamem.memory_stats().get("manager")
         if got != kind:
             raise RuntimeError("asked for the %r manager, the context has %r"
@@ -500,8 +502,11 @@ def _child_env(allocator):
     env["PYTHONPATH"] = os.pathsep.join(
         [pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                       if p])
+    env.pop("CUDAMEM_POOL_VMM", None)
     if allocator in CUDAMEM:
-        env["CUDAMEM_MEMORY_MANAGER"] = allocator.split("-", 1)[1]
+        env["CUDAMEM_MEMORY_MANAGER"] = allocator.split("-")[1]
+        if allocator.endswith("-vmm"):
+            env["CUDAMEM_POOL_VMM"] = "1"
     else:
         env.pop("CUDAMEM_MEMORY_MANAGER", None)
     env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)

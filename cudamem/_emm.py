@@ -680,6 +680,24 @@ def _refuse_loop(plugin, what):
         "CUDAMEM_MEMORY_MANAGER" % (what, name))
 
 
+def empty_cache() -> None:
+    """Give the memory that the current context's manager caches back to
+    the device: the pending frees run first, then the built-in ``pool``
+    manager gives back every wholly free segment and, on virtual memory
+    (``CUDAMEM_POOL_VMM=1``), every idle page, after waiting for the
+    context; the ``async`` manager trims the driver's pool to 0; the
+    ``default`` manager caches nothing.  A plugin manager's memory is its
+    own: only the pending frees run.  The name PyTorch and CuPy users
+    know (``torch.cuda.empty_cache``, ``free_all_blocks``); numba has
+    none."""
+    ctx = _core.current_context()
+    mm = ctx.memory_manager
+    if isinstance(mm, DefaultMemoryManager):   # the built-in managers
+        mm.reset()
+    elif not ctx.deallocations.is_disabled:
+        ctx.deallocations.clear()
+
+
 def set_memory_manager(mm_plugin: Any) -> None:
     """Use ``mm_plugin`` for contexts created from now on; existing
     contexts (and their live allocations) keep theirs.

@@ -49,6 +49,7 @@
  * different stream on each thread; the pool treats it as one stream.
  */
 #include "memory/pool.h"
+#include "memory/vmm/arena.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -353,7 +354,9 @@ cm_blk_split(cm_pool *p, cm_blk *b, size_t size, uintptr_t stream,
     size_t rest = b->size - size;
     cm_blk *r;
 
-    if (rest < (b->seg->small ? CM_POOL_ROUND : CM_POOL_LARGE_SPLIT)
+    if (rest < (b->seg->small || b->seg->arena != NULL
+                    ? CM_POOL_ROUND
+                    : CM_POOL_LARGE_SPLIT)
         || (r = calloc(1, sizeof(*r))) == NULL) {
         cm_event_put(p, event);
         return;
@@ -403,6 +406,9 @@ found:
     b->stream = s;
     b->event = NULL;
     cm_blk_split(p, b, size, rs, re, rseq);
+    if (b->seg->arena != NULL) {
+        cm_arena_use(p, b);
+    }
     return b;
 }
 
@@ -438,6 +444,13 @@ cm_pool_add_seg(cm_pool *p, CUdeviceptr base, size_t segsize, int small,
     return b;
 }
 
+/* Add free block b (of a new segment) to its bins. */
+void
+cm_pool_free_add(cm_pool *p, cm_blk *b)
+{
+    cm_bin_add(p, b);
+}
+
 /* Merge free b into its free neighbour n after it (same segment). */
 static void
 cm_blk_absorb(cm_blk *b, cm_blk *n)
@@ -468,6 +481,9 @@ cm_pool_put(cm_pool *p, cm_blk *b)
         p->pending = b;
         p->pending_bytes += b->size;
         return;
+    }
+    if (b->seg->arena != NULL) {
+        cm_arena_unuse(p, b);
     }
     if ((p->multi_stream || b->record_now) && b->stream != CM_POOL_ANY
         && b->stream != CM_POOL_STUCK) {
@@ -578,6 +594,9 @@ cm_pool_collect_free_segs(cm_pool *p, cm_seg **out)
     *out = NULL;
     for (; g != NULL; g = next) {
         next = g->next;
+        if (g->arena != NULL) {
+            continue;   /* arenas give back pages, not themselves */
+        }
         for (b = g->first; b != NULL && b->free; b = b->next) {
         }
         if (b != NULL) {
@@ -618,6 +637,13 @@ cm_segs_release(cm_context *ctx, cm_seg *g)
 
     for (; g != NULL; g = next) {
         next = g->next;
+        if (g->arena != NULL) {
+            rc = cm_arena_free_seg(ctx, g, 1);
+            if (first == CUDA_SUCCESS) {
+                first = rc;
+            }
+            continue;
+        }
         rc = CM_CU_RAW(MemFree, (g->base));
         cm_limit_give(ctx, g->size);
         if (first == CUDA_SUCCESS) {

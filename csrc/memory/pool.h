@@ -37,11 +37,16 @@ typedef struct cm_seg cm_seg;
 
 typedef struct cm_blk cm_blk;
 
-/* One cuMemAlloc'd segment, cut into blocks. */
+/* An arena of virtual memory (memory/vmm/arena.h). */
+typedef struct cm_arena cm_arena;
+
+/* One segment, cut into blocks: cuMemAlloc'd, or an arena of virtual
+ * memory with physical pages mapped where blocks need them. */
 struct cm_seg {
     CUdeviceptr base;     /* device address */
     size_t size;          /* bytes */
     int small;            /* holds small blocks */
+    cm_arena *arena;      /* its pages, or NULL: cuMemAlloc'd */
     cm_blk *first;        /* its blocks in address order */
     cm_seg *prev;         /* links in the pool's segment list */
     cm_seg *next;
@@ -89,7 +94,8 @@ struct cm_pool {
     cm_bins small;        /* free small blocks */
     cm_bins large;        /* free large blocks */
     cm_seg *segs;         /* every segment */
-    size_t reserved;      /* bytes in segments */
+    size_t reserved;      /* bytes of device memory held: cuMemAlloc'd
+                           * segments and pages mapped in arenas */
     size_t free_bytes;    /* bytes in free blocks */
     size_t limit;         /* the most reserved may be; 0: no limit */
     uintptr_t first_stream;  /* the first stream key served */
@@ -118,6 +124,20 @@ struct cm_pool {
                            * wait for all of them; NULL until then */
     cm_pool *all_next;    /* NOTE: GIL; the list of every pool */
     cm_pool *all_prev;
+    /* virtual memory (memory/vmm/arena.c) */
+    int vmm;              /* segments are arenas (CUDAMEM_POOL_VMM) */
+    int gshift;           /* log2 of the page size, the device's
+                           * allocation granularity */
+    int device;           /* the device ordinal pages are made on */
+    pthread_mutex_t vmu;  /* serialises mapping and unmapping; taken
+                           * without the GIL, before mu, never by a
+                           * thread that holds mu */
+    size_t idle_pages;    /* mapped pages no block in use covers */
+    size_t arena_used;    /* bytes of the arenas' blocks in use */
+    size_t keep;          /* idle bytes kept: past them, idle pages go
+                           * back to the device once quiet */
+    int release_due;      /* idle bytes past keep since the last release
+                           * (read without mu as a hint) */
     int untrimmed;        /* async: the driver's pool may cache memory
                            * (a free or a failed allocation since the
                            * last trim); trim() has nothing to give back
@@ -198,6 +218,9 @@ cm_pool_add_seg(cm_pool *p, CUdeviceptr base, size_t segsize, int small,
 
 /* Return block b (in use) to the pool. */
 void cm_pool_put(cm_pool *p, cm_blk *b);
+
+/* Add free block b (of a new segment) to its bins. */
+void cm_pool_free_add(cm_pool *p, cm_blk *b);
 
 /* Find which pending events have completed (their blocks become usable
  * on any stream) and merge the free neighbours that now may be; the slow

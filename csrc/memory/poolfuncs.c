@@ -4,6 +4,7 @@
  * managers and their init.
  */
 #include "memory/pool.h"
+#include "memory/vmm/arena.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -214,7 +215,10 @@ cm_async_shareable_fn(PyObject *mod, PyObject *arg)
 PyDoc_STRVAR(cm_pool_stats_doc,
 "_pool_stats(ctx)\n--\n\n"
 "A dict: reserved_bytes, free_bytes, largest_free_block (None where the "
-"manager cannot know), segments, limit.");
+"manager cannot know), segments, limit, virtual_memory (the pool's "
+"segments are arenas of virtual memory), page_size, idle_bytes (mapped "
+"pages no block uses) and release_threshold (0 without virtual "
+"memory).");
 
 static PyObject *
 cm_pool_stats_fn(PyObject *mod, PyObject *arg)
@@ -225,6 +229,7 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
     size_t free_b;
     long long largest;
     Py_ssize_t nseg = 0;
+    size_t idle;
     cm_seg *g;
     PyObject *lg;
     PyObject *r;
@@ -239,17 +244,87 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
     for (g = p->segs; g != NULL; g = g->next) {
         nseg++;
     }
+    idle = p->idle_pages;
     cm_pool_unlock(p, &gd);
     lg = largest < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(largest);
     if (lg == NULL) {
         return NULL;
     }
-    r = Py_BuildValue("{snsnsOsnsn}", "reserved_bytes", (Py_ssize_t)reserved,
-                      "free_bytes", (Py_ssize_t)free_b,
+    r = Py_BuildValue("{snsnsOsnsnsOsnsnsn}", "reserved_bytes",
+                      (Py_ssize_t)reserved, "free_bytes", (Py_ssize_t)free_b,
                       "largest_free_block", lg, "segments", nseg,
-                      "limit", (Py_ssize_t)p->limit);
+                      "limit", (Py_ssize_t)p->limit,
+                      "virtual_memory", p->vmm ? Py_True : Py_False,
+                      "page_size",
+                      (Py_ssize_t)(p->vmm ? (size_t)1 << p->gshift : 0),
+                      "idle_bytes",
+                      (Py_ssize_t)(p->vmm ? idle << p->gshift : 0),
+                      "release_threshold",
+                      (Py_ssize_t)(p->vmm ? p->keep : 0));
     Py_DECREF(lg);
     return r;
+}
+
+PyDoc_STRVAR(cm_pool_vmm_doc,
+"_pool_vmm(on)\n--\n\n"
+"Whether pool managers made from now on put their segments on virtual "
+"memory (CUDAMEM_POOL_VMM sets it at import); returns the previous "
+"setting.");
+
+static PyObject *
+cm_pool_vmm_fn(PyObject *mod, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    int old = cm_vmm_env;
+
+    (void)mod;
+    if (on < 0) {
+        return NULL;
+    }
+    cm_vmm_env = on;
+    return PyBool_FromLong(old);
+}
+
+PyDoc_STRVAR(cm_pool_release_threshold_doc,
+"_pool_release_threshold(ctx, threshold=None)\n--\n\n"
+"The idle bytes ctx's pool keeps mapped on virtual memory "
+"(CUDAMEM_POOL_RELEASE_THRESHOLD); with threshold, set it first.  "
+"ValueError when the pool is not on virtual memory.");
+
+static PyObject *
+cm_pool_release_threshold_fn(PyObject *mod, PyObject *args)
+{
+    PyObject *o;
+    PyObject *n = Py_None;
+    cm_context *c = NULL;
+    cm_pool *p;
+    size_t v;
+    cm_gil_saved gd;
+
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "O|O:_pool_release_threshold", &o, &n)
+        || (p = cm_pool_arg(o, &c)) == NULL) {
+        return NULL;
+    }
+    if (!p->vmm) {
+        PyErr_SetString(PyExc_ValueError,
+                        "this context's pool is not on virtual memory "
+                        "(CUDAMEM_POOL_VMM=1)");
+        return NULL;
+    }
+    if (n != Py_None) {
+        v = PyLong_AsSize_t(n);
+        if (v == (size_t)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        cm_pool_lock(p, &gd);
+        p->keep = v;
+        if ((p->idle_pages << p->gshift) > v) {
+            p->release_due = 1;
+        }
+        cm_pool_unlock(p, &gd);
+    }
+    return PyLong_FromSize_t(p->keep);
 }
 
 /* Test helpers: raw streams and a gate that holds a stream's worker. */
@@ -525,6 +600,9 @@ static PyMethodDef cm_pool_functions[] = {
     {"_pool_trim", cm_pool_trim_fn, METH_O, cm_pool_trim_doc},
     {"_pool_limit", cm_pool_limit_fn, METH_VARARGS, cm_pool_limit_doc},
     {"_pool_stats", cm_pool_stats_fn, METH_O, cm_pool_stats_doc},
+    {"_pool_vmm", cm_pool_vmm_fn, METH_O, cm_pool_vmm_doc},
+    {"_pool_release_threshold", cm_pool_release_threshold_fn, METH_VARARGS,
+     cm_pool_release_threshold_doc},
     {"_async_release_threshold", cm_async_threshold_fn, METH_VARARGS,
      cm_async_threshold_doc},
     {"_async_shareable", cm_async_shareable_fn, METH_O,
@@ -633,7 +711,7 @@ cm_pool_init(PyObject *mod, cm_state *st)
         return -1;
     }
     cm_default_limit = (size_t)cm_env_bytes("CUDAMEM_POOL_LIMIT", 0);
-    if (cm_pool_poison_env() < 0) {
+    if (cm_pool_poison_env() < 0 || cm_arena_env() < 0) {
         return -1;
     }
     cm_async_threshold = (cuuint64_t)cm_env_bytes(

@@ -6,6 +6,7 @@
  * other streams, trim, export, statistics.
  */
 #include "memory/pool.h"
+#include "memory/vmm/arena.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -116,6 +117,11 @@ cm_pool_make(cm_context *ctx, int kind)
     }
     p->export_fd = -1;
     p->untrimmed = 1;
+    if (kind == CM_MM_POOL && cm_arena_setup(ctx, p) < 0) {
+        pthread_mutex_destroy(&p->mu);
+        free(p);
+        return -1;
+    }
     if (kind == CM_MM_ASYNC) {
         cuuint64_t t = cm_async_threshold;
 
@@ -185,6 +191,15 @@ cm_pool_destroy(cm_context *ctx)
     if (p == NULL || p->dead) {
         return;
     }
+    if (p->vmm) {
+        /* No mapping in progress: vmu's holders take it without the GIL
+         * and never wait for the GIL while they hold it. */
+        gd.ts = NULL;
+        gd.probe = 0;
+        cm_gil_drop(&gd);
+        cm_mu_lock(&p->vmu);
+        cm_gil_take(&gd);
+    }
     cm_pool_lock(p, &gd);
     p->dead = 1;
     all = p->segs;
@@ -214,7 +229,11 @@ cm_pool_destroy(cm_context *ctx)
     p->nevents = 0;
     p->capevents = 0;
     mp = p->mempool;
+    p->idle_pages = 0;
     cm_pool_unlock(p, &gd);
+    if (p->vmm) {
+        cm_mu_unlock(&p->vmu);
+    }
     if (p->export_fd >= 0) {
         /* Importers can no longer take it; what they imported stays. */
         close(p->export_fd);
@@ -224,7 +243,12 @@ cm_pool_destroy(cm_context *ctx)
         free(events);
         for (g = all; g != NULL; g = all) {
             all = g->next;
-            free(g);
+            if (g->arena != NULL) {
+                (void)cm_arena_free_seg(ctx, g, 0);
+            }
+            else {
+                free(g);
+            }
         }
         return;
     }
@@ -281,6 +305,9 @@ cm_pool_free(cm_context *ctx)
         (void)CM_CU_RAW(EventDestroy, (p->events[i]));
     }
     free(p->events);
+    if (p->vmm) {
+        pthread_mutex_destroy(&p->vmu);
+    }
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -303,6 +330,22 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     cm_blk *b;
     cm_gil_saved gd;
 
+    if (p->vmm) {
+        /* Every arena is full: another one, then the block from it. */
+        rc = cm_arena_add(ctx, p, size, small);
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+        cm_pool_lock(p, &gd);
+        b = p->dead ? NULL : cm_pool_take(p, size, s);
+        cm_pool_unlock(p, &gd);
+        if (b == NULL) {
+            return p->dead ? CUDA_ERROR_CONTEXT_IS_DESTROYED
+                           : CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *out = b;
+        return CUDA_SUCCESS;
+    }
     if (small) {
         want = CM_POOL_SMALL_SEG;
         exact = want;
@@ -464,6 +507,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     uintptr_t s = cm_stream_key(stream);
     cm_blk *b;
     CUresult rc;
+    int backed;
     cm_gil_saved gd;
 
     size = cm_round(size, CM_POOL_ROUND);
@@ -472,12 +516,22 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     }
     cm_pool_lock(p, &gd);
     b = cm_pool_take_for(p, size, s);
+    backed = b == NULL || b->seg->arena == NULL || cm_arena_backed(p, b);
     cm_pool_unlock(p, &gd);
     if (b == NULL) {
         rc = cm_pool_grow(ctx, p, size, s, &b);
         if (rc != CUDA_SUCCESS) {
             return rc;
         }
+        backed = b->seg->arena == NULL;
+    }
+    if (!backed && (rc = cm_arena_back(ctx, p, b)) != CUDA_SUCCESS) {
+        cm_pool_lock(p, &gd);
+        if (!p->dead) {
+            cm_pool_put(p, b);
+        }
+        cm_pool_unlock(p, &gd);
+        return rc;
     }
     *ptr = b->ptr;
     *handle = (uintptr_t)b;
@@ -519,6 +573,11 @@ cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
     b = cm_pool_take_for(p, size, s);
+    if (b != NULL && b->seg->arena != NULL && !cm_arena_backed(p, b)) {
+        /* Its memory is not mapped yet: for the allocation path. */
+        cm_pool_put(p, b);
+        b = NULL;
+    }
     if (b != NULL) {
         at = b->ptr;
         n = b->size;
@@ -596,6 +655,10 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
         cm_pool_put(p, b);
     }
     cm_pool_unlock(p, &gd);
+    if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)) {
+        /* Idle memory past the threshold: the quiet part goes back. */
+        return cm_arena_release(ctx, p, p->keep, 0);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -794,6 +857,7 @@ cm_pool_trim(cm_context *ctx)
     cm_seg *segs = NULL;
     CUresult rc = CUDA_SUCCESS;
     const char *fn = "cuMemFree";
+    size_t idle;
 
     if (p == NULL || p->dead || cm_context_activate(ctx) < 0) {
         return p == NULL || p->dead ? 0 : -1;
@@ -813,11 +877,23 @@ cm_pool_trim(cm_context *ctx)
         cm_pool_settle(p);
     }
     cm_pool_collect_free_segs(p, &segs);
+    idle = p->vmm ? p->idle_pages : 0;
     cm_pool_unlock(p, &gd);
     if (segs != NULL) {
         CM_DRIVER_BEGIN_NOGIL
         rc = cm_segs_release(ctx, segs);
         CM_DRIVER_END_NOGIL
+    }
+    if (rc == CUDA_SUCCESS && idle > 0) {
+        /* Every idle page back: once the context is idle all are quiet. */
+        CM_DRIVER_BEGIN_NOGIL
+        rc = CM_CU_RAW(CtxSynchronize, ());
+        CM_DRIVER_END_NOGIL
+        if (rc != CUDA_SUCCESS) {
+            return cm_cu_check(rc, "cuCtxSynchronize");
+        }
+        rc = cm_arena_release(ctx, p, 0, 1);
+        fn = "cuMemUnmap";
     }
     return cm_cu_check(rc, fn);
 }
@@ -988,10 +1064,19 @@ cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
     }
     cm_pool_lock(p, &gd);
     *reserved = p->reserved;
-    *free_b = p->free_bytes;
-    a = cm_bins_largest(&p->small);
-    b = cm_bins_largest(&p->large);
-    *largest = (long long)(a > b ? a : b);
+    if (p->vmm) {
+        /* Free: mapped memory no block uses.  Any request up to the
+         * idle pages' size is served by moving them, wherever they lie. */
+        *free_b = p->reserved > p->arena_used
+                      ? p->reserved - p->arena_used : 0;
+        *largest = (long long)cm_arena_largest(p);
+    }
+    else {
+        *free_b = p->free_bytes;
+        a = cm_bins_largest(&p->small);
+        b = cm_bins_largest(&p->large);
+        *largest = (long long)(a > b ? a : b);
+    }
     cm_pool_unlock(p, &gd);
 }
 

@@ -18,8 +18,9 @@ first context is made):
 
     python tests/helpers/stream_model.py MANAGER PROGRAMS [FIRST_SEED]
 
-MANAGER is default, pool, async or plugin.  Gates are used only under
-pool and async: under the default manager and a plugin a release calls
+MANAGER is default, pool, pool-vmm (the pool on virtual memory, with
+CUDAMEM_POOL_RELEASE_THRESHOLD=0 from the test) async or plugin.  Gates
+are used only under pool, pool-vmm and async: under the default manager and a plugin a release calls
 cuMemFree, which waits for the device and so for a held gate; there the
 simulator's CUDAMEM_SIM_DELAY_US keeps work pending instead.  Exit
 status 0 when every program matched; 1 with the report on stderr.
@@ -275,7 +276,12 @@ def shrink(cuda, nstreams, ops, budget=300):
 
 
 def install(cuda, manager):
-    if manager == "plugin":
+    if manager == "pool-vmm":
+        # The pool on virtual memory, giving back every idle page it can
+        # (the threshold 0 moves and unmaps pages as often as it may).
+        cuda._core._pool_vmm(True)
+        cuda.set_memory_manager("pool")
+    elif manager == "plugin":
         import emm_plugin
         cuda.set_memory_manager(emm_plugin.DeferringManager)
     else:
@@ -289,7 +295,7 @@ def main(argv):
     import cudamem as cuda
 
     install(cuda, manager)
-    gates = manager in ("pool", "async")
+    gates = manager in ("pool", "async", "pool-vmm")
     for seed in range(first, first + programs):
         nstreams, ops = generate(seed, gates)
         bad = run(cuda, nstreams, ops)

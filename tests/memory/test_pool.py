@@ -32,6 +32,14 @@ MiB = 1 << 20
 # own (test_pool_module_in_a_child_process) and is skipped here.
 
 
+# Run again with CUDAMEM_POOL_VMM=1 by test_pool_vmm.py: the tests of
+# cuMemAlloc'd segments' layout are skipped there (it has its own).
+VMM = os.environ.get("CUDAMEM_POOL_VMM") == "1"
+cumemalloc_segments = pytest.mark.skipif(
+    VMM, reason="the layout of cuMemAlloc'd segments (test_pool_vmm.py "
+    "tests the arenas of virtual memory)")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_on_a_gpu(request):
     skip_unless_own_process(request, "test_pool_module_in_a_child")
@@ -174,6 +182,7 @@ def test_reuse_on_the_same_stream(pool_ctx):
     assert cudamem.memory_stats()["total_allocations"] == 2
 
 
+@cumemalloc_segments
 def test_split_and_coalesce(pool_ctx):
     mm = pool_ctx.memory_manager
     a = pool_ctx.memalloc(4 * KiB)
@@ -199,6 +208,7 @@ def test_split_and_coalesce(pool_ctx):
     assert d.device_pointer == pa
 
 
+@cumemalloc_segments
 def test_small_and_large_segments(pool_ctx):
     mm = pool_ctx.memory_manager
     big = pool_ctx.memalloc(3 * MiB)       # from a 20 MiB segment
@@ -238,6 +248,7 @@ def test_cross_stream_reuse_waits_for_the_event(pool_ctx, streams):
     del b, d, first
 
 
+@cumemalloc_segments
 def test_cross_stream_before_any_second_stream(pool_ctx, streams):
     # Freed while the pool had seen one stream only: no event at free;
     # the first other stream records one then, and waits for it.
@@ -265,6 +276,7 @@ def test_cross_stream_before_any_second_stream(pool_ctx, streams):
     del b1, b2, cs
 
 
+@cumemalloc_segments
 def test_trim(pool_ctx):
     mm = pool_ctx.memory_manager
     keep = pool_ctx.memalloc(100)
@@ -282,6 +294,7 @@ def test_trim(pool_ctx):
     assert mm.stats()["reserved_bytes"] == 0
 
 
+@cumemalloc_segments
 def test_limit(pool_ctx):
     mm = pool_ctx.memory_manager
     assert mm.limit == 0
@@ -313,6 +326,7 @@ def test_memory_stats_feed(pool_ctx):
     assert st["pending_free_count"] == 0
 
 
+@cumemalloc_segments
 def test_out_of_memory_policy_trims_and_retries(pool_ctx):
     total = pool_ctx.get_memory_info().total
     mm = pool_ctx.memory_manager
@@ -326,6 +340,7 @@ def test_out_of_memory_policy_trims_and_retries(pool_ctx):
     del m
 
 
+@cumemalloc_segments
 def test_out_of_memory_snapshot(pool_ctx):
     total = pool_ctx.get_memory_info().total
     keep = pool_ctx.memalloc(5000)

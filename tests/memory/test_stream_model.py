@@ -18,11 +18,13 @@ from helpers.isolation import SIMULATOR
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("manager", ["default", "pool", "async", "plugin"])
+@pytest.mark.parametrize("manager",
+                         ["default", "pool", "pool-vmm", "async", "plugin"])
 def test_random_programs_match_the_model(manager):
     n = int(os.environ.get("CUDAMEM_MODEL_PROGRAMS",
                            "500" if SIMULATOR else "60"))
-    env = dict(os.environ, CUDAMEM_POOL_POISON="1")
+    env = dict(os.environ, CUDAMEM_POOL_POISON="1",
+               CUDAMEM_POOL_RELEASE_THRESHOLD="0")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(TESTS), str(ROOT)]
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

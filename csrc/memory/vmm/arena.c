@@ -1,0 +1,715 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/vmm/arena.c: the pool manager's segments on virtual memory.
+ *
+ * Owns: arenas (struct cm_arena, arena.h), their pages' physical memory,
+ * and the release threshold.  With CUDAMEM_POOL_VMM=1, on a device that
+ * supports virtual memory management, the pool's segments are arenas: a
+ * reservation of virtual addresses as large as the device's memory (one
+ * for small blocks, one for large ones, another when one is full), cut
+ * into blocks exactly as cuMemAlloc'd segments are (pool.c: bins,
+ * splitting, coalescing, stream-ordered reuse), and into pages of the
+ * device's allocation granularity (2 MiB on an H200).  A page has
+ * physical memory (cuMemCreate, cuMemMap, cuMemSetAccess) while a block
+ * in use covers it (users > 0); freed, it stays mapped (idle), so reuse
+ * on the block's stream needs no driver call.
+ *
+ * - A block taken whose pages lack memory is backed (cm_arena_back): an
+ *   idle page elsewhere whose last users' work is done (quiet: its free
+ *   block is usable on any stream, its event has completed, or its
+ *   stream has no work left) is unmapped and mapped here; only the rest
+ *   is made new.  So the pool never holds more memory than the pages its
+ *   blocks in use cover, plus idle pages that are not yet quiet and the
+ *   threshold below: free memory anywhere serves any request, whatever
+ *   its size, without a synchronisation.
+ * - Idle memory past the release threshold (CUDAMEM_POOL_RELEASE_THRESHOLD,
+ *   bytes or a fraction of the device's memory; 0.1 by default) goes back
+ *   to the device at the next release, quiet pages only, so no stream is
+ *   waited for; trim() and cudamem.empty_cache() wait for the context and
+ *   give back every idle page.
+ * - The per-process limit and the pool's limit count mapped memory.
+ *
+ * Locking: the page tables (h, users) and idle_pages are guarded by the
+ * pool's mutex (mu), which is never held across cuMemCreate, cuMemMap,
+ * cuMemUnmap, cuMemRelease or cuMemSetAccess.  Those run under vmu,
+ * taken with the GIL released and mu not held (vmu before mu), so one
+ * thread at a time changes mappings.  A page whose memory is moving or
+ * being made reads as unmapped (h == 0) under mu until its mapping is
+ * complete; a thread that takes a block over it backs it after the mover
+ * is done.  A quiet page is unmapped only after its work is done, so no
+ * queued work reads memory that moves.
+ */
+#include "memory/vmm/arena.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver/bytesize.h"
+
+/* Pages of an arena: at least this many (small devices, the simulator). */
+#define CM_ARENA_MIN_PAGES 64
+
+/* The release threshold, read at import: a fraction of the device's
+ * memory (frac >= 0), else bytes. */
+static double cm_keep_frac = 0.1;
+static size_t cm_keep_bytes;
+
+/* CUDAMEM_POOL_VMM, read at import (_pool_vmm changes it): pools made
+ * from now on put their segments on virtual memory. */
+int cm_vmm_env;
+
+/* Read CUDAMEM_POOL_VMM and CUDAMEM_POOL_RELEASE_THRESHOLD; 0, or -1
+ * with ValueError naming the variable. */
+int
+cm_arena_env(void)
+{
+    const char *v = getenv("CUDAMEM_POOL_VMM");
+    const char *t = getenv("CUDAMEM_POOL_RELEASE_THRESHOLD");
+    unsigned long long n;
+    char *end;
+    double f;
+
+    cm_vmm_env = 0;
+    if (v != NULL && v[0] != '\0') {
+        if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "CUDAMEM_POOL_VMM must be 0 or 1, not %.100s", v);
+            return -1;
+        }
+        cm_vmm_env = v[0] == '1';
+    }
+    cm_keep_frac = 0.1;
+    cm_keep_bytes = 0;
+    if (t == NULL || t[0] == '\0') {
+        return 0;
+    }
+    if (strchr(t, '.') != NULL) {
+        f = strtod(t, &end);
+        if (end != t && *end == '\0' && f >= 0.0 && f <= 1.0) {
+            cm_keep_frac = f;
+            return 0;
+        }
+    }
+    else if (cm_parse_bytes(t, SIZE_MAX, &n) == 0) {
+        cm_keep_frac = -1.0;
+        cm_keep_bytes = (size_t)n;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "CUDAMEM_POOL_RELEASE_THRESHOLD must be a byte count "
+                 "(512M, 1GiB, 1048576) or a fraction of the device's "
+                 "memory from 0.0 to 1.0 (0.1), not %.100s", t);
+    return -1;
+}
+
+int
+cm_arena_setup(cm_context *ctx, cm_pool *p)
+{
+    CUmemAllocationProp prop;
+    size_t gran = 0;
+    int ok = 0;
+    int shift;
+
+    p->vmm = 0;
+    if (!cm_vmm_env || cm_cu.MemAddressReserve == NULL
+        || cm_cu.MemCreate == NULL || cm_cu.MemMap == NULL
+        || cm_cu.MemSetAccess == NULL || cm_cu.MemUnmap == NULL
+        || cm_cu.MemRelease == NULL || cm_cu.MemAddressFree == NULL
+        || cm_cu.MemGetAllocationGranularity == NULL) {
+        return 0;
+    }
+    if (CM_CU_RAW(DeviceGetAttribute,
+                  (&ok,
+                   CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                   ctx->device->handle)) != CUDA_SUCCESS || !ok) {
+        return 0;
+    }
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)ctx->device->handle;
+    if (CM_CU(MemGetAllocationGranularity,
+              (&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) < 0) {
+        return -1;
+    }
+    if (gran == 0 || (gran & (gran - 1)) != 0) {
+        return 0;   /* not a power of two: stay on cuMemAlloc */
+    }
+    shift = __builtin_ctzll((unsigned long long)gran);
+    p->vmm = 1;
+    p->gshift = shift;
+    p->device = (int)ctx->device->handle;
+    p->keep = cm_keep_frac >= 0.0
+                  ? (size_t)(cm_keep_frac * (double)ctx->total_mem)
+                  : cm_keep_bytes;
+    if (pthread_mutex_init(&p->vmu, NULL) != 0) {
+        p->vmm = 0;
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Pages (mutex held)                                                  */
+/* ------------------------------------------------------------------ */
+
+void
+cm_arena_use(cm_pool *p, const cm_blk *b)
+{
+    cm_arena *a = b->seg->arena;
+    size_t i;
+    size_t e;
+
+    p->arena_used += b->size;
+    cm_arena_pages(p, b, &i, &e);
+    for (; i <= e; i++) {
+        if (a->users[i]++ == 0 && a->h[i] != 0) {
+            p->idle_pages--;
+        }
+    }
+}
+
+void
+cm_arena_unuse(cm_pool *p, const cm_blk *b)
+{
+    cm_arena *a = b->seg->arena;
+    size_t i;
+    size_t e;
+
+    p->arena_used -= b->size;
+    cm_arena_pages(p, b, &i, &e);
+    for (; i <= e; i++) {
+        if (--a->users[i] == 0 && a->h[i] != 0) {
+            p->idle_pages++;
+        }
+    }
+    if ((p->idle_pages << p->gshift) > p->keep) {
+        p->release_due = 1;
+    }
+}
+
+int
+cm_arena_backed(const cm_pool *p, const cm_blk *b)
+{
+    const cm_arena *a = b->seg->arena;
+    size_t i;
+    size_t e;
+
+    cm_arena_pages(p, b, &i, &e);
+    for (; i <= e; i++) {
+        if (a->h[i] == 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+size_t
+cm_arena_largest(const cm_pool *p)
+{
+    const cm_bins *sets[2] = {&p->large, &p->small};
+    size_t best = p->idle_pages << p->gshift;
+    const cm_blk *b;
+    int s;
+    int k;
+
+    for (s = 0; s < 2; s++) {
+        for (k = CM_POOL_NBINS - 1; k >= 0; k--) {
+            for (b = sets[s]->head[k]; b != NULL; b = b->fnext) {
+                if (b->size > best && b->seg->arena != NULL
+                    && cm_arena_backed(p, b)) {
+                    best = b->size;
+                }
+            }
+        }
+    }
+    return best;
+}
+
+/* Whether free block b's last users' work is done, so that its memory
+ * may move; records the event a later look can query when not yet. */
+static int
+cm_blk_quiet(cm_pool *p, cm_blk *b)
+{
+    if (b->stream == CM_POOL_ANY) {
+        return 1;
+    }
+    if (b->stream == CM_POOL_STUCK) {
+        return 0;
+    }
+    if (b->event != NULL) {
+        if (CM_CU_RAW(EventQuery, (b->event)) != CUDA_SUCCESS) {
+            return 0;
+        }
+        cm_event_put(p, b->event);
+        b->event = NULL;
+        b->stream = CM_POOL_ANY;
+        return 1;
+    }
+    /* No event: the stream is alive (its end records one, pool.c). */
+    if (CM_CU_RAW(StreamQuery, ((CUstream)b->stream)) == CUDA_SUCCESS) {
+        b->stream = CM_POOL_ANY;
+        return 1;
+    }
+    cm_event_record(p, b);
+    return 0;
+}
+
+/* A page taken out of an arena's table: where it was, and its memory. */
+typedef struct {
+    cm_arena *a;
+    size_t i;
+    CUmemGenericAllocationHandle h;
+} cm_page;
+
+/* Whether page i of arena a, which no block in use covers and free
+ * block b (quiet) overlaps, is quiet: the other free blocks over it, if
+ * any (neighbours not merged with b: another stream's), are too. */
+static int
+cm_page_quiet(cm_pool *p, const cm_arena *a, size_t i, cm_blk *b)
+{
+    CUdeviceptr lo = a->base + ((CUdeviceptr)i << p->gshift);
+    CUdeviceptr hi = lo + ((CUdeviceptr)1 << p->gshift);
+    cm_blk *n;
+
+    for (n = b->prev; n != NULL && n->ptr + n->size > lo; n = n->prev) {
+        if (!n->free || !cm_blk_quiet(p, n)) {
+            return 0;
+        }
+    }
+    for (n = b->next; n != NULL && n->ptr < hi; n = n->next) {
+        if (!n->free || !cm_blk_quiet(p, n)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Take up to want idle quiet pages out of the tables into out (their
+ * entries read unmapped from now on); how many. */
+static size_t
+cm_arena_take_idle(cm_pool *p, cm_page *out, size_t want)
+{
+    cm_bins *sets[2] = {&p->large, &p->small};
+    size_t got = 0;
+    size_t i;
+    size_t e;
+    cm_arena *a;
+    cm_blk *b;
+    int s;
+    int k;
+
+    for (s = 0; s < 2 && got < want && p->idle_pages > 0; s++) {
+        for (k = CM_POOL_NBINS - 1; k >= 0 && got < want; k--) {
+            if (!(sets[s]->used[k / 64] & ((uint64_t)1 << (k % 64)))) {
+                continue;
+            }
+            for (b = sets[s]->head[k]; b != NULL && got < want;
+                 b = b->fnext) {
+                if (b->seg->arena == NULL || !cm_blk_quiet(p, b)) {
+                    continue;
+                }
+                a = b->seg->arena;
+                cm_arena_pages(p, b, &i, &e);
+                for (; i <= e && got < want; i++) {
+                    if (a->h[i] != 0 && a->users[i] == 0
+                        && cm_page_quiet(p, a, i, b)) {
+                        out[got].a = a;
+                        out[got].i = i;
+                        out[got].h = a->h[i];
+                        got++;
+                        a->h[i] = 0;
+                        p->idle_pages--;
+                    }
+                }
+            }
+        }
+    }
+    return got;
+}
+
+/* The GIL released if this thread holds it (g->ts NULL otherwise). */
+static void
+cm_arena_gil_drop(cm_gil_saved *g)
+{
+    g->ts = NULL;
+    g->probe = 0;
+    g->epoch = 0;
+    if (PyGILState_Check()) {
+        cm_gil_drop(g);
+    }
+}
+
+static CUresult
+cm_page_map(cm_pool *p, CUdeviceptr at, CUmemGenericAllocationHandle h)
+{
+    return CM_CU_RAW(MemMap, (at, (size_t)1 << p->gshift, 0, h, 0));
+}
+
+static CUresult
+cm_pages_access(cm_pool *p, CUdeviceptr at, size_t n)
+{
+    CUmemAccessDesc d;
+
+    memset(&d, 0, sizeof(d));
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = p->device;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return CM_CU_RAW(MemSetAccess, (at, n, &d, 1));
+}
+
+/* New physical memory for one page, counted against the limits; 0 when
+ * refused. */
+static CUresult
+cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
+{
+    CUmemAllocationProp prop;
+    size_t gran = (size_t)1 << p->gshift;
+    size_t held;
+    CUresult rc;
+
+    cm_mu_lock(&p->mu);
+    held = p->reserved;
+    if (p->limit != 0 && (held > p->limit || gran > p->limit - held)) {
+        cm_mu_unlock(&p->mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p->reserved += gran;
+    cm_mu_unlock(&p->mu);
+    if (!cm_limit_take(ctx, gran)) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    else {
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = p->device;
+        rc = CM_CU_RAW(MemCreate, (h, gran, &prop, 0));
+        if (rc != CUDA_SUCCESS) {
+            cm_limit_give(ctx, gran);
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        cm_mu_lock(&p->mu);
+        p->reserved -= gran;
+        cm_mu_unlock(&p->mu);
+    }
+    return rc;
+}
+
+/* Give one page's memory (unmapped) back to the device. */
+static void
+cm_page_drop(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle h)
+{
+    size_t gran = (size_t)1 << p->gshift;
+
+    (void)CM_CU_RAW(MemRelease, (h));
+    cm_limit_give(ctx, gran);
+    cm_mu_lock(&p->mu);
+    p->reserved -= gran;
+    cm_mu_unlock(&p->mu);
+}
+
+/* ------------------------------------------------------------------ */
+/* Backing, growing, releasing (no mutex held)                         */
+/* ------------------------------------------------------------------ */
+
+CUresult
+cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
+{
+    size_t gran = (size_t)1 << p->gshift;
+    cm_arena *a;
+    cm_page *moved = NULL;
+    size_t *need = NULL;
+    CUmemGenericAllocationHandle *got = NULL;
+    size_t first;
+    size_t last;
+    size_t nneed = 0;
+    size_t nmoved = 0;
+    size_t nmap = 0;
+    size_t i;
+    CUresult rc = CUDA_SUCCESS;
+    cm_gil_saved g;
+
+    cm_arena_gil_drop(&g);
+    cm_mu_lock(&p->vmu);
+    cm_mu_lock(&p->mu);
+    if (p->dead) {
+        rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        goto out_mu;
+    }
+    a = b->seg->arena;
+    cm_arena_pages(p, b, &first, &last);
+    need = malloc((last - first + 1) * sizeof(*need));
+    got = malloc((last - first + 1) * sizeof(*got));
+    moved = malloc((last - first + 1) * sizeof(*moved));
+    if (need == NULL || got == NULL || moved == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out_mu;
+    }
+    for (i = first; i <= last; i++) {
+        if (a->h[i] == 0) {
+            need[nneed++] = i;
+        }
+    }
+    if (nneed > 0) {
+        nmoved = cm_arena_take_idle(p, moved, nneed);
+    }
+    cm_mu_unlock(&p->mu);
+    /* Idle pages move: unmapped where they were (their work is done). */
+    for (i = 0; i < nmoved; i++) {
+        rc = CM_CU_RAW(MemUnmap, (moved[i].a->base
+                                  + ((CUdeviceptr)moved[i].i << p->gshift),
+                                  gran));
+        if (rc != CUDA_SUCCESS) {
+            break;
+        }
+    }
+    if (i < nmoved) {
+        /* Those not unmapped stay where they were, idle again. */
+        size_t j;
+
+        cm_mu_lock(&p->mu);
+        for (j = i; j < nmoved; j++) {
+            moved[j].a->h[moved[j].i] = moved[j].h;
+            p->idle_pages++;
+        }
+        cm_mu_unlock(&p->mu);
+        for (j = 0; j < i; j++) {
+            cm_page_drop(ctx, p, moved[j].h);
+        }
+        nmoved = 0;
+        goto out;
+    }
+    for (i = 0; i < nneed; i++) {
+        CUdeviceptr at = a->base + ((CUdeviceptr)need[i] << p->gshift);
+
+        if (i < nmoved) {
+            got[i] = moved[i].h;
+        }
+        else if ((rc = cm_page_make(ctx, p, &got[i])) != CUDA_SUCCESS) {
+            break;
+        }
+        rc = cm_page_map(p, at, got[i]);
+        if (rc != CUDA_SUCCESS) {
+            cm_page_drop(ctx, p, got[i]);
+            break;
+        }
+        nmap++;
+    }
+    if (rc == CUDA_SUCCESS && nneed > 0) {
+        CUdeviceptr lo = a->base + ((CUdeviceptr)need[0] << p->gshift);
+        CUdeviceptr hi = a->base + ((CUdeviceptr)(need[nneed - 1] + 1)
+                                    << p->gshift);
+
+        /* Pages between the first and last new one are the block's:
+         * all mapped now. */
+        rc = cm_pages_access(p, lo, (size_t)(hi - lo));
+    }
+    if (rc != CUDA_SUCCESS) {
+        /* Undo: the pages mapped here go back to the device (moved ones
+         * not mapped yet go too: their old place is unmapped). */
+        for (i = 0; i < nmap; i++) {
+            (void)CM_CU_RAW(MemUnmap,
+                            (a->base + ((CUdeviceptr)need[i] << p->gshift),
+                             gran));
+            cm_page_drop(ctx, p, got[i]);
+        }
+        /* A map that failed at index nmap dropped its page already; the
+         * moved pages after it are unmapped from their old place and
+         * mapped nowhere. */
+        for (i = nmap + (nmap < nneed && nmap < nmoved ? 1 : 0);
+             i < nmoved; i++) {
+            cm_page_drop(ctx, p, moved[i].h);
+        }
+        goto out;
+    }
+    cm_mu_lock(&p->mu);
+    for (i = 0; i < nneed; i++) {
+        /* The block is in use: its pages are not idle. */
+        a->h[need[i]] = got[i];
+    }
+out_mu:
+    cm_mu_unlock(&p->mu);
+out:
+    cm_mu_unlock(&p->vmu);
+    cm_gil_take(&g);
+    free(need);
+    free(got);
+    free(moved);
+    return rc;
+}
+
+CUresult
+cm_arena_add(cm_context *ctx, cm_pool *p, size_t size, int small)
+{
+    size_t gran = (size_t)1 << p->gshift;
+    size_t want = ctx->total_mem;
+    CUdeviceptr base = 0;
+    cm_arena *a = NULL;
+    cm_seg *seg = NULL;
+    cm_blk *b = NULL;
+    CUresult rc;
+    cm_gil_saved g;
+
+    if (want < size) {
+        want = size;
+    }
+    if (want < CM_ARENA_MIN_PAGES * gran) {
+        want = CM_ARENA_MIN_PAGES * gran;
+    }
+    want = cm_round(want, gran);
+    a = calloc(1, sizeof(*a));
+    seg = calloc(1, sizeof(*seg));
+    b = calloc(1, sizeof(*b));
+    if (a != NULL) {
+        a->npages = want >> p->gshift;
+        a->h = calloc(a->npages, sizeof(*a->h));
+        a->users = calloc(a->npages, sizeof(*a->users));
+    }
+    if (a == NULL || seg == NULL || b == NULL || a->h == NULL
+        || a->users == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    cm_arena_gil_drop(&g);
+    rc = CM_CU_RAW(MemAddressReserve, (&base, want, gran, 0, 0));
+    cm_gil_take(&g);
+    if (rc != CUDA_SUCCESS) {
+        goto fail;
+    }
+    a->base = base;
+    a->size = want;
+    seg->base = base;
+    seg->size = want;
+    seg->small = small;
+    seg->arena = a;
+    seg->first = b;
+    b->ptr = base;
+    b->size = want;
+    b->seg = seg;
+    b->stream = CM_POOL_ANY;
+    cm_arena_gil_drop(&g);
+    cm_mu_lock(&p->mu);
+    if (p->dead) {
+        cm_mu_unlock(&p->mu);
+        (void)CM_CU_RAW(MemAddressFree, (base, want));
+        cm_gil_take(&g);
+        rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        goto fail;
+    }
+    seg->next = p->segs;
+    if (p->segs != NULL) {
+        p->segs->prev = seg;
+    }
+    p->segs = seg;
+    cm_pool_free_add(p, b);
+    cm_mu_unlock(&p->mu);
+    cm_gil_take(&g);
+    return CUDA_SUCCESS;
+fail:
+    if (a != NULL) {
+        free(a->h);
+        free(a->users);
+    }
+    free(a);
+    free(seg);
+    free(b);
+    return rc;
+}
+
+CUresult
+cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
+{
+    size_t gran = (size_t)1 << p->gshift;
+    cm_page *out = NULL;
+    size_t n = 0;
+    size_t want;
+    size_t i;
+    CUresult rc = CUDA_SUCCESS;
+    CUresult r;
+    cm_gil_saved g;
+
+    cm_arena_gil_drop(&g);
+    if (wait) {
+        cm_mu_lock(&p->vmu);
+    }
+    else if (pthread_mutex_trylock(&p->vmu) != 0) {
+        cm_gil_take(&g);
+        return CUDA_SUCCESS;
+    }
+    else {
+        cm_mu_depth++;
+    }
+    cm_mu_lock(&p->mu);
+    p->release_due = 0;
+    want = p->dead ? 0 : p->idle_pages - (keep >> p->gshift < p->idle_pages
+                                          ? keep >> p->gshift
+                                          : p->idle_pages);
+    if (want > 0 && (out = malloc(want * sizeof(*out))) != NULL) {
+        n = cm_arena_take_idle(p, out, want);
+    }
+    if (n < want && out != NULL) {
+        /* Some are not quiet yet: a later release looks again. */
+        p->release_due = 1;
+    }
+    cm_mu_unlock(&p->mu);
+    for (i = 0; i < n; i++) {
+        r = CM_CU_RAW(MemUnmap, (out[i].a->base
+                                 + ((CUdeviceptr)out[i].i << p->gshift),
+                                 gran));
+        if (r != CUDA_SUCCESS) {
+            /* Still mapped there: idle again. */
+            cm_mu_lock(&p->mu);
+            out[i].a->h[out[i].i] = out[i].h;
+            p->idle_pages++;
+            cm_mu_unlock(&p->mu);
+            if (rc == CUDA_SUCCESS) {
+                rc = r;
+            }
+            continue;
+        }
+        cm_page_drop(ctx, p, out[i].h);
+    }
+    cm_mu_unlock(&p->vmu);
+    cm_gil_take(&g);
+    free(out);
+    return rc;
+}
+
+CUresult
+cm_arena_free_seg(cm_context *ctx, cm_seg *g, int driver)
+{
+    cm_arena *a = g->arena;
+    size_t gran;
+    size_t i;
+    CUresult first = CUDA_SUCCESS;
+    CUresult rc;
+
+    gran = a->npages > 0 ? a->size / a->npages : 0;
+    for (i = 0; driver && i < a->npages; i++) {
+        if (a->h[i] == 0) {
+            continue;
+        }
+        rc = CM_CU_RAW(MemUnmap, (a->base + i * gran, gran));
+        if (rc == CUDA_SUCCESS) {
+            rc = CM_CU_RAW(MemRelease, (a->h[i]));
+        }
+        cm_limit_give(ctx, gran);
+        if (first == CUDA_SUCCESS) {
+            first = rc;
+        }
+    }
+    if (driver) {
+        rc = CM_CU_RAW(MemAddressFree, (a->base, a->size));
+        if (first == CUDA_SUCCESS) {
+            first = rc;
+        }
+    }
+    free(a->h);
+    free(a->users);
+    free(a);
+    free(g);
+    return first;
+}

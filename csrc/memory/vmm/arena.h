@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/vmm/arena.h: the pool manager's segments on virtual memory
+ * (arena.c), as the pool's files (memory/pool*.c) call them.  Private to
+ * them and to this folder.
+ */
+#ifndef CM_ARENA_H
+#define CM_ARENA_H
+
+#include "memory/pool.h"
+
+/* One reservation of virtual addresses, cut into pages of the device's
+ * allocation granularity; a page has physical memory mapped in while a
+ * block in use covers it, and may keep it (idle) after. */
+struct cm_arena {
+    CUdeviceptr base;     /* the reservation */
+    size_t size;          /* bytes, a multiple of the page size */
+    size_t npages;
+    CUmemGenericAllocationHandle *h;   /* the memory mapped at page i
+                                        * (access granted), or 0 */
+    uint32_t *users;      /* blocks in use or pending over page i */
+};
+
+/* CUDAMEM_POOL_VMM: pools made from now on put their segments on
+ * virtual memory (where the device can). */
+extern int cm_vmm_env;
+
+/* Read CUDAMEM_POOL_VMM and CUDAMEM_POOL_RELEASE_THRESHOLD (at import);
+ * 0, or -1 with ValueError naming the variable. */
+int cm_arena_env(void);
+
+/* Decide whether p (the pool manager's) puts its segments on virtual
+ * memory (CUDAMEM_POOL_VMM and what the device can do) and with which
+ * page size and release threshold.  0, or -1 with an exception. */
+int cm_arena_setup(cm_context *ctx, cm_pool *p);
+
+/* The first and last page of block b of an arena (mutex held). */
+static inline void
+cm_arena_pages(const cm_pool *p, const cm_blk *b, size_t *first,
+               size_t *last)
+{
+    CUdeviceptr base = b->seg->arena->base;
+
+    *first = (size_t)(b->ptr - base) >> p->gshift;
+    *last = (size_t)(b->ptr + b->size - 1 - base) >> p->gshift;
+}
+
+/* Block b of an arena is now in use / free: count it on its pages
+ * (mutex held). */
+void cm_arena_use(cm_pool *p, const cm_blk *b);
+void cm_arena_unuse(cm_pool *p, const cm_blk *b);
+
+/* Whether every page of block b has memory mapped (mutex held). */
+int cm_arena_backed(const cm_pool *p, const cm_blk *b);
+
+/* The largest request p serves without memory from the device: its
+ * idle pages (moved where needed), or a free block all of whose pages
+ * are mapped, whichever is larger (mutex held). */
+size_t cm_arena_largest(const cm_pool *p);
+
+/* Map memory into the pages of block b (in use) that have none: idle
+ * pages that are quiet move there, new ones are made for the rest.  No
+ * mutex held; with or without the GIL.  On failure b stays in use, for
+ * the caller to give back. */
+CUresult cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b);
+
+/* Reserve a new arena for small or large blocks, of at least size
+ * bytes, as a wholly free segment.  No mutex held; GIL either. */
+CUresult cm_arena_add(cm_context *ctx, cm_pool *p, size_t size, int small);
+
+/* Give idle pages back to the device until at most keep bytes of them
+ * are left, taking only quiet ones (their last users' work done).  With
+ * wait, waits for another thread's mapping first; without it, returns
+ * at once when one is in progress.  No mutex held; GIL either.  The
+ * first driver error, or CUDA_SUCCESS. */
+CUresult cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep,
+                          int wait);
+
+/* Unmap and release an arena segment's pages and its reservation and
+ * free it (no mutex, no GIL, ctx current); with no driver (a dead
+ * context) only the host memory is freed. */
+CUresult cm_arena_free_seg(cm_context *ctx, cm_seg *g, int driver);
+
+#endif /* CM_ARENA_H */

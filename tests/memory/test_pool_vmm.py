@@ -1,0 +1,265 @@
+# SPDX-License-Identifier: MIT
+"""The pool manager on virtual memory (CUDAMEM_POOL_VMM=1): arenas cut
+into pages of the device's granularity, memory mapped where blocks need
+it, idle pages moved to serve any request and given back past the
+release threshold once their work is done, empty_cache(), the limits,
+the statistics, and the whole of test_pool.py again on the arenas."""
+
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cudamem
+from cudamem import _core
+from helpers import ROOT, TESTS, run_py
+from helpers.isolation import (SIMULATOR, manager_context,
+                               skip_unless_own_process)
+
+pytestmark = pytest.mark.exclusive
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _isolated_on_a_gpu(request):
+    skip_unless_own_process(request, "test_vmm_module_in_a_child")
+
+
+@pytest.mark.timeout(330)
+def test_vmm_module_in_a_child_process():
+    if SIMULATOR:
+        pytest.skip("already in a process of its own")
+    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                        "no:cacheprovider", __file__], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+
+
+@pytest.fixture
+def vmm_ctx():
+    old = _core._pool_vmm(True)
+    try:
+        with manager_context("pool") as ctx:
+            if not _core._pool_stats(ctx)["virtual_memory"]:
+                pytest.skip("the device has no virtual memory management")
+            yield ctx
+    finally:
+        _core._pool_vmm(old)
+
+
+def stats(ctx):
+    return _core._pool_stats(ctx)
+
+
+def fill(n, seed):
+    return np.random.default_rng(seed).integers(0, 255, n, dtype=np.uint8)
+
+
+def test_pages_mapped_where_blocks_are(vmm_ctx):
+    s = stats(vmm_ctx)
+    page = s["page_size"]
+    assert s["virtual_memory"] and page >= 64 * KiB
+    assert page & (page - 1) == 0
+    assert s["reserved_bytes"] == 0
+    a = vmm_ctx.memalloc(4 * KiB)
+    b = vmm_ctx.memalloc(4 * KiB)
+    s = stats(vmm_ctx)
+    # One page for both, packed back to back.
+    assert s["reserved_bytes"] == page
+    assert b.device_pointer == a.device_pointer + 4 * KiB
+    assert s["free_bytes"] == page - 8 * KiB
+    big = vmm_ctx.memalloc(3 * page + 1)     # four pages of the large arena
+    assert stats(vmm_ctx)["reserved_bytes"] == page + 4 * page
+    ms = cudamem.memory_stats()
+    assert ms["pool_reserved_bytes"] == 5 * page
+    assert ms["limit_used_bytes"] >= 5 * page
+    del a, b, big
+    gc.collect()
+    s = stats(vmm_ctx)
+    # Freed: idle (under the threshold), mapped, all free.
+    assert s["reserved_bytes"] == 5 * page
+    assert s["idle_bytes"] == 5 * page == s["free_bytes"]
+    assert s["largest_free_block"] >= 4 * page
+
+
+def test_data_survives_while_pages_move(vmm_ctx):
+    page = stats(vmm_ctx)["page_size"]
+    keep = {}
+    drop = {}
+    for i in range(12):
+        n = 3 * page + 3 * KiB * (i + 1)
+        h = fill(n, i)
+        (keep if i % 2 else drop)[i] = (cudamem.to_device(h), h)
+    del h
+    drop.clear()
+    gc.collect()
+    # Each freed block has two pages no block in use shares.
+    assert stats(vmm_ctx)["idle_bytes"] >= 12 * page
+    held = stats(vmm_ctx)["reserved_bytes"]
+    # A request larger than any hole: idle pages move, none is made.
+    big = fill(5 * page, 99)
+    d = cudamem.to_device(big)
+    assert stats(vmm_ctx)["reserved_bytes"] <= held + page
+    np.testing.assert_array_equal(d.copy_to_host(), big)
+    for i, (dev, host) in keep.items():
+        np.testing.assert_array_equal(dev.copy_to_host(), host)
+
+
+def test_free_memory_serves_a_request_larger_than_any_hole(vmm_ctx):
+    page = stats(vmm_ctx)["page_size"]
+    limit = 40 * page
+    cudamem.set_memory_limit(limit)
+    try:
+        blocks = [vmm_ctx.memalloc(2 * page) for _ in range(18)]
+        del blocks[::2]          # nine holes of two pages, none adjacent
+        gc.collect()
+        # 18 pages live, 18 idle, 4 left under the limit: 20 pages fit
+        # only where the idle ones move.
+        big = vmm_ctx.memalloc(20 * page)
+        assert stats(vmm_ctx)["reserved_bytes"] <= limit
+        assert cudamem.memory_stats()["limit_used_bytes"] <= limit
+        del big
+    finally:
+        del blocks
+        gc.collect()
+        cudamem.set_memory_limit(None)
+
+
+def test_idle_memory_past_the_threshold_goes_back(vmm_ctx):
+    page = stats(vmm_ctx)["page_size"]
+    assert _core._pool_release_threshold(vmm_ctx, 2 * page) == 2 * page
+    a = vmm_ctx.memalloc(10 * page)
+    used = cudamem.memory_stats()["limit_used_bytes"]
+    del a
+    gc.collect()
+    s = stats(vmm_ctx)
+    assert s["idle_bytes"] <= 2 * page
+    assert s["reserved_bytes"] <= 2 * page
+    assert cudamem.memory_stats()["limit_used_bytes"] <= used - 8 * page
+    _core._pool_release_threshold(vmm_ctx, 0)
+    b = vmm_ctx.memalloc(page)
+    del b
+    gc.collect()
+    assert stats(vmm_ctx)["reserved_bytes"] == 0
+
+
+def test_memory_a_stream_still_uses_is_kept_until_its_work_is_done(vmm_ctx):
+    page = stats(vmm_ctx)["page_size"]
+    _core._pool_release_threshold(vmm_ctx, 0)
+    s1 = _core._raw_stream_create(1)
+    try:
+        a = _core._memalloc_on(vmm_ctx, 4 * page, s1)
+        gate = _core._raw_gate(s1)           # s1's work cannot finish
+        try:
+            del a
+            gc.collect()
+            # Not quiet: its pages stay mapped, idle.
+            assert stats(vmm_ctx)["reserved_bytes"] == 4 * page
+            # Another stream's request cannot take them either.
+            s2 = _core._raw_stream_create(1)
+            try:
+                b = _core._memalloc_on(vmm_ctx, 4 * page, s2)
+                assert stats(vmm_ctx)["reserved_bytes"] == 8 * page
+                del b
+                gc.collect()
+            finally:
+                _core._raw_stream_destroy(s2)
+        finally:
+            _core._raw_gate_open(gate)
+        _core._raw_stream_synchronize(s1)
+        for _ in range(2):
+            # A release looks again (the first may find the event it
+            # records at the free still pending).
+            c = vmm_ctx.memalloc(512)
+            del c
+            gc.collect()
+            cudamem.synchronize()
+        assert stats(vmm_ctx)["reserved_bytes"] == 0
+    finally:
+        _core._raw_stream_destroy(s1)
+
+
+def test_empty_cache_gives_everything_back(vmm_ctx):
+    keep = [vmm_ctx.memalloc(n) for n in (100, 3 * MiB, 17 * MiB)]
+    assert stats(vmm_ctx)["reserved_bytes"] > 0
+    del keep
+    gc.collect()
+    cudamem.empty_cache()
+    s = stats(vmm_ctx)
+    assert s["reserved_bytes"] == 0 and s["idle_bytes"] == 0
+    assert cudamem.memory_stats()["limit_used_bytes"] == 0
+    # And it serves again.
+    a = cudamem.to_device(np.arange(1000.0))
+    np.testing.assert_array_equal(a.copy_to_host(), np.arange(1000.0))
+
+
+def test_pool_limit_counts_mapped_memory(vmm_ctx):
+    page = stats(vmm_ctx)["page_size"]
+    mm = vmm_ctx.memory_manager
+    mm.limit = 3 * page
+    a = vmm_ctx.memalloc(2 * page)
+    with pytest.raises(cudamem.CudaOutOfMemoryError) as ei:
+        vmm_ctx.memalloc(2 * page)
+    assert ei.value.pool_reserved == 2 * page
+    del a
+    gc.collect()
+    b = vmm_ctx.memalloc(3 * page)           # the idle pages moved
+    assert stats(vmm_ctx)["reserved_bytes"] == 3 * page
+    del b
+
+
+def test_growing_sizes_stay_near_the_live_bytes(vmm_ctx):
+    page = stats(vmm_ctx)["page_size"]
+    _core._pool_release_threshold(vmm_ctx, 0)
+    live = []
+    for step in range(1, 40):
+        for _ in range(2):
+            live.append(vmm_ctx.memalloc(step * page // 2 + 4 * KiB))
+        while len(live) > 4:
+            live.pop(0)
+        gc.collect()
+        nbytes = sum(m.size for m in live)
+        # No more than the pages the live blocks touch: at most two
+        # partial ones each.  (cuMemAlloc'd segments held several times
+        # the live bytes here: freed ones were too small to reuse.)
+        assert stats(vmm_ctx)["reserved_bytes"] <= nbytes + 8 * page
+    del live
+
+
+def test_the_variables_are_checked():
+    for name, value in [("CUDAMEM_POOL_VMM", "yes"),
+                        ("CUDAMEM_POOL_RELEASE_THRESHOLD", "lots"),
+                        ("CUDAMEM_POOL_RELEASE_THRESHOLD", "1.5")]:
+        rc, out = run_py("import cudamem", **{name: value})
+        assert rc != 0 and name in out and "ValueError" in out, out
+    rc, out = run_py(
+        "import cudamem, numpy as np\n"
+        "cudamem.set_memory_manager('pool')\n"
+        "cudamem.device_array(10, np.uint8)\n"
+        "from cudamem import _core\n"
+        "s = _core._pool_stats(cudamem.current_context())\n"
+        "print(s['virtual_memory'], s['release_threshold'])\n",
+        CUDAMEM_POOL_VMM="1", CUDAMEM_POOL_RELEASE_THRESHOLD="3M")
+    assert rc == 0, out
+    assert out.split()[-2:] == ["True", str(3 * MiB)]
+
+
+@pytest.mark.timeout(330)
+def test_pool_tests_pass_on_virtual_memory():
+    """test_pool.py again, every pool made on virtual memory."""
+    env = dict(os.environ, CUDAMEM_POOL_VMM="1", CUDAMEM_TEST_ISOLATED="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(TESTS), str(ROOT)]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                        "no:cacheprovider",
+                        str(TESTS / "memory" / "test_pool.py")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    assert " passed" in p.stdout
