@@ -25,8 +25,11 @@
  *   read-write access.  Access is kept per device; a copy or kernel is
  *   checked against the device of its context, so with two devices the
  *   peer needs its own grant (cuCtxEnablePeerAccess plays no part);
- * - cuMemUnmap waits for all queued work (as a free does), then puts
- *   PROT_NONE anonymous pages back; a physical allocation goes once no
+ * - cuMemUnmap fails loudly (CUDA_ERROR_ILLEGAL_STATE and a line on
+ *   stderr) while queued copies or memsets still use the range, which
+ *   the driver does not promise to wait for; else it waits for all
+ *   queued work (as a free does, and as a driver that synchronises
+ *   would), then puts PROT_NONE anonymous pages back; a physical allocation goes once no
  *   handle reference and no mapping is left (cuMemRelease while mapped
  *   only drops the reference, as the driver documents);
  * - an allocation made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR is
@@ -657,6 +660,77 @@ sim_vmm_tiles(uintptr_t p, size_t size)
     return n;
 }
 
+/* The last byte after first that a copy's side touches, for extents. */
+static uintptr_t
+sim_copy_end(uintptr_t first, const sim_op *op, size_t pitch, size_t slice)
+{
+    size_t h = op->u.copy.height ? op->u.copy.height : 1;
+    size_t d = op->u.copy.depth ? op->u.copy.depth : 1;
+
+    return first + (d - 1) * slice + (h - 1) * pitch + op->u.copy.width;
+}
+
+/* Whether work queued and not yet done on a stream of c copies to or
+ * from, or sets, a byte of [p, p + n) (lock held). */
+static int
+sim_vmm_ctx_uses(const sim_ctx *c, uintptr_t p, size_t n)
+{
+    const sim_stream *s;
+    const sim_op *op;
+    uintptr_t a, e;
+    int k;
+
+    for (k = 0; k < 2; k++) {
+        for (s = k ? c->streams : c->legacy; s != NULL;
+             s = k ? s->next : NULL) {
+            for (op = s->head; op != NULL; op = op->next) {
+                if (op->kind == SIM_OP_SET) {
+                    a = (uintptr_t)op->u.set.dst;
+                    if (a < p + n && p < a + op->u.set.n) {
+                        return 1;
+                    }
+                }
+                else if (op->kind == SIM_OP_COPY) {
+                    a = (uintptr_t)op->u.copy.dst;
+                    e = sim_copy_end(a, op, op->u.copy.dpitch,
+                                     op->u.copy.dslice);
+                    if (a < p + n && p < e) {
+                        return 1;
+                    }
+                    a = (uintptr_t)op->u.copy.src;
+                    e = sim_copy_end(a, op, op->u.copy.spitch,
+                                     op->u.copy.sslice);
+                    if (a < p + n && p < e) {
+                        return 1;
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* Whether queued work of any context still uses [p, p + n). */
+static int
+sim_vmm_queued_use(uintptr_t p, size_t n)
+{
+    const sim_ctx *o;
+    int d;
+
+    for (d = 0; d < sim.ndev; d++) {
+        o = sim.dev[d].primary;
+        if (o != NULL && sim_vmm_ctx_uses(o, p, n)) {
+            return 1;
+        }
+    }
+    for (o = sim.dead; o != NULL; o = o->next_dead) {
+        if (sim_vmm_ctx_uses(o, p, n)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 CUresult
 sim_MemUnmap(CUdeviceptr ptr, size_t size)
 {
@@ -676,11 +750,23 @@ sim_MemUnmap(CUdeviceptr ptr, size_t size)
         sim_unlock();
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if (sim_vmm_queued_use(p, size)) {
+        /* The driver does not promise to wait for work that reads or
+         * writes memory being unmapped: a caller that relies on it has a
+         * bug a GPU may show as a fault.  Said, never waited away. */
+        sim_unlock();
+        fprintf(stderr, "cudamem simulator: cuMemUnmap(0x%lx, %zu) while "
+                "queued work still copies to, from or sets those bytes "
+                "(undefined on a GPU)\n", (unsigned long)p, size);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
     for (i = 0, q = p; i < n; i++, q += a->size) {
         a = sim_alloc_find(q);
         a->dying = SIM_DYING_FREE;
     }
-    /* Queued work may still use them. */
+    /* Work that does not use them: waited for all the same, as a driver
+     * that synchronises would, so that a caller that unmaps while
+     * another stream is held by the host shows its deadlock here. */
     rc = sim_drain(NULL);
     for (i = 0, q = p; i < n; i++) {
         a = sim_alloc_find_any(q);

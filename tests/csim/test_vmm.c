@@ -76,6 +76,18 @@ free_bytes(void)
 /* Properties, granularity, reservations                               */
 /* ------------------------------------------------------------------ */
 
+/* A host function that holds its stream until vmm_gate_open is set. */
+static int vmm_gate_open;
+
+static void CUDA_CB
+vmm_gate(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&vmm_gate_open, __ATOMIC_ACQUIRE)) {
+        usleep(100);
+    }
+}
+
 static void
 group_props(void)
 {
@@ -507,8 +519,13 @@ group_map(void)
     CHECK(free_bytes() == free0 - 4 * G);
     OK(cu.MemcpyDtoH(back, r + 7, 5));
     CHECK(memcmp(back, "alias", 5) == 0);
-    /* Queued work on it runs before the unmap returns. */
+    /* Queued work on it: the unmap fails loudly rather than wait. */
+    __atomic_store_n(&vmm_gate_open, 0, __ATOMIC_RELEASE);
+    OK(cu.LaunchHostFunc(NULL, vmm_gate, NULL));
     OK(cu.MemsetD8Async(r2 + G, 0x11, G, NULL));
+    EXPECT(cu.MemUnmap(r2 + G, G), CUDA_ERROR_ILLEGAL_STATE);
+    __atomic_store_n(&vmm_gate_open, 1, __ATOMIC_RELEASE);
+    OK(cu.CtxSynchronize());
     OK(cu.MemUnmap(r2 + G, G));
     CHECK(free_bytes() == free0 - 4 * G);
     /* Both adjacent mappings in one call; h1 goes with its last. */
@@ -724,6 +741,7 @@ share_importer(int sock)
     OK(cu.MemcpyDtoH(back, r + G + 10, 4));
     CHECK(memcmp(back, "vmm!", 4) == 0);
     OK(cu.MemcpyHtoD(r + 20, "back", 4));
+    OK(cu.CtxSynchronize());
     OK(cu.MemUnmap(r, 2 * G));
     OK(cu.MemAddressFree(r, 2 * G));
     CHECK(write(sock, &done, 1) == 1);

@@ -29,6 +29,12 @@
  *   give back every idle page.
  * - The per-process limit and the pool's limit count mapped memory.
  *
+ * No page is unmapped while Python host callbacks are in flight (new
+ * memory is made instead, and releases wait for a later free): the
+ * driver does not say whether cuMemUnmap waits for the device as
+ * cuMemFree does, and if it does it would wait for a callback that may
+ * be waiting for the unmapping thread.
+ *
  * Locking: the page tables (h, users) and idle_pages are guarded by the
  * pool's mutex (mu), which is never held across cuMemCreate, cuMemMap,
  * cuMemUnmap, cuMemRelease or cuMemSetAccess.  Those run under vmu,
@@ -329,6 +335,15 @@ cm_arena_take_idle(cm_pool *p, cm_page *out, size_t want)
     return got;
 }
 
+/* Whether Python host callbacks are in flight.  Then no page is
+ * unmapped: should cuMemUnmap wait for the device, as cuMemFree does, it
+ * would wait for a callback that may be waiting for this thread. */
+static int
+cm_arena_host_waits(void)
+{
+    return __atomic_load_n(&cm_pycb_live, __ATOMIC_ACQUIRE) > 0;
+}
+
 /* The GIL released if this thread holds it (g->ts NULL otherwise). */
 static void
 cm_arena_gil_drop(cm_gil_saved *g)
@@ -453,7 +468,7 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
             need[nneed++] = i;
         }
     }
-    if (nneed > 0) {
+    if (nneed > 0 && !cm_arena_host_waits()) {
         nmoved = cm_arena_take_idle(p, moved, nneed);
     }
     cm_mu_unlock(&p->mu);
@@ -631,6 +646,9 @@ cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
     CUresult r;
     cm_gil_saved g;
 
+    if (!wait && cm_arena_host_waits()) {
+        return CUDA_SUCCESS;    /* release_due stays: a later one */
+    }
     cm_arena_gil_drop(&g);
     if (wait) {
         cm_mu_lock(&p->vmu);
