@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Pageable host<->device bandwidth: plain NumPy arrays (not pinned) at
-1, 16, 64, 256 MiB and 1 GiB, side by side.
+64 and 256 KiB, 1, 16, 64, 256 MiB and 1 GiB, side by side.
 
 cudamem copies large pageable arrays through its staging pipeline
 (csrc/memory/staging.c); the rows marked "staging off" switch it off at
@@ -12,14 +12,21 @@ take the driver's pageable path.  Every copy is synchronous.
 
 Rows with a "bytes" key are reported as GB/s.  The pipeline's tunables
 come from the environment (CUDAMEM_STAGING_THREADS, _CHUNK, _BUFFERS,
-_THRESHOLD) as usual; a sweep over them is one run per setting.
+_THRESHOLD) as usual; a sweep over them is one run per setting.  Below
+the threshold (4 MiB by default) both of cudamem's rows are the direct
+copy, made as ``_core._sync_copy_call`` says (CUDAMEM_SYNC_COPY_CALL);
+an A/B of either setting with the same tree twice:
+
+    AB_ENV_B="CUDAMEM_STAGING_THRESHOLD=256K" \\
+    AB_ROWS="--modules ops_staging -k pageable" bash tools/ab_bench.sh . .
 """
 
 import numpy as np
 
+KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
-SIZES = (MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB)
+SIZES = (64 * KiB, 256 * KiB, MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB)
 
 
 def _host(size):
@@ -91,7 +98,8 @@ def _driver(size, h2d):
 
 
 def _size_name(n):
-    return "%d GiB" % (n // GiB) if n >= GiB else "%d MiB" % (n // MiB)
+    return "%d GiB" % (n // GiB) if n >= GiB else (
+        "%d MiB" % (n // MiB) if n >= MiB else "%d KiB" % (n // KiB))
 
 
 OPS = []

@@ -25,6 +25,12 @@
 #               device_array_like, and the 256-float to_device,
 #               copy_to_host and copy_to_device; the churn's [C, ...]
 #               rows left out: their cudamem column is the [default] row)
+#   AB_ENV_A, AB_ENV_B
+#               environment assignments for the rounds of A, of B
+#               (words of the form NAME=VALUE, with the shell's quoting):
+#               with the same tree twice, an A/B of a setting, e.g.
+#               AB_ENV_B="CUDAMEM_STAGING_THRESHOLD=256K" bash
+#               tools/ab_bench.sh . .
 #   AB_OUT      where the round files, build logs and ab.txt go
 #               (/tmp/cudamem-ab)
 #   AB_BUILD    0: use the trees' builds as they are
@@ -63,8 +69,16 @@ rows=()
 eval "rows=(${AB_ROWS:--k 'device_array(256' -k 'device_array_like(256' \
     -k 'alloc+drop' -k 'to_device(256' -k 'copy_to_host(256' \
     -k 'copy_to_device(256' -x '[C,'})"
-echo "A: ${dir[A]}"
-echo "B: ${dir[B]}"
+eval "envs_A=(${AB_ENV_A:-})"
+eval "envs_B=(${AB_ENV_B:-})"
+for kv in "${envs_A[@]}" "${envs_B[@]}"; do
+    case $kv in
+        [A-Za-z_]*=*) ;;
+        *) echo "AB_ENV_A/AB_ENV_B: $kv is not NAME=VALUE" >&2; exit 2 ;;
+    esac
+done
+echo "A: ${dir[A]} ${envs_A[*]}"
+echo "B: ${dir[B]} ${envs_B[*]}"
 echo "rows: ${rows[*]}; $rounds rounds of $repeats samples"
 
 status=0
@@ -94,7 +108,12 @@ for ((r = 1; r <= rounds; r++)); do
     for side in A B; do
         echo "=== [$SECONDS s] round $r, $side"
         f=$out/ab-round-$r-$side.json
-        (cd "$neutral" && env -u PYTHONPATH "$PY" "$bench" \
+        if [ "$side" = A ]; then
+            sidenv=("${envs_A[@]}")
+        else
+            sidenv=("${envs_B[@]}")
+        fi
+        (cd "$neutral" && env -u PYTHONPATH "${sidenv[@]}" "$PY" "$bench" \
             --tree "${dir[$side]}" --libs cudamem --repeats "$repeats" \
             --json "$f" "${rows[@]}") >"$out/ab-round-$r-$side.log" 2>&1
         st=$?
@@ -112,7 +131,8 @@ for ((r = 1; r <= rounds; r++)); do
     done
 done
 echo "=== [$SECONDS s] table"
-"$PY" "$(dirname "$0")/ab_table.py" --a "${dir[A]}" --b "${dir[B]}" \
+"$PY" "$(dirname "$0")/ab_table.py" --a "${dir[A]} ${envs_A[*]}" \
+    --b "${dir[B]} ${envs_B[*]}" \
     "$out"/ab-round-*.json | tee "$out/ab.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "A/B: $SECONDS s"

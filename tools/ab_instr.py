@@ -16,7 +16,10 @@ least --min instructions a call in, with B - A.
 The trees must be built in place (``pip install -e .`` or
 ``python setup.py build_ext --inplace``); ``cuda`` is the tree's
 ``cudamem``.  Counts are instructions, not time: a change that moves the
-cost into the driver, or into waiting, does not show here.
+cost into the driver, or into waiting, does not show here.  With
+``--calls`` (the simulator only) it also prints the driver calls per call
+of the statement, by entry point (the simulator's ``sim_<Name>``
+functions, which stand for ``cu<Name>``), as callgrind counted them.
 """
 import argparse
 import os
@@ -67,8 +70,37 @@ def annotate(path, inclusive):
     return cost, ours
 
 
+ENTRY = re.compile(r"^sim_[A-Z]\w*$")
+
+
+def driver_calls(path):
+    """{cuName: calls} of the simulator's entry points from a callgrind
+    output file (the calls= lines under each cfn=, names compressed)."""
+    names, calls, callee = {}, {}, None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("cfn="):
+                m = re.match(r"cfn=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
+                if m.group(2) is not None:
+                    names[m.group(1)] = m.group(2)
+                callee = names.get(m.group(1))
+            elif line.startswith("fn="):
+                m = re.match(r"fn=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
+                if m and m.group(2) is not None:
+                    names[m.group(1)] = m.group(2)
+                callee = None
+            elif line.startswith("calls=") and callee is not None:
+                if ENTRY.match(callee):
+                    name = "cu" + callee[4:]
+                    calls[name] = calls.get(name, 0) + int(
+                        line.split("=", 1)[1].split()[0])
+                callee = None
+    return calls
+
+
 def profile(tree, setup, stmt, n, env, work):
-    """(program, cudamem's C, {cm_ function: inclusive}) for n calls."""
+    """(program, cudamem's C, {cm_ function: inclusive}, {driver call:
+    count}) for n calls."""
     path = os.path.join(work, "cg.%d" % n)
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + path,
            sys.executable, "-c", DRIVER, tree, str(n), setup, stmt]
@@ -81,7 +113,7 @@ def profile(tree, setup, stmt, n, env, work):
     total = self_cost.get("PROGRAM TOTALS", 0)
     c = sum(v for k, v in self_cost.items() if ours.get(k))
     funcs = {k: v for k, v in incl.items() if k.startswith("cm_")}
-    return total, c, funcs
+    return total, c, funcs, driver_calls(path)
 
 
 def per_call(tree, a):
@@ -95,13 +127,14 @@ def per_call(tree, a):
         env[k] = v
     work = tempfile.mkdtemp(prefix="ab-instr-")
     try:
-        t0, c0, f0 = profile(tree, a.setup, a.stmt, a.n0, env, work)
-        t1, c1, f1 = profile(tree, a.setup, a.stmt, a.n1, env, work)
+        t0, c0, f0, d0 = profile(tree, a.setup, a.stmt, a.n0, env, work)
+        t1, c1, f1, d1 = profile(tree, a.setup, a.stmt, a.n1, env, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     d = float(a.n1 - a.n0)
     funcs = {k: (f1[k] - f0.get(k, 0)) / d for k in f1}
-    return (t1 - t0) / d, (c1 - c0) / d, funcs
+    calls = {k: (d1[k] - d0.get(k, 0)) / d for k in d1}
+    return (t1 - t0) / d, (c1 - c0) / d, funcs, calls
 
 
 def main(argv=None):
@@ -118,13 +151,15 @@ def main(argv=None):
                     help="show cm_ functions from this many a call")
     ap.add_argument("--driver", dest="simulator", action="store_false",
                     help="the real driver, not the simulator")
+    ap.add_argument("--calls", action="store_true",
+                    help="also the simulator's driver calls per call")
     a = ap.parse_args(argv)
     if a.n1 <= a.n0:
         sys.exit("--n1 must be larger than --n0")
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed")
     trees = [os.path.abspath(a.tree_a), os.path.abspath(a.tree_b)]
-    (ta, ca, fa), (tb, cb, fb) = (per_call(t, a) for t in trees)
+    (ta, ca, fa, da), (tb, cb, fb, db) = (per_call(t, a) for t in trees)
     print("instructions per call of %r (%d - %d calls)"
           % (a.stmt, a.n1, a.n0))
     print("A = %s\nB = %s" % tuple(trees))
@@ -137,6 +172,12 @@ def main(argv=None):
              for k in names]
     for name, x, y in rows:
         print("%-40s %10.1f %10.1f %+9.1f" % (name[:40], x, y, y - x))
+    if a.calls:
+        print("driver calls per call (the simulator's entry points)")
+        for k in sorted(da.keys() | db.keys()):
+            x, y = da.get(k, 0.0), db.get(k, 0.0)
+            if max(abs(x), abs(y)) >= 0.01:
+                print("  %-38s %10.2f %10.2f %+9.2f" % (k, x, y, y - x))
     if not [k for k in names if k != "cm_init"]:
         print("no cm_ function is named: the extension is stripped of its "
               "local symbols (an installed wheel); build the trees in place")

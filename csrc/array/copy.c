@@ -567,8 +567,12 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
         cm_host_copy(&j);
         return 0;
     }
-    if (dst->device != src->device) {
-        /* Large pageable transfers go through the staging pipeline. */
+    if (dst->device != src->device && host != CM_HOST_LOCKED) {
+        /* Large pageable transfers go through the staging pipeline;
+         * cudamem's own page-locked memory goes direct without asking
+         * (the pipeline's own check would find it page-locked, at the
+         * cost of a context query, a registry lookup, a pointer query
+         * and, on a stream, a capture query). */
         int r = cm_copy_try_staging(&j, stream, async);
 
         if (r != 0) {

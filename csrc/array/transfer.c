@@ -164,6 +164,16 @@ cm_host_side(PyObject *arr, cm_da *d)
     return CM_HOST_OTHER;
 }
 
+/* Whether cm_stream_resolve of o runs no Python code (a cudamem Stream,
+ * None, False, an int; NULL: no argument), so that a context made
+ * current before it is still current after it. */
+static int
+cm_stream_plain(PyObject *o)
+{
+    return o == NULL || o == Py_None || o == Py_False || cm_stream_check(o)
+           || PyLong_CheckExact(o);
+}
+
 static int
 cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
 {
@@ -174,6 +184,11 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     CUstream h;
     int async;
     int rc = -1;
+    /* Whether Python code may run before the copy (a stream's
+     * __cuda_stream__, a source's __cuda_array_interface__ or
+     * __array__), which could leave another context current. */
+    int reenter = !cm_stream_plain(stream) || !cm_stream_plain(self->stream)
+                  || !(PyArray_Check(ary) || cm_da_check(ary));
 
     async = cm_effective_stream_obj(stream, self->stream, &h, &sobj);
     if (async < 0) {
@@ -221,7 +236,9 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         }
         cm_da_view(s, &sv);
     }
-    if (cm_da_activate(self) < 0) {
+    /* cm_da_copy_from made self's context current; again only where
+     * Python code ran since. */
+    if (reenter && cm_da_activate(self) < 0) {
         goto out_src;
     }
     cm_da_view(self, &dv);
@@ -332,7 +349,11 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     int async;
 
     async = cm_effective_stream_obj(stream, self->stream, &h, &sobj);
-    if (async < 0 || cm_da_activate(self) < 0
+    /* The caller made self's context current; again only where a
+     * stream's __cuda_stream__ may have changed it. */
+    if (async < 0
+        || ((!cm_stream_plain(stream) || !cm_stream_plain(self->stream))
+            && cm_da_activate(self) < 0)
         || cm_da_used_on(self, async, h, sobj) < 0) {
         return NULL;
     }

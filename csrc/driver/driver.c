@@ -891,7 +891,9 @@ PyDoc_STRVAR(cm_sync_copy_call_doc,
 "and a copy into host memory then synchronizes that stream.  One mode\n"
 "sets both directions; 'H/D' (for example 'async/sync', the default)\n"
 "sets host to device to H and device to host to D.  Sets the modes when\n"
-"given; returns the previous ones, one name when both were the same.");
+"given; returns the previous ones, one name when both were the same.\n"
+"A new process reads them from CUDAMEM_SYNC_COPY_CALL (the same names)\n"
+"when it is set.");
 
 /* The mode named by the str s (of length n), or -1. */
 static int
@@ -908,6 +910,23 @@ cm_sync_copy_mode(const char *s, Py_ssize_t n)
     return -1;
 }
 
+/* The modes named by s (of length n): one mode for both directions, or
+ * 'H/D'.  0, or -1 (no exception set). */
+static int
+cm_sync_copy_parse(const char *s, Py_ssize_t n, int *nh, int *nd)
+{
+    const char *slash = memchr(s, '/', (size_t)n);
+
+    if (slash == NULL) {
+        *nh = *nd = cm_sync_copy_mode(s, n);
+    }
+    else {
+        *nh = cm_sync_copy_mode(s, slash - s);
+        *nd = cm_sync_copy_mode(slash + 1, n - (slash - s) - 1);
+    }
+    return *nh < 0 || *nd < 0 ? -1 : 0;
+}
+
 static PyObject *
 cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -916,7 +935,6 @@ cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int d = __atomic_load_n(&cm_sync_copy_call[CM_SYNC_DTOH],
                             __ATOMIC_RELAXED);
     const char *s;
-    const char *slash;
     Py_ssize_t n;
     int nh;
     int nd;
@@ -938,15 +956,7 @@ cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (s == NULL) {
             return NULL;
         }
-        slash = memchr(s, '/', (size_t)n);
-        if (slash == NULL) {
-            nh = nd = cm_sync_copy_mode(s, n);
-        }
-        else {
-            nh = cm_sync_copy_mode(s, slash - s);
-            nd = cm_sync_copy_mode(slash + 1, n - (slash - s) - 1);
-        }
-        if (nh < 0 || nd < 0) {
+        if (cm_sync_copy_parse(s, n, &nh, &nd) < 0) {
             PyErr_Format(PyExc_ValueError,
                          "_sync_copy_call: mode must be 'sync', 'async' or "
                          "'async_wait', or two of them as 'H/D' (host to "
@@ -995,8 +1005,25 @@ int
 cm_driver_init(PyObject *mod, cm_state *st)
 {
     static int atfork_done;
+    const char *v = getenv("CUDAMEM_SYNC_COPY_CALL");
+    int nh;
+    int nd;
 
     (void)st;
+    if (v != NULL && v[0] != '\0') {
+        /* For an A/B of the modes on a GPU without changing the code. */
+        if (cm_sync_copy_parse(v, (Py_ssize_t)strlen(v), &nh, &nd) < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "CUDAMEM_SYNC_COPY_CALL=%.100s: 'sync', 'async' or "
+                         "'async_wait', or two of them as 'H/D' (host to "
+                         "device / device to host)", v);
+            return -1;
+        }
+        __atomic_store_n(&cm_sync_copy_call[CM_SYNC_HTOD], nh,
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&cm_sync_copy_call[CM_SYNC_DTOH], nd,
+                         __ATOMIC_RELAXED);
+    }
     if (!atfork_done) {
         if (pthread_atfork(NULL, NULL, cm_atfork_child) != 0) {
             PyErr_SetString(PyExc_OSError, "pthread_atfork failed");

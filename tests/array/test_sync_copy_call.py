@@ -101,6 +101,38 @@ def test_default_is_async_to_the_device_and_sync_to_the_host():
     assert out.strip() == "async/sync"
 
 
+@pytest.mark.parametrize("value, modes", [("sync", "sync"),
+                                          ("sync/async_wait",
+                                           "sync/async_wait"),
+                                          ("async/async", "async"),
+                                          ("", "async/sync")])
+def test_modes_from_the_environment(value, modes):
+    """A new process reads the modes from CUDAMEM_SYNC_COPY_CALL (for an
+    A/B of them on a GPU); unset or empty, the defaults."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDAMEM_SYNC_COPY_CALL=value)
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "from cudamem import _core; print(_core._sync_copy_call())"],
+        capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == [modes]
+
+
+def test_bad_mode_in_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDAMEM_SYNC_COPY_CALL="later")
+    p = subprocess.run([sys.executable, "-c", "import cudamem"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode != 0
+    assert "CUDAMEM_SYNC_COPY_CALL=later" in p.stderr
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_same_results_every_kind(mode, host, kind):
     want = np.arange(N, dtype=np.float32)

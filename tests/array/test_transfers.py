@@ -334,3 +334,42 @@ def test_small_to_device_returns_before_the_data_lands():
     """, env={"CUDAMEM_SIM_DELAY_US": "400000"})
     returned, landed = map(float, p.stdout.split())
     assert returned < 0.2 and landed > 0.2, (returned, landed)
+
+
+class _PopsContext:
+    """A stream (the legacy default stream, by handle) or a host source
+    whose protocol method pops the current context first."""
+
+    def __init__(self, values=None):
+        self.values = values
+
+    def _pop(self):
+        cuda.current_context().pop()
+
+    def __cuda_stream__(self):
+        self._pop()
+        return (0, 1)                    # CU_STREAM_LEGACY
+
+    def __array__(self, dtype=None, copy=None):
+        self._pop()
+        return self.values
+
+
+def test_copies_make_the_context_current_after_python_code(ctx):
+    """copy_to_device / copy_to_host make the array's context current
+    again when Python code ran after they made it so (a stream's
+    __cuda_stream__, a source's __array__), which may have changed it;
+    plain arguments run none, and no context query is repeated."""
+    h = np.arange(64, dtype=np.float32)
+    d = cuda.device_array(64, np.float32)
+    d.copy_to_device(_PopsContext(h))
+    assert cuda.current_context() is ctx
+    out = np.zeros_like(h)
+    d.copy_to_host(out, stream=_PopsContext())
+    cuda.synchronize()
+    np.testing.assert_array_equal(out, h)
+    assert cuda.current_context() is ctx
+    d.copy_to_device(h * 2, stream=_PopsContext())
+    np.testing.assert_array_equal(d.copy_to_host(stream=_PopsContext()),
+                                  h * 2)
+    assert cuda.current_context() is ctx

@@ -267,6 +267,32 @@ def test_page_locked_memory_goes_direct(staging, kind):
     np.testing.assert_array_equal(out, BASE)
 
 
+@pytest.mark.sim
+@pytest.mark.parametrize("kind", ["pinned", "mapped"])
+@pytest.mark.parametrize("on_stream", [False, True])
+def test_own_page_locked_memory_is_not_offered(staging, kind, on_stream):
+    """copy_to_device / copy_to_host between a device array and cudamem's
+    own page-locked memory go direct without the pipeline's check (a
+    pointer query that would say page-locked): with that query made to
+    fail, a copy the pipeline saw would be staged."""
+    make = cuda.pinned_array if kind == "pinned" else cuda.mapped_array
+    h = make(BASE.shape, BASE.dtype)
+    h[...] = BASE
+    out = make(BASE.shape, BASE.dtype)
+    d = cuda.device_array(BASE.shape, BASE.dtype)
+    s = cuda.stream() if on_stream else 0
+    n = staged()
+    _core._sim_inject("PointerGetAttribute", 1, 999)   # CUDA_ERROR_UNKNOWN
+    try:
+        d.copy_to_device(h, stream=s)
+        d.copy_to_host(out, stream=s)
+    finally:
+        _core._sim_inject("PointerGetAttribute", 0, 0)
+    cuda.synchronize()
+    assert staged() == n
+    np.testing.assert_array_equal(out, BASE)
+
+
 # -- asynchronous copies --------------------------------------------------
 
 
