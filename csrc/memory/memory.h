@@ -411,6 +411,11 @@ int cm_history_init(PyObject *mod, cm_state *st);
  * new reference, or NULL with an exception. */
 PyObject *cm_pool_segments(cm_context *ctx);
 
+/* Why cuIpcGetMemHandle cannot export the allocation at base of ctx's
+ * built-in manager (memory of the pool on virtual memory), as static
+ * text; NULL when it can be asked. */
+const char *cm_pool_ipc_refusal(cm_context *ctx, CUdeviceptr base);
+
 /* ------------------------------------------------------------------ */
 /* init functions of the memory layer                                 */
 /* ------------------------------------------------------------------ */

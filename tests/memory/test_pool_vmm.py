@@ -263,3 +263,13 @@ def test_pool_tests_pass_on_virtual_memory():
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
     assert " passed" in p.stdout
+
+
+def test_ipc_export_says_why_it_cannot(vmm_ctx):
+    # cuIpcGetMemHandle does not accept cuMemCreate memory: the export
+    # says so and what to do, before asking the driver.
+    a = cudamem.to_device(np.arange(10))
+    with pytest.raises(cudamem.CudaAPIError) as ei:
+        a.get_ipc_handle()
+    assert ei.value.code == 801            # CUDA_ERROR_NOT_SUPPORTED
+    assert "CUDAMEM_POOL_VMM" in str(ei.value)
