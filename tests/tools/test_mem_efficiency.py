@@ -18,6 +18,20 @@ from helpers import ROOT
 
 CAP = 48 << 20
 OPS = 1200
+# The baseline is read after the library's first tiny allocation: what
+# that allocation maps (a 2 MiB page of the pool on virtual memory, into
+# which later small blocks pack) stays out of the peak, so a ratio may
+# read up to one page below 1.0 of the smallest peak live here.
+PAGE = 2 << 20
+
+
+def floor(allocator, peak_live):
+    return 1.0 - PAGE / peak_live if allocator.endswith("-vmm") else 1.0
+
+
+# The smallest peak live of the workloads at CAP (the table does not say
+# which it is; the JSON does).
+LIVE_MIN = min(mem.generate(w, 0, CAP, OPS).peak_live for w in mem.WORKLOADS)
 
 
 def sim_env():
@@ -49,7 +63,7 @@ def test_table_structure(bench):
         mem.TITLES[w] for w in mem.WORKLOADS) + " |"
     i = lines.index(head)
     assert lines[i + 1] == "|---" * (len(mem.WORKLOADS) + 1) + "|"
-    rows = lines[i + 2:i + 6]
+    rows = lines[i + 2:i + 3 + len(mem.CUDAMEM)]
     for row, name in zip(rows, mem.CUDAMEM + ("peak live",), strict=True):
         label = mem.LABELS.get(name, name)
         assert row.startswith("| %s | " % label), row
@@ -58,7 +72,8 @@ def test_table_structure(bench):
         if name != "peak live":
             for cell in cells:
                 ratio, us = cell.split(" (")
-                assert float(ratio) >= 1.0 and us.endswith(" µs)"), cell
+                assert float(ratio) >= floor(name, LIVE_MIN), cell
+                assert us.endswith(" µs)"), cell
     for peer in mem.PEERS:
         assert "- %s: skipped: the simulator" % mem.LABELS[peer] in text
 
@@ -73,7 +88,10 @@ def test_ratios_finite_and_at_least_one(bench):
     for (a, w), c in cells.items():
         for key in ("error", "oom", "skipped", "not_run"):
             assert key not in c, (a, w, c)
-        assert math.isfinite(c["ratio"]) and c["ratio"] >= 1.0, (a, w, c)
+        live = [x["peak_live"] for x in res["workloads"]
+                if x["name"] == w][0]
+        assert math.isfinite(c["ratio"]), (a, w, c)
+        assert c["ratio"] >= floor(a, live), (a, w, c)
         assert math.isfinite(c["us_per_op"]) and c["us_per_op"] > 0
     for w in res["workloads"]:
         assert 0 < w["peak_live"] <= CAP
