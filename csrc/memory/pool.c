@@ -377,27 +377,53 @@ cm_blk_split(cm_pool *p, cm_blk *b, size_t size, uintptr_t stream,
     cm_bin_add(p, r);
 }
 
-/* Take a free block of at least size bytes usable on stream key s, in
- * use, split; NULL if none. */
-cm_blk *
-cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
+/* The free block of at least size bytes usable on stream key s that
+ * best fits, NULL if none; with mapped, only one of an arena whose first
+ * size bytes have memory mapped. */
+static cm_blk *
+cm_pool_find(cm_pool *p, cm_bins *bs, size_t size, uintptr_t s, int mapped)
 {
-    cm_bins *bs = size <= CM_POOL_SMALL_MAX ? &p->small : &p->large;
     int i = cm_bin_of(size);
     cm_blk *b;
-    uintptr_t rs;
-    CUevent re;
-    uint64_t rseq;
 
     for (i = cm_bin_next(bs, i); i >= 0; i = cm_bin_next(bs, i + 1)) {
         for (b = bs->head[i]; b != NULL; b = b->fnext) {
-            if (b->size >= size && cm_blk_usable(p, b, s)) {
-                goto found;
+            if (b->size >= size
+                && (!mapped
+                    || (b->seg->arena != NULL
+                        && cm_arena_range_backed(p, b->seg->arena, b->ptr,
+                                                 size)))
+                && cm_blk_usable(p, b, s)) {
+                return b;
             }
         }
     }
     return NULL;
-found:
+}
+
+/* Take a free block of at least size bytes usable on stream key s, in
+ * use, split; NULL if none.  In an arena, a block whose memory is mapped
+ * is preferred to the best fit when that one would need pages mapped:
+ * idle memory is used where it lies rather than moved. */
+cm_blk *
+cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
+{
+    cm_bins *bs = size <= CM_POOL_SMALL_MAX ? &p->small : &p->large;
+    cm_blk *b;
+    cm_blk *m;
+    uintptr_t rs;
+    CUevent re;
+    uint64_t rseq;
+
+    b = cm_pool_find(p, bs, size, s, 0);
+    if (b == NULL) {
+        return NULL;
+    }
+    if (b->seg->arena != NULL && p->idle_pages > 0
+        && !cm_arena_range_backed(p, b->seg->arena, b->ptr, size)
+        && (m = cm_pool_find(p, bs, size, s, 1)) != NULL) {
+        b = m;
+    }
     cm_bin_del(p, b);
     /* The rest keeps the free state; the block is now s's. */
     rs = b->stream;

@@ -134,10 +134,17 @@ struct cm_pool {
                            * thread that holds mu */
     size_t idle_pages;    /* mapped pages no block in use covers */
     size_t arena_used;    /* bytes of the arenas' blocks in use */
+    size_t n_made;        /* pages made (cuMemCreate) so far */
+    size_t n_moved;       /* idle pages moved to another place so far */
+    size_t n_released;    /* pages given back (cuMemRelease) so far */
     size_t keep;          /* idle bytes kept: past them, idle pages go
                            * back to the device once quiet */
     int release_due;      /* idle bytes past keep since the last release
                            * (read without mu as a hint) */
+    size_t idle_low;      /* the fewest idle pages since the last release
+                           * pass: those stayed idle all along */
+    uint64_t release_ns;  /* the time between release passes */
+    uint64_t release_next;  /* CLOCK_MONOTONIC ns of the next pass */
     int untrimmed;        /* async: the driver's pool may cache memory
                            * (a free or a failed allocation since the
                            * last trim); trim() has nothing to give back

@@ -218,7 +218,8 @@ PyDoc_STRVAR(cm_pool_stats_doc,
 "manager cannot know), segments, limit, virtual_memory (the pool's "
 "segments are arenas of virtual memory), page_size, idle_bytes (mapped "
 "pages no block uses) and release_threshold (0 without virtual "
-"memory).");
+"memory); on virtual memory, pages: counts of pages made, moved and "
+"released so far.");
 
 static PyObject *
 cm_pool_stats_fn(PyObject *mod, PyObject *arg)
@@ -230,6 +231,9 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
     long long largest;
     Py_ssize_t nseg = 0;
     size_t idle;
+    size_t made;
+    size_t moved;
+    size_t released;
     cm_seg *g;
     PyObject *lg;
     PyObject *r;
@@ -245,6 +249,9 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
         nseg++;
     }
     idle = p->idle_pages;
+    made = p->n_made;
+    moved = p->n_moved;
+    released = p->n_released;
     cm_pool_unlock(p, &gd);
     lg = largest < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(largest);
     if (lg == NULL) {
@@ -261,6 +268,16 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
                       (Py_ssize_t)(p->vmm ? idle << p->gshift : 0),
                       "release_threshold",
                       (Py_ssize_t)(p->vmm ? p->keep : 0));
+    if (r != NULL && p->vmm) {
+        PyObject *c = Py_BuildValue("{snsnsn}", "made", (Py_ssize_t)made,
+                                    "moved", (Py_ssize_t)moved,
+                                    "released", (Py_ssize_t)released);
+
+        if (c == NULL || PyDict_SetItemString(r, "pages", c) < 0) {
+            Py_CLEAR(r);
+        }
+        Py_XDECREF(c);
+    }
     Py_DECREF(lg);
     return r;
 }
@@ -286,9 +303,11 @@ cm_pool_vmm_fn(PyObject *mod, PyObject *arg)
 }
 
 PyDoc_STRVAR(cm_pool_release_threshold_doc,
-"_pool_release_threshold(ctx, threshold=None)\n--\n\n"
+"_pool_release_threshold(ctx, threshold=None, interval=-1.0)\n--\n\n"
 "The idle bytes ctx's pool keeps mapped on virtual memory "
-"(CUDAMEM_POOL_RELEASE_THRESHOLD); with threshold, set it first.  "
+"(CUDAMEM_POOL_RELEASE_THRESHOLD); with threshold, set it first, and "
+"with interval >= 0 the seconds between release passes "
+"(CUDAMEM_POOL_RELEASE_INTERVAL).  "
 "ValueError when the pool is not on virtual memory.");
 
 static PyObject *
@@ -296,14 +315,21 @@ cm_pool_release_threshold_fn(PyObject *mod, PyObject *args)
 {
     PyObject *o;
     PyObject *n = Py_None;
+    double iv = -1.0;
     cm_context *c = NULL;
     cm_pool *p;
     size_t v;
     cm_gil_saved gd;
 
     (void)mod;
-    if (!PyArg_ParseTuple(args, "O|O:_pool_release_threshold", &o, &n)
+    if (!PyArg_ParseTuple(args, "O|Od:_pool_release_threshold", &o, &n,
+                          &iv)
         || (p = cm_pool_arg(o, &c)) == NULL) {
+        return NULL;
+    }
+    if (!(iv >= -1.0 && iv <= 3600.0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "interval must be seconds from 0 to 3600");
         return NULL;
     }
     if (!p->vmm) {
@@ -322,6 +348,12 @@ cm_pool_release_threshold_fn(PyObject *mod, PyObject *args)
         if ((p->idle_pages << p->gshift) > v) {
             p->release_due = 1;
         }
+        cm_pool_unlock(p, &gd);
+    }
+    if (iv >= 0.0) {
+        cm_pool_lock(p, &gd);
+        p->release_ns = (uint64_t)(iv * 1e9);
+        p->release_next = 0;
         cm_pool_unlock(p, &gd);
     }
     return PyLong_FromSize_t(p->keep);

@@ -535,6 +535,10 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     }
     *ptr = b->ptr;
     *handle = (uintptr_t)b;
+    if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)) {
+        /* A pass may be due (the idle memory stays past a failure). */
+        (void)cm_arena_release(ctx, p, p->keep, 0);
+    }
     if (p->poison >= 0) {
         CUresult prc;
 

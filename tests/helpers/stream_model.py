@@ -18,8 +18,9 @@ first context is made):
 
     python tests/helpers/stream_model.py MANAGER PROGRAMS [FIRST_SEED]
 
-MANAGER is default, pool, pool-vmm (the pool on virtual memory, with
-CUDAMEM_POOL_RELEASE_THRESHOLD=0 from the test) async or plugin.  Gates
+MANAGER is default, pool, pool-vmm (the pool on virtual memory; the
+test sets CUDAMEM_POOL_RELEASE_THRESHOLD and _INTERVAL to 0), async or
+plugin.  Gates
 are used only under pool, pool-vmm and async: under the default manager and a plugin a release calls
 cuMemFree, which waits for the device and so for a held gate; there the
 simulator's CUDAMEM_SIM_DELAY_US keeps work pending instead.  Exit

@@ -134,7 +134,8 @@ def test_free_memory_serves_a_request_larger_than_any_hole(vmm_ctx):
 
 def test_idle_memory_past_the_threshold_goes_back(vmm_ctx):
     page = stats(vmm_ctx)["page_size"]
-    assert _core._pool_release_threshold(vmm_ctx, 2 * page) == 2 * page
+    # Passes not spaced (interval 0): what is idle goes at once.
+    assert _core._pool_release_threshold(vmm_ctx, 2 * page, 0.0) == 2 * page
     a = vmm_ctx.memalloc(10 * page)
     used = cudamem.memory_stats()["limit_used_bytes"]
     del a
@@ -152,7 +153,7 @@ def test_idle_memory_past_the_threshold_goes_back(vmm_ctx):
 
 def test_memory_a_stream_still_uses_is_kept_until_its_work_is_done(vmm_ctx):
     page = stats(vmm_ctx)["page_size"]
-    _core._pool_release_threshold(vmm_ctx, 0)
+    _core._pool_release_threshold(vmm_ctx, 0, 0.0)
     s1 = _core._raw_stream_create(1)
     try:
         a = _core._memalloc_on(vmm_ctx, 4 * page, s1)
@@ -189,6 +190,37 @@ def test_memory_a_stream_still_uses_is_kept_until_its_work_is_done(vmm_ctx):
         _core._raw_stream_destroy(s1)
 
 
+def test_memory_that_cycles_between_uses_stays_mapped(vmm_ctx):
+    # A pass gives back only what stayed idle since the previous pass:
+    # a block freed and made again within the interval keeps its pages.
+    page = stats(vmm_ctx)["page_size"]
+    _core._pool_release_threshold(vmm_ctx, 0, 0.3)
+    first = vmm_ctx.memalloc(8 * page)
+    del first                          # the first pass: nothing stayed
+    gc.collect()
+    made = stats(vmm_ctx)["pages"]["made"]
+    for _ in range(20):
+        a = vmm_ctx.memalloc(8 * page)
+        del a
+        gc.collect()
+    s = stats(vmm_ctx)
+    assert s["pages"]["made"] == made and s["pages"]["released"] == 0
+    assert s["idle_bytes"] == 8 * page
+    time.sleep(0.35)
+    b = vmm_ctx.memalloc(512)            # a pass: the pages stayed idle
+    del b
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while stats(vmm_ctx)["reserved_bytes"] > page:
+        assert time.monotonic() < deadline, stats(vmm_ctx)
+        time.sleep(0.35)
+        c = vmm_ctx.memalloc(512)
+        del c
+        gc.collect()
+    # All but the one page the 512-byte blocks took (moved, not made).
+    assert stats(vmm_ctx)["pages"]["released"] >= 7
+
+
 def test_empty_cache_gives_everything_back(vmm_ctx):
     keep = [vmm_ctx.memalloc(n) for n in (100, 3 * MiB, 17 * MiB)]
     assert stats(vmm_ctx)["reserved_bytes"] > 0
@@ -220,7 +252,7 @@ def test_pool_limit_counts_mapped_memory(vmm_ctx):
 
 def test_growing_sizes_stay_near_the_live_bytes(vmm_ctx):
     page = stats(vmm_ctx)["page_size"]
-    _core._pool_release_threshold(vmm_ctx, 0)
+    _core._pool_release_threshold(vmm_ctx, 0, 0.0)
     live = []
     for step in range(1, 40):
         for _ in range(2):
@@ -239,7 +271,9 @@ def test_growing_sizes_stay_near_the_live_bytes(vmm_ctx):
 def test_the_variables_are_checked():
     for name, value in [("CUDAMEM_POOL_VMM", "yes"),
                         ("CUDAMEM_POOL_RELEASE_THRESHOLD", "lots"),
-                        ("CUDAMEM_POOL_RELEASE_THRESHOLD", "1.5")]:
+                        ("CUDAMEM_POOL_RELEASE_THRESHOLD", "1.5"),
+                        ("CUDAMEM_POOL_RELEASE_INTERVAL", "-1"),
+                        ("CUDAMEM_POOL_RELEASE_INTERVAL", "soon")]:
         rc, out = run_py("import cudamem", **{name: value})
         assert rc != 0 and name in out and "ValueError" in out, out
     rc, out = run_py(

@@ -24,7 +24,8 @@ def test_random_programs_match_the_model(manager):
     n = int(os.environ.get("CUDAMEM_MODEL_PROGRAMS",
                            "500" if SIMULATOR else "60"))
     env = dict(os.environ, CUDAMEM_POOL_POISON="1",
-               CUDAMEM_POOL_RELEASE_THRESHOLD="0")
+               CUDAMEM_POOL_RELEASE_THRESHOLD="0",
+               CUDAMEM_POOL_RELEASE_INTERVAL="0")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(TESTS), str(ROOT)]
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

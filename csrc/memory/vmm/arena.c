@@ -24,8 +24,11 @@
  *   its size, without a synchronisation.
  * - Idle memory past the release threshold (CUDAMEM_POOL_RELEASE_THRESHOLD,
  *   bytes or a fraction of the device's memory; 0.1 by default) goes back
- *   to the device at the next release, quiet pages only, so no stream is
- *   waited for; trim() and cudamem.empty_cache() wait for the context and
+ *   to the device in passes, at most one per release interval
+ *   (CUDAMEM_POOL_RELEASE_INTERVAL, 0.1 s), run by a release or an
+ *   allocation: a pass gives back what stayed idle since the previous
+ *   one (the low-water mark of the idle pages), quiet pages only, so no
+ *   stream is waited for and memory that cycles between uses stays; trim() and cudamem.empty_cache() wait for the context and
  *   give back every idle page.
  * - The per-process limit and the pool's limit count mapped memory.
  *
@@ -49,6 +52,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "driver/bytesize.h"
 
@@ -59,6 +63,9 @@
  * memory (frac >= 0), else bytes. */
 static double cm_keep_frac = 0.1;
 static size_t cm_keep_bytes;
+
+/* CUDAMEM_POOL_RELEASE_INTERVAL, read at import: ns between passes. */
+static uint64_t cm_release_ns = 100000000;
 
 /* CUDAMEM_POOL_VMM, read at import (_pool_vmm changes it): pools made
  * from now on put their segments on virtual memory. */
@@ -71,6 +78,7 @@ cm_arena_env(void)
 {
     const char *v = getenv("CUDAMEM_POOL_VMM");
     const char *t = getenv("CUDAMEM_POOL_RELEASE_THRESHOLD");
+    const char *iv = getenv("CUDAMEM_POOL_RELEASE_INTERVAL");
     unsigned long long n;
     char *end;
     double f;
@@ -83,6 +91,17 @@ cm_arena_env(void)
             return -1;
         }
         cm_vmm_env = v[0] == '1';
+    }
+    cm_release_ns = 100000000;
+    if (iv != NULL && iv[0] != '\0') {
+        f = strtod(iv, &end);
+        if (end == iv || *end != '\0' || !(f >= 0.0 && f <= 3600.0)) {
+            PyErr_Format(PyExc_ValueError,
+                         "CUDAMEM_POOL_RELEASE_INTERVAL must be seconds "
+                         "from 0 to 3600 (0.1), not %.100s", iv);
+            return -1;
+        }
+        cm_release_ns = (uint64_t)(f * 1e9);
     }
     cm_keep_frac = 0.1;
     cm_keep_bytes = 0;
@@ -148,6 +167,7 @@ cm_arena_setup(cm_context *ctx, cm_pool *p)
     p->keep = cm_keep_frac >= 0.0
                   ? (size_t)(cm_keep_frac * (double)ctx->total_mem)
                   : cm_keep_bytes;
+    p->release_ns = cm_release_ns;
     if (pthread_mutex_init(&p->vmu, NULL) != 0) {
         p->vmm = 0;
         PyErr_NoMemory();
@@ -174,6 +194,9 @@ cm_arena_use(cm_pool *p, const cm_blk *b)
             p->idle_pages--;
         }
     }
+    if (p->idle_pages < p->idle_low) {
+        p->idle_low = p->idle_pages;
+    }
 }
 
 void
@@ -193,6 +216,21 @@ cm_arena_unuse(cm_pool *p, const cm_blk *b)
     if ((p->idle_pages << p->gshift) > p->keep) {
         p->release_due = 1;
     }
+}
+
+int
+cm_arena_range_backed(const cm_pool *p, const cm_arena *a, CUdeviceptr ptr,
+                      size_t size)
+{
+    size_t i = (size_t)(ptr - a->base) >> p->gshift;
+    size_t e = (size_t)(ptr + size - 1 - a->base) >> p->gshift;
+
+    for (; i <= e; i++) {
+        if (a->h[i] == 0) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 int
@@ -332,6 +370,9 @@ cm_arena_take_idle(cm_pool *p, cm_page *out, size_t want)
             }
         }
     }
+    if (p->idle_pages < p->idle_low) {
+        p->idle_low = p->idle_pages;
+    }
     return got;
 }
 
@@ -391,6 +432,7 @@ cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     p->reserved += gran;
+    p->n_made++;
     cm_mu_unlock(&p->mu);
     if (!cm_limit_take(ctx, gran)) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -408,6 +450,7 @@ cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
     if (rc != CUDA_SUCCESS) {
         cm_mu_lock(&p->mu);
         p->reserved -= gran;
+        p->n_made--;
         cm_mu_unlock(&p->mu);
     }
     return rc;
@@ -423,6 +466,7 @@ cm_page_drop(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle h)
     cm_limit_give(ctx, gran);
     cm_mu_lock(&p->mu);
     p->reserved -= gran;
+    p->n_released++;
     cm_mu_unlock(&p->mu);
 }
 
@@ -545,6 +589,7 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
         /* The block is in use: its pages are not idle. */
         a->h[need[i]] = got[i];
     }
+    p->n_moved += nmoved;
 out_mu:
     cm_mu_unlock(&p->mu);
 out:
@@ -634,20 +679,39 @@ fail:
     return rc;
 }
 
+/* CLOCK_MONOTONIC in ns. */
+static uint64_t
+cm_arena_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 CUresult
 cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
 {
     size_t gran = (size_t)1 << p->gshift;
+    size_t kp = keep >> p->gshift;
     cm_page *out = NULL;
     size_t n = 0;
     size_t want;
+    size_t low;
     size_t i;
+    uint64_t now = 0;
     CUresult rc = CUDA_SUCCESS;
     CUresult r;
     cm_gil_saved g;
 
-    if (!wait && cm_arena_host_waits()) {
-        return CUDA_SUCCESS;    /* release_due stays: a later one */
+    if (!wait) {
+        if (cm_arena_host_waits()) {
+            return CUDA_SUCCESS;    /* release_due stays: a later one */
+        }
+        now = cm_arena_now();
+        if (now < __atomic_load_n(&p->release_next, __ATOMIC_RELAXED)) {
+            return CUDA_SUCCESS;    /* not yet: the pass after */
+        }
     }
     cm_arena_gil_drop(&g);
     if (wait) {
@@ -661,15 +725,31 @@ cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
         cm_mu_depth++;
     }
     cm_mu_lock(&p->mu);
-    p->release_due = 0;
-    want = p->dead ? 0 : p->idle_pages - (keep >> p->gshift < p->idle_pages
-                                          ? keep >> p->gshift
-                                          : p->idle_pages);
+    if (p->dead) {
+        want = 0;
+    }
+    else if (wait) {
+        want = p->idle_pages - (kp < p->idle_pages ? kp : p->idle_pages);
+    }
+    else {
+        /* A pass: only what stayed idle since the last one goes (memory
+         * that cycles between uses stays), unless passes are not spaced
+         * (interval 0): then what is idle now. */
+        low = p->release_ns == 0 || p->idle_low > p->idle_pages
+                  ? p->idle_pages
+                  : p->idle_low;
+        want = low > kp ? low - kp : 0;
+        __atomic_store_n(&p->release_next, now + p->release_ns,
+                         __ATOMIC_RELAXED);
+    }
     if (want > 0 && (out = malloc(want * sizeof(*out))) != NULL) {
         n = cm_arena_take_idle(p, out, want);
     }
+    /* The next interval starts now. */
+    p->idle_low = p->idle_pages;
+    p->release_due = (p->idle_pages << p->gshift) > keep;
     if (n < want && out != NULL) {
-        /* Some are not quiet yet: a later release looks again. */
+        /* Some are not quiet yet: a later pass looks again. */
         p->release_due = 1;
     }
     cm_mu_unlock(&p->mu);

@@ -53,6 +53,11 @@ void cm_arena_unuse(cm_pool *p, const cm_blk *b);
 /* Whether every page of block b has memory mapped (mutex held). */
 int cm_arena_backed(const cm_pool *p, const cm_blk *b);
 
+/* Whether every page of [ptr, ptr + size) of arena a has memory mapped
+ * (mutex held). */
+int cm_arena_range_backed(const cm_pool *p, const cm_arena *a,
+                          CUdeviceptr ptr, size_t size);
+
 /* The largest request p serves without memory from the device: its
  * idle pages (moved where needed), or a free block all of whose pages
  * are mapped, whichever is larger (mutex held). */
@@ -68,10 +73,11 @@ CUresult cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b);
  * bytes, as a wholly free segment.  No mutex held; GIL either. */
 CUresult cm_arena_add(cm_context *ctx, cm_pool *p, size_t size, int small);
 
-/* Give idle pages back to the device until at most keep bytes of them
- * are left, taking only quiet ones (their last users' work done).  With
- * wait, waits for another thread's mapping first; without it, returns
- * at once when one is in progress.  No mutex held; GIL either.  The
+/* Give idle pages back to the device, quiet ones only (their last
+ * users' work done).  With wait (trim): until at most keep bytes of them
+ * are left, after another thread's mapping.  Without: a pass, at most
+ * one per release interval and none while another thread maps, that
+ * gives back what stayed idle since the last pass beyond keep.  No mutex held; GIL either.  The
  * first driver error, or CUDA_SUCCESS. */
 CUresult cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep,
                           int wait);
