@@ -147,7 +147,9 @@ def memory_snapshot() -> dict[str, Any]:
         wall clock, seconds); ``devices``: per device with a context, its
         ``manager``, ``stats`` (as :func:`memory_stats`), the pool
         manager's ``segments`` (each with ``base``, ``size``, ``small``
-        and ``blocks``: [address, size, 'used' | 'free' | 'pending'])
+        and ``blocks``: [address, size, 'used' | 'free' | 'pending'];
+        an arena of the pool on virtual memory adds ``page_size`` and
+        ``mapped``, the [start, end) address runs with memory mapped)
         and ``pinned_pool`` (as :func:`pinned_pool_stats`); ``live``:
         every allocation alive now (kind, device, manager, stream,
         address, size, and, when the history recorded it, ``time`` and

@@ -148,6 +148,7 @@ _COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
 OOM_COLOR = "#dd0000"
 # The pool's blocks: a used block is blue, never the OOM mark's red.
 BLOCK_COLORS = {"used": "#1f77b4", "free": "#2ca02c", "pending": "#ff7f0e"}
+MAPPED_COLOR = "#555555"
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
@@ -419,8 +420,10 @@ def _segments_svg(dev, live, records, snames):
     if not segs:
         return ""
     w, row, left = 900, 22, 170
+    arenas = [s for s in segs if "mapped" in s]
     h = row * len(segs) + 10
-    biggest = max(s["size"] for s in segs)
+    spans = [_span(s) for s in segs]
+    biggest = max(spans)
     colors = BLOCK_COLORS
     parts = ['<svg class="segments" data-device="%d" '
              'xmlns="http://www.w3.org/2000/svg" width="%d" height="%d">'
@@ -428,9 +431,34 @@ def _segments_svg(dev, live, records, snames):
     for i, s in enumerate(segs):
         y = 5 + i * row
         scale = (w - left - 10) / biggest
-        parts.append('<text x="4" y="%d">0x%x %s</text>'
-                     % (y + 14, s["base"], _e(_fmt_bytes(s["size"]))))
+        end = s["base"] + spans[i]
+        if "mapped" in s:
+            mapped = sum(hi - lo for lo, hi in s["mapped"])
+            in_use = sum(n for _, n, st in s["blocks"] if st != "free")
+            tip = ("arena 0x%x: %s mapped, %s in blocks in use, largest "
+                   "free mapped extent %s; %s of addresses reserved, the "
+                   "first %s drawn"
+                   % (s["base"], _fmt_bytes(mapped), _fmt_bytes(in_use),
+                      _fmt_bytes(_largest_free_mapped(s)),
+                      _fmt_bytes(s["size"]), _fmt_bytes(spans[i])))
+            parts.append('<text x="4" y="%d" data-tip="%s">arena, %s mapped'
+                         '</text>' % (y + 14, _e(tip),
+                                      _e(_fmt_bytes(mapped))))
+            for lo, hi in s["mapped"]:
+                if lo >= end:
+                    continue
+                parts.append(
+                    '<rect class="mapped" x="%.1f" y="%d" width="%.1f" '
+                    'height="3" fill="%s"/>'
+                    % (left + (lo - s["base"]) * scale, y + row - 6,
+                       max((min(hi, end) - lo) * scale, 1.0), MAPPED_COLOR))
+        else:
+            parts.append('<text x="4" y="%d">0x%x %s</text>'
+                         % (y + 14, s["base"], _e(_fmt_bytes(s["size"]))))
         for addr, size, state in s["blocks"]:
+            if addr >= end:
+                continue
+            size = min(size, end - addr)
             bx = left + (addr - s["base"]) * scale
             bw = max(size * scale, 1.0)
             tip = "block 0x%x: %s, %s" % (addr, _fmt_bytes(size), state)
@@ -451,7 +479,41 @@ def _segments_svg(dev, live, records, snames):
     parts.append("</svg>")
     legend = "".join('<span><i class="sw" style="background:%s"></i>%s'
                      '</span>' % (c, s) for s, c in colors.items())
+    if arenas:
+        legend += ('<span><i class="sw" style="background:%s"></i>memory '
+                   'mapped (an arena of virtual memory: the strip under '
+                   'its blocks; drawn up to its last mapped page or block '
+                   'in use)</span>' % MAPPED_COLOR)
     return "".join(parts) + '<div class="legend">%s</div>' % legend
+
+
+def _span(seg):
+    """The bytes of a segment drawn: all of a cuMemAlloc'd one; of an
+    arena of virtual memory (its reservation is as large as the device),
+    up to its last mapped page or block in use, at least one page."""
+    if "mapped" not in seg:
+        return seg["size"]
+    end = seg["base"] + seg.get("page_size", 1)
+    for lo, hi in seg["mapped"]:
+        end = max(end, hi)
+    for addr, size, state in seg["blocks"]:
+        if state != "free":
+            end = max(end, addr + size)
+    return min(end - seg["base"], seg["size"])
+
+
+def _largest_free_mapped(seg):
+    """The longest run of an arena's bytes that are free and mapped."""
+    best = 0
+    runs = seg["mapped"]
+    for addr, size, state in seg["blocks"]:
+        if state != "free":
+            continue
+        for lo, hi in runs:
+            a, b = max(lo, addr), min(hi, addr + size)
+            if b > a:
+                best = max(best, b - a)
+    return best
 
 
 def _stack_html(stack):

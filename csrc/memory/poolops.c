@@ -1117,6 +1117,63 @@ typedef struct {
     int state;            /* 0 used, 1 free, 2 pending */
 } cm_blk_view;
 
+/* The runs of pages of arena a with memory mapped, as [lo, hi) address
+ * pairs in a malloc'd array (*out, NULL when none or out of memory;
+ * mutex held). */
+static void
+cm_pool_mapped_runs(const cm_pool *p, const cm_arena *a, CUdeviceptr **out,
+                    size_t *n)
+{
+    CUdeviceptr *r = NULL;
+    CUdeviceptr *t;
+    size_t cap = 0;
+    size_t i = 0;
+    size_t j;
+
+    *out = NULL;
+    *n = 0;
+    while (i < a->npages) {
+        if (a->h[i] == 0) {
+            i++;
+            continue;
+        }
+        for (j = i; j < a->npages && a->h[j] != 0; j++) {
+        }
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 8;
+            t = realloc(r, 2 * cap * sizeof(*r));
+            if (t == NULL) {
+                free(r);
+                *n = 0;
+                return;
+            }
+            r = t;
+        }
+        r[2 * *n] = a->base + ((CUdeviceptr)i << p->gshift);
+        r[2 * *n + 1] = a->base + ((CUdeviceptr)j << p->gshift);
+        (*n)++;
+        i = j;
+    }
+    *out = r;
+}
+
+static void
+cm_segs_view_free(cm_blk_view *v, CUdeviceptr *base, size_t *size,
+                  int *small, CUdeviceptr **runs, size_t *nruns, size_t ns)
+{
+    size_t i;
+
+    for (i = 0; runs != NULL && i < ns; i++) {
+        free(runs[i]);
+    }
+    free(runs);
+    free(nruns);
+    free(v);
+    free(base);
+    free(size);
+    free(small);
+}
+
 PyObject *
 cm_pool_segments(cm_context *ctx)
 {
@@ -1126,6 +1183,8 @@ cm_pool_segments(cm_context *ctx)
     CUdeviceptr *base = NULL;
     size_t *size = NULL;
     int *small = NULL;
+    CUdeviceptr **runs = NULL;   /* per arena segment: mapped [lo, hi) */
+    size_t *nruns = NULL;
     size_t nb = 0;
     size_t nt;
     size_t ns = 0;
@@ -1152,13 +1211,19 @@ cm_pool_segments(cm_context *ctx)
     base = malloc((ns > 0 ? ns : 1) * sizeof(*base));
     size = malloc((ns > 0 ? ns : 1) * sizeof(*size));
     small = malloc((ns > 0 ? ns : 1) * sizeof(*small));
-    if (v != NULL && base != NULL && size != NULL && small != NULL) {
+    runs = calloc(ns > 0 ? ns : 1, sizeof(*runs));
+    nruns = calloc(ns > 0 ? ns : 1, sizeof(*nruns));
+    if (v != NULL && base != NULL && size != NULL && small != NULL
+        && runs != NULL && nruns != NULL) {
         nb = 0;
         ns = 0;
         for (g = p->segs; g != NULL; g = g->next, ns++) {
             base[ns] = g->base;
             size[ns] = g->size;
             small[ns] = g->small;
+            if (g->arena != NULL) {
+                cm_pool_mapped_runs(p, g->arena, &runs[ns], &nruns[ns]);
+            }
             for (b = g->first; b != NULL; b = b->next, nb++) {
                 v[nb].seg = (int)ns;
                 v[nb].ptr = b->ptr;
@@ -1168,7 +1233,8 @@ cm_pool_segments(cm_context *ctx)
         }
     }
     cm_pool_unlock(p, &gd);
-    if (v == NULL || base == NULL || size == NULL || small == NULL) {
+    if (v == NULL || base == NULL || size == NULL || small == NULL
+        || runs == NULL || nruns == NULL) {
         PyErr_NoMemory();
         goto err_free;
     }
@@ -1197,24 +1263,43 @@ cm_pool_segments(cm_context *ctx)
                           "size", (Py_ssize_t)size[i], "small",
                           small[i] ? Py_True : Py_False, "blocks", blocks);
         Py_CLEAR(blocks);
+        if (d != NULL && p->vmm) {
+            /* An arena: the runs of pages with memory mapped. */
+            PyObject *m = PyList_New(0);
+            size_t k;
+
+            for (k = 0; m != NULL && k < nruns[i]; k++) {
+                PyObject *t = Py_BuildValue(
+                    "(KK)", (unsigned long long)runs[i][2 * k],
+                    (unsigned long long)runs[i][2 * k + 1]);
+
+                if (t == NULL || PyList_Append(m, t) < 0) {
+                    Py_CLEAR(m);
+                }
+                Py_XDECREF(t);
+            }
+            PyObject *ps = PyLong_FromSize_t((size_t)1 << p->gshift);
+
+            if (m == NULL || ps == NULL
+                || PyDict_SetItemString(d, "mapped", m) < 0
+                || PyDict_SetItemString(d, "page_size", ps) < 0) {
+                Py_CLEAR(d);
+            }
+            Py_XDECREF(m);
+            Py_XDECREF(ps);
+        }
         r = d == NULL ? -1 : PyList_Append(list, d);
         Py_XDECREF(d);
         if (r < 0) {
             goto err_free;
         }
     }
-    free(v);
-    free(base);
-    free(size);
-    free(small);
+    cm_segs_view_free(v, base, size, small, runs, nruns, ns);
     return list;
 err_free:
     Py_XDECREF(blocks);
     Py_DECREF(list);
-    free(v);
-    free(base);
-    free(size);
-    free(small);
+    cm_segs_view_free(v, base, size, small, runs, nruns, ns);
     return NULL;
 }
 

@@ -351,3 +351,59 @@ def test_100k_events_stay_responsive(browser, tmp_path, capsys):
     assert fcp < 5.0
     assert loaded < 30.0
     assert answered < 2.0
+
+
+ARENA = """
+import numpy as np, cudamem
+cudamem.memory_history(True)
+keep = [cudamem.device_array(n, np.uint8)
+        for n in (300, 5000, 3 << 20, 7 << 20, 12 << 20, 2 << 20)]
+del keep[2], keep[3]
+cudamem.dump_snapshot({path!r})
+"""
+
+
+def test_arenas_of_virtual_memory_drawn_to_their_mapped_span(
+        browser, tmp_path, capsys):
+    # The pool on virtual memory: each arena reserves as much as the
+    # device, so it is drawn up to its last mapped page or live block,
+    # with the mapped pages as a strip under the blocks.
+    snap_path = tmp_path / "arenas.json"
+    rc, out = run_py(ARENA.format(path=str(snap_path)), timeout=120,
+                     CUDAMEM_MEMORY_MANAGER="pool", CUDAMEM_POOL_VMM="1",
+                     CUDAMEM_POOL_RELEASE_INTERVAL="3600")
+    assert rc == 0, out
+    snap = _memviz.load(snap_path)
+    segs = snap["devices"][0]["segments"]
+    assert len(segs) == 2 and all("mapped" in s for s in segs)
+    page = tmp_path / "arenas.html"
+    _make_page(snap_path, page)
+    tab, _ = _open(browser, page, width=1000, height=700)
+    # Every block that starts inside a drawn span is drawn, with a width.
+    drawn = sum(1 for s in segs for a, _, _ in s["blocks"]
+                if a < s["base"] + _memviz._span(s))
+    sizes = tab.evaluate("""Array.from(document.querySelectorAll(
+        'svg.segments rect.block')).map(function(r){var b = r.getBBox();
+        return [b.x, b.width];})""")
+    assert len(sizes) == drawn
+    assert all(w >= 1 for _, w in sizes)
+    # Nothing runs past the picture: the free rest of the reservation is
+    # cut at the span.
+    svg_w = tab.evaluate("document.querySelector('svg.segments')"
+                         ".width.baseVal.value")
+    assert max(x + w for x, w in sizes) <= svg_w
+    runs = tab.evaluate("document.querySelectorAll("
+                        "'svg.segments rect.mapped').length")
+    assert runs == sum(len(s["mapped"]) for s in segs) >= 2
+    labels = tab.evaluate("""Array.from(document.querySelectorAll(
+        'svg.segments text')).map(function(t){
+        return t.getAttribute('data-tip');})""")
+    assert all("mapped" in t and "largest free mapped extent" in t
+               for t in labels)
+    box = _box(tab, "svg.segments")
+    png = tab.screenshot()
+    _save(capsys, "memviz-arenas.png", png)
+    _, _, rows = read_png(png)
+    assert _count(rows, box, _hex(_memviz.MAPPED_COLOR), 12) > 100
+    assert _count(rows, box, _hex(_memviz.BLOCK_COLORS["used"]), 20) > 500
+    assert tab.problems() == []
