@@ -3,7 +3,8 @@
 
 A test marked ``ahead`` does nothing in the test process but start
 children (``run_child``, ``subprocess.run``) and assert on what they
-leave behind; its arguments are its parameters, nothing else.  On the
+leave behind; its arguments are its parameters and ``tmp_path``, nothing
+else.  On the
 simulator, when the session reaches the first of a run of such tests
 (consecutive in the order they run), the whole run is handed to a pool:
 one thread per core (at most 4) takes the next test of the run and calls
@@ -25,12 +26,14 @@ test of its run.
 import collections
 import inspect
 import os
+import re
 import threading
 
 # Fixtures a marked test may have beside its parameters: the autouse
-# fixtures that change nothing on the simulator.
+# fixtures that change nothing on the simulator, and tmp_path (made here,
+# as pytest makes it).
 HARMLESS = frozenset({"_no_close_on_the_main_thread", "monkeypatch",
-                      "request"})
+                      "request", "tmp_path_factory", "tmp_path"})
 
 
 def workers(simulator):
@@ -51,7 +54,7 @@ def why_not(item):
     params = params.params if params is not None else {}
     args = inspect.signature(item.obj).parameters
     extra = sorted((set(item.fixturenames) - set(params) - HARMLESS)
-                   | (set(args) - set(params)))
+                   | (set(args) - set(params) - {"tmp_path"}))
     if extra:
         return "it uses the fixtures %s" % ", ".join(extra)
     if item.get_closest_marker("xfail"):
@@ -59,16 +62,26 @@ def why_not(item):
     return None
 
 
+def _kwargs(item):
+    """The arguments of item's function: its parameters, and tmp_path a
+    fresh folder of the session's, named as pytest names it."""
+    params = getattr(item, "callspec", None)
+    params = params.params if params is not None else {}
+    args = inspect.signature(item.obj).parameters
+    kwargs = {k: v for k, v in params.items() if k in args}
+    if "tmp_path" in args:
+        name = re.sub(r"[\W]", "_", item.name)[:30]
+        kwargs["tmp_path"] = item.config._tmp_path_factory.mktemp(name)
+    return kwargs
+
+
 class _Job:
     """One marked test: its function and arguments, and once run, the
     exception it raised (None: it passed)."""
 
     def __init__(self, item):
-        params = getattr(item, "callspec", None)
-        params = params.params if params is not None else {}
         self.fn = item.obj
-        self.kwargs = {k: v for k, v in params.items()
-                       if k in item.fixturenames}
+        self.kwargs = _kwargs(item)
         self.exc = None
         self.state = "pending"          # then "running", then "done"
 
@@ -139,9 +152,7 @@ class Pool:
                         skipped)
         job = self.jobs.pop(item.nodeid, None)
         if job is None:                 # it looked skipped: run it here
-            item.obj(**{k: v for k, v in item.callspec.params.items()
-                        if k in item.fixturenames}
-                     if hasattr(item, "callspec") else {})
+            item.obj(**_kwargs(item))
             return
         while True:
             with self.cond:
