@@ -173,7 +173,10 @@ def pytest_pyfunc_call(pyfuncitem):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtestloop(session):
     global _AHEAD
-    n = ahead.workers(SIMULATOR)
+    # In a pytest-xdist worker a run of marked tests may hold tests that
+    # another worker was given: there they run one by one.
+    n = 1 if hasattr(session.config, "workerinput") else ahead.workers(
+        SIMULATOR)
     _AHEAD = ahead.Pool(n) if n > 1 else None
     try:
         yield
