@@ -4,7 +4,9 @@
 A test marked ``ahead`` does nothing in the test process but start
 children (``run_child``, ``subprocess.run``) and assert on what they
 leave behind; its arguments are its parameters and ``tmp_path``, nothing
-else.  On the
+else (a module's autouse fixtures that its marked tests do not depend on
+are named in its ``AHEAD_HARMLESS``: they still run around each test, in
+the main thread).  On the
 simulator, when the session reaches the first of a run of such tests
 (consecutive in the order they run), the whole run is handed to a pool:
 one thread per core (at most 4) takes the next test of the run and calls
@@ -53,7 +55,8 @@ def why_not(item):
     params = getattr(item, "callspec", None)
     params = params.params if params is not None else {}
     args = inspect.signature(item.obj).parameters
-    extra = sorted((set(item.fixturenames) - set(params) - HARMLESS)
+    harmless = HARMLESS | set(getattr(item.module, "AHEAD_HARMLESS", ()))
+    extra = sorted((set(item.fixturenames) - set(params) - harmless)
                    | (set(args) - set(params) - {"tmp_path"}))
     if extra:
         return "it uses the fixtures %s" % ", ".join(extra)
