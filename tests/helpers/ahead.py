@@ -6,12 +6,14 @@ children (``run_child``, ``subprocess.run``) and assert on what they
 leave behind; its arguments are its parameters and ``tmp_path``, nothing
 else (a module's autouse fixtures that its marked tests do not depend on
 are named in its ``AHEAD_HARMLESS``: they still run around each test, in
-the main thread).  On the
-simulator, when the session reaches the first of a run of such tests
-(consecutive in the order they run), the whole run is handed to a pool:
-one thread per core (at most 4) takes the next test of the run and calls
-its function, the main thread among them, so that as many children run
-at once as there are cores.  Each test then reports its own outcome, in
+the main thread).  tests/conftest.py refuses a marked test that takes
+anything else.
+
+On the simulator, when the session reaches the first of a run of such
+tests (consecutive in the order they run), the whole run is handed to a
+pool: one thread per core (at most 4) takes the next test of the run and
+calls its function, the main thread among them, so that as many children
+run at once as there are cores.  Each test then reports its own outcome, in
 its turn: a failure carries its traceback, a skip its reason.  Nothing
 else runs in the test process meanwhile (the run ends where a test that
 is not marked begins), so the tests in between read this process as
@@ -22,7 +24,8 @@ share the device and its memory), and so they do everywhere with
 CUDAMEM_TEST_AHEAD=0 (or 1; N: at most N at once).
 
 What a marked test prints may show among the captured output of another
-test of its run.
+test of its run, and a per-test timeout (pytest-timeout) that fires while
+the main thread runs another test of the run is reported by that one.
 """
 
 import collections
