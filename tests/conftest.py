@@ -41,6 +41,7 @@ if "CUDAMEM_SIMULATOR" not in os.environ:
 SIMULATOR = os.environ["CUDAMEM_SIMULATOR"] not in ("0", "", "false")
 
 import cudamem  # noqa: E402
+from helpers import ahead  # noqa: E402
 
 # CUDAMEM_TEST_INSTALLED_AT=DIR: the suite runs against an installed
 # cudamem, which must be imported from under DIR (.ci/wheel sets it to the
@@ -111,6 +112,12 @@ QUICK = frozenset((
 def pytest_collection_modifyitems(config, items):
     ndev = None
     for item in items:
+        if item.get_closest_marker("ahead"):
+            why = ahead.why_not(item)
+            if why:
+                raise pytest.UsageError(
+                    "%s is marked ahead, but %s (tests/helpers/ahead.py)"
+                    % (item.nodeid, why))
         rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
         if rel in QUICK:
             item.add_marker(pytest.mark.quick)
@@ -138,6 +145,45 @@ def pytest_configure(config):
         multiprocessing.set_start_method("spawn")
     except RuntimeError:
         pass
+
+
+# The pool of the tests marked ahead (tests/helpers/ahead.py); None when
+# they run one by one.
+_AHEAD = None
+
+
+def _will_skip(item):
+    """Whether item's skip marks skip it (pytest evaluates them again at
+    its setup)."""
+    try:
+        from _pytest.skipping import evaluate_skip_marks
+        return evaluate_skip_marks(item) is not None
+    except Exception:  # noqa: BLE001 - let pytest say it at setup
+        return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    if _AHEAD is None or not pyfuncitem.get_closest_marker("ahead"):
+        return None
+    _AHEAD.outcome(pyfuncitem, _will_skip)
+    return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session):
+    global _AHEAD
+    # In a pytest-xdist worker a run of marked tests may hold tests that
+    # another worker was given: there they run one by one.
+    n = 1 if hasattr(session.config, "workerinput") else ahead.workers(
+        SIMULATOR)
+    _AHEAD = ahead.Pool(n) if n > 1 else None
+    try:
+        yield
+    finally:
+        if _AHEAD is not None:
+            _AHEAD.close()
+        _AHEAD = None
 
 
 @pytest.fixture(scope="session")

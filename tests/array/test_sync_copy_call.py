@@ -256,6 +256,7 @@ print("control", "caught" if (d.copy_to_host() == -1).all() else "MISSED")
 """
 
 
+@pytest.mark.ahead
 @pytest.mark.sim
 @pytest.mark.parametrize("ptds", [False, True], ids=["legacy", "ptds"])
 @pytest.mark.parametrize("m", MODES)

@@ -9,6 +9,8 @@ tests/).
 
 - crashutil: ``run_child`` and ``run_py``, code in a fresh interpreter
   whose crash or hang fails one test instead of the session;
+- ahead: the tests marked ``ahead`` (they only run children), run side
+  by side on the simulator;
 - isolation: the backend gates (``SIMULATOR``, ``ISOLATED``), a test
   module that runs in a process of its own on a GPU, and ``use_manager``;
 - arrays: dtypes, deterministic sample values and a stand-in stream
@@ -23,8 +25,8 @@ tests/).
   PNG reader, for the tests that look at a page as a person would.
 """
 
-from .crashutil import ChildResult, child_env, run_child, run_py
+from .crashutil import ChildResult, child_env, environ, run_child, run_py
 from .crashutil import ROOT, TESTS, signal_name
 
-__all__ = ["ChildResult", "ROOT", "TESTS", "child_env", "run_child",
-           "run_py", "signal_name"]
+__all__ = ["ChildResult", "ROOT", "TESTS", "child_env", "environ",
+           "run_child", "run_py", "signal_name"]

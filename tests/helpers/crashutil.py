@@ -76,11 +76,23 @@ def signal_name(returncode):
         return "signal %d" % -returncode
 
 
+def environ():
+    """A copy of os.environ.  A worker thread (tests/helpers/ahead.py)
+    copies it while pytest's main thread sets and removes
+    PYTEST_CURRENT_TEST: a copy that met a key removed under it
+    (KeyError) is taken again."""
+    while True:
+        try:
+            return dict(os.environ)
+        except KeyError:
+            continue
+
+
 def child_env(**env):
     """The environment of a child: this one, with the repository and
     tests/ first on PYTHONPATH and faulthandler on, updated by env (a
     value of None removes the variable)."""
-    e = dict(os.environ)
+    e = environ()
     path = [str(ROOT), str(TESTS)]
     if e.get("PYTHONPATH"):
         path.append(e["PYTHONPATH"])

@@ -21,6 +21,7 @@ from helpers.crashutil import run_child
 MANAGERS = ["pool", "async"]
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("manager", MANAGERS)
 @pytest.mark.parametrize("how", ["external_stream", "client_alloc",
                                  "cupy_shaped"])

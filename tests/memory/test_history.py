@@ -178,6 +178,7 @@ print(json.dumps(snap))
 """
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("manager", ["default", "pool", "async"])
 def test_snapshot_matches_memory_stats(manager):
     rc, out = helpers.run_py(CONSISTENCY, timeout=300,
@@ -218,6 +219,7 @@ def test_snapshot_matches_memory_stats(manager):
         assert pos == g["base"] + g["size"]
 
 
+@pytest.mark.ahead
 @pytest.mark.slow
 def test_concurrent_allocations_and_snapshots():
     rc, out = helpers.run_py("""

@@ -62,6 +62,11 @@ def _no_limit_after(request):
         cudamem.set_memory_limit(None)
 
 
+# The autouse fixtures above change nothing a test that only runs children
+# (marked ahead, tests/helpers/ahead.py) depends on.
+AHEAD_HARMLESS = ("_isolated_on_a_gpu", "_no_limit_after")
+
+
 @pytest.fixture(params=MANAGERS)
 def limited(request):
     """A fresh context of each built-in manager under LIMIT."""
@@ -605,6 +610,7 @@ def test_plugin_pointer_without_weak_references_is_not_counted(plugin_ctx):
 SIM2G = {"CUDAMEM_SIM_MEMORY": str(2 * GiB)}
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("kind", MANAGERS)
 def test_environment_limit_under_each_manager(kind):
     rc, out = run_py("""
@@ -659,6 +665,7 @@ def test_environment_limit_under_each_manager(kind):
     assert "ok" in out
 
 
+@pytest.mark.ahead
 def test_environment_limit_as_a_fraction():
     rc, out = run_py("""
         import cudamem
@@ -677,6 +684,7 @@ def test_environment_limit_as_a_fraction():
     assert "ok" in out
 
 
+@pytest.mark.ahead
 def test_environment_limit_empty_is_none():
     rc, out = run_py("""
         import cudamem
@@ -687,6 +695,7 @@ def test_environment_limit_empty_is_none():
     assert "ok" in out
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("value", ["0", "1.5", "lots", "-1G", "nan", "0.",
                                    "2x"])
 def test_bad_environment_limit_at_import(value):
@@ -698,6 +707,7 @@ def test_bad_environment_limit_at_import(value):
             "expected a byte count above 0" % value) in out, out
 
 
+@pytest.mark.ahead
 def test_environment_limit_past_the_device_at_first_use():
     # Valid syntax, but more than any device: the first use says so, and
     # host-only work goes on.
@@ -717,6 +727,7 @@ def test_environment_limit_past_the_device_at_first_use():
                      % (1 << 32, 1 << 62)) == 2, out
 
 
+@pytest.mark.ahead
 def test_environment_limit_checked_in_c_without_the_package():
     # cudamem._core alone (no config module to check it at import) still
     # refuses it at the first context.

@@ -18,11 +18,15 @@ device's ordinal), with numba's own MemoryPointer; on a GPU numba's
 
 import json
 import textwrap
+import threading
 
 import pytest
 
 from helpers.crashutil import run_child
 from helpers.isolation import SIMULATOR
+
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = pytest.mark.ahead
 
 PLUGIN_VAR = {"NUMBA_CUDA_MEMORY_MANAGER": "cudamem.numba_plugin"}
 
@@ -39,9 +43,17 @@ def numba_importable():
     return r.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def numba_cuda():
-    if not numba_importable():
+_NUMBA = []                 # [whether numba.cuda imports], once asked
+_NUMBA_LOCK = threading.Lock()
+
+
+def need_numba():
+    """Skip the test unless numba.cuda imports here (asked once, in a
+    child)."""
+    with _NUMBA_LOCK:
+        if not _NUMBA:
+            _NUMBA.append(numba_importable())
+    if not _NUMBA[0]:
         pytest.skip("numba-cuda is not importable here")
 
 
@@ -84,7 +96,8 @@ def test_variable_leaves_cudamem_on_its_own_manager(cudamem_mm, expect):
     assert out == {"ok": True, "mm": expect, "numba_imported": False}
 
 
-def test_cudamem_variable_naming_the_numba_plugin_is_refused(numba_cuda):
+def test_cudamem_variable_naming_the_numba_plugin_is_refused():
+    need_numba()
     # Asked for cudamem's own contexts, numba's plugin is a loop: a clear
     # error when the context is made, and again at the next try.
     out = child("""
@@ -107,7 +120,8 @@ def test_cudamem_variable_naming_the_numba_plugin_is_refused(numba_cuda):
         assert "numba.cuda.set_memory_manager" in why
 
 
-def test_set_memory_manager_refuses_the_numba_plugin(numba_cuda):
+def test_set_memory_manager_refuses_the_numba_plugin():
+    need_numba()
     out = child("""
         import json
         import cudamem
@@ -196,13 +210,13 @@ numba_ctx = types.SimpleNamespace(device=types.SimpleNamespace(id=0))
 
 @pytest.mark.parametrize("import_cudamem_first", [True, False])
 @pytest.mark.parametrize("way", ["variable", "set_memory_manager"])
-def test_plugin_serves_numba_from_cudamem(numba_cuda, way,
-                                          import_cudamem_first):
+def test_plugin_serves_numba_from_cudamem(way, import_cudamem_first):
     """The plugin numba would take either way, against a stand-in of
     numba's context on the simulator (numba's own contexts need a
     driver): numba's MemoryPointer over cudamem's memory, counted for
     numba, given back when numba drops it; cudamem's context on its own
     manager."""
+    need_numba()
     first = "import cudamem\n" if import_cudamem_first else ""
     if way == "variable":
         take = ("import importlib, os\n"
@@ -308,7 +322,8 @@ def test_numba_to_device_with_set_memory_manager(import_cudamem_first):
 
 
 @pytest.mark.parametrize("device", ["int", "CUdevice"])
-def test_plugin_on_a_context_numba_did_not_make(numba_cuda, device):
+def test_plugin_on_a_context_numba_did_not_make(device):
+    need_numba()
     """numba's context of a primary context another library made current
     holds the driver's device handle, not a numba Device: the plugin
     takes its ordinal from that (numba's Test3rdPartyContext)."""

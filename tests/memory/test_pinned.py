@@ -426,6 +426,7 @@ def test_pool_limit_is_respected(ctx, pool):
         _core._pinned_pool_enable(True, 1 << 30)
 
 
+@pytest.mark.ahead
 def test_pool_from_the_environment():
     rc, out = helpers.run_py("""
         import cudamem
@@ -436,6 +437,7 @@ def test_pool_from_the_environment():
     assert "True True" in out
 
 
+@pytest.mark.ahead
 def test_pool_is_on_by_default():
     rc, out = helpers.run_py("""
         import cudamem
@@ -445,6 +447,7 @@ def test_pool_is_on_by_default():
     assert "True" in out
 
 
+@pytest.mark.ahead
 def test_pool_off_from_the_environment():
     rc, out = helpers.run_py("""
         import cudamem
@@ -460,11 +463,12 @@ def test_pool_off_from_the_environment():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.ahead
 @pytest.mark.leaks
 @pytest.mark.slow
 def test_allocate_and_drop_cycles_stay_flat():
     script = helpers.TESTS / "robustness" / "leaks" / "hostmem_cycles.py"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = dict(helpers.environ(), PYTHONPATH=os.pathsep.join(
         [str(helpers.ROOT), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, str(script), "100000"], env=env,
                        capture_output=True, text=True, timeout=600)

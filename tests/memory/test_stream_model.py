@@ -13,8 +13,11 @@ import sys
 
 import pytest
 
-from helpers import ROOT, TESTS
+from helpers import ROOT, TESTS, environ
 from helpers.isolation import SIMULATOR
+
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = pytest.mark.ahead
 
 
 @pytest.mark.slow
@@ -23,7 +26,7 @@ from helpers.isolation import SIMULATOR
 def test_random_programs_match_the_model(manager):
     n = int(os.environ.get("CUDAMEM_MODEL_PROGRAMS",
                            "500" if SIMULATOR else "60"))
-    env = dict(os.environ, CUDAMEM_POOL_POISON="1",
+    env = dict(environ(), CUDAMEM_POOL_POISON="1",
                CUDAMEM_POOL_RELEASE_THRESHOLD="0",
                CUDAMEM_POOL_RELEASE_INTERVAL="0")
     env["PYTHONPATH"] = os.pathsep.join(

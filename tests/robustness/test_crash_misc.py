@@ -187,6 +187,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.ahead
 def test_mapped_array_after_the_block_raises_value_error():
     out = json.loads(run_child(MAPPED_AFTER).stdout)
     # The host array is ordinary memory again, and nothing wrote into it.
@@ -270,6 +271,7 @@ print(json.dumps(out))
 """ % (OOM_ATTRS,)
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("manager", ["default", "pool", "async"])
 def test_oom_error_of_every_allocation_kind(manager):
     # On the simulator a small device makes device and managed memory
@@ -325,6 +327,7 @@ def import_error(**env):
     """, timeout=60, env=env).stdout.strip()
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("name, value, expect", [
     ("CUDAMEM_STAGING_CHUNK", "0", "4 KiB (4096) to 64 MiB"),
     ("CUDAMEM_STAGING_CHUNK", "1", "4 KiB (4096) to 64 MiB"),
@@ -369,6 +372,7 @@ def test_environment_tunable_out_of_range(name, value, expect):
     assert expect in out, out
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("env", [
     {"CUDAMEM_STAGING_CHUNK": "4K", "CUDAMEM_STAGING_THRESHOLD": "0"},
     {"CUDAMEM_STAGING_CHUNK": "64MiB", "CUDAMEM_STAGING_BUFFERS": "2",
@@ -389,6 +393,7 @@ def test_environment_tunables_at_their_bounds(env):
     assert import_error(**env) == "ok"
 
 
+@pytest.mark.ahead
 @pytest.mark.sim
 @pytest.mark.parametrize("value, size", [
     ("3145728", 3 << 20), ("512M", 512 << 20), ("2 GiB", 2 << 30),
@@ -423,6 +428,7 @@ def test_staging_chunk_of_one_byte_is_refused_not_slow(ctx):
         _core._staging_trim()
 
 
+@pytest.mark.ahead
 def test_staging_trim_after_close():
     # The cached staging buffers of a closed context went with it (their
     # events too): trimming them must not destroy those events again,
@@ -482,6 +488,7 @@ def test_run_time_setters_check_their_range(ctx, monkeypatch):
     assert (config.CUDA_DEALLOCS_COUNT, config.CUDA_DEALLOCS_RATIO) == (0, 1.0)
 
 
+@pytest.mark.ahead
 def test_pool_limit_and_release_threshold_check_their_range():
     out = run_child(r"""
         import cudamem as cuda

@@ -21,6 +21,7 @@ sim = pytest.mark.sim
 # ------------------------------------------------------------------ #
 
 
+@pytest.mark.ahead
 def test_harness_names_the_signal():
     with pytest.raises(pytest.fail.Exception,
                        match="child died of SIGSEGV"):
@@ -34,6 +35,7 @@ def test_harness_names_the_signal():
     assert "Segmentation fault" in r.stderr
 
 
+@pytest.mark.ahead
 def test_harness_names_a_hang():
     with pytest.raises(pytest.fail.Exception,
                        match=r"child hung: still running after 2 s"):
@@ -41,6 +43,7 @@ def test_harness_names_a_hang():
                   "time.sleep(60)\n", timeout=2)
 
 
+@pytest.mark.ahead
 def test_harness_exit_status_and_output():
     r = run_child("import sys, cudamem\nprint('hi', sys.argv[1:])\n",
                   args=["x"])
@@ -101,6 +104,7 @@ else:
 """
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("which", ["as_cuda_array",
                                    "from_cuda_array_interface",
                                    "MemoryPointer", "copy_to_device",

@@ -14,8 +14,11 @@ import sys
 
 import pytest
 
-from helpers import TESTS
+from helpers import TESTS, environ
 from helpers.isolation import limit_device_memory_on_a_gpu
+
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = pytest.mark.ahead
 
 FUZZ = TESTS / "fuzz"
 NAMES = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.py"))
@@ -34,7 +37,7 @@ def test_seed_corpus_replays_clean(name):
     pytest.importorskip("atheris")
     seeds = FUZZ / "corpus" / name
     assert any(seeds.iterdir()), "no seed corpus for %s" % name
-    env = dict(os.environ, CUDAMEM_FUZZ_SKIP_KNOWN="1",
+    env = dict(environ(), CUDAMEM_FUZZ_SKIP_KNOWN="1",
                CUDAMEM_SIMULATOR=os.environ.get("CUDAMEM_SIMULATOR", "1"))
     limit_device_memory_on_a_gpu(env, "2GiB")
     env.pop("CUDAMEM_FUZZ_LAST_INPUT", None)

@@ -9,6 +9,9 @@ import pytest
 
 from helpers import TESTS
 
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = pytest.mark.ahead
+
 LEAKS = TESTS / "robustness" / "leaks"
 
 

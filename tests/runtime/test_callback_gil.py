@@ -16,6 +16,9 @@ every thread's stack.
 import pytest
 from helpers.crashutil import run_child
 
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = pytest.mark.ahead
+
 CHILD = r'''
 import sys
 import threading

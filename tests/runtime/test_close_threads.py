@@ -16,6 +16,9 @@ import os
 import pytest
 from helpers import run_child
 
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = pytest.mark.ahead
+
 SIM = os.environ.get("CUDAMEM_SIMULATOR", "0") not in ("0", "", "false")
 
 # How long the workers hammer, per scenario (seconds).

@@ -22,7 +22,10 @@ import pytest
 
 from helpers import run_py
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = [pytest.mark.skipif(not hasattr(os, "fork"),
+                                 reason="needs fork"),
+              pytest.mark.ahead]
 
 # The parent's program.  FORKS children, each with a watchdog: a child
 # still running after LIMIT seconds dumps its Python stacks (faulthandler)

@@ -397,6 +397,7 @@ def test_keep_gil_auto_short_pageable_copies_and_done_streams(probe):
     assert _releases(small_in) == 1            # they are back: released
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("mode", ["on", "auto"])
 def test_keep_gil_beside_python_callbacks(mode):
     """Threads making round trips that keep the GIL (always, or 'auto')

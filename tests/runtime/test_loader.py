@@ -18,6 +18,7 @@ def test_backend_is_reported(simulator):
     assert _core._backend() == ("simulator" if simulator else "driver")
 
 
+@pytest.mark.ahead
 def test_missing_driver_is_a_support_error():
     rc, out = run_py("""
         import cudamem
@@ -36,6 +37,7 @@ def test_missing_driver_is_a_support_error():
     assert "raised" in out
 
 
+@pytest.mark.ahead
 def test_import_does_not_touch_the_driver():
     rc, out = run_py("""
         import cudamem
@@ -47,6 +49,7 @@ def test_import_does_not_touch_the_driver():
     assert rc == 0, out
 
 
+@pytest.mark.ahead
 @pytest.mark.parametrize("var", ["CUDAMEM_SIMULATOR", "NUMBA_ENABLE_CUDASIM"])
 def test_simulator_selected_by_environment(var):
     other = ("NUMBA_ENABLE_CUDASIM" if var == "CUDAMEM_SIMULATOR"
@@ -61,6 +64,7 @@ def test_simulator_selected_by_environment(var):
     assert "simulator cudamem simulator" in out
 
 
+@pytest.mark.ahead
 def test_cudamem_spelling_wins_over_numba():
     rc, out = run_py("""
         import cudamem
@@ -71,6 +75,7 @@ def test_cudamem_spelling_wins_over_numba():
     assert "does-not-exist.so" in out
 
 
+@pytest.mark.ahead
 def test_numba_disable_cuda():
     rc, out = run_py("""
         import cudamem
@@ -84,6 +89,7 @@ def test_numba_disable_cuda():
     assert "NUMBA_DISABLE_CUDA=1" in out
 
 
+@pytest.mark.ahead
 def test_fork_after_init_is_refused_in_the_child():
     rc, out = run_py("""
         import os
@@ -112,6 +118,7 @@ def test_fork_after_init_is_refused_in_the_child():
     assert "parent ok" in out
 
 
+@pytest.mark.ahead
 def test_per_thread_default_stream_variables():
     for var in ("CUDAMEM_PER_THREAD_DEFAULT_STREAM",
                 "NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM",
@@ -139,6 +146,7 @@ def test_python_m_cudamem_reports_devices(simulator):
     assert ("simulator" if simulator else "driver") in p.stdout
 
 
+@pytest.mark.ahead
 def test_python_m_cudamem_without_backend():
     rc, out = run_py("import runpy; runpy.run_module('cudamem', "
                      "run_name='__main__')",

@@ -18,7 +18,8 @@ pytestmark = [
                        reason="valgrind is not installed"),
     pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""),
                        reason="a sanitizer build does not run under "
-                              "valgrind")]
+                              "valgrind"),
+    pytest.mark.ahead]
 
 # The folder the cudamem under test is imported from: the checkout built
 # in place, or the installed wheel's site-packages.

@@ -8,14 +8,16 @@ Each command runs in a fresh process whose driver library cannot be
 loaded (CUDAMEM_DRIVER_LIBRARY names a file that does not exist), so
 these tests see a machine without a driver on a GPU machine as well."""
 
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, environ
+
+# Each test only runs children (tests/helpers/ahead.py).
+pytestmark = pytest.mark.ahead
 
 NO_DRIVER = "/nonexistent/cudamem-test/libcuda.so.1"
 
@@ -23,7 +25,7 @@ NO_DRIVER = "/nonexistent/cudamem-test/libcuda.so.1"
 def cli(*args, timeout=120, **env):
     """``python -m cudamem ARGS`` without a driver and with no backend
     chosen, env set over that (None removes a variable)."""
-    e = dict(os.environ, PYTHONPATH=str(ROOT),
+    e = dict(environ(), PYTHONPATH=str(ROOT),
              CUDAMEM_DRIVER_LIBRARY=NO_DRIVER)
     for name in ("CUDAMEM_SIMULATOR", "NUMBA_ENABLE_CUDASIM",
                  "NUMBA_DISABLE_CUDA", "CUDAMEM_SIM_DEVICES"):
@@ -59,7 +61,7 @@ def test_report_and_chain_of_the_readme():
         % (sys.executable, sys.executable), shell=True,
         capture_output=True, text=True, timeout=180, cwd=str(ROOT),
         env={k: v for k, v in dict(
-            os.environ, PYTHONPATH=str(ROOT),
+            environ(), PYTHONPATH=str(ROOT),
             CUDAMEM_DRIVER_LIBRARY=NO_DRIVER).items()
             if k not in ("CUDAMEM_SIMULATOR", "NUMBA_ENABLE_CUDASIM",
                          "NUMBA_DISABLE_CUDA")})
@@ -133,7 +135,7 @@ def test_install_hints_name_plain_packages():
 def test_validation_suite_without_pytest_says_what_to_install():
     code = ("import sys; sys.modules['pytest'] = None; "
             "from cudamem.__main__ import main; sys.exit(main(['test']))")
-    e = dict(os.environ, PYTHONPATH=str(ROOT), CUDAMEM_SIMULATOR="1")
+    e = dict(environ(), PYTHONPATH=str(ROOT), CUDAMEM_SIMULATOR="1")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, timeout=120, env=e)
     assert p.returncode == 2, p.stdout + p.stderr
