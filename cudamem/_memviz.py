@@ -494,7 +494,7 @@ def _span(seg):
     if "mapped" not in seg:
         return seg["size"]
     end = seg["base"] + seg.get("page_size", 1)
-    for lo, hi in seg["mapped"]:
+    for _, hi in seg["mapped"]:
         end = max(end, hi)
     for addr, size, state in seg["blocks"]:
         if state != "free":

@@ -108,7 +108,7 @@ def test_data_survives_while_pages_move(vmm_ctx):
     d = cudamem.to_device(big)
     assert stats(vmm_ctx)["reserved_bytes"] <= held + page
     np.testing.assert_array_equal(d.copy_to_host(), big)
-    for i, (dev, host) in keep.items():
+    for dev, host in keep.values():
         np.testing.assert_array_equal(dev.copy_to_host(), host)
 
 
