@@ -90,6 +90,9 @@ cm_pool_atfork_child(void)
 
     for (p = cm_pools_all; p != NULL; p = p->all_next) {
         pthread_mutex_init(&p->mu, NULL);
+        if (p->vmm) {
+            pthread_mutex_init(&p->vmu, NULL);
+        }
         p->dead = 1;
     }
 }
