@@ -345,6 +345,37 @@ cm_round(size_t n, size_t to)
     return (n + to - 1) / to * to;
 }
 
+/* A zeroed block struct: a recycled one, or a new one; NULL when out of
+ * host memory.  A split and the merge that undoes it (a block taken and
+ * given back in an arena, again and again) then allocate nothing. */
+static cm_blk *
+cm_blk_new(cm_pool *p)
+{
+    cm_blk *b = p->spare;
+
+    if (b == NULL) {
+        return calloc(1, sizeof(*b));
+    }
+    p->spare = b->fnext;
+    p->nspare--;
+    memset(b, 0, sizeof(*b));
+    return b;
+}
+
+/* Block struct b, no longer in a segment, kept for cm_blk_new (a few)
+ * or freed. */
+void
+cm_blk_recycle(cm_pool *p, cm_blk *b)
+{
+    if (p->nspare >= CM_POOL_SPARE) {
+        free(b);
+        return;
+    }
+    b->fnext = p->spare;
+    p->spare = b;
+    p->nspare++;
+}
+
 /* Split b (in use) after size bytes if the rest is worth a block; the
  * rest is free, with the free state given. */
 static void
@@ -357,7 +388,7 @@ cm_blk_split(cm_pool *p, cm_blk *b, size_t size, uintptr_t stream,
     if (rest < (b->seg->small || b->seg->arena != NULL
                     ? CM_POOL_ROUND
                     : CM_POOL_LARGE_SPLIT)
-        || (r = calloc(1, sizeof(*r))) == NULL) {
+        || (r = cm_blk_new(p)) == NULL) {
         cm_event_put(p, event);
         return;
     }
@@ -415,14 +446,20 @@ cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
     CUevent re;
     uint64_t rseq;
 
+    int unbacked = 0;
+
     b = cm_pool_find(p, bs, size, s, 0);
     if (b == NULL) {
         return NULL;
     }
-    if (b->seg->arena != NULL && p->idle_pages > 0
-        && !cm_arena_range_backed(p, b->seg->arena, b->ptr, size)
-        && (m = cm_pool_find(p, bs, size, s, 1)) != NULL) {
-        b = m;
+    if (b->seg->arena != NULL
+        && !cm_arena_range_backed(p, b->seg->arena, b->ptr, size)) {
+        unbacked = 1;
+        if (p->idle_pages > 0
+            && (m = cm_pool_find(p, bs, size, s, 1)) != NULL) {
+            b = m;
+            unbacked = 0;
+        }
     }
     cm_bin_del(p, b);
     /* The rest keeps the free state; the block is now s's. */
@@ -432,6 +469,7 @@ cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
     b->stream = s;
     b->event = NULL;
     cm_blk_split(p, b, size, rs, re, rseq);
+    b->unbacked = unbacked;
     if (b->seg->arena != NULL) {
         cm_arena_use(p, b);
     }
@@ -479,14 +517,14 @@ cm_pool_free_add(cm_pool *p, cm_blk *b)
 
 /* Merge free b into its free neighbour n after it (same segment). */
 static void
-cm_blk_absorb(cm_blk *b, cm_blk *n)
+cm_blk_absorb(cm_pool *p, cm_blk *b, cm_blk *n)
 {
     b->size += n->size;
     b->next = n->next;
     if (n->next != NULL) {
         n->next->prev = b;
     }
-    free(n);
+    cm_blk_recycle(p, n);
 }
 
 /* Return block b (in use) to the pool. */
@@ -520,7 +558,7 @@ cm_pool_put(cm_pool *p, cm_blk *b)
     if (n != NULL && n->free) {
         cm_bin_del(p, n);
         if (cm_blk_merge_state(p, b, n)) {
-            cm_blk_absorb(b, n);
+            cm_blk_absorb(p, b, n);
         }
         else {
             cm_bin_add(p, n);
@@ -530,7 +568,7 @@ cm_pool_put(cm_pool *p, cm_blk *b)
     if (n != NULL && n->free) {
         cm_bin_del(p, n);
         if (cm_blk_merge_state(p, n, b)) {
-            cm_blk_absorb(n, b);
+            cm_blk_absorb(p, n, b);
             b = n;
         }
         else {
@@ -596,7 +634,7 @@ cm_pool_settle(cm_pool *p)
                 cm_bin_del(p, b);
                 cm_bin_del(p, n);
                 (void)cm_blk_merge_state(p, b, n);
-                cm_blk_absorb(b, n);
+                cm_blk_absorb(p, b, n);
                 cm_bin_add(p, b);
             }
             else {

@@ -24,6 +24,8 @@
 
 #define CM_POOL_NBINS 384
 
+#define CM_POOL_SPARE 64   /* block structs a pool keeps for reuse */
+
 #define CM_POOL_NWORDS (CM_POOL_NBINS / 64)
 
 /* The stream key of a block usable on any stream at once. */
@@ -78,6 +80,8 @@ struct cm_blk {
                            * is recorded when it is freed, not left for
                            * later (cleared then) */
     int bin;              /* which, while free */
+    int unbacked;         /* taken (cm_pool_take) from an arena with
+                           * pages that have no memory mapped yet */
 };
 
 /* A bin set: the free blocks of one kind of segment. */
@@ -101,6 +105,9 @@ struct cm_pool {
     uintptr_t first_stream;  /* the first stream key served */
     int multi_stream;     /* more than one stream key was served */
     uint64_t seq;         /* events recorded so far */
+    cm_blk *spare;        /* block structs kept for reuse (through
+                           * fnext), and how many */
+    int nspare;
     cm_blk *pending;      /* released blocks waiting for the events of
                            * other streams (linked through fnext) */
     size_t pending_bytes; /* their bytes */
@@ -228,6 +235,10 @@ void cm_pool_put(cm_pool *p, cm_blk *b);
 
 /* Add free block b (of a new segment) to its bins. */
 void cm_pool_free_add(cm_pool *p, cm_blk *b);
+
+/* Block struct b, no longer in a segment, kept for reuse or freed
+ * (mutex held). */
+void cm_blk_recycle(cm_pool *p, cm_blk *b);
 
 /* Find which pending events have completed (their blocks become usable
  * on any stream) and merge the free neighbours that now may be; the slow

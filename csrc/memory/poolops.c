@@ -220,6 +220,12 @@ cm_pool_destroy(cm_context *ctx)
         }
         g->first = NULL;
     }
+    while (p->spare != NULL) {
+        b = p->spare;
+        p->spare = b->fnext;
+        free(b);
+    }
+    p->nspare = 0;
     memset(&p->small, 0, sizeof(p->small));
     memset(&p->large, 0, sizeof(p->large));
     p->pending = NULL;
@@ -519,14 +525,14 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     }
     cm_pool_lock(p, &gd);
     b = cm_pool_take_for(p, size, s);
-    backed = b == NULL || b->seg->arena == NULL || cm_arena_backed(p, b);
+    backed = b == NULL || !b->unbacked;
     cm_pool_unlock(p, &gd);
     if (b == NULL) {
         rc = cm_pool_grow(ctx, p, size, s, &b);
         if (rc != CUDA_SUCCESS) {
             return rc;
         }
-        backed = b->seg->arena == NULL;
+        backed = !b->unbacked;
     }
     if (!backed && (rc = cm_arena_back(ctx, p, b)) != CUDA_SUCCESS) {
         cm_pool_lock(p, &gd);
@@ -580,7 +586,7 @@ cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
     b = cm_pool_take_for(p, size, s);
-    if (b != NULL && b->seg->arena != NULL && !cm_arena_backed(p, b)) {
+    if (b != NULL && b->unbacked) {
         /* Its memory is not mapped yet: for the allocation path. */
         cm_pool_put(p, b);
         b = NULL;

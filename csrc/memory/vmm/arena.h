@@ -45,18 +45,80 @@ cm_arena_pages(const cm_pool *p, const cm_blk *b, size_t *first,
     *last = (size_t)(b->ptr + b->size - 1 - base) >> p->gshift;
 }
 
-/* Block b of an arena is now in use / free: count it on its pages
- * (mutex held). */
-void cm_arena_use(cm_pool *p, const cm_blk *b);
-void cm_arena_unuse(cm_pool *p, const cm_blk *b);
-
-/* Whether every page of block b has memory mapped (mutex held). */
-int cm_arena_backed(const cm_pool *p, const cm_blk *b);
-
 /* Whether every page of [ptr, ptr + size) of arena a has memory mapped
  * (mutex held). */
-int cm_arena_range_backed(const cm_pool *p, const cm_arena *a,
-                          CUdeviceptr ptr, size_t size);
+static inline int
+cm_arena_range_backed(const cm_pool *p, const cm_arena *a, CUdeviceptr ptr,
+                      size_t size)
+{
+    size_t i = (size_t)(ptr - a->base) >> p->gshift;
+    size_t e = (size_t)(ptr + size - 1 - a->base) >> p->gshift;
+
+    for (; i <= e; i++) {
+        if (a->h[i] == 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Whether every page of block b has memory mapped (mutex held). */
+static inline int
+cm_arena_backed(const cm_pool *p, const cm_blk *b)
+{
+    const cm_arena *a = b->seg->arena;
+    size_t i;
+    size_t e;
+
+    cm_arena_pages(p, b, &i, &e);
+    for (; i <= e; i++) {
+        if (a->h[i] == 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Block b of an arena is now in use / free: count it on its pages
+ * (mutex held); the pool's idle pages, their low-water mark and whether
+ * a release pass is due follow. */
+static inline void
+cm_arena_use(cm_pool *p, const cm_blk *b)
+{
+    cm_arena *a = b->seg->arena;
+    size_t i;
+    size_t e;
+
+    p->arena_used += b->size;
+    cm_arena_pages(p, b, &i, &e);
+    for (; i <= e; i++) {
+        if (a->users[i]++ == 0 && a->h[i] != 0) {
+            p->idle_pages--;
+        }
+    }
+    if (p->idle_pages < p->idle_low) {
+        p->idle_low = p->idle_pages;
+    }
+}
+
+static inline void
+cm_arena_unuse(cm_pool *p, const cm_blk *b)
+{
+    cm_arena *a = b->seg->arena;
+    size_t i;
+    size_t e;
+
+    p->arena_used -= b->size;
+    cm_arena_pages(p, b, &i, &e);
+    for (; i <= e; i++) {
+        if (--a->users[i] == 0 && a->h[i] != 0) {
+            p->idle_pages++;
+        }
+    }
+    if ((p->idle_pages << p->gshift) > p->keep) {
+        p->release_due = 1;
+    }
+}
 
 /* The largest request p serves without memory from the device: its
  * idle pages (moved where needed), or a free block all of whose pages
