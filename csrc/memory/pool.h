@@ -151,7 +151,8 @@ struct cm_pool {
     size_t idle_low;      /* the fewest idle pages since the last release
                            * pass: those stayed idle all along */
     uint64_t release_ns;  /* the time between release passes */
-    uint64_t release_next;  /* CLOCK_MONOTONIC ns of the next pass */
+    uint64_t release_next;  /* CLOCK_MONOTONIC_COARSE ns of the next
+                             * pass */
     int untrimmed;        /* async: the driver's pool may cache memory
                            * (a free or a failed allocation since the
                            * last trim); trim() has nothing to give back
