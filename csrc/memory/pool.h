@@ -141,6 +141,7 @@ struct cm_pool {
                            * thread that holds mu */
     size_t idle_pages;    /* mapped pages no block in use covers */
     size_t arena_used;    /* bytes of the arenas' blocks in use */
+    size_t peak_reserved; /* the most reserved has been */
     size_t n_made;        /* pages made (cuMemCreate) so far */
     size_t n_moved;       /* idle pages moved to another place so far */
     size_t n_released;    /* pages given back (cuMemRelease) so far */

@@ -316,6 +316,43 @@ cm_arena_host_waits(void)
     return __atomic_load_n(&cm_pycb_live, __ATOMIC_ACQUIRE) > 0;
 }
 
+/* How many pages p may make rather than move idle ones: up to its
+ * peak, or a little past it while few pages are idle, within its limit
+ * and the process's (mutex held). */
+static size_t
+cm_arena_room(cm_context *ctx, const cm_pool *p)
+{
+    size_t room = p->peak_reserved > p->reserved
+                      ? p->peak_reserved - p->reserved
+                      : 0;
+    size_t slack = (p->peak_reserved >> 6) > ((size_t)2 << p->gshift)
+                       ? p->peak_reserved >> 6
+                       : (size_t)2 << p->gshift;
+    size_t lim = cm_limit_of(ctx->device->id);
+    size_t used;
+
+    /* While few pages are idle (a 64th of the peak, at least two), new
+     * ones are made rather than those moved: the pool then holds at most
+     * that many pages more than its blocks need, and memory that keeps
+     * being freed in one place and wanted in another (requests that
+     * alternate between small and large) is not moved at every turn. */
+    if ((p->idle_pages << p->gshift) <= slack && slack > room) {
+        room = slack;
+    }
+
+    if (p->limit != 0) {
+        size_t r = p->limit > p->reserved ? p->limit - p->reserved : 0;
+
+        room = r < room ? r : room;
+    }
+    if (lim != 0) {
+        used = cm_limit_used(ctx);
+        used = lim > used ? lim - used : 0;
+        room = used < room ? used : room;
+    }
+    return room >> p->gshift;
+}
+
 /* The GIL released if this thread holds it (g->ts NULL otherwise). */
 static void
 cm_arena_gil_drop(cm_gil_saved *g)
@@ -363,6 +400,9 @@ cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     p->reserved += gran;
+    if (p->reserved > p->peak_reserved) {
+        p->peak_reserved = p->reserved;
+    }
     p->n_made++;
     cm_mu_unlock(&p->mu);
     if (!cm_limit_take(ctx, gran)) {
@@ -444,7 +484,14 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
         }
     }
     if (nneed > 0 && !cm_arena_host_waits()) {
-        nmoved = cm_arena_take_idle(p, moved, nneed);
+        size_t room = cm_arena_room(ctx, p);
+
+        /* Idle pages move only for what new memory would take past the
+         * room: below the pool's peak new memory costs the device nothing
+         * it has not given before. */
+        if (nneed > room) {
+            nmoved = cm_arena_take_idle(p, moved, nneed - room);
+        }
     }
     cm_mu_unlock(&p->mu);
     /* Idle pages move: unmapped where they were (their work is done). */
