@@ -314,3 +314,21 @@ def test_ipc_export_says_why_it_cannot(vmm_ctx):
         a.get_ipc_handle()
     assert ei.value.code == 801            # CUDA_ERROR_NOT_SUPPORTED
     assert "CUDAMEM_POOL_VMM" in str(ei.value)
+
+
+@pytest.mark.sim
+def test_a_full_device_serves_from_the_pools_free_memory(vmm_ctx):
+    # No limit: the simulated device itself is full.  Its free memory is
+    # idle pages in holes smaller than the request: they serve it (the
+    # out-of-memory policy gives them back and the retry maps them).
+    page = stats(vmm_ctx)["page_size"]
+    blocks = []
+    with pytest.raises(cudamem.CudaOutOfMemoryError):
+        while True:
+            blocks.append(vmm_ctx.memalloc(2 * page))
+    assert len(blocks) > 20
+    del blocks[::2]
+    gc.collect()
+    big = vmm_ctx.memalloc(2 * page * (len(blocks) // 2))
+    assert big.size >= 20 * page
+    del big, blocks
