@@ -571,7 +571,9 @@ class PoolMemoryManager(DefaultMemoryManager):
     """
 
     def trim(self):
-        """Give every wholly free cached segment back to the driver."""
+        """Give every wholly free cached segment back to the driver (on
+        virtual memory: every idle page, after waiting for the
+        context)."""
         _core._pool_trim(self.context)
 
     @property
@@ -587,7 +589,10 @@ class PoolMemoryManager(DefaultMemoryManager):
 
     def stats(self):
         """A dict: reserved_bytes, free_bytes, largest_free_block,
-        segments, limit."""
+        segments, limit, virtual_memory; on virtual memory
+        (``CUDAMEM_POOL_VMM=1``) reserved_bytes are the mapped bytes and
+        page_size, idle_bytes, release_threshold and pages (made, moved,
+        released) follow."""
         return _core._pool_stats(self.context)
 
     def reset(self):
