@@ -319,8 +319,8 @@ def test_ipc_export_says_why_it_cannot(vmm_ctx):
 @pytest.mark.sim
 def test_a_full_device_serves_from_the_pools_free_memory(vmm_ctx):
     # No limit: the simulated device itself is full.  Its free memory is
-    # idle pages in holes smaller than the request: they serve it (the
-    # out-of-memory policy gives them back and the retry maps them).
+    # idle pages in holes smaller than the request: when no new memory
+    # can be made they move there, with no trim and no retry.
     page = stats(vmm_ctx)["page_size"]
     blocks = []
     with pytest.raises(cudamem.CudaOutOfMemoryError):
@@ -329,6 +329,10 @@ def test_a_full_device_serves_from_the_pools_free_memory(vmm_ctx):
     assert len(blocks) > 20
     del blocks[::2]
     gc.collect()
+    moved = stats(vmm_ctx)["pages"]["moved"]
+    released = stats(vmm_ctx)["pages"]["released"]
     big = vmm_ctx.memalloc(2 * page * (len(blocks) // 2))
     assert big.size >= 20 * page
+    s = stats(vmm_ctx)["pages"]
+    assert s["moved"] - moved >= 20 and s["released"] == released
     del big, blocks

@@ -445,6 +445,39 @@ cm_page_drop(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle h)
 /* Backing, growing, releasing (no mutex held)                         */
 /* ------------------------------------------------------------------ */
 
+/* Unmap the *n pages of out[] taken out of the tables (idle, quiet)
+ * from their old place.  On a failure, those from the failing one on
+ * go back where they were, idle again, *n becomes how many were
+ * unmapped, and the driver's error is returned. */
+static CUresult
+cm_pages_unmap(cm_context *ctx, cm_pool *p, cm_page *out, size_t *n)
+{
+    size_t gran = (size_t)1 << p->gshift;
+    size_t i;
+    size_t j;
+    CUresult rc = CUDA_SUCCESS;
+
+    (void)ctx;
+    for (i = 0; i < *n; i++) {
+        rc = CM_CU_RAW(MemUnmap, (out[i].a->base
+                                  + ((CUdeviceptr)out[i].i << p->gshift),
+                                  gran));
+        if (rc != CUDA_SUCCESS) {
+            break;
+        }
+    }
+    if (i < *n) {
+        cm_mu_lock(&p->mu);
+        for (j = i; j < *n; j++) {
+            out[j].a->h[out[j].i] = out[j].h;
+            p->idle_pages++;
+        }
+        cm_mu_unlock(&p->mu);
+        *n = i;
+    }
+    return rc;
+}
+
 CUresult
 cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
 {
@@ -458,7 +491,10 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
     size_t nneed = 0;
     size_t nmoved = 0;
     size_t nmap = 0;
+    size_t mv = 0;        /* moved pages used so far */
+    size_t n;
     size_t i;
+    int more = 0;
     CUresult rc = CUDA_SUCCESS;
     cm_gil_saved g;
 
@@ -495,38 +531,36 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
     }
     cm_mu_unlock(&p->mu);
     /* Idle pages move: unmapped where they were (their work is done). */
-    for (i = 0; i < nmoved; i++) {
-        rc = CM_CU_RAW(MemUnmap, (moved[i].a->base
-                                  + ((CUdeviceptr)moved[i].i << p->gshift),
-                                  gran));
-        if (rc != CUDA_SUCCESS) {
-            break;
-        }
-    }
-    if (i < nmoved) {
-        /* Those not unmapped stay where they were, idle again. */
-        size_t j;
-
-        cm_mu_lock(&p->mu);
-        for (j = i; j < nmoved; j++) {
-            moved[j].a->h[moved[j].i] = moved[j].h;
-            p->idle_pages++;
-        }
-        cm_mu_unlock(&p->mu);
-        for (j = 0; j < i; j++) {
-            cm_page_drop(ctx, p, moved[j].h);
-        }
-        nmoved = 0;
-        goto out;
+    if ((rc = cm_pages_unmap(ctx, p, moved, &nmoved)) != CUDA_SUCCESS) {
+        goto undo;
     }
     for (i = 0; i < nneed; i++) {
         CUdeviceptr at = a->base + ((CUdeviceptr)need[i] << p->gshift);
 
-        if (i < nmoved) {
-            got[i] = moved[i].h;
+        if (mv == nmoved) {
+            rc = cm_page_make(ctx, p, &got[i]);
+            if (rc == CUDA_ERROR_OUT_OF_MEMORY && !more
+                && !cm_arena_host_waits()) {
+                /* No new memory (a limit, or the device is full): the
+                 * rest from idle pages that are quiet now, if any. */
+                more = 1;
+                cm_mu_lock(&p->mu);
+                nmoved += cm_arena_take_idle(p, moved + nmoved, nneed - i);
+                cm_mu_unlock(&p->mu);
+                n = nmoved - mv;
+                if ((rc = cm_pages_unmap(ctx, p, moved + mv, &n))
+                    != CUDA_SUCCESS) {
+                    nmoved = mv + n;
+                    goto undo;
+                }
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            if (mv == nmoved && rc != CUDA_SUCCESS) {
+                break;
+            }
         }
-        else if ((rc = cm_page_make(ctx, p, &got[i])) != CUDA_SUCCESS) {
-            break;
+        if (mv < nmoved) {
+            got[i] = moved[mv++].h;
         }
         rc = cm_page_map(p, at, got[i]);
         if (rc != CUDA_SUCCESS) {
@@ -545,20 +579,20 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
         rc = cm_pages_access(p, lo, (size_t)(hi - lo));
     }
     if (rc != CUDA_SUCCESS) {
-        /* Undo: the pages mapped here go back to the device (moved ones
-         * not mapped yet go too: their old place is unmapped). */
+undo:
+        /* Undo: the pages mapped here go back to the device, and so do
+         * the moved ones not used (unmapped from their old place). */
         for (i = 0; i < nmap; i++) {
             (void)CM_CU_RAW(MemUnmap,
                             (a->base + ((CUdeviceptr)need[i] << p->gshift),
                              gran));
             cm_page_drop(ctx, p, got[i]);
         }
-        /* A map that failed at index nmap dropped its page already; the
-         * moved pages after it are unmapped from their old place and
-         * mapped nowhere. */
-        for (i = nmap + (nmap < nneed && nmap < nmoved ? 1 : 0);
-             i < nmoved; i++) {
+        for (i = mv; i < nmoved; i++) {
             cm_page_drop(ctx, p, moved[i].h);
+        }
+        if (rc == CUDA_SUCCESS) {
+            rc = CUDA_ERROR_UNKNOWN;
         }
         goto out;
     }
