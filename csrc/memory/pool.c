@@ -21,6 +21,9 @@
  *   come from, and go back to, a per-pool stack.  trim() gives every
  *   wholly free segment back with cuMemFree; a limit caps the bytes held;
  *   the statistics feed memory_stats() and the out-of-memory snapshot.
+ *   With CUDAMEM_POOL_VMM=1 the segments are arenas of virtual memory
+ *   instead (memory/vmm/arena.c): the same blocks, bins and rules, with
+ *   pages of physical memory mapped where blocks in use are.
  * - async: cuMemAllocFromPoolAsync / cuMemFreeAsync on the allocation's
  *   stream from a memory pool of the context's own, made with the POSIX
  *   file-descriptor handle type so that its memory can be shared with
@@ -445,7 +448,6 @@ cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
     uintptr_t rs;
     CUevent re;
     uint64_t rseq;
-
     int unbacked = 0;
 
     b = cm_pool_find(p, bs, size, s, 0);
