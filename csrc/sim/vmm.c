@@ -27,9 +27,9 @@
  *   peer needs its own grant (cuCtxEnablePeerAccess plays no part);
  * - cuMemUnmap fails loudly (CUDA_ERROR_ILLEGAL_STATE and a line on
  *   stderr) while queued copies or memsets still use the range, which
- *   the driver does not promise to wait for; else it waits for all
- *   queued work (as a free does, and as a driver that synchronises
- *   would), then puts PROT_NONE anonymous pages back; a physical allocation goes once no
+ *   the driver does not promise to wait for; else it puts PROT_NONE
+ *   anonymous pages back at once, waiting for no other work (the driver
+ *   is not documented to synchronise there); a physical allocation goes once no
  *   handle reference and no mapping is left (cuMemRelease while mapped
  *   only drops the reference, as the driver documents);
  * - an allocation made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR is
@@ -52,8 +52,7 @@
  *
  * Locking: every list here and every mapping is guarded by sim.lock;
  * every entry point takes it after SIM_ENTER and gives it back before
- * returning, and cuMemUnmap releases it while it waits for queued work
- * (the mappings are marked dying meanwhile, so no one else uses them).
+ * returning.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
@@ -737,7 +736,6 @@ sim_MemUnmap(CUdeviceptr ptr, size_t size)
     uintptr_t p = (uintptr_t)ptr, q;
     sim_alloc *a;
     size_t n, i;
-    CUresult rc = CUDA_SUCCESS;
 
     SIM_ENTER(MemUnmap);
     if (p == 0 || size == 0) {
@@ -760,27 +758,19 @@ sim_MemUnmap(CUdeviceptr ptr, size_t size)
                 "(undefined on a GPU)\n", (unsigned long)p, size);
         return CUDA_ERROR_ILLEGAL_STATE;
     }
-    for (i = 0, q = p; i < n; i++, q += a->size) {
-        a = sim_alloc_find(q);
-        a->dying = SIM_DYING_FREE;
-    }
-    /* Work that does not use them: waited for all the same, as a driver
-     * that synchronises would, so that a caller that unmaps while
-     * another stream is held by the host shows its deadlock here. */
-    rc = sim_drain(NULL);
+    /* Work that does not use them is not waited for: the driver's
+     * cuMemUnmap is not documented to synchronise (tools/vmm_probe.py
+     * asks a GPU), and a caller that unmaps while another stream is held
+     * by a host function must not hang here where the driver would not
+     * (should the probe find that it does wait, this waits again). */
     for (i = 0, q = p; i < n; i++) {
-        a = sim_alloc_find_any(q);
+        a = sim_alloc_find(q);
         q += a->size;
-        if (rc != CUDA_SUCCESS) {
-            a->dying = SIM_DYING_NO;
-        }
-        else {
-            sim_alloc_remove(a);
-            sim_alloc_release(a);
-        }
+        sim_alloc_remove(a);
+        sim_alloc_release(a);
     }
     sim_unlock();
-    return rc;
+    return CUDA_SUCCESS;
 }
 
 /* Whether a CUmemAccessDesc names a device and flags the simulator
