@@ -326,6 +326,9 @@ def test_a_full_device_serves_from_the_pools_free_memory(vmm_ctx):
     # idle pages in holes smaller than the request: when no new memory
     # can be made they move there, with no trim and no retry.
     page = stats(vmm_ctx)["page_size"]
+    # No release pass meanwhile (idle memory past the threshold would go
+    # back at the next allocation once the interval is over).
+    _core._pool_release_threshold(vmm_ctx, None, 3600.0)
     blocks = []
     with pytest.raises(cudamem.CudaOutOfMemoryError):
         while True:
