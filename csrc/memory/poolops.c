@@ -515,6 +515,8 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     cm_pool *p = ctx->pool;
     uintptr_t s = cm_stream_key(stream);
     cm_blk *b;
+    CUdeviceptr at = 0;
+    size_t n = 0;
     CUresult rc;
     int backed;
     cm_gil_saved gd;
@@ -526,23 +528,45 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     cm_pool_lock(p, &gd);
     b = cm_pool_take_for(p, size, s);
     backed = b == NULL || !b->unbacked;
+    if (b != NULL) {
+        at = b->ptr;
+        n = b->size;
+    }
     cm_pool_unlock(p, &gd);
     if (b == NULL) {
         rc = cm_pool_grow(ctx, p, size, s, &b);
         if (rc != CUDA_SUCCESS) {
             return rc;
         }
-        backed = !b->unbacked;
+        backed = 0;
     }
-    if (!backed && (rc = cm_arena_back(ctx, p, b)) != CUDA_SUCCESS) {
+    if (!backed) {
+        /* Pages to map (or a block of a new segment).  Whatever happened
+         * meanwhile, the block is read again under the mutex: a close of
+         * the context on another thread, while this one waited for the
+         * GIL, may have freed it with the pool. */
+        rc = CUDA_SUCCESS;
         cm_pool_lock(p, &gd);
-        if (!p->dead) {
-            cm_pool_put(p, b);
+        if (!p->dead && b->unbacked) {
+            cm_pool_unlock(p, &gd);
+            rc = cm_arena_back(ctx, p, b);
+            cm_pool_lock(p, &gd);
         }
+        if (p->dead) {
+            cm_pool_unlock(p, &gd);
+            return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        }
+        if (rc != CUDA_SUCCESS) {
+            cm_pool_put(p, b);
+            cm_pool_unlock(p, &gd);
+            return rc;
+        }
+        b->unbacked = 0;
+        at = b->ptr;
+        n = b->size;
         cm_pool_unlock(p, &gd);
-        return rc;
     }
-    *ptr = b->ptr;
+    *ptr = at;
     *handle = (uintptr_t)b;
     if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)) {
         /* A pass may be due (the idle memory stays past a failure). */
@@ -552,7 +576,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         CUresult prc;
 
         CM_DRIVER_BEGIN_NOGIL
-        prc = cm_pool_poison_fill(p, b, b->ptr, b->size, stream);
+        prc = cm_pool_poison_fill(p, b, at, n, stream);
         CM_DRIVER_END_NOGIL
         return prc;
     }
