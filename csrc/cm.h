@@ -239,6 +239,10 @@ PyObject *cm_raise_registered(PyObject *cls, const char *name,
  * driver function fn ("cuMemAlloc").  Always returns -1. */
 int cm_raise_cu(CUresult rc, const char *fn);
 
+/* Raise CudaAPIError(rc, msg), numba's own signature, with a message of
+ * cudamem's own; msg is stolen (NULL: its error stands).  -1. */
+int cm_raise_api_msg(CUresult rc, PyObject *msg);
+
 static inline int
 cm_cu_check(CUresult rc, const char *fn)
 {

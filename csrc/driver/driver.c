@@ -393,6 +393,24 @@ cm_driver_per_thread(void)
 }
 
 int
+cm_raise_api_msg(CUresult rc, PyObject *msg)
+{
+    PyObject *exc;
+
+    if (msg == NULL || CM_REGISTERED(CudaAPIError) == NULL) {
+        Py_XDECREF(msg);
+        return -1;
+    }
+    exc = PyObject_CallFunction(cm_st->CudaAPIError, "iO", (int)rc, msg);
+    Py_DECREF(msg);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return -1;
+}
+
+int
 cm_raise_cu(CUresult rc, const char *fn)
 {
     char buf[32];

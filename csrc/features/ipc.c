@@ -115,32 +115,6 @@ cm_ipc_export_pooled(cm_context *ctx, CUdeviceptr b,
     return mm->export(ctx, b, data, &out->fd, &out->token);
 }
 
-/* Raise CudaAPIError(CUDA_ERROR_NOT_SUPPORTED, "cannot export ...: why");
- * -1. */
-static int
-cm_ipc_refuse(const char *why)
-{
-    PyObject *msg;
-    PyObject *exc;
-
-    if (CM_REGISTERED(CudaAPIError) == NULL) {
-        return -1;
-    }
-    msg = PyUnicode_FromFormat("cannot export this memory through IPC: %s",
-                               why);
-    if (msg == NULL) {
-        return -1;
-    }
-    exc = PyObject_CallFunction(cm_st->CudaAPIError, "iO",
-                                (int)CUDA_ERROR_NOT_SUPPORTED, msg);
-    Py_DECREF(msg);
-    if (exc != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-    return -1;
-}
-
 /* Export the allocation of ctx that contains addr.  pooled: 1 when it is
  * known to come from the async manager's pool, 0 when known not to, -1
  * to ask the driver.  0, or -1 with an exception. */
@@ -184,7 +158,10 @@ cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
         const char *why = cm_pool_ipc_refusal(ctx, b);
 
         if (why != NULL) {
-            return cm_ipc_refuse(why);
+            return cm_raise_api_msg(
+                CUDA_ERROR_NOT_SUPPORTED,
+                PyUnicode_FromFormat(
+                    "cannot export this memory through IPC: %s", why));
         }
         memset(&h, 0, sizeof(h));
         CM_CU_NOGIL(err, IpcGetMemHandle, (&h, b));

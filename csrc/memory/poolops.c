@@ -975,8 +975,6 @@ cm_async_export(cm_context *ctx, CUdeviceptr base,
                 CUmemPoolPtrExportData *data, int *fd, uint64_t *token)
 {
     cm_pool *p = ctx->pool;
-    PyObject *msg;
-    PyObject *exc;
     int got = -1;
     int err;
 
@@ -986,23 +984,12 @@ cm_async_export(cm_context *ctx, CUdeviceptr base,
         return -1;
     }
     if (!p->shareable) {
-        msg = PyUnicode_FromFormat(
-            "cannot export memory of the async memory manager through IPC: "
-            "its memory pool on device %d cannot be shared (%s)",
-            ctx->device->id, p->noshare);
-        if (msg == NULL || CM_REGISTERED(CudaAPIError) == NULL) {
-            Py_XDECREF(msg);
-            return -1;
-        }
-        /* CudaAPIError(code, msg), numba's own signature */
-        exc = PyObject_CallFunction(cm_st->CudaAPIError, "iO",
-                                    (int)CUDA_ERROR_NOT_SUPPORTED, msg);
-        Py_DECREF(msg);
-        if (exc != NULL) {
-            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-            Py_DECREF(exc);
-        }
-        return -1;
+        return cm_raise_api_msg(
+            CUDA_ERROR_NOT_SUPPORTED,
+            PyUnicode_FromFormat(
+                "cannot export memory of the async memory manager through "
+                "IPC: its memory pool on device %d cannot be shared (%s)",
+                ctx->device->id, p->noshare));
     }
     if (p->export_fd < 0) {
         CM_CU_NOGIL(err, MemPoolExportToShareableHandle,
