@@ -294,8 +294,9 @@ def test_the_variables_are_checked():
 @pytest.mark.timeout(330)
 def test_pool_tests_pass_on_virtual_memory():
     """test_pool.py, the PyTorch lane's tests (streams held by host
-    functions while the pool maps and unmaps) and the snapshot's again,
-    every pool made on virtual memory."""
+    functions while the pool maps and unmaps), the other libraries'
+    adapters (CuPy, PyTorch, numba on cudamem's memory) and the
+    snapshot's again, every pool made on virtual memory."""
     env = dict(os.environ, CUDAMEM_POOL_VMM="1", CUDAMEM_TEST_ISOLATED="1")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(TESTS), str(ROOT)]
@@ -304,6 +305,7 @@ def test_pool_tests_pass_on_virtual_memory():
                         "no:cacheprovider",
                         str(TESTS / "memory" / "test_pool.py"),
                         str(TESTS / "memory" / "test_torch_lane.py"),
+                        str(TESTS / "memory" / "test_interop.py"),
                         str(TESTS / "memory" / "test_history.py")],
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
