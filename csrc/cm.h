@@ -129,8 +129,10 @@ typedef struct cm_state {
     PyObject *CompileError;
     PyObject *MemoryInfo;          /* the namedtuple class */
     PyObject *StreamCaptureError;
-    /* from cudamem.graphs: what Stream.end_capture returns */
+    /* from cudamem.graphs: what Stream.end_capture returns, and the
+     * pool a capture allocates from */
     PyObject *Graph;
+    PyObject *GraphPool;
     /* from cudamem._emm: the manager of a new context (_manager_for),
      * the kind of an assigned one (_manager_kind), the built-in
      * managers' classes and the pointer class of IPC exports */
@@ -952,6 +954,11 @@ typedef struct {
     int (*hostmem_context_save)(cm_context *ctx);
     void (*hostmem_context_restore)(cm_context *ctx);
     void (*interop_context_closing)(cm_context *ctx);
+    /* memory/graph/gpool.c: a closing context's graph pools die; the
+     * retirements put off while cudamem captured run once it captures
+     * nothing (end_capture) */
+    void (*graph_pools_closing)(cm_context *ctx);
+    void (*graph_pools_tidy)(void);
     /* features/ipcpool.c */
     void (*ipc_context_closing)(cm_context *ctx);
 } cm_context_upcalls;

@@ -31,7 +31,7 @@
     X(notifier_type) X(client_type)                                    \
     X(CudaSupportError) X(CudaDriverError) X(CudaAPIError)             \
     X(CudaOutOfMemoryError) X(CompileError) X(MemoryInfo)              \
-    X(StreamCaptureError) X(Graph)                                     \
+    X(StreamCaptureError) X(Graph) X(GraphPool)                        \
     X(manager_for) X(manager_kind) X(DefaultMemoryManager)             \
     X(PoolMemoryManager) X(AsyncMemoryManager) X(MemoryPointer)        \
     X(IpcHandle) X(IpcArrayHandle) X(IpcRawHandle)                     \
@@ -142,6 +142,7 @@ static const cm_reg_slot cm_reg_slots[] = {
     CM_REG_SLOT(MemoryInfo, CM_REG_CLASS),
     CM_REG_SLOT(StreamCaptureError, CM_REG_EXCEPTION),
     CM_REG_SLOT(Graph, CM_REG_CLASS),
+    CM_REG_SLOT(GraphPool, CM_REG_CLASS),
     CM_REG_SLOT(manager_for, CM_REG_CALLABLE),
     CM_REG_SLOT(manager_kind, CM_REG_CALLABLE),
     CM_REG_SLOT(DefaultMemoryManager, CM_REG_CLASS),

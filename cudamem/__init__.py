@@ -98,7 +98,7 @@ from ._errors import (
     MemoryInfo,
     StreamCaptureError,
 )
-from .graphs import Graph, graph
+from .graphs import Graph, GraphPool, graph
 from ._history import dump_snapshot, memory_history, memory_snapshot
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
 from . import _lower  # noqa: F401  (numba's Context and pointer methods)
@@ -142,6 +142,7 @@ __all__ = [
     "CudaSupportError",
     "Device",
     "Graph",
+    "GraphPool",
     "StreamCaptureError",
     "graph",
     "DeviceNDArray",

@@ -22,6 +22,7 @@ _core._register(
     MemoryInfo=_errors.MemoryInfo,
     StreamCaptureError=_errors.StreamCaptureError,
     Graph=graphs.Graph,
+    GraphPool=graphs.GraphPool,
     manager_for=_emm._manager_for,
     manager_kind=_emm._manager_kind,
     DefaultMemoryManager=_emm.DefaultMemoryManager,

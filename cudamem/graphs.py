@@ -11,7 +11,42 @@ import threading
 
 from . import _core
 
-__all__ = ["Graph", "graph"]
+__all__ = ["Graph", "GraphPool", "graph"]
+
+
+class GraphPool:
+    """The memory a capture allocates from: ``Graph.pool``.
+
+    While cudamem captures a stream, every allocation for that stream
+    (and, on the capturing thread, for the default stream) comes from the
+    capture's graph pool, under every memory manager: memory that no
+    other work is handed while a graph that used it may be replayed.  A
+    block freed by the program goes back to its graph pool; a later
+    capture given the same pool (``cudamem.graph(pool=g.pool)``,
+    ``Stream.begin_capture(pool=g.pool)``) reuses it, so graphs that
+    share a pool must be replayed in the order they were captured.  The
+    pool gives its memory back to the device once no graph holds it, no
+    reference to it is left and none of its blocks is in use.
+
+    ``GraphPool(context=None)`` makes an empty one for ``context`` (None:
+    the current context), to share between captures from the start.
+    """
+
+    __slots__ = ("_capsule", "_ctx")
+
+    def __init__(self, context=None):
+        if context is None:
+            context = _core.current_context()
+        self._ctx = context
+        self._capsule = _core._graph_pool_new(context)
+
+    def _stats(self):
+        return _core._graph_pool_stats(self._capsule)
+
+    def __repr__(self):
+        st = self._stats()
+        return "<cudamem.GraphPool %d bytes, %d blocks in use>" % (
+            st["reserved_bytes"], st["live_blocks"])
 
 
 class Graph:
@@ -26,14 +61,17 @@ class Graph:
     and ``close()`` from several threads are serialised by the graph's
     lock, so that a graph is never destroyed while a launch of it is in
     the driver (the driver orders launches of one graph anyway).
+    ``pool`` is the ``GraphPool`` its capture allocated from (None once
+    closed).
     """
 
-    def __init__(self, _exec=None, _ctx=None, _gen=0):
+    def __init__(self, _exec=None, _ctx=None, _gen=0, _pool=None):
         self._lock = threading.Lock()
         self._exec = _exec
         self._ctx = _ctx
         self._gen = _gen
         self._closed = False
+        self.pool = _pool
         # graph(): the side stream made for the block; None otherwise.
         self.stream = None
 
@@ -71,6 +109,8 @@ class Graph:
             x, self._exec = self._exec, None
             if x is not None:
                 _core._graph_destroy(x, self._ctx, self._gen)
+            # The pool's memory may go back once no graph holds it.
+            self.pool = None
 
     @property
     def closed(self):
@@ -81,7 +121,9 @@ class Graph:
         with self._lock, other._lock:
             self._exec, self._ctx, self._gen = (other._exec, other._ctx,
                                                 other._gen)
+            self.pool = other.pool
             other._exec = None
+            other.pool = None
             other._closed = True
 
     def __del__(self):
@@ -97,8 +139,8 @@ class Graph:
 
 
 class graph:
-    """``with cudamem.graph(stream=None, mode="global") as g:`` captures
-    the block into ``g``.
+    """``with cudamem.graph(stream=None, pool=None, mode="global") as g:``
+    captures the block into ``g``.
 
     cudamem has no "current stream": the block's work must name the
     capturing stream.  With ``stream=None`` a new stream is made for the
@@ -106,14 +148,21 @@ class graph:
     is ``g.stream``; pass it to the block's copies and kernels.  At a
     normal exit the capture ends and ``g`` can be launched; if the block
     raises, the capture is ended and thrown away (``g`` stays empty) and
-    the exception propagates.
+    the exception propagates.  Allocations for ``g.stream``, and for the
+    default stream on this thread, during the block come from ``pool``
+    (a ``GraphPool``, e.g. another graph's ``.pool``), or from a new
+    graph pool; ``g.pool`` is it.
     """
 
-    def __init__(self, stream=None, mode="global"):
+    def __init__(self, stream=None, pool=None, mode="global"):
         if mode not in ("global", "thread_local", "relaxed"):
             raise ValueError("mode must be 'global', 'thread_local' or "
                              "'relaxed', not %r" % (mode,))
+        if pool is not None and not isinstance(pool, GraphPool):
+            raise TypeError("pool must be a cudamem.GraphPool (a graph's "
+                            ".pool), not %s" % type(pool).__name__)
         self._stream = stream
+        self._pool = pool
         self._mode = mode
         self._graph = None
 
@@ -124,7 +173,7 @@ class graph:
         s = self._stream if self._stream is not None else _core.stream()
         g = Graph()
         g.stream = s
-        s.begin_capture(self._mode)
+        s.begin_capture(self._mode, pool=self._pool)
         self._graph = g
         return g
 

@@ -137,6 +137,12 @@ int cm_stream_init(PyObject *mod, cm_state *st);
 /* Whether a capture cudamem began is in progress (an atomic load). */
 int cm_capture_any(void);
 
+/* The graph pool (memory/graph/gpool.c's, opaque here) that allocations
+ * for stream h go to while cudamem captures h, or NULL; for the default
+ * stream, that of a capture the calling thread began.  Read without a
+ * lock: call it only while cm_capture_any(). */
+void *cm_capture_pool(CUstream h);
+
 /* Work on the legacy default stream that must happen now: refused while
  * a global-mode capture cudamem began is in progress.  No driver call. */
 int cm_capture_refuse_sync(const char *what);

@@ -31,6 +31,17 @@ static _Atomic(uintptr_t) cm_cap_handle[CM_CAP_SLOTS];
 
 static int cm_cap_mode[CM_CAP_SLOTS];
 
+/* Their graph pools (opaque: memory/graph/gpool.c's), set before the
+ * capture begins and read while it is in progress; and the Python
+ * GraphPool objects that keep them (strong; GIL). */
+static void *_Atomic cm_cap_pool[CM_CAP_SLOTS];
+
+static PyObject *cm_cap_pyref[CM_CAP_SLOTS];
+
+/* The graph pool of the newest capture this thread began and has not
+ * ended: allocations for the default stream on this thread go to it. */
+static _Thread_local void *cm_cap_thread_pool;
+
 static const char *const cm_cap_mode_names[] = {
     "global", "thread_local", "relaxed"
 };
@@ -53,6 +64,46 @@ int
 cm_capture_any(void)
 {
     return atomic_load_explicit(&cm_cap_count, memory_order_relaxed) != 0;
+}
+
+void *
+cm_capture_pool(CUstream h)
+{
+    int i;
+
+    if (cm_stream_handle_is_default(h)) {
+        return cm_cap_thread_pool;
+    }
+    i = cm_cap_find(h);
+    return i < 0 ? NULL : atomic_load(&cm_cap_pool[i]);
+}
+
+/* The C graph pool of a cudamem.GraphPool (its _capsule), checked to be
+ * ctx's; NULL with an exception. */
+static void *
+cm_graph_pool_ptr(PyObject *pool, cm_context *ctx)
+{
+    PyObject *cap = PyObject_GetAttrString(pool, "_capsule");
+    void *gp;
+
+    if (cap == NULL || !PyCapsule_IsValid(cap, "cudamem.graph_pool")) {
+        Py_XDECREF(cap);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "pool must be a cudamem.GraphPool (a graph's .pool), "
+                     "not %.100s", Py_TYPE(pool)->tp_name);
+        return NULL;
+    }
+    if (PyCapsule_GetContext(cap) != (void *)ctx) {
+        Py_DECREF(cap);
+        PyErr_SetString(PyExc_ValueError,
+                        "the graph pool belongs to another device's "
+                        "context than the capturing stream");
+        return NULL;
+    }
+    gp = PyCapsule_GetPointer(cap, "cudamem.graph_pool");
+    Py_DECREF(cap);
+    return gp;
 }
 
 /* Raise StreamCaptureError: what cannot run while stream (a description)
@@ -157,9 +208,10 @@ cm_capture_mode(PyObject *mode)
 }
 
 static PyObject *
-cm_begin_capture_run(cm_stream *s, int mode)
+cm_begin_capture_run(cm_stream *s, int mode, PyObject *pool)
 {
     int slot;
+    void *gp;
 
     if (cm_stream_handle_is_default(s->handle)) {
         PyErr_SetString(PyExc_ValueError,
@@ -185,11 +237,30 @@ cm_begin_capture_run(cm_stream *s, int mode)
                      CM_CAP_SLOTS);
         return NULL;
     }
-    if (CM_CU(StreamBeginCapture, (s->handle, (CUstreamCaptureMode)mode))
-        < 0) {
+    if (pool == NULL) {
+        PyObject *cls = CM_REGISTERED(GraphPool);
+
+        pool = cls == NULL ? NULL
+                           : PyObject_CallOneArg(cls, (PyObject *)s->ctx);
+    }
+    else {
+        Py_INCREF(pool);
+    }
+    if (pool == NULL || (gp = cm_graph_pool_ptr(pool, s->ctx)) == NULL) {
+        Py_XDECREF(pool);
         atomic_store(&cm_cap_handle[slot], 0);
         return NULL;
     }
+    atomic_store(&cm_cap_pool[slot], gp);
+    if (CM_CU(StreamBeginCapture, (s->handle, (CUstreamCaptureMode)mode))
+        < 0) {
+        atomic_store(&cm_cap_pool[slot], NULL);
+        atomic_store(&cm_cap_handle[slot], 0);
+        Py_DECREF(pool);
+        return NULL;
+    }
+    cm_cap_pyref[slot] = pool;
+    cm_cap_thread_pool = gp;
     cm_cap_mode[slot] = mode;
     atomic_fetch_add(&cm_cap_count, 1);
     if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
@@ -202,18 +273,19 @@ PyObject *
 cm_stream_begin_capture(PyObject *self, PyObject *const *args,
                         Py_ssize_t nargs, PyObject *kwnames)
 {
-    static PyObject *names[1];
-    PyObject *out[1] = {NULL};
+    static PyObject *names[2];
+    PyObject *out[2] = {NULL, NULL};
     PyObject *r;
     int mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
     if (names[0] == NULL) {
         names[0] = PyUnicode_InternFromString("mode");
-        if (names[0] == NULL) {
+        names[1] = PyUnicode_InternFromString("pool");
+        if (names[0] == NULL || names[1] == NULL) {
             return NULL;
         }
     }
-    if (cm_bind_args("begin_capture", args, nargs, kwnames, names, 1, 0,
+    if (cm_bind_args("begin_capture", args, nargs, kwnames, names, 2, 0,
                      out) < 0) {
         return NULL;
     }
@@ -221,14 +293,15 @@ cm_stream_begin_capture(PyObject *self, PyObject *const *args,
         return NULL;
     }
     CM_IN_CONTEXT(((cm_stream *)self)->ctx, r, NULL,
-                  cm_begin_capture_run((cm_stream *)self, mode));
+                  cm_begin_capture_run((cm_stream *)self, mode,
+                                       out[1] == Py_None ? NULL : out[1]));
     return r;
 }
 
 /* End s's capture and instantiate its graph: a (exec handle) int, or
  * NULL.  Forgets the capture whatever the driver answers. */
 static PyObject *
-cm_end_capture_run(cm_stream *s)
+cm_end_capture_run(cm_stream *s, PyObject **pool)
 {
     CUgraph g = NULL;
     CUgraphExec x = NULL;
@@ -243,7 +316,13 @@ cm_end_capture_run(cm_stream *s)
             atomic_fetch_sub(&cm_cap_global, 1);
         }
         atomic_fetch_sub(&cm_cap_count, 1);
+        if (cm_cap_thread_pool == atomic_load(&cm_cap_pool[slot])) {
+            cm_cap_thread_pool = NULL;
+        }
+        atomic_store(&cm_cap_pool[slot], NULL);
         atomic_store(&cm_cap_handle[slot], 0);
+        *pool = cm_cap_pyref[slot];
+        cm_cap_pyref[slot] = NULL;
     }
     if (rc == CUDA_ERROR_ILLEGAL_STATE && slot < 0) {
         PyErr_Format(PyExc_RuntimeError,
@@ -270,18 +349,25 @@ cm_stream_end_capture(PyObject *self, PyObject *unused)
     PyObject *cls;
     PyObject *x;
     PyObject *r;
+    PyObject *pool = NULL;
 
     (void)unused;
     cls = CM_REGISTERED(Graph);
     if (cls == NULL) {
         return NULL;
     }
-    CM_IN_CONTEXT(s->ctx, x, NULL, cm_end_capture_run(s));
+    CM_IN_CONTEXT(s->ctx, x, NULL, cm_end_capture_run(s, &pool));
+    if (!cm_capture_any()) {
+        /* Graph pools retired meanwhile give their memory back now. */
+        cm_ctx_up.graph_pools_tidy();
+    }
     if (x == NULL) {
+        Py_XDECREF(pool);
         return NULL;
     }
-    r = PyObject_CallFunction(cls, "OOk", x, (PyObject *)s->ctx,
-                              s->ctx->gen);
+    r = PyObject_CallFunction(cls, "OOkO", x, (PyObject *)s->ctx,
+                              s->ctx->gen, pool != NULL ? pool : Py_None);
+    Py_XDECREF(pool);
     if (r == NULL) {
         /* The executable graph would be lost: destroy it. */
         PyObject *et, *ev, *tb;

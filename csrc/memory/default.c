@@ -14,6 +14,7 @@
  * cm_mm_direct is per thread.
  */
 #include "memory/memory.h"
+#include "memory/graph/gpool.h"
 
 /* cuMemAlloc, stream-blind, with the GIL released; the bytes count
  * against the limit until their cuMemFree. */
@@ -22,8 +23,12 @@ cm_default_alloc(cm_context *ctx, size_t size, CUstream stream,
                  CUdeviceptr *p, uintptr_t *handle)
 {
     CUresult rc;
+    cm_gpool *gp = cm_gpool_for(ctx, stream);
 
-    (void)stream;
+    if (gp != NULL) {
+        /* Captured: the graph's own memory (memory/graph/gpool.c). */
+        return cm_gpool_alloc(ctx, gp, size, stream, p, handle);
+    }
     if (!cm_limit_take(ctx, size)) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -46,6 +51,9 @@ cm_default_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
 
     (void)kind;
     (void)stream;
+    if (cm_gpool_handle(handle)) {
+        return cm_gpool_release(ctx, handle, 0);
+    }
     rc = CM_CU_RAW(MemFree, ((CUdeviceptr)handle));
     cm_limit_give(ctx, size);
     return rc;

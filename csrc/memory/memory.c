@@ -31,6 +31,7 @@
  * simply wait for the next flush.
  */
 #include "memory/memory.h"
+#include "memory/graph/gpool.h"
 
 #include <string.h>
 
@@ -96,6 +97,10 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
         return ctx->mm_builtin->release(ctx, it->kind, it->handle,
                                         it->size, it->stream);
     case CM_REL_DEVICE:
+        if (cm_gpool_handle(it->handle)) {
+            /* Allocated during a capture: back to its graph pool. */
+            return cm_gpool_release(ctx, it->handle, 0);
+        }
         /* The default manager's memory, or managed memory: counted
          * against the limit until now, whatever the driver answers (the
          * entry is dropped either way). */
@@ -105,6 +110,7 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
     case CM_REL_HOST:
         return CM_CU_RAW(MemFreeHost, ((void *)it->handle));
     case CM_REL_STREAM:
+        cm_gpools_stream_gone(ctx, (CUstream)it->handle);
         if (ctx->mm_builtin->stream_gone != NULL) {
             ctx->mm_builtin->stream_gone(ctx, (CUstream)it->handle);
         }
@@ -1107,6 +1113,7 @@ cm_memory_stats(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         return NULL;
     }
     ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
+    cm_gpools_stats(ctx, &reserved, &pool_free);
     lane_bytes = __atomic_load_n(&ctx->lane_bytes, __ATOMIC_RELAXED);
     lane_peak = __atomic_load_n(&ctx->lane_peak, __ATOMIC_RELAXED);
     lane_count = __atomic_load_n(&ctx->lane_count, __ATOMIC_RELAXED);

@@ -262,7 +262,7 @@ cm_blk_usable(cm_pool *p, cm_blk *b, uintptr_t s)
     if (b->stream == CM_POOL_ANY || b->stream == s) {
         return 1;
     }
-    if (b->stream == CM_POOL_STUCK) {
+    if (b->stream == CM_POOL_STUCK || p->graph) {
         return 0;
     }
     if (b->event == NULL) {
@@ -495,6 +495,7 @@ cm_pool_add_seg(cm_pool *p, CUdeviceptr base, size_t segsize, int small,
     g->base = base;
     g->size = segsize;
     g->small = small;
+    g->owner = p->owner;
     g->first = b;
     g->next = p->segs;
     if (p->segs != NULL) {
@@ -552,7 +553,7 @@ cm_pool_put(cm_pool *p, cm_blk *b)
         cm_arena_unuse(p, b);
     }
     if ((p->multi_stream || b->record_now) && b->stream != CM_POOL_ANY
-        && b->stream != CM_POOL_STUCK) {
+        && b->stream != CM_POOL_STUCK && !p->graph) {
         cm_event_record(p, b);
     }
     b->record_now = 0;

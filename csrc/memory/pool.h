@@ -49,6 +49,8 @@ struct cm_seg {
     size_t size;          /* bytes */
     int small;            /* holds small blocks */
     cm_arena *arena;      /* its pages, or NULL: cuMemAlloc'd */
+    void *owner;          /* the graph pool its pool belongs to
+                           * (memory/graph/gpool.c), or NULL */
     cm_blk *first;        /* its blocks in address order */
     cm_seg *prev;         /* links in the pool's segment list */
     cm_seg *next;
@@ -92,6 +94,10 @@ typedef struct {
 
 struct cm_pool {
     int kind;             /* CM_MM_POOL or CM_MM_ASYNC */
+    int graph;            /* a graph pool's (memory/graph/gpool.c): no
+                           * events; a free block serves its own stream
+                           * key only (or any, if never used) */
+    void *owner;          /* that graph pool, else NULL */
     int dead;             /* NOTE: set once (GIL held) when destroyed */
     pthread_mutex_t mu;   /* guards everything below */
     /* pool */

@@ -4,6 +4,7 @@
  * managers and their init.
  */
 #include "memory/pool.h"
+#include "memory/graph/gpool.h"
 #include "memory/vmm/arena.h"
 
 #include <pthread.h>
@@ -743,7 +744,8 @@ cm_pool_init(PyObject *mod, cm_state *st)
         return -1;
     }
     cm_default_limit = (size_t)cm_env_bytes("CUDAMEM_POOL_LIMIT", 0);
-    if (cm_pool_poison_env() < 0 || cm_arena_env() < 0) {
+    if (cm_pool_poison_env() < 0 || cm_arena_env() < 0
+        || cm_gpool_init(mod) < 0) {
         return -1;
     }
     cm_async_threshold = (cuuint64_t)cm_env_bytes(

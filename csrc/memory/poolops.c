@@ -6,6 +6,7 @@
  * other streams, trim, export, statistics.
  */
 #include "memory/pool.h"
+#include "memory/graph/gpool.h"
 #include "memory/vmm/arena.h"
 
 #include <pthread.h>
@@ -429,8 +430,13 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
                CUdeviceptr *ptr, uintptr_t *handle)
 {
     cm_pool *p = ctx->pool;
+    cm_gpool *gp = cm_gpool_for(ctx, stream);
     CUresult rc;
 
+    if (gp != NULL) {
+        /* Captured: the graph's own memory (memory/graph/gpool.c). */
+        return cm_gpool_alloc(ctx, gp, size, stream, ptr, handle);
+    }
     if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
                                             ? ctx->st_bytes
                                             : p->limit)) {
@@ -519,8 +525,13 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     size_t n = 0;
     CUresult rc;
     int backed;
+    cm_gpool *gp = cm_gpool_for(ctx, stream);
     cm_gil_saved gd;
 
+    if (gp != NULL) {
+        /* Captured: the graph's own memory (memory/graph/gpool.c). */
+        return cm_gpool_alloc(ctx, gp, size, stream, ptr, handle);
+    }
     size = cm_round(size, CM_POOL_ROUND);
     if (size == 0) {
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -604,6 +615,10 @@ cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
     if (p == NULL) {
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
+    if (cm_gpool_for(ctx, stream) != NULL) {
+        /* Captured: for the allocation path, which knows graph pools. */
+        return CUDA_ERROR_NOT_READY;
+    }
     cm_pool_lock(p, &gd);
     if (p->dead) {
         cm_pool_unlock(p, &gd);
@@ -638,6 +653,9 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     cm_pool *p = ctx->pool;
     CUresult rc;
 
+    if (cm_gpool_handle(handle)) {
+        return cm_gpool_release(ctx, handle, kind == CM_REL_ASYNC_SYNC);
+    }
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
@@ -671,6 +689,9 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
 
     (void)size;
     (void)stream;
+    if (cm_gpool_handle(handle)) {
+        return cm_gpool_release(ctx, handle, kind == CM_REL_POOL_SYNC);
+    }
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
@@ -729,6 +750,10 @@ cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
     cm_gil_saved gd;
 
     (void)on;
+    if (cm_gpool_handle(handle)) {
+        /* A graph pool records no events: released after the context. */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (p == NULL) {
         return CUDA_SUCCESS;
     }
@@ -775,7 +800,10 @@ cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
     int i;
     cm_gil_saved gd;
 
-    (void)handle;
+    if (cm_gpool_handle(handle)) {
+        /* A graph pool records no events: released after the context. */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (p == NULL || p->dead) {
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
@@ -806,6 +834,10 @@ cm_pool_foreign_free(cm_context *ctx, uintptr_t handle)
     cm_pool *p = ctx->pool;
     cm_gil_saved gd;
 
+    if (cm_gpool_handle(handle)) {
+        cm_gpool_foreign_free(ctx, handle);
+        return;
+    }
     if (p == NULL) {
         return;
     }
@@ -814,6 +846,16 @@ cm_pool_foreign_free(cm_context *ctx, uintptr_t handle)
         ((cm_blk *)handle)->record_now = 1;
     }
     cm_pool_unlock(p, &gd);
+}
+
+/* The async manager's foreign_free: only its graph pools' blocks need
+ * it (cuMemFreeAsync takes the stream when it is issued). */
+static void
+cm_async_foreign_free(cm_context *ctx, uintptr_t handle)
+{
+    if (cm_gpool_handle(handle)) {
+        cm_gpool_foreign_free(ctx, handle);
+    }
 }
 
 /* The pool manager's stream_gone: free blocks that wait for stream h
@@ -1361,6 +1403,7 @@ const cm_mm_ops cm_mm_async = {
     .alloc = cm_async_alloc,
     .release = cm_async_release,
     .order = cm_async_order,
+    .foreign_free = cm_async_foreign_free,
     .trim = cm_async_trim,
     .stats = cm_async_stats,
     .alloc_fn = cm_async_alloc_fn,
