@@ -930,6 +930,12 @@ cm_mem_alloc_for(cm_context *ctx, size_t size, PyObject *stream_obj,
             return NULL;
         }
     }
+    else if (stream_obj != NULL && cm_capture_any()
+             && cm_stream_resolve(stream_obj, &h) < 0) {
+        /* A stream-blind manager still allocates from the graph pool of
+         * a capture on that stream (memory/graph/gpool.c). */
+        return NULL;
+    }
     r = cm_mem_alloc_on(ctx, size, h, out);
     if (r != NULL && bound && Py_IS_TYPE(r, cm_st->Mem_type)
         && !cm_stream_handle_is_default(h)) {

@@ -1,0 +1,298 @@
+# SPDX-License-Identifier: MIT
+"""Allocation during a capture: graph pools.
+
+Memory allocated while cudamem captures a stream comes from the
+capture's graph pool under every memory manager, stays the graph's while
+it may be replayed (never handed to other work), is shared by captures
+given the same pool, and goes back to the device once nothing holds the
+pool.  A seeded random program checks replays against NumPy and that no
+eager allocation ever overlaps memory a graph pool holds.
+"""
+
+import gc
+
+import numpy as np
+import pytest
+
+import cudamem
+from cudamem import GraphPool, _core
+from helpers.crashutil import run_child
+from helpers.isolation import manager_context
+
+N = 256
+MANAGERS = ["default", "pool", "async"]
+
+
+@pytest.fixture(params=MANAGERS)
+def mctx(request):
+    with manager_context(request.param) as ctx:
+        yield ctx
+        assert _core._capture_counts() == (0, 0)
+
+
+def ptr(a):
+    return a.__cuda_array_interface__["data"][0]
+
+
+def span(a):
+    return (ptr(a), ptr(a) + a.nbytes)
+
+
+def overlaps(r, s):
+    return r[0] < s[1] and s[0] < r[1]
+
+
+def flush(ctx):
+    """Run the releases the default manager queues."""
+    gc.collect()
+    ctx.memory_manager.deallocations.clear()
+
+
+def reserved():
+    return cudamem.memory_stats()["pool_reserved_bytes"]
+
+
+def test_capture_allocates_from_its_graph_pool(mctx):
+    h = cudamem.pinned_array(N, np.float32)
+    out = cudamem.pinned_array(N, np.float32)
+    with cudamem.graph() as g:
+        d = cudamem.device_array(N, np.float32, stream=g.stream)
+        d.copy_to_device(h, stream=g.stream)
+        t = cudamem.device_array(N, np.float32, stream=g.stream)
+        t.copy_to_device(d, stream=g.stream)
+        t.copy_to_host(out, stream=g.stream)
+    assert isinstance(g.pool, GraphPool)
+    st = g.pool._stats()
+    assert st["live_blocks"] == 2 and st["reserved_bytes"] >= 2 * 4 * N
+    spans = [span(d), span(t)]
+    # The program lets go of the graph's arrays: the memory stays the
+    # graph's, never another allocation's.
+    del d, t
+    flush(mctx)
+    assert g.pool._stats()["live_blocks"] == 0
+    eager = [cudamem.device_array(N, np.float32) for _ in range(16)]
+    for e in eager:
+        assert not any(overlaps(span(e), s) for s in spans)
+        e.copy_to_device(np.full(N, -1, np.float32))
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        h[:] = rng.standard_normal(N)
+        g.replay(g.stream)
+        g.stream.synchronize()
+        np.testing.assert_array_equal(out, h)
+    g.close()
+    assert g.pool is None
+
+
+def test_default_stream_allocation_on_the_capturing_thread(mctx):
+    with cudamem.graph() as g:
+        b = cudamem.device_array(N, np.float32, stream=g.stream)
+        a = cudamem.device_array(N, np.float32)   # no stream
+    assert g.pool._stats()["live_blocks"] == 2
+    del a, b
+    g.close()
+
+
+def test_captures_sharing_a_pool_reuse_its_free_blocks(mctx):
+    with cudamem.graph() as g1:
+        a = cudamem.device_array(N, np.float32, stream=g1.stream)
+        a_span = span(a)
+    del a
+    flush(mctx)
+    with cudamem.graph(pool=g1.pool) as g2:
+        b = cudamem.device_array(N, np.float32, stream=g2.stream)
+    assert g2.pool is g1.pool
+    # A block of a pool is reused for its own stream key only: g2's side
+    # stream is another stream, so b is other memory of the same pool.
+    assert g1.pool._stats()["live_blocks"] == 1
+    assert span(b) != a_span
+    s = cudamem.stream()
+    with cudamem.graph(stream=s) as g3:
+        c = cudamem.device_array(N, np.float32, stream=s)
+    c_span = span(c)
+    del c
+    flush(mctx)
+    with cudamem.graph(stream=s, pool=g3.pool) as g4:
+        c2 = cudamem.device_array(N, np.float32, stream=s)
+    assert span(c2) == c_span
+    for g in (g1, g2, g3, g4):
+        g.close()
+    del b, c2
+
+
+def test_memory_goes_back_once_nothing_holds_the_pool(mctx):
+    flush(mctx)
+    before = reserved()
+    with cudamem.graph() as g:
+        big = cudamem.device_array(4 << 20, np.uint8, stream=g.stream)
+        small = cudamem.device_array(100, np.uint8, stream=g.stream)
+    assert reserved() >= before + (4 << 20)
+    pool = g.pool
+    g.close()
+    assert reserved() >= before + (4 << 20)   # arrays and pool still held
+    del big, small
+    flush(mctx)
+    assert reserved() >= before + (4 << 20)   # the pool is still held
+    del pool
+    flush(mctx)
+    assert reserved() == before
+
+
+def test_retirement_waits_while_a_capture_is_in_progress(mctx):
+    s = cudamem.stream()
+    h = cudamem.pinned_array(16, np.float32)
+    d = cudamem.device_array(16, np.float32)
+    flush(mctx)
+    before = reserved()
+    with cudamem.graph() as g:
+        a = cudamem.device_array(1 << 20, np.uint8, stream=g.stream)
+    s.begin_capture()
+    d.copy_to_device(h, stream=s)
+    g.close()
+    del a, g
+    flush(mctx)
+    # cuMemFree would join the capture: the memory goes back after it.
+    assert reserved() > before
+    g2 = s.end_capture()
+    assert reserved() == before
+    g2.replay(s)
+    s.synchronize()
+    g2.close()
+
+
+def test_failed_block_lets_its_pool_go(mctx):
+    flush(mctx)
+    before = reserved()
+    with pytest.raises(KeyError):
+        with cudamem.graph() as g:
+            a = cudamem.device_array(1 << 20, np.uint8, stream=g.stream)
+            raise KeyError
+    assert g.pool is None
+    del a
+    flush(mctx)
+    assert reserved() == before
+
+
+def test_bad_pool_arguments(ctx):
+    s = cudamem.stream()
+    with pytest.raises(TypeError, match="GraphPool"):
+        s.begin_capture(pool=object())
+    with pytest.raises(TypeError, match="GraphPool"):
+        cudamem.graph(pool=3)
+    assert not s.is_capturing()
+    assert _core._capture_counts() == (0, 0)
+    p = GraphPool()
+    s.begin_capture(pool=p)
+    g = s.end_capture()
+    assert g.pool is p
+    g.close()
+    assert "GraphPool" in repr(p)
+
+
+def test_pool_of_a_closed_context():
+    # Graph pools of a context that is closed: their memory goes with the
+    # context; the objects still held let go of it without a driver call.
+    r = run_child("""
+        import gc
+        import numpy as np, cudamem
+        for mgr in ("default", "pool", "async"):
+            cudamem.set_memory_manager(mgr)
+            with cudamem.graph() as g:
+                a = cudamem.device_array(1000, np.float32, stream=g.stream)
+            pool = g.pool
+            cudamem.close()
+            del a
+            gc.collect()
+            g.close()
+            del g, pool
+            gc.collect()
+            try:
+                cudamem.GraphPool(cudamem.current_context())
+            except Exception as e:
+                raise SystemExit(repr(e))
+            cudamem.close()
+        print("ok")
+    """)
+    assert r.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("mgr", MANAGERS)
+def test_random_programs(mgr):
+    """Seeded random programs: captures (some sharing a pool) that
+    allocate, copy a host input through device arrays and back, frees of
+    the captured arrays, eager allocations written with garbage, replays
+    in any order and closes.  Every replay's output matches its input,
+    and no eager allocation overlaps memory a live graph pool holds."""
+    with manager_context(mgr) as ctx:
+        for seed in range(150):
+            try:
+                _random_program(ctx, seed)
+            except AssertionError as e:
+                raise AssertionError("seed %d (%s): %s" % (seed, mgr, e))
+            flush(ctx)
+        assert _core._capture_counts() == (0, 0)
+
+
+def _random_program(ctx, seed):
+    rng = np.random.default_rng(seed)
+    # [graph, stream, host in, host out, spans of its pool (one list
+    # shared by the graphs of a pool)]
+    graphs = []
+    held = []            # captured arrays the program still holds
+    eager = []
+    streams = [cudamem.stream() for _ in range(2)]
+    for _ in range(30):
+        op = rng.integers(6)
+        if op == 0 or not graphs:
+            s = streams[rng.integers(2)]
+            pool = None
+            spans = []
+            if graphs and rng.random() < 0.5:
+                other = graphs[rng.integers(len(graphs))]
+                pool, spans = other[0].pool, other[4]
+            n = int(rng.integers(1, 3000))
+            hin = cudamem.pinned_array(n, np.float32)
+            hout = cudamem.pinned_array(n, np.float32)
+            with cudamem.graph(stream=s, pool=pool) as g:
+                chain = [cudamem.device_array(n, np.float32, stream=s)
+                         for _ in range(int(rng.integers(1, 4)))]
+                chain[0].copy_to_device(hin, stream=s)
+                for a, b in zip(chain, chain[1:]):
+                    b.copy_to_device(a, stream=s)
+                chain[-1].copy_to_host(hout, stream=s)
+                tmp = cudamem.device_array(int(rng.integers(1, 5000)),
+                                           np.uint8, stream=s)
+                spans.extend([span(a) for a in chain] + [span(tmp)])
+                del tmp
+            graphs.append([g, s, hin, hout, spans])
+            held.extend(chain)
+        elif op == 1:
+            g, s, hin, hout, _ = graphs[rng.integers(len(graphs))]
+            hin[:] = rng.standard_normal(hin.size)
+            g.replay(s)
+            s.synchronize()
+            assert np.array_equal(hout, hin), "replay output differs"
+        elif op == 2 and held:
+            del held[rng.integers(len(held))]
+        elif op == 3:
+            n = int(rng.integers(1, 1 << 16))
+            e = cudamem.device_array(n, np.uint8)
+            live = {id(gr[4]): gr[4] for gr in graphs}
+            for spans in live.values():
+                for sp in spans:
+                    assert not overlaps(span(e), sp), \
+                        "an eager allocation overlaps a graph pool's memory"
+            e.copy_to_device(np.full(n, 0xAB, np.uint8))
+            eager.append(e)
+        elif op == 4 and len(graphs) > 1:
+            gr = graphs.pop(rng.integers(len(graphs)))
+            gr[0].close()
+        elif op == 5:
+            flush(ctx)
+    for gr in graphs:
+        g, s, hin, hout, _ = gr
+        hin[:] = rng.standard_normal(hin.size)
+        g.replay(s)
+        s.synchronize()
+        assert np.array_equal(hout, hin), "final replay output differs"
+        g.close()
