@@ -24,7 +24,10 @@ run's settings too.  Rows
 with ``"unit": "k/s"`` time one operation of several threads together
 (seconds per operation, all threads counted) and print thousands of
 operations per second; their ratios are still of times (below 1: cudamem
-does more per second).
+does more per second).  An operation with ``"per": N`` does N like
+things in one timed call (200 copies in one replay of a graph): each of
+its times, self-timed columns' too, is divided by N, so the row reads
+per thing.
 """
 
 import gc
@@ -231,6 +234,9 @@ def run_ops(ops, libs, select=None, repeats=None, results=None,
                 continue
             row = {"op": op["name"], "unit": op.get("unit", "us"),
                    "bytes": op.get("bytes"), "times": {}}
+            per = op.get("per", 1)
+            if per != 1:
+                row["per"] = per
             present = [lib for lib in LIBS if libs.get(lib) is not None
                        and op["impls"].get(lib) is not None]
             if budget is not None and budget.spent():
@@ -251,11 +257,11 @@ def run_ops(ops, libs, select=None, repeats=None, results=None,
                 try:
                     fn = factory(mod)
                     if isinstance(fn, Measured):
-                        row["times"][lib] = tuple(fn)
+                        t = tuple(fn)
                     else:
-                        row["times"][lib] = time_callable(
-                            fn, repeats=repeats, max_s=cap)
+                        t = time_callable(fn, repeats=repeats, max_s=cap)
                         row.setdefault("samples", {})[lib] = last_samples[0]
+                    row["times"][lib] = tuple(v / per for v in t)
                 except (Skip, ImportError, NotImplementedError) as e:
                     row.setdefault("skipped", {})[lib] = str(e)[:80]
                 except Exception as e:  # noqa: BLE001 - reported, not fatal

@@ -70,8 +70,8 @@ import harness  # noqa: E402
 # so that a time limit on the run cuts them rather than the per-call
 # rows.
 MODULES = ["ops_alloc", "ops_transfer", "ops_threads", "ops_indexing",
-           "ops_hostmem", "ops_streams", "ops_kernels", "ops_ipc",
-           "ops_multigpu", "ops_interop", "ops_staging"]
+           "ops_hostmem", "ops_streams", "ops_graphs", "ops_kernels",
+           "ops_ipc", "ops_multigpu", "ops_interop", "ops_staging"]
 
 
 def main(argv=None):
