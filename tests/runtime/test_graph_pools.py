@@ -228,7 +228,8 @@ def test_random_programs(mgr):
             try:
                 _random_program(ctx, seed)
             except AssertionError as e:
-                raise AssertionError("seed %d (%s): %s" % (seed, mgr, e))
+                raise AssertionError(
+                    "seed %d (%s): %s" % (seed, mgr, e)) from None
             flush(ctx)
         assert _core._capture_counts() == (0, 0)
 
@@ -257,7 +258,7 @@ def _random_program(ctx, seed):
                 chain = [cudamem.device_array(n, np.float32, stream=s)
                          for _ in range(int(rng.integers(1, 4)))]
                 chain[0].copy_to_device(hin, stream=s)
-                for a, b in zip(chain, chain[1:]):
+                for a, b in zip(chain[:-1], chain[1:], strict=True):
                     b.copy_to_device(a, stream=s)
                 chain[-1].copy_to_host(hout, stream=s)
                 tmp = cudamem.device_array(int(rng.integers(1, 5000)),
