@@ -441,10 +441,11 @@ static PyMethodDef cm_stream_methods[] = {
     {"wait_event", cm_stream_wait_event, METH_O, cm_stream_wait_event_doc},
     {"begin_capture", (PyCFunction)(void (*)(void))cm_stream_begin_capture,
      METH_FASTCALL | METH_KEYWORDS,
-     "begin_capture($self, /, mode='global')\n--\n\n"
+     "begin_capture($self, /, mode='global', pool=None)\n--\n\n"
      "Begin capturing a CUDA graph: stream-ordered work on this stream is "
      "recorded instead of run.  mode: 'global', 'thread_local' or "
-     "'relaxed'."},
+     "'relaxed'.  pool: the cudamem.GraphPool allocations for this stream "
+     "come from during the capture (None: a new one)."},
     {"end_capture", cm_stream_end_capture, METH_NOARGS,
      "end_capture($self, /)\n--\n\n"
      "End the capture begun on this stream; returns a cudamem.Graph."},

@@ -27,6 +27,7 @@
  * can be loaded once per process only.
  */
 #include "memory/memory.h"
+#include "memory/graph/gpool.h"
 
 /* The libraries an allocation can be tagged with (the "cudamem" entry of
  * by_client is the rest of the context's allocated bytes). */
@@ -490,7 +491,11 @@ cm_cupy_malloc(PyObject *self, PyObject *arg)
         if (stream == NULL && PyErr_Occurred()) {
             goto out;
         }
+        /* During CuPy's own capture of its stream: the capture's graph
+         * pool (memory/graph/gpool.c). */
+        cm_gpool_force(cm_gpool_foreign(ctx, stream));
         owner = cm_client_alloc(ctx, (size_t)size, stream, CM_CLIENT_CUPY);
+        cm_gpool_force(NULL);
         if (owner == NULL) {
             goto out;
         }
@@ -905,6 +910,14 @@ cm_torch_alloc_lane(size_t size, int device, CUstream stream, void **out)
         cm_lane_release(lane, 0);
         return 0;
     }
+    if (cm_gpool_foreign(ctx, stream) != NULL) {
+        /* PyTorch captures the stream: the path with the GIL allocates
+         * from the capture's graph pool. */
+        cm_ctx_leave(pushed);
+        cm_driver_call_end(epoch);
+        cm_lane_release(lane, 0);
+        return 0;
+    }
     rc = ctx->mm_builtin->take(ctx, size, stream, &p, &h);
     if (rc == CUDA_SUCCESS) {
         e.ptr = (uintptr_t)p;
@@ -969,7 +982,9 @@ cm_torch_alloc_gil(size_t size, int device, CUstream stream)
     e.stream = stream;
     if (ctx->mm != ctx->mm_builtin || ctx->mm->take == NULL || cm_forked) {
         Py_DECREF(dev);
+        cm_gpool_force(cm_gpool_foreign(ctx, stream));
         o = cm_client_alloc(ctx, size, stream, CM_CLIENT_TORCH);
+        cm_gpool_force(NULL);
         if (o == NULL) {
             return 0;
         }
@@ -990,7 +1005,11 @@ cm_torch_alloc_gil(size_t size, int device, CUstream stream)
     if (lane == NULL) {
         return 0;
     }
+    /* During PyTorch's own capture of the stream: the capture's graph
+     * pool (memory/graph/gpool.c). */
+    cm_gpool_force(cm_gpool_foreign(ctx, stream));
     CM_IN_CONTEXT(ctx, r, -1, cm_mem_alloc_raw(ctx, size, stream, &p, &h));
+    cm_gpool_force(NULL);
     if (r < 0) {
         cm_lane_release(lane, 1);
         return 0;

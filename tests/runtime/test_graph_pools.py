@@ -297,3 +297,71 @@ def _random_program(ctx, seed):
         s.synchronize()
         assert np.array_equal(hout, hin), "final replay output differs"
         g.close()
+
+
+def _wrap(ptr_, n):
+    return cudamem.from_cuda_array_interface(
+        {"data": (ptr_, False), "shape": (n,), "typestr": "<f4",
+         "version": 3}, sync=False)
+
+
+@pytest.mark.parametrize("mgr", MANAGERS)
+def test_another_librarys_capture_allocating_through_cudamem(mgr):
+    """PyTorch (its pluggable-allocator entry points) allocates through
+    cudamem while it captures its own stream, a capture cudamem did not
+    begin: the memory comes from a graph pool of that capture, kept for
+    the graph after PyTorch frees it, never handed to other work."""
+    from helpers.torch_entry import entry_points
+
+    lib = entry_points()
+    with manager_context(mgr) as ctx:
+        dev = ctx.device.id
+        h = _core._raw_stream_create(1)
+        try:
+            ext = cudamem.external_stream(h)
+            hin = cudamem.pinned_array(N, np.float32)
+            hout = cudamem.pinned_array(N, np.float32)
+            before = reserved()
+            _core._raw_begin_capture(h, 0)
+            p = lib.cudamem_torch_alloc(4 * N, dev, h)
+            q = lib.cudamem_torch_alloc(4 * N, dev, h)
+            assert p and q
+            a, b = _wrap(p, N), _wrap(q, N)
+            a.copy_to_device(hin, stream=ext)
+            b.copy_to_device(a, stream=ext)
+            b.copy_to_host(hout, stream=ext)
+            # PyTorch frees an intermediate during the capture: reused in
+            # the same capture only.
+            lib.cudamem_torch_free(p, 4 * N, dev, h)
+            g = ext.end_capture()
+            assert reserved() > before
+            lib.cudamem_torch_free(q, 4 * N, dev, h)
+            del a, b
+            flush(ctx)
+            spans = [(p, p + 4 * N), (q, q + 4 * N)]
+            others = [lib.cudamem_torch_alloc(4 * N, dev, h)
+                      for _ in range(8)]
+            others += [lib.cudamem_torch_alloc(4 * N, dev, None)
+                       for _ in range(8)]
+            eager = [cudamem.device_array(N, np.float32) for _ in range(8)]
+            for o in others:
+                assert not any(overlaps((o, o + 4 * N), sp) for sp in spans)
+            for e in eager:
+                assert not any(overlaps(span(e), sp) for sp in spans)
+                e.copy_to_device(np.full(N, -1, np.float32))
+            for k in range(20):
+                hin[:] = np.arange(N) * (k + 1)
+                g.launch(ext)
+                _core._raw_stream_synchronize(h)
+                np.testing.assert_array_equal(hout, hin)
+            g.close()
+            for o in others[:8]:
+                lib.cudamem_torch_free(o, 4 * N, dev, h)
+            for o in others[8:]:
+                lib.cudamem_torch_free(o, 4 * N, dev, None)
+            # Kept: cudamem cannot see when the other library's graph
+            # goes; the context's close lets go of it.
+            assert reserved() > before
+        finally:
+            _core._raw_stream_synchronize(h)
+            _core._raw_stream_destroy(h)

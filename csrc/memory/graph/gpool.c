@@ -26,6 +26,12 @@
  *   (which waits for the device, so for replays in flight).  While
  *   cudamem captures, the retirement waits (cuMemFree would join the
  *   capture) until the last capture ends (the tidy upcall);
+ * - a capture another library began (CuPy's, PyTorch's, allocating
+ *   through cudamem's adapters) is found by the adapters' query
+ *   (cm_gpool_foreign) and gets a graph pool by capture id, which the
+ *   adapter's allocation is sent to through a thread-local hint; it is
+ *   kept until the context closes, since cudamem cannot see when that
+ *   library's graph goes;
  * - a context's close marks its graph pools dead (their memory goes
  *   with the context); a dead pool's struct is freed once nothing
  *   refers to it.
@@ -53,11 +59,17 @@ struct cm_gpool {
     size_t live;          /* blocks in use (p->mu) */
     int orphan;           /* the capsule is gone (p->mu) */
     int later;            /* on the list of retirements put off */
+    cuuint64_t capture;   /* the id of the capture another library began
+                           * that it serves, or 0 (cudamem's own) */
     cm_gpool *next;       /* the list of every graph pool (cm_gpool_mu) */
     cm_gpool *prev;
 };
 
 static pthread_mutex_t cm_gpool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The graph pool an adapter's allocation on this thread goes to (a
+ * capture another library began), or NULL. */
+static _Thread_local cm_gpool *cm_gpool_forced;
 
 /* Every graph pool not yet retired, and the retirements put off (a
  * retirement dequeued is on neither). */
@@ -143,6 +155,7 @@ cm_gpool_retire(cm_gpool *gp, int gil)
     CUcontext popped;
     int dead;
     int pushed = 0;
+    int epoch;
     cm_gil_saved gd;
 
     cm_mu_lock(&cm_gpool_mu);
@@ -170,18 +183,25 @@ cm_gpool_retire(cm_gpool *gp, int gil)
     if (gil) {
         cm_gil_drop(&gd);
     }
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
-        || cur != ctx->handle) {
-        pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
+    /* Counted: a close of the context waits for this call. */
+    epoch = cm_driver_call_begin();
+    if (ctx->alive) {
+        if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
+            || cur != ctx->handle) {
+            pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle))
+                     == CUDA_SUCCESS;
+        }
+        (void)cm_segs_release(ctx, segs);
+        segs = NULL;
+        if (pushed) {
+            (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+        }
     }
-    (void)cm_segs_release(ctx, segs);
-    if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-    }
+    cm_driver_call_end(epoch);
     if (gil) {
         cm_gil_take(&gd);
     }
-    cm_gpool_free(gp, NULL);
+    cm_gpool_free(gp, segs);
 }
 
 /* The retirements put off while cudamem captured, now that it captures
@@ -225,6 +245,12 @@ cm_gpools_closing(cm_context *ctx)
         }
         cm_mu_lock(&gp->p->mu);
         gp->p->dead = 1;
+        if (gp->capture != 0) {
+            /* Nothing else lets go of another library's capture's pool:
+             * its last block does, or this. */
+            gp->orphan = 1;
+            gp->later = gp->live == 0;
+        }
         if (gp->later) {
             cm_gpool_unlink(gp);
             gp->next = gone;
@@ -243,13 +269,88 @@ cm_gpools_closing(cm_context *ctx)
 cm_gpool *
 cm_gpool_for(cm_context *ctx, CUstream stream)
 {
-    cm_gpool *gp;
+    cm_gpool *gp = NULL;
 
-    if (!cm_capture_any()) {
+    if (cm_capture_any()) {
+        gp = (cm_gpool *)cm_capture_pool(stream);
+    }
+    if (gp == NULL) {
+        gp = cm_gpool_forced;
+    }
+    return gp != NULL && gp->ctx == ctx ? gp : NULL;
+}
+
+/* A new graph pool of ctx (not yet on the list), or NULL when out of
+ * host memory. */
+static cm_gpool *
+cm_gpool_make(cm_context *ctx)
+{
+    cm_gpool *gp = calloc(1, sizeof(*gp));
+    cm_pool *p = calloc(1, sizeof(*p));
+
+    if (gp == NULL || p == NULL || pthread_mutex_init(&p->mu, NULL) != 0) {
+        free(gp);
+        free(p);
         return NULL;
     }
-    gp = (cm_gpool *)cm_capture_pool(stream);
-    return gp != NULL && gp->ctx == ctx ? gp : NULL;
+    p->kind = CM_MM_POOL;
+    p->graph = 1;
+    p->multi_stream = 1;
+    p->first_stream = CM_POOL_ANY;
+    p->poison = -1;
+    p->export_fd = -1;
+    p->owner = gp;
+    gp->p = p;
+    gp->ctx = ctx;
+    return gp;
+}
+
+static void
+cm_gpool_link(cm_gpool *gp)
+{
+    gp->next = cm_gpools;
+    if (cm_gpools != NULL) {
+        cm_gpools->prev = gp;
+    }
+    cm_gpools = gp;
+}
+
+cm_gpool *
+cm_gpool_foreign(cm_context *ctx, CUstream h)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    cm_gpool *gp;
+
+    if (cm_stream_handle_is_default(h)
+        || (cm_capture_any() && cm_capture_pool(h) != NULL)) {
+        /* The default streams never capture; cudamem's own captures
+         * route without asking. */
+        return NULL;
+    }
+    if (CM_CU_RAW(StreamGetCaptureInfo,
+                  (h, &st, &id, NULL, NULL, NULL, NULL)) != CUDA_SUCCESS
+        || st != CU_STREAM_CAPTURE_STATUS_ACTIVE || id == 0) {
+        return NULL;
+    }
+    cm_mu_lock(&cm_gpool_mu);
+    for (gp = cm_gpools; gp != NULL; gp = gp->next) {
+        if (gp->capture == id && gp->ctx == ctx && !gp->p->dead) {
+            break;
+        }
+    }
+    if (gp == NULL && (gp = cm_gpool_make(ctx)) != NULL) {
+        gp->capture = id;
+        cm_gpool_link(gp);
+    }
+    cm_mu_unlock(&cm_gpool_mu);
+    return gp;
+}
+
+void
+cm_gpool_force(cm_gpool *gp)
+{
+    cm_gpool_forced = gp;
 }
 
 CUresult
@@ -452,6 +553,8 @@ cm_gpool_capsule_gone(PyObject *cap)
     if (retire) {
         cm_gpool_retire(gp, 1);
     }
+    /* The capsule's reference (cm_graph_pool_new_fn). */
+    Py_XDECREF((PyObject *)PyCapsule_GetContext(cap));
 }
 
 PyDoc_STRVAR(cm_graph_pool_new_doc,
@@ -465,7 +568,6 @@ cm_graph_pool_new_fn(PyObject *mod, PyObject *arg)
 {
     cm_context *ctx;
     cm_gpool *gp;
-    cm_pool *p;
     PyObject *cap;
 
     (void)mod;
@@ -479,39 +581,26 @@ cm_graph_pool_new_fn(PyObject *mod, PyObject *arg)
                         "the context was closed or reset");
         return NULL;
     }
-    gp = calloc(1, sizeof(*gp));
-    p = calloc(1, sizeof(*p));
-    if (gp == NULL || p == NULL || pthread_mutex_init(&p->mu, NULL) != 0) {
-        free(gp);
-        free(p);
+    gp = cm_gpool_make(ctx);
+    if (gp == NULL) {
         return PyErr_NoMemory();
     }
-    p->kind = CM_MM_POOL;
-    p->graph = 1;
-    p->multi_stream = 1;
-    p->first_stream = CM_POOL_ANY;
-    p->poison = -1;
-    p->export_fd = -1;
-    p->owner = gp;
-    gp->p = p;
-    gp->ctx = ctx;
-    cap = PyCapsule_New(gp, CM_GPOOL_CAPSULE, cm_gpool_capsule_gone);
-    if (cap == NULL || PyCapsule_SetContext(cap, ctx) < 0) {
-        if (cap != NULL) {
-            /* The destructor retires it (no block in use). */
-            Py_DECREF(cap);
-        }
-        else {
-            cm_gpool_free(gp, NULL);
-        }
+    cap = PyCapsule_New(gp, CM_GPOOL_CAPSULE, NULL);
+    if (cap == NULL) {
+        cm_gpool_free(gp, NULL);
+        return NULL;
+    }
+    /* The capsule holds the context, for the retirement its destructor
+     * may run. */
+    if (PyCapsule_SetContext(cap, Py_NewRef(arg)) < 0
+        || PyCapsule_SetDestructor(cap, cm_gpool_capsule_gone) < 0) {
+        Py_DECREF(arg);
+        Py_DECREF(cap);
+        cm_gpool_free(gp, NULL);
         return NULL;
     }
     cm_mu_lock(&cm_gpool_mu);
-    gp->next = cm_gpools;
-    if (cm_gpools != NULL) {
-        cm_gpools->prev = gp;
-    }
-    cm_gpools = gp;
+    cm_gpool_link(gp);
     cm_mu_unlock(&cm_gpool_mu);
     cm_gpools_tidy();
     return cap;

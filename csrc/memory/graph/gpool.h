@@ -32,6 +32,18 @@ cm_gpool_handle(uintptr_t h)
  * none while cudamem captures nothing (one relaxed atomic load). */
 cm_gpool *cm_gpool_for(cm_context *ctx, CUstream stream);
 
+/* The graph pool of the capture another library began on stream h (of
+ * ctx), made on first need, or NULL when h does not capture (or is
+ * cudamem's own capture).  One cuStreamGetCaptureInfo, except for the
+ * default streams, which never capture: for the adapters (CuPy's and
+ * PyTorch's allocations through cudamem), whose streams cudamem does not
+ * see begin a capture.  Such a pool is kept until ctx closes: cudamem
+ * cannot see when the other library's graph goes. */
+cm_gpool *cm_gpool_foreign(cm_context *ctx, CUstream h);
+
+/* Send this thread's allocations to gp until cm_gpool_force(NULL). */
+void cm_gpool_force(cm_gpool *gp);
+
 /* Allocate size bytes for stream from gp (ctx current, GIL held; it is
  * released around cuMemAlloc, made in the relaxed capture mode).  The
  * handle is tagged (CM_GPOOL_TAG).  A new segment counts against the
