@@ -10,6 +10,7 @@ eager allocation ever overlaps memory a graph pool holds.
 """
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -365,3 +366,102 @@ def test_another_librarys_capture_allocating_through_cudamem(mgr):
         finally:
             _core._raw_stream_synchronize(h)
             _core._raw_stream_destroy(h)
+
+
+def _peer_child(code, mgr):
+    p = run_child(code, timeout=300, args=(mgr,),
+                  env={"CUDAMEM_TEST_ISOLATED": "1"})
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mgr", MANAGERS)
+def test_cupy_captures_with_memory_from_cudamem(mgr):
+    """CuPy captures its own stream while allocating through cudamem
+    (use_with_cupy): the capture ends, every replay is right, and what
+    CuPy allocates eagerly between replays never overlaps the graph's
+    memory."""
+    pytest.importorskip("cupy")
+    out = _peer_child("""
+        import json, sys
+        import cupy, cudamem
+        from cudamem import interop
+        cudamem.set_memory_manager(sys.argv[1])
+        n = 1 << 16
+        res = {"ok": True, "overlap": False}
+        with interop.use_with_cupy():
+            x = cupy.zeros(n, dtype=cupy.float32)
+            s = cupy.cuda.Stream(non_blocking=True)
+            with s:
+                for _ in range(2):              # compile before capturing
+                    y = x * 2 + 1
+                    z = y.sum()
+                s.synchronize()
+                s.begin_capture()
+                y = x * 2 + 1
+                z = y.sum()
+                g = s.end_capture()
+            spans = [(y.data.ptr, y.data.ptr + y.nbytes),
+                     (z.data.ptr, z.data.ptr + z.nbytes)]
+            del y                               # the graph still uses it
+            for k in range(20):
+                with s:
+                    x.fill(k)
+                    g.launch(stream=s)
+                s.synchronize()
+                junk = [cupy.full(n, -1.0, dtype=cupy.float32)
+                        for _ in range(4)]
+                for j in junk:
+                    a = (j.data.ptr, j.data.ptr + j.nbytes)
+                    res["overlap"] |= any(a[0] < b[1] and b[0] < a[1]
+                                          for b in spans)
+                res["ok"] &= float(z.get()) == float((2 * k + 1) * n)
+                del junk
+        print(json.dumps(res))
+    """, mgr)
+    assert out == {"ok": True, "overlap": False}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mgr", MANAGERS)
+def test_torch_captures_with_memory_from_cudamem(mgr):
+    """torch.cuda.graph while PyTorch allocates through cudamem
+    (use_with_torch): replays are right and eager tensors made between
+    replays never overlap the graph's memory."""
+    pytest.importorskip("torch")
+    out = _peer_child("""
+        import json, sys
+        import torch, cudamem
+        from cudamem import interop
+        cudamem.set_memory_manager(sys.argv[1])
+        interop.use_with_torch()
+        n = 1 << 16
+        res = {"ok": True, "overlap": False}
+        x = torch.zeros(n, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):                  # warm up, as PyTorch asks
+                y = x * 2 + 1
+                z = y.sum()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x * 2 + 1
+            z = y.sum()
+        spans = [(y.data_ptr(), y.data_ptr() + 4 * n),
+                 (z.data_ptr(), z.data_ptr() + 4)]
+        del y
+        for k in range(20):
+            x.fill_(k)
+            g.replay()
+            junk = [torch.full((n,), -1.0, device="cuda") for _ in range(4)]
+            for j in junk:
+                a = (j.data_ptr(), j.data_ptr() + 4 * n)
+                res["overlap"] |= any(a[0] < b[1] and b[0] < a[1]
+                                      for b in spans)
+            res["ok"] &= z.item() == float((2 * k + 1) * n)
+            del junk
+        print(json.dumps(res))
+    """, mgr)
+    assert out == {"ok": True, "overlap": False}
