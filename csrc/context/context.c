@@ -666,6 +666,7 @@ cm_context_release_device(int i)
     }
     cm_ctx_up.ipc_context_closing(c);
     cm_ctx_up.interop_context_closing(c);
+    cm_capture_forget_ctx(c);
     cm_ctx_up.graph_pools_closing(c);
     if (c->mm_builtin->destroy != NULL) {
         c->mm_builtin->destroy(c);

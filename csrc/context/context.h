@@ -143,6 +143,13 @@ int cm_capture_any(void);
  * lock: call it only while cm_capture_any(). */
 void *cm_capture_pool(CUstream h);
 
+/* Cudamem's stream h is going (GIL): a capture of it is no longer in
+ * progress (the driver ends it with the stream). */
+void cm_capture_forget_stream(CUstream h);
+
+/* ctx is being closed (GIL): the captures of its streams end with it. */
+void cm_capture_forget_ctx(cm_context *ctx);
+
 /* Work on the legacy default stream that must happen now: refused while
  * a global-mode capture cudamem began is in progress.  No driver call. */
 int cm_capture_refuse_sync(const char *what);

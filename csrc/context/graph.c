@@ -38,9 +38,19 @@ static void *_Atomic cm_cap_pool[CM_CAP_SLOTS];
 
 static PyObject *cm_cap_pyref[CM_CAP_SLOTS];
 
-/* The graph pool of the newest capture this thread began and has not
- * ended: allocations for the default stream on this thread go to it. */
-static _Thread_local void *cm_cap_thread_pool;
+/* Their streams' contexts (borrowed; GIL), and how many times each slot
+ * was taken (atomic), which tells a capture from a later one in the same
+ * slot. */
+static cm_context *cm_cap_ctx[CM_CAP_SLOTS];
+
+static atomic_uint cm_cap_gen[CM_CAP_SLOTS];
+
+/* The newest capture this thread began and has not ended, as its slot
+ * and that slot's generation (-1: none): allocations for the default
+ * stream on this thread go to its graph pool while it is in progress. */
+static _Thread_local int cm_cap_thread_slot = -1;
+
+static _Thread_local unsigned cm_cap_thread_gen;
 
 static const char *const cm_cap_mode_names[] = {
     "global", "thread_local", "relaxed"
@@ -72,10 +82,71 @@ cm_capture_pool(CUstream h)
     int i;
 
     if (cm_stream_handle_is_default(h)) {
-        return cm_cap_thread_pool;
+        i = cm_cap_thread_slot;
+        if (i < 0 || atomic_load(&cm_cap_handle[i]) == 0
+            || atomic_load(&cm_cap_gen[i]) != cm_cap_thread_gen) {
+            return NULL;
+        }
+        return atomic_load(&cm_cap_pool[i]);
     }
     i = cm_cap_find(h);
     return i < 0 ? NULL : atomic_load(&cm_cap_pool[i]);
+}
+
+/* Forget the capture of slot (GIL): the record's counts, its pool and
+ * handle; the Python GraphPool it held (a new reference, or NULL). */
+static PyObject *
+cm_cap_forget_slot(int slot)
+{
+    PyObject *pool = cm_cap_pyref[slot];
+
+    if (cm_cap_mode[slot] == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        atomic_fetch_sub(&cm_cap_global, 1);
+    }
+    atomic_fetch_sub(&cm_cap_count, 1);
+    if (cm_cap_thread_slot == slot) {
+        cm_cap_thread_slot = -1;
+    }
+    atomic_store(&cm_cap_pool[slot], NULL);
+    cm_cap_pyref[slot] = NULL;
+    cm_cap_ctx[slot] = NULL;
+    atomic_store(&cm_cap_handle[slot], 0);
+    return pool;
+}
+
+void
+cm_capture_forget_stream(CUstream h)
+{
+    CUgraph g = NULL;
+    int slot;
+
+    if (!cm_capture_any() || (slot = cm_cap_find(h)) < 0) {
+        return;
+    }
+    /* The stream goes, and its capture with it: ended now, so that the
+     * legacy stream is usable again before the stream's deferred
+     * destruction (a capture ended from another thread stays until
+     * then), and no longer in progress for cudamem's checks. */
+    if (CM_CU_RAW(StreamEndCapture, (h, &g)) == CUDA_SUCCESS && g != NULL) {
+        (void)CM_CU_RAW(GraphDestroy, (g));
+    }
+    Py_XDECREF(cm_cap_forget_slot(slot));
+}
+
+void
+cm_capture_forget_ctx(cm_context *ctx)
+{
+    int slot;
+
+    if (!cm_capture_any()) {
+        return;
+    }
+    for (slot = 0; slot < CM_CAP_SLOTS; slot++) {
+        if (atomic_load(&cm_cap_handle[slot]) != 0
+            && cm_cap_ctx[slot] == ctx) {
+            Py_XDECREF(cm_cap_forget_slot(slot));
+        }
+    }
 }
 
 /* The C graph pool of a cudamem.GraphPool (its _capsule), checked to be
@@ -260,7 +331,9 @@ cm_begin_capture_run(cm_stream *s, int mode, PyObject *pool)
         return NULL;
     }
     cm_cap_pyref[slot] = pool;
-    cm_cap_thread_pool = gp;
+    cm_cap_ctx[slot] = s->ctx;
+    cm_cap_thread_slot = slot;
+    cm_cap_thread_gen = atomic_fetch_add(&cm_cap_gen[slot], 1) + 1;
     cm_cap_mode[slot] = mode;
     atomic_fetch_add(&cm_cap_count, 1);
     if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
@@ -312,17 +385,7 @@ cm_end_capture_run(cm_stream *s, PyObject **pool)
     rc = CM_CU_RAW(StreamEndCapture, (s->handle, &g));
     if (slot >= 0 && rc != CUDA_ERROR_ILLEGAL_STATE
         && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
-        if (cm_cap_mode[slot] == CU_STREAM_CAPTURE_MODE_GLOBAL) {
-            atomic_fetch_sub(&cm_cap_global, 1);
-        }
-        atomic_fetch_sub(&cm_cap_count, 1);
-        if (cm_cap_thread_pool == atomic_load(&cm_cap_pool[slot])) {
-            cm_cap_thread_pool = NULL;
-        }
-        atomic_store(&cm_cap_pool[slot], NULL);
-        atomic_store(&cm_cap_handle[slot], 0);
-        *pool = cm_cap_pyref[slot];
-        cm_cap_pyref[slot] = NULL;
+        *pool = cm_cap_forget_slot(slot);
     }
     if (rc == CUDA_ERROR_ILLEGAL_STATE && slot < 0) {
         PyErr_Format(PyExc_RuntimeError,

@@ -104,6 +104,10 @@ cm_stream_dealloc(PyObject *self)
     if (s->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
+    if (s->kind == CM_STREAM_USER) {
+        /* A capture in progress ends with its stream. */
+        cm_capture_forget_stream(s->handle);
+    }
     /* An idle stream is kept for reuse, else destroyed.  Reported
      * against the type: self, at refcount 0, must not reach the
      * unraisable hook, which would take and drop a reference. */

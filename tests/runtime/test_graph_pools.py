@@ -465,3 +465,51 @@ def test_torch_captures_with_memory_from_cudamem(mgr):
         print(json.dumps(res))
     """, mgr)
     assert out == {"ok": True, "overlap": False}
+
+
+def test_a_capturing_stream_dropped_ends_its_capture(mctx):
+    flush(mctx)
+    before = reserved()
+    h = cudamem.pinned_array(4, np.float32)
+    s = cudamem.stream()
+    s.begin_capture()
+    a = cudamem.device_array(1 << 20, np.uint8, stream=s)
+    d = cudamem.device_array(4, np.float32, stream=s)
+    d.copy_to_device(h, stream=s)
+    # The arrays used on the stream hold it: they go first.
+    del s, a, d
+    flush(mctx)
+    assert _core._capture_counts() == (0, 0)
+    assert reserved() == before                          # its pool went
+    h[:] = 7
+    np.testing.assert_array_equal(cudamem.to_device(h).copy_to_host(), h)
+
+
+def test_closing_a_context_while_it_captures():
+    r = run_child("""
+        import gc
+        import numpy as np, cudamem
+        from cudamem import _core
+        for mgr in ("default", "pool", "async"):
+            cudamem.set_memory_manager(mgr)
+            s = cudamem.stream()
+            s.begin_capture()
+            a = cudamem.device_array(1000, np.float32, stream=s)
+            try:
+                with cudamem.graph() as g:
+                    b = cudamem.device_array(10, np.float32,
+                                             stream=g.stream)
+                    cudamem.close()
+            except ValueError as e:             # its end: context gone
+                assert "closed" in str(e), e
+            else:
+                raise SystemExit("no ValueError")
+            assert _core._capture_counts() == (0, 0), _core._capture_counts()
+            del a, b, s
+            gc.collect()
+            d = cudamem.to_device(np.arange(4.0))
+            assert (d.copy_to_host() == np.arange(4.0)).all()
+            cudamem.close()
+        print("ok")
+    """, check=False)
+    assert r.stdout.strip().endswith("ok"), r.stdout + r.stderr
