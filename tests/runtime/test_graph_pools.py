@@ -190,6 +190,7 @@ def test_bad_pool_arguments(ctx):
     assert "GraphPool" in repr(p)
 
 
+@pytest.mark.ahead
 def test_pool_of_a_closed_context():
     # Graph pools of a context that is closed: their memory goes with the
     # context; the objects still held let go of it without a driver call.
@@ -485,6 +486,7 @@ def test_a_capturing_stream_dropped_ends_its_capture(mctx):
     np.testing.assert_array_equal(cudamem.to_device(h).copy_to_host(), h)
 
 
+@pytest.mark.ahead
 def test_closing_a_context_while_it_captures():
     r = run_child("""
         import gc
