@@ -192,6 +192,8 @@ again:
     c->oom_collect_ns = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
     c->n_stream_cache = 0;
+    c->sync_begun = 0;
+    c->sync_done = 0;
     c->weakreflist = NULL;
     PyObject_GC_Track(c);
     if (cm_ctx_up.ctx_init_memory(c) < 0) {
@@ -697,6 +699,8 @@ cm_context_release_device(int i)
     cm_ctx_up.hostmem_context_restore(c);
     cm_ctx_dying_clear(i);
     cm_resetting[i] = 0;
+    /* Its captures went with it. */
+    cm_capture_context_gone(c->gen);
     Py_DECREF(c);
     return err;
 }
@@ -806,6 +810,7 @@ cm_context_synchronize(PyObject *self, PyObject *unused)
 {
     cm_context *c = (cm_context *)self;
     CUcontext prev;
+    unsigned long ticket;
     int err;
 
     (void)unused;
@@ -813,11 +818,13 @@ cm_context_synchronize(PyObject *self, PyObject *unused)
         || cm_context_enter(c, &prev) < 0) {
         return NULL;
     }
+    ticket = cm_ctx_sync_begin(c);
     CM_CU_NOGIL(err, CtxSynchronize, ());
     cm_context_leave(c, prev);
     if (err < 0) {
         return NULL;
     }
+    cm_ctx_sync_end(c, ticket);
     Py_RETURN_NONE;
 }
 
