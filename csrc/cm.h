@@ -745,6 +745,12 @@ typedef struct {
      * (the streams destroyed) by close, reset and at exit */
     cm_stream_slot stream_cache[CM_STREAM_CACHE_MAX];
     int n_stream_cache;   /* used entries of stream_cache */
+    /* Tickets of the context-wide synchronisations cudamem made
+     * (cuCtxSynchronize): how many began, and the latest that finished
+     * (context/context.h, cm_ctx_sync_*).  Atomic: read without the GIL
+     * by the release queue's flush. */
+    unsigned long sync_begun;
+    unsigned long sync_done;
     PyObject *weakreflist;
 } cm_context;
 
@@ -947,6 +953,7 @@ typedef struct {
     int (*limit_device_init)(int dev, size_t total);
     int (*ctx_init_memory)(cm_context *ctx);
     int (*ctx_flush)(cm_context *ctx);
+    int (*ctx_flush_held)(cm_context *ctx);
     int (*pending_hold)(cm_pending *q, int depth);
     void (*ctx_release)(cm_context *ctx, int kind, uintptr_t handle,
                         size_t size);

@@ -2,10 +2,18 @@
 /*
  * array/assign.c: assignment into device arrays: host values of
  * asynchronous assignments, kept alive until the copy has run.
+ *
+ * Locking: the GIL guards the table of page-locked buffers; a slot being
+ * filled, or taken and not yet queued, is marked busy, since the driver
+ * calls between may let go of the GIL.  While a CUDA graph capture
+ * forbids this thread the event query (cm_capture_restricted), a buffer
+ * is reused only if a context-wide synchronize tells it is free, and no
+ * buffer is made.
  */
 #include "array/devicearray.h"
 
 #include <numpy/arrayscalars.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,6 +33,7 @@ typedef struct {
     CUdeviceptr dptr;     /* its address on the device */
     size_t cap;           /* bytes */
     CUevent ev;           /* recorded after the last copy from buf */
+    unsigned long mark;   /* cm_ctx_sync_mark after ev's record */
 } cm_hostval;
 
 /* The slots, a fixed table: the GIL may be released in the middle of a
@@ -79,7 +88,10 @@ cm_hostval_fill(cm_context *ctx, int i, size_t n)
 /* A page-locked buffer of at least n bytes of ctx (current) that no
  * queued copy reads any more, holding a copy of data: its slot index,
  * marked busy until cm_hostval_queued, or -1 when none can be had (the
- * caller then copies synchronously; no exception is set). */
+ * caller then copies synchronously; no exception is set).  While a
+ * capture forbids this thread the event query and the allocation, only
+ * a buffer that a context-wide synchronize since its last use tells is
+ * free. */
 static int
 cm_hostval_take(cm_context *ctx, const void *data, size_t n)
 {
@@ -91,6 +103,7 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
     unsigned long use;
     unsigned long spare_use = 0;
     CUresult rc;
+    int restricted = cm_capture_restricted();
 
     if (n > CM_HV_MAX || cm_forked) {
         return -1;
@@ -115,6 +128,14 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         if (v->gen != ctx->gen) {
             continue;
         }
+        if (restricted) {
+            if (v->cap >= n && cm_ctx_synced_since(ctx, v->mark)) {
+                v->busy = 1;
+                v->uses++;
+                goto found;
+            }
+            continue;
+        }
         use = v->uses;
         rc = CM_CU_RAW(EventQuery, (v->ev));
         /* The GIL may have been released: another thread may have taken
@@ -131,6 +152,9 @@ cm_hostval_take(cm_context *ctx, const void *data, size_t n)
         }
         spare = i;
         spare_use = use;
+    }
+    if (restricted) {
+        return -1;         /* a new buffer would be an allocation */
     }
     if (empty >= 0 && (cm_hv[empty].busy || cm_hv[empty].gen != 0)) {
         empty = -1;        /* another thread took it meanwhile */
@@ -176,11 +200,11 @@ found:
     return i;
 }
 
-/* The copies from slot i are queued on h: it is reusable once they ran,
- * and free for another take now.  0, or -1 with an exception (then the
- * stream is waited for). */
+/* The copies from slot i are queued on h (of ctx): it is reusable once
+ * they ran, and free for another take now.  0, or -1 with an exception
+ * (then the stream is waited for). */
 static int
-cm_hostval_queued(int i, CUstream h)
+cm_hostval_queued(const cm_context *ctx, int i, CUstream h)
 {
     if (CM_CU(EventRecord, (cm_hv[i].ev, h)) < 0) {
         PyObject *exc = PyErr_GetRaisedException();
@@ -191,6 +215,10 @@ cm_hostval_queued(int i, CUstream h)
         cm_hv[i].busy = 0;
         return -1;
     }
+    /* Recorded in a capture, the event never answers and a graph reads
+     * the buffer at each launch: no synchronize tells it free either. */
+    cm_hv[i].mark = cm_capture_stream_known(h) ? ULONG_MAX
+                                               : cm_ctx_sync_mark(ctx);
     cm_hv[i].busy = 0;
     return 0;
 }
@@ -218,7 +246,7 @@ cm_assign_broadcast(const cm_view *lhs, PyArrayObject *host,
         if (slot >= 0) {
             rc = cm_assign_by_kernel(lhs, t, cm_hv[slot].dptr, rstrides, t,
                                      h, async);
-            if (cm_hostval_queued(slot, h) < 0) {
+            if (cm_hostval_queued(ctx, slot, h) < 0) {
                 rc = -1;
             }
             return rc;
@@ -461,7 +489,7 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
         if (slot >= 0) {
             rv.addr = (uintptr_t)cm_hv[slot].buf;
             rc = cm_copy(lhs, &rv, h, async);
-            if (cm_hostval_queued(slot, h) < 0) {
+            if (cm_hostval_queued(ctx, slot, h) < 0) {
                 rc = -1;
             }
             goto out_host;

@@ -145,8 +145,10 @@ static int cm_stream_cache_cap = CM_STREAM_CACHE_MAX;
 /* Keep the handle of s (a stream cudamem made, being deallocated) on its
  * context's list if it is idle and there is room: 1 if kept, 0 if the
  * caller must release it.  Not on a driver callback thread (the driver
- * forbids the query there), in a dead context, a forked child or once
- * the exit hook ran.  GIL held; never blocks, never raises. */
+ * forbids the query there), while a capture forbids this thread the
+ * query (the stream goes the deferred way), in a dead context, a forked
+ * child or once the exit hook ran.  GIL held; never blocks, never
+ * raises. */
 int
 cm_stream_cache_put(cm_stream *s)
 {
@@ -162,7 +164,8 @@ cm_stream_cache_put(cm_stream *s)
      * stream is destroyed instead). */
     if (ctx->n_stream_cache >= cm_stream_cache_cap || !ctx->alive
         || cm_forked || __atomic_load_n(&cm_exiting, __ATOMIC_SEQ_CST)
-        || cm_on_driver_thread() || cm_gil_yield_needed()) {
+        || cm_on_driver_thread() || cm_gil_yield_needed()
+        || cm_capture_restricted()) {
         return 0;
     }
     if (CM_CU_RAW_HELD(CtxGetCurrent, (&cur)) != CUDA_SUCCESS

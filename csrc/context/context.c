@@ -192,6 +192,8 @@ again:
     c->oom_collect_ns = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
     c->n_stream_cache = 0;
+    c->sync_begun = 0;
+    c->sync_done = 0;
     c->weakreflist = NULL;
     PyObject_GC_Track(c);
     if (cm_ctx_up.ctx_init_memory(c) < 0) {
@@ -666,7 +668,6 @@ cm_context_release_device(int i)
     }
     cm_ctx_up.ipc_context_closing(c);
     cm_ctx_up.interop_context_closing(c);
-    cm_capture_forget_ctx(c);
     cm_ctx_up.graph_pools_closing(c);
     if (c->mm_builtin->destroy != NULL) {
         c->mm_builtin->destroy(c);
@@ -699,6 +700,8 @@ cm_context_release_device(int i)
     cm_ctx_up.hostmem_context_restore(c);
     cm_ctx_dying_clear(i);
     cm_resetting[i] = 0;
+    /* Its captures went with it. */
+    cm_capture_context_gone(c->gen);
     Py_DECREF(c);
     return err;
 }
@@ -808,6 +811,7 @@ cm_context_synchronize(PyObject *self, PyObject *unused)
 {
     cm_context *c = (cm_context *)self;
     CUcontext prev;
+    unsigned long ticket;
     int err;
 
     (void)unused;
@@ -815,11 +819,13 @@ cm_context_synchronize(PyObject *self, PyObject *unused)
         || cm_context_enter(c, &prev) < 0) {
         return NULL;
     }
+    ticket = cm_ctx_sync_begin(c);
     CM_CU_NOGIL(err, CtxSynchronize, ());
     cm_context_leave(c, prev);
     if (err < 0) {
         return NULL;
     }
+    cm_ctx_sync_end(c, ticket);
     Py_RETURN_NONE;
 }
 

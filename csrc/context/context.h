@@ -143,12 +143,63 @@ int cm_capture_any(void);
  * lock: call it only while cm_capture_any(). */
 void *cm_capture_pool(CUstream h);
 
-/* Cudamem's stream h is going (GIL): a capture of it is no longer in
- * progress (the driver ends it with the stream). */
-void cm_capture_forget_stream(CUstream h);
+/* Whether the calling thread may not make a potentially unsafe call (a
+ * query of an ordinary event or of a stream that does not capture, a
+ * free, an allocation, a synchronisation) because of the captures
+ * cudamem began: one in global mode on any thread, or one in global or
+ * thread-local mode on this thread.  The driver would refuse the call
+ * and invalidate those captures; cudamem's background work waits, or
+ * goes another way, instead.  No driver call: a relaxed atomic load and
+ * a thread-local one when nothing captures.  Any thread, with or
+ * without the GIL. */
+int cm_capture_restricted(void);
 
-/* ctx is being closed (GIL): the captures of its streams end with it. */
-void cm_capture_forget_ctx(cm_context *ctx);
+/* Whether cudamem began a capture on stream h that is in progress: an
+ * event recorded on h would be captured, and a query of h refused.  No
+ * driver call.  Any thread. */
+int cm_capture_stream_known(CUstream h);
+
+/* Stream h of ctx, a stream() of cudamem's, is being dropped and its
+ * destroy was queued: if it captures, that capture is ended in the
+ * driver (its graph discarded) and forgotten, and ctx's queues run
+ * unless another capture forbids it.  1 if it captured, else 0.  GIL
+ * held; never raises. */
+int cm_capture_stream_gone(cm_context *ctx, CUstream h);
+
+/* The context of gen is gone (closed or reset): so are its captures,
+ * which cudamem forgets.  GIL held; never raises. */
+void cm_capture_context_gone(unsigned long gen);
+
+/* Context-wide synchronisations as tickets, so that work known finished
+ * needs no query (a capture may forbid one): a synchronize of ctx takes
+ * a ticket before cuCtxSynchronize (GIL held) and hands it in once that
+ * succeeded.  Work queued on ctx before cm_ctx_sync_mark (read after the
+ * queuing call returned) is done once cm_ctx_synced_since that mark. */
+static inline unsigned long
+cm_ctx_sync_begin(cm_context *ctx)
+{
+    return __atomic_add_fetch(&ctx->sync_begun, 1, __ATOMIC_RELAXED);
+}
+
+static inline void
+cm_ctx_sync_end(cm_context *ctx, unsigned long ticket)
+{
+    if (ticket > __atomic_load_n(&ctx->sync_done, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&ctx->sync_done, ticket, __ATOMIC_RELEASE);
+    }
+}
+
+static inline unsigned long
+cm_ctx_sync_mark(const cm_context *ctx)
+{
+    return __atomic_load_n(&ctx->sync_begun, __ATOMIC_RELAXED);
+}
+
+static inline int
+cm_ctx_synced_since(const cm_context *ctx, unsigned long mark)
+{
+    return __atomic_load_n(&ctx->sync_done, __ATOMIC_ACQUIRE) > mark;
+}
 
 /* Work on the legacy default stream that must happen now: refused while
  * a global-mode capture cudamem began is in progress.  No driver call. */

@@ -239,15 +239,25 @@ PyDoc_STRVAR(cm_synchronize_doc,
 static PyObject *
 cm_synchronize_fn(PyObject *mod, PyObject *unused)
 {
+    cm_context *c;
+    unsigned long ticket;
     int err;
 
     (void)mod;
     (void)unused;
     if (cm_capture_refuse_ctx("cudamem.synchronize()") < 0
-        || cm_context_current() == NULL) {
+        || (c = cm_context_current()) == NULL) {
         return NULL;
     }
+    /* Held: a close on another thread while the GIL is released may
+     * drop the registry's reference. */
+    Py_INCREF(c);
+    ticket = cm_ctx_sync_begin(c);
     CM_CU_NOGIL(err, CtxSynchronize, ());
+    if (err == 0) {
+        cm_ctx_sync_end(c, ticket);
+    }
+    Py_DECREF(c);
     if (err < 0) {
         return NULL;
     }

@@ -8,9 +8,18 @@
  * private functions the Python Graph class (cudamem/graphs.py) calls,
  * and the checks that refuse, with StreamCaptureError and before any
  * driver call, work that must happen now on a capturing stream
- * (docs/design.md, "Capture-aware synchronous work").  Every function
- * runs with the GIL held; the atomics make the record safe to read from
- * any thread.
+ * (docs/design.md, "Capture-aware synchronous work").  It also says
+ * what cudamem's background work may do meanwhile, without a driver
+ * call: cm_capture_restricted (whether the calling thread may make a
+ * potentially unsafe call: a query of an ordinary event or stream, a
+ * free, a synchronisation) and cm_capture_stream_known; and when the
+ * last capture ends, it runs the releases the captures held back.
+ *
+ * Locking: a capture is recorded and forgotten with the GIL held; the
+ * atomics make the record safe to read from any thread, with or without
+ * the GIL (the release queue's flush reads it without).  Which thread
+ * began a capture is kept per slot, and a count of its own in a
+ * thread-local variable.
  */
 #include "cm.h"
 #include "context/stream.h"
@@ -38,19 +47,30 @@ static void *_Atomic cm_cap_pool[CM_CAP_SLOTS];
 
 static PyObject *cm_cap_pyref[CM_CAP_SLOTS];
 
-/* Their streams' contexts (borrowed; GIL), and how many times each slot
- * was taken (atomic), which tells a capture from a later one in the same
- * slot. */
-static cm_context *cm_cap_ctx[CM_CAP_SLOTS];
-
-static atomic_uint cm_cap_gen[CM_CAP_SLOTS];
+/* How many times each slot was taken, which tells a capture from a
+ * later one in the same slot. */
+static atomic_uint cm_cap_use[CM_CAP_SLOTS];
 
 /* The newest capture this thread began and has not ended, as its slot
  * and that slot's generation (-1: none): allocations for the default
  * stream on this thread go to its graph pool while it is in progress. */
 static _Thread_local int cm_cap_thread_slot = -1;
 
-static _Thread_local unsigned cm_cap_thread_gen;
+static _Thread_local unsigned cm_cap_thread_use;
+/* The thread that began each one (the address of its cm_cap_mine; 0 for
+ * a relaxed capture, which restricts no thread), and its context's gen. */
+static _Atomic(uintptr_t) cm_cap_owner[CM_CAP_SLOTS];
+
+static unsigned long cm_cap_gen[CM_CAP_SLOTS];
+
+/* The captures in global or thread-local mode this thread began and
+ * cudamem has not forgotten, as far as this thread knows (one forgotten
+ * by another thread, its stream dropped there, is found by a scan). */
+static _Thread_local int cm_cap_mine;
+
+static void cm_cap_count_in(int slot, cm_stream *s);
+static PyObject *cm_cap_forget(int slot);
+static void cm_capture_release_held(void);
 
 static const char *const cm_cap_mode_names[] = {
     "global", "thread_local", "relaxed"
@@ -84,69 +104,13 @@ cm_capture_pool(CUstream h)
     if (cm_stream_handle_is_default(h)) {
         i = cm_cap_thread_slot;
         if (i < 0 || atomic_load(&cm_cap_handle[i]) == 0
-            || atomic_load(&cm_cap_gen[i]) != cm_cap_thread_gen) {
+            || atomic_load(&cm_cap_use[i]) != cm_cap_thread_use) {
             return NULL;
         }
         return atomic_load(&cm_cap_pool[i]);
     }
     i = cm_cap_find(h);
     return i < 0 ? NULL : atomic_load(&cm_cap_pool[i]);
-}
-
-/* Forget the capture of slot (GIL): the record's counts, its pool and
- * handle; the Python GraphPool it held (a new reference, or NULL). */
-static PyObject *
-cm_cap_forget_slot(int slot)
-{
-    PyObject *pool = cm_cap_pyref[slot];
-
-    if (cm_cap_mode[slot] == CU_STREAM_CAPTURE_MODE_GLOBAL) {
-        atomic_fetch_sub(&cm_cap_global, 1);
-    }
-    atomic_fetch_sub(&cm_cap_count, 1);
-    if (cm_cap_thread_slot == slot) {
-        cm_cap_thread_slot = -1;
-    }
-    atomic_store(&cm_cap_pool[slot], NULL);
-    cm_cap_pyref[slot] = NULL;
-    cm_cap_ctx[slot] = NULL;
-    atomic_store(&cm_cap_handle[slot], 0);
-    return pool;
-}
-
-void
-cm_capture_forget_stream(CUstream h)
-{
-    CUgraph g = NULL;
-    int slot;
-
-    if (!cm_capture_any() || (slot = cm_cap_find(h)) < 0) {
-        return;
-    }
-    /* The stream goes, and its capture with it: ended now, so that the
-     * legacy stream is usable again before the stream's deferred
-     * destruction (a capture ended from another thread stays until
-     * then), and no longer in progress for cudamem's checks. */
-    if (CM_CU_RAW(StreamEndCapture, (h, &g)) == CUDA_SUCCESS && g != NULL) {
-        (void)CM_CU_RAW(GraphDestroy, (g));
-    }
-    Py_XDECREF(cm_cap_forget_slot(slot));
-}
-
-void
-cm_capture_forget_ctx(cm_context *ctx)
-{
-    int slot;
-
-    if (!cm_capture_any()) {
-        return;
-    }
-    for (slot = 0; slot < CM_CAP_SLOTS; slot++) {
-        if (atomic_load(&cm_cap_handle[slot]) != 0
-            && cm_cap_ctx[slot] == ctx) {
-            Py_XDECREF(cm_cap_forget_slot(slot));
-        }
-    }
 }
 
 /* The C graph pool of a cudamem.GraphPool (its _capsule), checked to be
@@ -323,21 +287,18 @@ cm_begin_capture_run(cm_stream *s, int mode, PyObject *pool)
         return NULL;
     }
     atomic_store(&cm_cap_pool[slot], gp);
+    cm_cap_pyref[slot] = pool;
+    cm_cap_thread_slot = slot;
+    cm_cap_thread_use = atomic_fetch_add(&cm_cap_use[slot], 1) + 1;
+    /* Counted before the driver begins it: background work that reads
+     * the counts from then on makes no call the capture forbids. */
+    cm_cap_mode[slot] = mode;
+    cm_cap_count_in(slot, s);
     if (CM_CU(StreamBeginCapture, (s->handle, (CUstreamCaptureMode)mode))
         < 0) {
-        atomic_store(&cm_cap_pool[slot], NULL);
-        atomic_store(&cm_cap_handle[slot], 0);
-        Py_DECREF(pool);
+        Py_XDECREF(cm_cap_forget(slot));
+        cm_capture_release_held();
         return NULL;
-    }
-    cm_cap_pyref[slot] = pool;
-    cm_cap_ctx[slot] = s->ctx;
-    cm_cap_thread_slot = slot;
-    cm_cap_thread_gen = atomic_fetch_add(&cm_cap_gen[slot], 1) + 1;
-    cm_cap_mode[slot] = mode;
-    atomic_fetch_add(&cm_cap_count, 1);
-    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
-        atomic_fetch_add(&cm_cap_global, 1);
     }
     Py_RETURN_NONE;
 }
@@ -385,7 +346,8 @@ cm_end_capture_run(cm_stream *s, PyObject **pool)
     rc = CM_CU_RAW(StreamEndCapture, (s->handle, &g));
     if (slot >= 0 && rc != CUDA_ERROR_ILLEGAL_STATE
         && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
-        *pool = cm_cap_forget_slot(slot);
+        *pool = cm_cap_forget(slot);
+        cm_capture_release_held();
     }
     if (rc == CUDA_ERROR_ILLEGAL_STATE && slot < 0) {
         PyErr_Format(PyExc_RuntimeError,
@@ -603,4 +565,177 @@ cm_capture_counts(PyObject *mod, PyObject *unused)
     (void)unused;
     return Py_BuildValue("ii", atomic_load(&cm_cap_count),
                          atomic_load(&cm_cap_global));
+}
+
+/* ------------------------------------------------------------------ */
+/* What background work may do while captures are in progress          */
+/* ------------------------------------------------------------------ */
+
+/* Count the capture of slot (its handle and mode set) as s's, begun by
+ * this thread. */
+static void
+cm_cap_count_in(int slot, cm_stream *s)
+{
+    int mode = cm_cap_mode[slot];
+
+    cm_cap_gen[slot] = s->ctx->gen;
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+        atomic_store(&cm_cap_owner[slot], (uintptr_t)&cm_cap_mine);
+        cm_cap_mine++;
+    }
+    atomic_fetch_add(&cm_cap_count, 1);
+    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        atomic_fetch_add(&cm_cap_global, 1);
+    }
+}
+
+/* Forget the capture of slot: it ended, failed to begin, or its stream
+ * or context is gone.  The GraphPool it held (a new reference, or NULL).
+ * GIL held. */
+static PyObject *
+cm_cap_forget(int slot)
+{
+    uintptr_t h = atomic_load(&cm_cap_handle[slot]);
+    uintptr_t owner = atomic_load(&cm_cap_owner[slot]);
+    int mode = cm_cap_mode[slot];
+    PyObject *pool = cm_cap_pyref[slot];
+
+    if (h == 0) {
+        return NULL;
+    }
+    atomic_store(&cm_cap_owner[slot], 0);
+    cm_cap_pyref[slot] = NULL;
+    atomic_store(&cm_cap_pool[slot], NULL);
+    if (cm_cap_thread_slot == slot) {
+        cm_cap_thread_slot = -1;
+    }
+    if (!atomic_compare_exchange_strong(&cm_cap_handle[slot], &h, 0)) {
+        return pool;
+    }
+    if (owner == (uintptr_t)&cm_cap_mine && cm_cap_mine > 0) {
+        cm_cap_mine--;
+    }
+    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        atomic_fetch_sub(&cm_cap_global, 1);
+    }
+    atomic_fetch_sub(&cm_cap_count, 1);
+    return pool;
+}
+
+/* Whether a capture this thread began in global or thread-local mode is
+ * still recorded (the slots scanned; cm_cap_mine set to what they say). */
+static int
+cm_cap_mine_check(void)
+{
+    int n = 0;
+    int i;
+
+    if (cm_capture_any()) {
+        for (i = 0; i < CM_CAP_SLOTS; i++) {
+            if (atomic_load_explicit(&cm_cap_owner[i],
+                                     memory_order_relaxed)
+                == (uintptr_t)&cm_cap_mine) {
+                n++;
+            }
+        }
+    }
+    cm_cap_mine = n;
+    return n != 0;
+}
+
+int
+cm_capture_restricted(void)
+{
+    if (atomic_load_explicit(&cm_cap_global, memory_order_relaxed) != 0) {
+        return 1;
+    }
+    return cm_cap_mine != 0 && cm_cap_mine_check();
+}
+
+int
+cm_capture_stream_known(CUstream h)
+{
+    return cm_capture_any() && !cm_stream_handle_is_default(h)
+           && cm_cap_find(h) >= 0;
+}
+
+/* When no capture cudamem knows of is left: the releases the captures
+ * held back run now, in every live context.  GIL held; never raises. */
+static void
+cm_capture_release_held(void)
+{
+    cm_context *live[CM_MAX_DEVICES];
+    PyObject *exc;
+    int n;
+    int i;
+
+    if (cm_capture_any()) {
+        return;
+    }
+    exc = PyErr_GetRaisedException();
+    /* Graph pools whose retirement waited give their memory back. */
+    cm_ctx_up.graph_pools_tidy();
+    n = cm_context_live(live);
+    for (i = 0; i < n; i++) {
+        if (cm_ctx_up.ctx_flush_held(live[i]) < 0) {
+            PyErr_WriteUnraisable((PyObject *)live[i]);
+        }
+    }
+    PyErr_SetRaisedException(exc);
+}
+
+int
+cm_capture_stream_gone(cm_context *ctx, CUstream h)
+{
+    CUcontext prev;
+    CUgraph g = NULL;
+    int slot;
+
+    if (!cm_capture_stream_known(h)) {
+        return 0;
+    }
+    slot = cm_cap_find(h);
+    if (slot < 0) {
+        return 0;
+    }
+    /* Ended in the driver first, its graph discarded: nobody can end it
+     * any more.  From another thread than the one that began it (not
+     * relaxed) the driver refuses; the queued destroy then takes it. */
+    if (ctx->alive) {
+        if (cm_context_enter(ctx, &prev) == 0) {
+            if (CM_CU_RAW(StreamEndCapture, (h, &g)) == CUDA_SUCCESS
+                && g != NULL) {
+                (void)CM_CU_RAW(GraphDestroy, (g));
+            }
+            cm_context_leave(ctx, prev);
+        }
+        else {
+            PyErr_Clear();
+        }
+    }
+    Py_XDECREF(cm_cap_forget(slot));
+    /* Run the queued destroy, and what waited with it, unless another
+     * capture forbids that. */
+    if (ctx->alive && !cm_capture_restricted()
+        && cm_ctx_up.ctx_flush(ctx) < 0) {
+        PyErr_WriteUnraisable((PyObject *)ctx);
+    }
+    cm_capture_release_held();
+    return 1;
+}
+
+void
+cm_capture_context_gone(unsigned long gen)
+{
+    int i;
+
+    if (!cm_capture_any()) {
+        return;
+    }
+    for (i = 0; i < CM_CAP_SLOTS; i++) {
+        if (atomic_load(&cm_cap_handle[i]) != 0 && cm_cap_gen[i] == gen) {
+            Py_XDECREF(cm_cap_forget(i));
+        }
+    }
+    cm_capture_release_held();
 }

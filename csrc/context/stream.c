@@ -104,17 +104,20 @@ cm_stream_dealloc(PyObject *self)
     if (s->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
-    if (s->kind == CM_STREAM_USER) {
-        /* A capture in progress ends with its stream. */
-        cm_capture_forget_stream(s->handle);
-    }
-    /* An idle stream is kept for reuse, else destroyed.  Reported
-     * against the type: self, at refcount 0, must not reach the
-     * unraisable hook, which would take and drop a reference. */
-    if (s->kind == CM_STREAM_USER && !Py_IsFinalizing()
-        && !cm_stream_cache_put(s)
-        && cm_handle_release(s->ctx, 0, s->handle) < 0) {
-        PyErr_WriteUnraisable((PyObject *)tp);
+    /* An idle stream is kept for reuse, else destroyed; one dropped
+     * while it captures is destroyed, and cudamem forgets its capture.
+     * Reported against the type: self, at refcount 0, must not reach
+     * the unraisable hook, which would take and drop a reference. */
+    if (s->kind == CM_STREAM_USER && !Py_IsFinalizing()) {
+        int capturing = cm_capture_stream_known(s->handle);
+
+        if ((capturing || !cm_stream_cache_put(s))
+            && cm_handle_release(s->ctx, 0, s->handle) < 0) {
+            PyErr_WriteUnraisable((PyObject *)tp);
+        }
+        if (capturing) {
+            (void)cm_capture_stream_gone(s->ctx, s->handle);
+        }
     }
     Py_CLEAR(s->owner);
     Py_CLEAR(s->ctx);
@@ -158,10 +161,11 @@ cm_stream_synchronize_run(PyObject *self, PyObject *unused)
     }
     /* Under contention, a stream that a copy into pageable memory left
      * done costs no hand-over of the GIL (any other answer of the query:
-     * the synchronize tells it). */
+     * the synchronize tells it).  Not while a capture forbids the
+     * query. */
     if (h == cm_done_hint && h != NULL) {
         cm_done_hint = NULL;
-        if (cm_keep_gil_auto_now()
+        if (cm_keep_gil_auto_now() && !cm_capture_restricted()
             && CM_CU_RAW(StreamQuery, (h)) == CUDA_SUCCESS) {
             Py_RETURN_NONE;
         }

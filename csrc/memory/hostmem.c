@@ -34,7 +34,12 @@
  *   streams is not ordered before that event: whoever queued it there
  *   synchronises before dropping the array.  The free blocks are given
  *   back by pinned_pool_trim(), when an allocation runs out of host
- *   memory, and at close().
+ *   memory, and at close().  While a CUDA graph capture cudamem began is
+ *   in progress, a returned block is released through the queue instead
+ *   (the legacy stream may not be used while a blocking stream captures),
+ *   and while the capture forbids this thread the query, a free block is
+ *   reused only if a context-wide synchronize since its event's record
+ *   tells that it completed.
  *
  * Locking: the GIL guards the owners, the pool and the statistics.  The
  * registry has its own lock, taken only with the GIL released; it is held
@@ -138,23 +143,26 @@ cm_hpool_class(size_t size)
     return c < CM_POOL_CLASSES ? c : -1;
 }
 
-/* A free block of class c whose last users have finished, unlinked;
- * NULL if none. */
+/* A free block of class c of ctx's pool p whose last users have
+ * finished, unlinked; NULL if none. */
 static cm_hblock *
-cm_hpool_take(cm_hpool *p, int c)
+cm_hpool_take(const cm_context *ctx, cm_hpool *p, int c)
 {
     cm_hblock **link = &p->free[c];
     /* The walk keeps a pointer into the list: the GIL stays held, and
      * while Python callbacks are in flight no event is asked (a block
-     * whose event is unknown counts as busy). */
+     * whose event is unknown counts as busy); nor while a capture
+     * forbids the query, when only a synchronize can tell. */
     int ask = !cm_gil_yield_needed();
+    int restricted = cm_capture_restricted();
 
     while (*link != NULL) {
         cm_hblock *b = *link;
 
         if (b->ev == NULL
-            || (ask && CM_CU_RAW_HELD(EventQuery, (b->ev))
-                       == CUDA_SUCCESS)) {
+            || (restricted ? cm_ctx_synced_since(ctx, b->mark)
+                : ask && CM_CU_RAW_HELD(EventQuery, (b->ev))
+                         == CUDA_SUCCESS)) {
             *link = b->next;
             b->next = NULL;
             p->free_bytes -= b->size;
@@ -195,8 +203,11 @@ cm_hpool_give(cm_context *ctx, cm_hblock *b)
     }
     p = cm_hpool_of(ctx);
     c = cm_hpool_class(b->size);
+    /* During a capture, the record on the legacy stream would join a
+     * blocking stream's capture (the driver refuses it, invalidating
+     * the capture): released instead. */
     if (p == NULL || c < 0 || cm_on_driver_thread()
-        || p->free_bytes + b->size > cm_hpool_cap) {
+        || p->free_bytes + b->size > cm_hpool_cap || cm_capture_any()) {
         cm_hpool_drop(ctx, p, b);
         return;
     }
@@ -219,6 +230,7 @@ cm_hpool_give(cm_context *ctx, cm_hblock *b)
     }
     if (rc == CUDA_SUCCESS) {
         rc = CM_CU_RAW(EventRecord, (b->ev, CU_STREAM_LEGACY));
+        b->mark = cm_ctx_sync_mark(ctx);
     }
     cm_ctx_leave(pushed);
     if (rc == CUDA_SUCCESS && !ctx->alive) {
@@ -306,7 +318,9 @@ cm_hpool_trim(cm_context *ctx)
 static int
 cm_make_room(cm_context *ctx)
 {
-    if (cm_hpool_trim(ctx) < 0 || cm_pending_flush(ctx->memq) < 0) {
+    /* The pool's blocks are not freed while a capture forbids it. */
+    if ((!cm_capture_restricted() && cm_hpool_trim(ctx) < 0)
+        || cm_pending_flush(ctx->memq) < 0) {
         return -1;
     }
     if (ctx->st_pinned == 0) {
@@ -664,7 +678,7 @@ cm_hm_alloc_default(cm_hostmem *m)
         int c = cm_hpool_class(m->size);
 
         if (p != NULL && c >= 0) {
-            cm_hblock *b = cm_hpool_take(p, c);
+            cm_hblock *b = cm_hpool_take(ctx, p, c);
 
             if (b != NULL) {
                 p->hits++;
@@ -692,6 +706,7 @@ cm_hm_alloc_default(cm_hostmem *m)
                 b->host = (void *)addr;
                 b->size = sz;
                 b->ev = NULL;
+                b->mark = 0;
                 b->next = NULL;
                 p->misses++;
                 p->reserved += sz;

@@ -28,6 +28,7 @@ typedef struct cm_hblock {
     void *host;               /* cuMemHostAlloc address */
     size_t size;              /* the class size, bytes */
     CUevent ev;               /* recorded when returned; NULL until then */
+    unsigned long mark;       /* cm_ctx_sync_mark after ev's record */
     struct cm_hblock *next;   /* free list link */
 } cm_hblock;
 

@@ -19,8 +19,10 @@
  *   pointer object the plugin hands out, whose callback uncounts it.
  * - the out-of-memory policy every allocation path applies before its
  *   one retry (cm_oom_recover: flush, trim, and collect garbage only
- *   where a collection could make room), and the error it raises at
- *   last, with its snapshot (cm_raise_oom_at).
+ *   where a collection could make room; while a CUDA graph capture
+ *   cudamem began is in progress, no trim and only the frees the capture
+ *   allows), and the error it raises at last, with its snapshot
+ *   (cm_raise_oom_at).
  *
  * Locking: the limits and the counts are atomic, read and written with
  * or without the GIL (the pool's segments and the async manager's
@@ -297,9 +299,13 @@ cm_raise_oom_at(cm_context *ctx, CUresult rc, size_t size, const char *fn,
         "Call to %s results in CUDA_ERROR_OUT_OF_MEMORY: %zu bytes "
         "requested, %zu of %zu bytes free %s, %zu bytes in "
         "pending frees, %zu bytes held in pools (%zu of them free), "
-        "largest free pooled block %s%s",
+        "largest free pooled block %s%s%s",
         fn, size, free_b, total_b, wbuf, pending,
-        reserved, pool_free, lbuf, mbuf);
+        reserved, pool_free, lbuf, mbuf,
+        cm_capture_any()
+            ? "; a CUDA graph capture is in progress, so cudamem neither "
+              "synchronised nor gave cached memory back to make room"
+            : "");
     if (msg == NULL
         || PyObject_SetAttrString(exc, "msg", msg) < 0
         || cm_set_attr_steal(exc, "requested", PyLong_FromSize_t(size)) < 0
@@ -426,11 +432,16 @@ cm_limit_refuses(cm_context *ctx, size_t size)
     return size > lim || used > lim - size;
 }
 
-/* Run the pending frees and trim the pools; 0 or -1. */
+/* Run the pending frees and trim the pools; 0 or -1.  While a capture
+ * cudamem began is in progress the trim, which synchronises the context,
+ * is not made (the driver would refuse it and invalidate the capture),
+ * and the frees run only where the capture allows them (the queue holds
+ * them back otherwise). */
 static int
 cm_oom_make_room(cm_context *ctx)
 {
-    if (cm_pending_flush(ctx->memq) < 0 || ctx->mm_builtin->trim(ctx) < 0) {
+    if (cm_pending_flush(ctx->memq) < 0
+        || (!cm_capture_any() && ctx->mm_builtin->trim(ctx) < 0)) {
         return -1;
     }
     return 0;

@@ -28,7 +28,11 @@
  * entries out of the queue first and runs the driver calls with the GIL
  * released, so other threads may queue more meanwhile.  No flush runs on
  * a driver callback thread (the driver forbids API calls there): entries
- * simply wait for the next flush.
+ * simply wait for the next flush.  Nor while a CUDA graph capture
+ * cudamem began forbids this thread the frees (cm_capture_restricted),
+ * or, for the releases that synchronise the context, while any capture
+ * is in progress: the entries stay queued, the queue is marked held, and
+ * the end of the last capture flushes it (cm_ctx_flush_held).
  */
 #include "memory/memory.h"
 #include "memory/graph/gpool.h"
@@ -62,6 +66,8 @@ struct cm_pending {
     size_t bytes;         /* sum of sizes */
     int disabled;         /* defer_cleanup() nesting depth */
     int has_byte_limit;   /* memory queues flush on bytes too */
+    int held;             /* a flush left entries queued because a
+                           * capture forbade them (cm_rel_waits) */
 };
 
 static const char *
@@ -128,6 +134,21 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
     }
 }
 
+/* Whether release it must wait for now: any, while a capture forbids
+ * this thread the potentially unsafe calls; one that synchronises the
+ * context, while any capture is in progress (the driver refuses a
+ * context's synchronisation while one of its streams captures).  No
+ * driver call, no GIL needed. */
+static int
+cm_rel_waits(const cm_pending_item *it)
+{
+    if (cm_capture_restricted()) {
+        return 1;
+    }
+    return (it->kind == CM_REL_POOL_SYNC || it->kind == CM_REL_ASYNC_SYNC)
+           && cm_capture_any();
+}
+
 /* Let go of queued releases that will never run (their context is gone):
  * only the records of C state need it. */
 static void
@@ -157,7 +178,9 @@ cm_pending_over(cm_pending *q)
 
 /* Run every queued release, oldest first, unless disabled.  On an error
  * the failing entry is dropped, the rest stay queued, and the error is
- * raised (-1).  0 when done or nothing to do. */
+ * raised (-1).  0 when done or nothing to do; also when a capture holds
+ * the releases back (cm_rel_waits): from the first that must wait, they
+ * stay queued, in order, and the queue is marked held. */
 int
 cm_pending_flush(cm_pending *q)
 {
@@ -175,12 +198,17 @@ cm_pending_flush(cm_pending *q)
     if (q->disabled || q->n == 0 || cm_on_driver_thread()) {
         return 0;
     }
+    if (q->ctx->alive && !cm_forked && cm_rel_waits(&q->items[0])) {
+        q->held = 1;
+        return 0;
+    }
     items = q->items;
     n = q->n;
     q->items = NULL;
     q->n = 0;
     q->cap = 0;
     q->bytes = 0;
+    q->held = 0;
     if (!q->ctx->alive || cm_forked) {
         cm_pending_drop(items, n);
         PyMem_Free(items);
@@ -193,6 +221,10 @@ cm_pending_flush(cm_pending *q)
         pushed = rc == CUDA_SUCCESS;
     }
     for (i = 0; rc == CUDA_SUCCESS && i < n; i++) {
+        /* Checked at each: a capture may begin meanwhile. */
+        if (cm_rel_waits(&items[i])) {
+            break;
+        }
         rc = cm_rel_run(ctx, &items[i]);
         done = i + 1;
     }
@@ -200,7 +232,7 @@ cm_pending_flush(cm_pending *q)
         (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
     CM_DRIVER_END_NOGIL
-    if (rc == CUDA_SUCCESS) {
+    if (rc == CUDA_SUCCESS && done == n) {
         PyMem_Free(items);
         return 0;
     }
@@ -224,6 +256,12 @@ cm_pending_flush(cm_pending *q)
             q->n += rest;
             q->cap = q->n;
         }
+    }
+    if (rc == CUDA_SUCCESS) {
+        /* Held back from items[done] on. */
+        q->held = 1;
+        PyMem_Free(items);
+        return 0;
     }
     i = done > 0 ? done - 1 : 0;
     cm_raise_cu(rc, cm_rel_fn(items[i].kind));
@@ -321,6 +359,7 @@ cm_pending_new(cm_context *ctx, int has_byte_limit)
     q->bytes = 0;
     q->disabled = 0;
     q->has_byte_limit = has_byte_limit;
+    q->held = 0;
     PyObject_GC_Track(q);
     return q;
 }
@@ -341,7 +380,8 @@ PyDoc_STRVAR(cm_pending_clear_doc,
 "clear($self, /)\n--\n\n"
 "Run every queued release now, oldest first; does nothing inside "
 "defer_cleanup().  If one fails, that error is raised and the entries "
-"after it stay queued.");
+"after it stay queued.  While a CUDA graph capture cudamem began forbids "
+"them, the releases stay queued until it ends.");
 
 static PyObject *
 cm_pending_clear(PyObject *self, PyObject *unused)
@@ -554,6 +594,23 @@ cm_ctx_flush(cm_context *ctx)
     int a = cm_pending_flush(ctx->memq);
     int b = a < 0 ? 0 : cm_pending_flush(ctx->ctxq);
 
+    return (a < 0 || b < 0) ? -1 : 0;
+}
+
+/* Flush those queues of ctx that a capture held back (the last capture
+ * ended); 0, or -1 with the error of a release raised. */
+static int
+cm_ctx_flush_held(cm_context *ctx)
+{
+    int a = 0;
+    int b = 0;
+
+    if (ctx->memq != NULL && ctx->memq->held) {
+        a = cm_pending_flush(ctx->memq);
+    }
+    if (a == 0 && ctx->ctxq != NULL && ctx->ctxq->held) {
+        b = cm_pending_flush(ctx->ctxq);
+    }
     return (a < 0 || b < 0) ? -1 : 0;
 }
 
@@ -852,7 +909,8 @@ cm_mem_alloc_raw(cm_context *ctx, size_t size, CUstream stream,
          * pool grows as it tries) goes back before the snapshot; a
          * failure here leaves the out-of-memory error to report.  A
          * refusal of the limit asked the driver nothing. */
-        if (!cm_limit_refuses(ctx, size) && mm->trim(ctx) < 0) {
+        if (!cm_limit_refuses(ctx, size) && !cm_capture_any()
+            && mm->trim(ctx) < 0) {
             PyErr_Clear();
         }
         cm_raise_oom(ctx, mm, rc, size);
@@ -1507,6 +1565,7 @@ cm_memory_init(PyObject *mod, cm_state *st)
     cm_ctx_up.limit_device_init = cm_limit_device_init;
     cm_ctx_up.ctx_init_memory = cm_ctx_init_memory;
     cm_ctx_up.ctx_flush = cm_ctx_flush;
+    cm_ctx_up.ctx_flush_held = cm_ctx_flush_held;
     cm_ctx_up.pending_hold = cm_pending_hold;
     cm_ctx_up.ctx_release = cm_ctx_release;
     cm_ctx_up.mem_alloc = cm_mem_alloc;

@@ -37,6 +37,15 @@
  *   pool, until the context is closed.
  * - private helpers for tests: raw streams and a host-function gate.
  *
+ * CUDA graph captures cudamem began (context/graph.c): no pool event is
+ * recorded on a stream that captures (it would be a captured event,
+ * which no query can answer): a block freed there is not handed to
+ * another stream before a look after the capture records one.  While a
+ * capture forbids this thread the queries (cm_capture_restricted), an
+ * event counts as completed only when a context-wide synchronize begun
+ * after its record has finished (cm_blk_event_done), and the pending
+ * blocks are not looked at.
+ *
  * Locking: each pool has its own mutex guarding its segments, blocks,
  * bins, events and counters.  It is never held across a Python call, a
  * GIL acquisition or a driver call that can wait (cuMemAlloc, cuMemFree,
@@ -197,6 +206,9 @@ cm_event_on(cm_pool *p, CUstream h)
 {
     CUevent e = NULL;
 
+    if (cm_capture_stream_known(h)) {
+        return NULL;
+    }
     if (p->nevents > 0) {
         e = p->events[--p->nevents];
     }
@@ -230,7 +242,11 @@ void
 cm_event_record(cm_pool *p, cm_blk *b)
 {
     CUevent e = NULL;
+    unsigned long mark;
 
+    if (cm_capture_stream_known((CUstream)b->stream)) {
+        return;
+    }
     if (p->nevents > 0) {
         e = p->events[--p->nevents];
     }
@@ -248,17 +264,36 @@ cm_event_record(cm_pool *p, cm_blk *b)
         b->stream = CM_POOL_STUCK;
         return;
     }
+    mark = cm_ctx_sync_mark(p->ctx);
+    if (mark != p->rec_mark) {
+        p->old_mark = p->rec_mark;
+        p->old_seq = p->seq;
+        p->rec_mark = mark;
+    }
     b->event = e;
     b->seq = ++p->seq;
 }
 
+int
+cm_blk_event_done(cm_pool *p, const cm_blk *b)
+{
+    if (!cm_capture_restricted()) {
+        return CM_CU_RAW(EventQuery, (b->event)) == CUDA_SUCCESS;
+    }
+    /* Every event so far was recorded before the marks' synchronize
+     * began; marks and seqs grow together. */
+    if (cm_ctx_synced_since(p->ctx, p->rec_mark)) {
+        return 1;
+    }
+    return b->seq <= p->old_seq && cm_ctx_synced_since(p->ctx, p->old_mark);
+}
+
 /* Whether free block b may be handed out for stream key s now; may
- * record the event other streams wait for, or find it done. */
+ * record the event other streams wait for, or find it done (while a
+ * capture forbids the query, only if a synchronize tells it). */
 static int
 cm_blk_usable(cm_pool *p, cm_blk *b, uintptr_t s)
 {
-    CUresult rc;
-
     if (b->stream == CM_POOL_ANY || b->stream == s) {
         return 1;
     }
@@ -269,8 +304,7 @@ cm_blk_usable(cm_pool *p, cm_blk *b, uintptr_t s)
         cm_event_record(p, b);
         return 0;
     }
-    rc = CM_CU_RAW(EventQuery, (b->event));
-    if (rc != CUDA_SUCCESS) {
+    if (!cm_blk_event_done(p, b)) {
         return 0;
     }
     cm_event_put(p, b->event);
@@ -555,6 +589,12 @@ cm_pool_put(cm_pool *p, cm_blk *b)
     if ((p->multi_stream || b->record_now) && b->stream != CM_POOL_ANY
         && b->stream != CM_POOL_STUCK && !p->graph) {
         cm_event_record(p, b);
+        if (b->record_now && b->event == NULL) {
+            /* Not recorded (the stream captures), and the stream may go
+             * without notice before a later record: no other stream may
+             * have the block (trim() frees it). */
+            b->stream = CM_POOL_STUCK;
+        }
     }
     b->record_now = 0;
     n = b->next;
@@ -592,7 +632,9 @@ cm_pool_settle(cm_pool *p)
     cm_blk *n;
     int i;
 
-    for (b = p->pending; b != NULL; b = n) {
+    /* Their waits are not queried while a capture forbids it. */
+    for (b = cm_capture_restricted() ? NULL : p->pending; b != NULL;
+         b = n) {
         n = b->fnext;
         for (i = 0; i < b->nwaits; i++) {
             if (CM_CU_RAW(EventQuery, (b->waits[i])) != CUDA_SUCCESS) {
@@ -622,8 +664,7 @@ cm_pool_settle(cm_pool *p)
     }
     for (g = p->segs; g != NULL; g = g->next) {
         for (b = g->first; b != NULL; b = b->next) {
-            if (b->free && b->event != NULL
-                && CM_CU_RAW(EventQuery, (b->event)) == CUDA_SUCCESS) {
+            if (b->free && b->event != NULL && cm_blk_event_done(p, b)) {
                 cm_event_put(p, b->event);
                 b->event = NULL;
                 b->stream = CM_POOL_ANY;

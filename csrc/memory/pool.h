@@ -122,6 +122,14 @@ struct cm_pool {
     CUevent *events;      /* idle events, a stack */
     size_t nevents;       /* used entries */
     size_t capevents;     /* allocated entries */
+    cm_context *ctx;      /* its context (the struct never outlives it) */
+    /* What a context-wide synchronize tells of the blocks' events
+     * (cm_blk_event_done): the synchronize mark (cm_ctx_sync_mark) read
+     * after the latest record, and, at the last change of that mark, the
+     * mark before and the last seq recorded under it. */
+    unsigned long rec_mark;
+    unsigned long old_mark;
+    uint64_t old_seq;
     /* async */
     CUmemoryPool mempool;  /* the pool it allocates from: its own, or the
                             * device's default one */
@@ -194,6 +202,7 @@ cm_pool_lock(cm_pool *p, cm_gil_saved *g)
 {
     g->ts = NULL;
     g->probe = 0;
+    g->epoch = 0;
     if (cm_gil_yield_needed()) {
         cm_gil_drop(g);
     }
@@ -213,14 +222,23 @@ cm_pool_unlock(cm_pool *p, cm_gil_saved *g)
 
 void cm_event_put(cm_pool *p, CUevent e);
 
-/* An idle event recorded on stream h now, or NULL (mutex held). */
+/* An idle event recorded on stream h now, or NULL (mutex held); NULL
+ * when cudamem knows h captures. */
 CUevent cm_event_on(cm_pool *p, CUstream h);
 
 /* Give b's wait events back (mutex held). */
 void cm_blk_drop_waits(cm_pool *p, cm_blk *b);
 
-/* Record an event on stream key s for block b (which has none). */
+/* Record an event on stream key s for block b (which has none); none on
+ * a stream cudamem knows captures (the event would be captured: b waits
+ * for a later look, after the capture). */
 void cm_event_record(cm_pool *p, cm_blk *b);
+
+/* Whether free block b's event has completed: asked of the driver
+ * (cuEventQuery), or, while a capture forbids this thread the query,
+ * known from a context-wide synchronize made since it was recorded
+ * (else taken as not yet). */
+int cm_blk_event_done(cm_pool *p, const cm_blk *b);
 
 /* ------------------------------------------------------------------ */
 /* The pool (mutex held unless noted)                                  */

@@ -111,6 +111,7 @@ cm_pool_make(cm_context *ctx, int kind)
         return -1;
     }
     p->kind = kind;
+    p->ctx = ctx;
     p->limit = cm_default_limit;
     p->first_stream = CM_POOL_ANY;
     p->poison = cm_pool_poison;
@@ -200,6 +201,7 @@ cm_pool_destroy(cm_context *ctx)
          * and never wait for the GIL while they hold it. */
         gd.ts = NULL;
         gd.probe = 0;
+        gd.epoch = 0;
         cm_gil_drop(&gd);
         cm_mu_lock(&p->vmu);
         cm_gil_take(&gd);
@@ -579,7 +581,8 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     }
     *ptr = at;
     *handle = (uintptr_t)b;
-    if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)) {
+    if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)
+        && !cm_capture_restricted()) {
         /* A pass may be due (the idle memory stays past a failure). */
         (void)cm_arena_release(ctx, p, p->keep, 0);
     }
@@ -713,8 +716,10 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
         cm_pool_put(p, b);
     }
     cm_pool_unlock(p, &gd);
-    if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)) {
-        /* Idle memory past the threshold: the quiet part goes back. */
+    if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)
+        && !cm_capture_restricted()) {
+        /* Idle memory past the threshold: the quiet part goes back (not
+         * while a capture forbids the unmapping: a later pass). */
         return cm_arena_release(ctx, p, p->keep, 0);
     }
     return CUDA_SUCCESS;
@@ -736,9 +741,11 @@ cm_blk_add_wait(cm_blk *b, CUevent e)
 
 /* The pool manager's order: record an event on each of the n streams,
  * and on own unless it is a default stream, so that block handle is
- * handed out again only once all of them have completed.  Always
- * CUDA_SUCCESS: a block whose event cannot be recorded is never reused
- * (trim() gives its segment back). */
+ * handed out again only once all of them have completed.  CUDA_SUCCESS:
+ * a block whose event cannot be recorded is never reused (trim() gives
+ * its segment back); CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, nothing
+ * recorded, when one of them is a stream cudamem knows captures (the
+ * caller's release then waits for the context, after the capture). */
 static CUresult
 cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
               const CUstream *streams, int n, CUstream *on)
@@ -756,6 +763,11 @@ cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
     }
     if (p == NULL) {
         return CUDA_SUCCESS;
+    }
+    for (i = 0; cm_capture_any() && i <= n; i++) {
+        if (cm_capture_stream_known(i < n ? streams[i] : own)) {
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
     }
     cm_pool_lock(p, &gd);
     if (p->dead) {

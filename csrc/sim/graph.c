@@ -20,10 +20,17 @@
  * or querying a capturing stream, its context or a captured event; any
  * use of the legacy stream while a blocking stream of its context
  * captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT); potentially unsafe calls
- * (synchronous copies and memsets, allocations, frees, registrations)
- * under the capture modes' rules; ending a capture from another stream,
- * another thread (unless relaxed) or with a joined stream not joined
- * back.  Each invalidates the capture as the driver does, and
+ * (synchronous copies and memsets, allocations, frees, registrations,
+ * and the queries of an ordinary event or of a stream that does not
+ * capture: cuEventQuery, cuStreamQuery) under the capture modes' rules
+ * (sim_capture_unsafe: such a call fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the captures that
+ * forbid it, while the calling thread itself captures in global or
+ * thread-local mode, or another thread captures in global mode and the
+ * calling thread's interaction mode, cuThreadExchangeStreamCaptureMode,
+ * is global; a relaxed thread is never forbidden); ending a capture
+ * from another stream, another thread (unless relaxed) or with a joined
+ * stream not joined back.  Each invalidates the capture as the driver does, and
  * cuStreamEndCapture then answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
  *
  * What it does not model it refuses, never pretends: a pageable-source

@@ -603,7 +603,8 @@ CUresult sim_capture_record(sim_stream *s, sim_op *op, int nranges,
 CUresult sim_capture_legacy(const sim_stream *s, int invalidate);
 
 /* A potentially unsafe call (synchronous copy or memset, allocation,
- * free, registration) on this thread: refused with
+ * free, registration, a query of an ordinary event or of a stream that
+ * does not capture) on this thread: refused with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the captures that
  * forbid it, under the capture modes' rules. */
 CUresult sim_capture_unsafe(void);

@@ -125,6 +125,11 @@ sim_StreamQuery(CUstream hStream)
     if (rc == CUDA_SUCCESS) {
         rc = sim_capture_legacy(s, 1);
     }
+    if (rc == CUDA_SUCCESS) {
+        /* A query of a stream that does not capture: potentially
+         * unsafe, as the driver has it. */
+        rc = sim_capture_unsafe();
+    }
     if (rc == CUDA_SUCCESS && s->completed < s->submitted) {
         rc = CUDA_ERROR_NOT_READY;
     }
@@ -406,6 +411,9 @@ sim_EventQuery(CUevent hEvent)
     }
     else if (sim_event_captured((sim_event *)(void *)hEvent)) {
         rc = sim_capture_event_refuse((sim_event *)(void *)hEvent);
+    }
+    else if ((rc = sim_capture_unsafe()) != CUDA_SUCCESS) {
+        /* A query of an ordinary event: potentially unsafe. */
     }
     else if (!sim_event_done((sim_event *)(void *)hEvent)) {
         rc = CUDA_ERROR_NOT_READY;

@@ -9,9 +9,11 @@
 #include "csim_check.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 
 #define N 256
@@ -298,6 +300,141 @@ test_modes(CUcontext ctx)
     CHECK(m == CU_STREAM_CAPTURE_MODE_RELAXED);
 }
 
+/* Opens the gate gate_wait waits at. */
+static atomic_int gate_open;
+
+static void CUDA_CB
+gate_wait(void *unused)
+{
+    (void)unused;
+    while (!atomic_load(&gate_open)) {
+        usleep(100);
+    }
+}
+
+/* What another thread's queries answered during a capture. */
+typedef struct {
+    CUcontext ctx;
+    CUstreamCaptureMode mine;   /* the thread's interaction mode */
+    CUevent ev;                 /* an ordinary event, to query */
+    CUstream s;                 /* a stream that does not capture */
+    CUresult ev_rc;             /* what its cuEventQuery returned */
+    CUresult s_rc;              /* what its cuStreamQuery returned */
+} query_arg;
+
+static void *
+query_thread(void *p)
+{
+    query_arg *a = p;
+    CUstreamCaptureMode m = a->mine;
+
+    cu.CtxSetCurrent(a->ctx);
+    cu.ThreadExchangeStreamCaptureMode(&m);
+    a->ev_rc = cu.EventQuery(a->ev);
+    a->s_rc = cu.StreamQuery(a->s);
+    return NULL;
+}
+
+static void
+query_in_other_thread(query_arg *a)
+{
+    pthread_t t;
+
+    pthread_create(&t, NULL, query_thread, a);
+    pthread_join(t, NULL);
+}
+
+/* cuEventQuery of an ordinary event and cuStreamQuery of a stream that
+ * does not capture are potentially unsafe calls: another thread's global
+ * capture forbids them (and is invalidated) unless the querying thread is
+ * relaxed; another thread's thread-local capture does not. */
+static void
+test_queries(CUcontext ctx)
+{
+    CUstream cs;
+    CUevent ev;
+    CUgraph g = NULL;
+    query_arg a;
+
+    OK(cu.StreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    OK(cu.EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    OK(cu.MemsetD8Async(dev, 3, N, stream));
+    OK(cu.EventRecord(ev, stream));
+    OK(cu.StreamSynchronize(stream));
+    OK(cu.EventQuery(ev));
+    OK(cu.StreamQuery(stream));
+    /* Another thread's global capture: refused, and invalidated. */
+    memset(&a, 0, sizeof(a));
+    a.ctx = ctx;
+    a.ev = ev;
+    a.s = stream;
+    a.mine = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    query_in_other_thread(&a);
+    CHECK(a.ev_rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK(a.s_rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(cs, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* Each query alone invalidates it. */
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    a.s = cs;      /* the capturing stream: refused whatever the mode */
+    a.ev_rc = CUDA_SUCCESS;
+    query_in_other_thread(&a);
+    CHECK(a.ev_rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(cs, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    a.s = stream;
+    /* The querying thread relaxed: both answer, the capture stays valid. */
+    a.mine = CU_STREAM_CAPTURE_MODE_RELAXED;
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    query_in_other_thread(&a);
+    CHECK(a.ev_rc == CUDA_SUCCESS);
+    CHECK(a.s_rc == CUDA_SUCCESS);
+    OK(cu.MemsetD8Async(dev, 4, N, cs));
+    OK(cu.StreamEndCapture(cs, &g));
+    OK(cu.GraphDestroy(g));
+    /* Work still running reads as not ready, not as a refusal. */
+    atomic_store(&gate_open, 0);
+    OK(cu.LaunchHostFunc(stream, gate_wait, NULL));
+    OK(cu.EventRecord(ev, stream));
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    query_in_other_thread(&a);
+    CHECK(a.ev_rc == CUDA_ERROR_NOT_READY);
+    CHECK(a.s_rc == CUDA_ERROR_NOT_READY);
+    OK(cu.StreamEndCapture(cs, &g));
+    OK(cu.GraphDestroy(g));
+    atomic_store(&gate_open, 1);
+    OK(cu.StreamSynchronize(stream));
+    /* Another thread's thread-local capture does not restrict this
+     * thread, even in the global interaction mode ... */
+    a.mine = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    query_in_other_thread(&a);
+    CHECK(a.ev_rc == CUDA_SUCCESS);
+    CHECK(a.s_rc == CUDA_SUCCESS);
+    OK(cu.StreamEndCapture(cs, &g));
+    OK(cu.GraphDestroy(g));
+    /* ... but it restricts the capturing thread itself. */
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    EXPECT(cu.EventQuery(ev), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(cs, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    EXPECT(cu.StreamQuery(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cu.StreamEndCapture(cs, &g),
+           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* A relaxed capture restricts no one. */
+    OK(cu.StreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_RELAXED));
+    OK(cu.EventQuery(ev));
+    query_in_other_thread(&a);
+    CHECK(a.ev_rc == CUDA_SUCCESS);
+    CHECK(a.s_rc == CUDA_SUCCESS);
+    OK(cu.StreamEndCapture(cs, &g));
+    OK(cu.GraphDestroy(g));
+    OK(cu.EventDestroy(ev));
+    OK(cu.StreamDestroy(cs));
+}
+
 /* A capture whose origin stream is destroyed is discarded. */
 static void
 test_destroy(void)
@@ -334,6 +471,7 @@ main(void)
     test_legacy();
     test_fork_join();
     test_modes(ctx);
+    test_queries(ctx);
     test_destroy();
     OK(cu.MemFreeHost(pin));
     OK(cu.MemFree(dev));

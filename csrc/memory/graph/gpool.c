@@ -161,6 +161,7 @@ cm_gpool_retire(cm_gpool *gp, int gil)
     cm_mu_lock(&cm_gpool_mu);
     gd.ts = NULL;
     gd.probe = 0;
+    gd.epoch = 0;
     cm_mu_lock(&p->mu);
     dead = p->dead;
     if (!dead && cm_capture_any() && !cm_forked) {

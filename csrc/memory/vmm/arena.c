@@ -203,7 +203,10 @@ cm_arena_largest(const cm_pool *p)
 }
 
 /* Whether free block b's last users' work is done, so that its memory
- * may move; records the event a later look can query when not yet. */
+ * may move; records the event a later look can query when not yet.
+ * While a capture forbids this thread the queries, only what a
+ * context-wide synchronize tells (cm_blk_event_done); a stream cudamem
+ * knows captures is not quiet. */
 static int
 cm_blk_quiet(cm_pool *p, cm_blk *b)
 {
@@ -214,7 +217,7 @@ cm_blk_quiet(cm_pool *p, cm_blk *b)
         return 0;
     }
     if (b->event != NULL) {
-        if (CM_CU_RAW(EventQuery, (b->event)) != CUDA_SUCCESS) {
+        if (!cm_blk_event_done(p, b)) {
             return 0;
         }
         cm_event_put(p, b->event);
@@ -223,7 +226,9 @@ cm_blk_quiet(cm_pool *p, cm_blk *b)
         return 1;
     }
     /* No event: the stream is alive (its end records one, pool.c). */
-    if (CM_CU_RAW(StreamQuery, ((CUstream)b->stream)) == CUDA_SUCCESS) {
+    if (!cm_capture_restricted()
+        && !cm_capture_stream_known((CUstream)b->stream)
+        && CM_CU_RAW(StreamQuery, ((CUstream)b->stream)) == CUDA_SUCCESS) {
         b->stream = CM_POOL_ANY;
         return 1;
     }
