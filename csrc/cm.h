@@ -658,9 +658,11 @@ enum {
                            * recorded (released on a driver callback
                            * thread): the flush waits for the context,
                            * then the block is free for any stream */
-    CM_REL_ASYNC_SYNC     /* the same for the async manager: the flush
+    CM_REL_ASYNC_SYNC,    /* the same for the async manager: the flush
                            * waits for the context, then cuMemFreeAsync
                            * on the default stream */
+    CM_REL_IPC_VMM        /* imported pool pages (ipcvmm.c's record) let
+                           * go: unmapped, released once unused */
 };
 
 /* The most idle streams a context keeps for reuse (stream.c). */

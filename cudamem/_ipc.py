@@ -28,12 +28,25 @@ importer takes the descriptor from the exporting process with
 ``pidfd_open`` + ``pidfd_getfd`` (Linux 5.6 or later; it needs ptrace
 access to the exporter: the same user and a Yama ``ptrace_scope`` that
 allows it, or ``CAP_SYS_PTRACE``), imports the pool and then the
-allocation.  ``IpcHandle.kind`` is ``"ipc"`` or ``"mempool"``; ``open()``
-takes the matching path.  The exporter keeps the descriptor open until
-its context is closed; a handle opened after that, or after the exporting
-process exited, raises ``OSError`` saying so.  Where the device cannot
-make a shareable pool, the async manager uses the device's default pool
-and its exports raise ``CudaAPIError`` saying why.
+allocation.  The exporter keeps the descriptor open until its context is
+closed; a handle opened after that, or after the exporting process
+exited, raises ``OSError`` saying so.  Where the device cannot make a
+shareable pool, the async manager uses the device's default pool and its
+exports raise ``CudaAPIError`` saying why.
+
+Memory of the pool manager on virtual memory (``CUDAMEM_POOL_VMM=1``) is
+made of ``cuMemCreate`` pages, which ``cuIpcGetMemHandle`` does not
+accept either: it is exported as *pool pages*, the exporter's POSIX
+descriptors of the pages under the exported bytes, ``pages = (pid,
+page_size, ((fd, id), ...))`` (the 64 ``handle`` bytes are zeros, and
+``offset`` is where the bytes start in the first page).  The importer
+takes each descriptor the same way, imports the pages and maps them in
+order into a range of its own.  A page's descriptor stays open in the
+exporter while its memory is held, at least as long as the exported
+array lives.
+
+``IpcHandle.kind`` is ``"ipc"``, ``"mempool"`` or ``"vmm"``; ``open()``
+takes the matching path.
 """
 
 import contextlib
@@ -104,6 +117,22 @@ def _pool_tuple(pool):
     except (TypeError, ValueError):
         raise TypeError("pool must be None or a (pid, fd, token) tuple, "
                         "got %r" % (pool,)) from None
+
+
+def _pages_tuple(pages):
+    """None, or an export of pool pages as (pid, page_size, ((fd, id),
+    ...)) of ints."""
+    if pages is None:
+        return None
+    try:
+        pid, page_size, entries = pages
+        entries = tuple((int(fd), int(i)) for fd, i in entries)
+        if not entries:
+            raise ValueError
+        return (int(pid), int(page_size), entries)
+    except (TypeError, ValueError):
+        raise TypeError("pages must be None or a (pid, page_size, ((fd, "
+                        "id), ...)) tuple, got %r" % (pages,)) from None
 
 
 def _find_device(identity):
@@ -188,7 +217,10 @@ class _DirectOpen:
         if self.mapping is not None:
             raise ValueError("IpcHandle is already opened")
         pool = p.pool
-        if pool is None:
+        if p.pages is not None:
+            self.mapping = _core._ipc_open_vmm(context, p.pages, p.size,
+                                               p.offset)
+        elif pool is None:
             self.mapping = _core._ipc_open(context, p.handle, p.size,
                                            p.offset)
         else:
@@ -259,38 +291,51 @@ class IpcHandle(_core._IpcHandleBase):
         pool's shareable handle as the exporter holds it: ``(pid, fd,
         token)``; ``handle`` then holds the ``cuMemPoolExportPointer``
         data.  None (the default) for a ``cuIpcGetMemHandle`` handle.
+    pages : tuple, optional
+        For an export of pool pages (the pool manager's memory on
+        virtual memory), the pages under the exported bytes as the
+        exporter holds them: ``(pid, page_size, ((fd, id), ...))``, in
+        order; ``offset`` is then where the bytes start in the first
+        page.  None (the default) otherwise.
 
     Notes
     -----
     ``open()`` maps directly when the devices are the same or peers, else
     copies through the source device (``open_staged``), as numba does.
     Unlike numba, a mapping that is never closed is unmapped (through the
-    deferred-release queue) once nothing uses it.  ``pool`` and ``kind``
-    are cudamem's: numba exports only ``cuIpcGetMemHandle`` handles.
+    deferred-release queue) once nothing uses it.  ``pool``, ``pages``
+    and ``kind`` are cudamem's: numba exports only ``cuIpcGetMemHandle``
+    handles.
     """
 
     _impl = None  # the open: a _DirectOpen or _StagedOpen, or None
 
     def __init__(self, base, handle, size, source_info=None, offset=0, *,
-                 pool=None):
+                 pool=None, pages=None):
         self.base = base
         self.handle = _handle_bytes(handle)
         self.size = int(size)
         self.source_info = source_info
         self.offset = int(offset)
         self.pool = _pool_tuple(pool)
+        self.pages = _pages_tuple(pages)
+        if self.pool is not None and self.pages is not None:
+            raise TypeError("an IpcHandle has pool or pages, not both")
         self._impl = None
 
     @property
     def kind(self):
         """``"ipc"`` for a ``cuIpcGetMemHandle`` handle, ``"mempool"`` for
-        a memory-pool export."""
+        a memory-pool export, ``"vmm"`` for an export of pool pages."""
+        if self.pages is not None:
+            return "vmm"
         return "ipc" if self.pool is None else "mempool"
 
     def __repr__(self):
+        kind = self.kind
         return "<IpcHandle size=%d offset=%d source=%r%s%s>" % (
             self.size, self.offset, self.source_info,
-            "" if self.pool is None else " mempool",
+            "" if kind == "ipc" else " " + kind,
             " open" if self._impl is not None else "")
 
     def _sentry_source_info(self):
@@ -357,14 +402,17 @@ class IpcHandle(_core._IpcHandleBase):
 
     def __reduce__(self):
         args = (bytes(self.handle), self.size, self.source_info, self.offset)
-        if self.pool is not None:
+        if self.pages is not None:
+            args += (None, self.pages)
+        elif self.pool is not None:
             args += (self.pool,)
         return (_rebuild_ipc_handle, args)
 
 
-def _rebuild_ipc_handle(handle, size, source_info, offset, pool=None):
+def _rebuild_ipc_handle(handle, size, source_info, offset, pool=None,
+                        pages=None):
     return IpcHandle(None, handle, size, source_info=source_info,
-                     offset=offset, pool=pool)
+                     offset=offset, pool=pool, pages=pages)
 
 
 _identities = {}  # device id -> its PCI identity (it never changes)
@@ -383,10 +431,11 @@ def ipc_handle_of(context, memory):
     handle and the offset of ``memory`` inside it."""
     _require_ipc()
     ptr = _address(memory.device_pointer)
-    handle, base, _, pool = _core._ipc_export(context, ptr)
+    handle, base, _, pool, pages = _core._ipc_export(context, ptr,
+                                                     memory.size or None)
     return IpcHandle(memory, handle, memory.size,
                      source_info=_identity(context.device),
-                     offset=ptr - base, pool=pool)
+                     offset=ptr - base, pool=pool, pages=pages)
 
 
 # ---------------------------------------------------------------------------
@@ -519,16 +568,20 @@ def open_ipc_array(handle, shape, dtype, strides=None, offset=0):
     -----
     numba assumes 1-D when ``strides`` is None and skips the close when the
     block raises; cudamem computes C strides for any ndim and always
-    closes.  An IpcHandle or IpcArrayHandle of a memory-pool export keeps
-    its kind; raw bytes are a ``cuIpcGetMemHandle`` handle.
+    closes.  An IpcHandle or IpcArrayHandle of a memory-pool export or of
+    pool pages keeps its kind (``offset`` then counts from the start of
+    what it exported: the allocation, or the first page); raw bytes are a
+    ``cuIpcGetMemHandle`` handle.
     """
     _require_ipc()
     shape, dtype, strides, span = _layout(shape, dtype, strides)
     src = handle.ipc_handle if isinstance(handle, IpcArrayHandle) else handle
     pool = src.pool if isinstance(src, IpcHandle) else None
-    source_info = src.source_info if pool is not None else None
+    pages = src.pages if isinstance(src, IpcHandle) else None
+    source_info = (src.source_info
+                   if pool is not None or pages is not None else None)
     ipch = IpcHandle(None, _handle_bytes(handle), span, source_info,
-                     offset=offset, pool=pool)
+                     offset=offset, pool=pool, pages=pages)
     arr = ipch.open_array(_core.current_context(), shape, dtype, strides)
     try:
         yield arr

@@ -38,6 +38,7 @@ CUDAMEM_SIM_MEMORY                      size 2**20 .. 2**50  1 GiB
 CUDAMEM_SIM_DELAY_US                    integer 0 .. 6e7     0
 CUDAMEM_SIM_NO_PEER                     "all", or pairs      none
                                         "0-1,2-3" of 0 .. 15
+CUDAMEM_SIM_NO_FD_HANDLES               integer 0 .. 1       0
 ======================================  ===================  ============
 
 A flag is 1/0, true/false, yes/no or on/off (any case); a size is digits
@@ -242,6 +243,7 @@ _env(("CUDAMEM_SIM_MEMORY",), _size(
     "with an optional K, M or G, such as 512M or 1GiB)"), 0)
 _env(("CUDAMEM_SIM_DELAY_US",), _integer(0, 60000000), 0)
 _env(("CUDAMEM_SIM_NO_PEER",), _no_peer, None)
+_env(("CUDAMEM_SIM_NO_FD_HANDLES",), _integer(0, 1), 0)
 
 
 class _Config(types.ModuleType):

@@ -27,16 +27,22 @@
  *   the exporter holds it, (pid, fd, token): another process takes the
  *   descriptor with pidfd_open + pidfd_getfd (ptrace access to the
  *   exporter needed), imports the pool (cuMemPoolImportFromShareableHandle)
- *   and the allocation (cuMemPoolImportPointer).  The handle's pool
- *   attribute says which kind it is;
+ *   and the allocation (cuMemPoolImportPointer).  Memory of the pool
+ *   manager on virtual memory (cuMemCreate'd pages, which
+ *   cuIpcGetMemHandle does not accept either) gets an export of pool
+ *   pages: the exporter's descriptors of the pages under the exported
+ *   bytes (memory/vmm/share.c), which the importer takes the same way,
+ *   imports and maps into a range of its own (ipcvmm.c).  The handle's
+ *   pool and pages attributes say which kind it is;
  * - IpcMemory, the owner of one imported mapping: opened with
- *   cuIpcOpenMemHandle (made by _ipc_open), or a memory-pool import (made
- *   by _ipc_open_pool).  What they make is an instance of
- *   cudamem._ipc._IpcPointer, a subclass that is also a MemoryPointer,
- *   and is the gpu_data of the arrays over the mapping, so that an
- *   array's use tests the closed flag as it tests a DeviceAllocation's
- *   freed flag (ValueError once closed).  close() unmaps at once
- *   (cuIpcCloseMemHandle, or cuMemFree of the import) and is idempotent;
+ *   cuIpcOpenMemHandle (made by _ipc_open), a memory-pool import (made
+ *   by _ipc_open_pool), or pool pages mapped (made by _ipc_open_vmm).
+ *   What they make is an instance of cudamem._ipc._IpcPointer, a
+ *   subclass that is also a MemoryPointer, and is the gpu_data of the
+ *   arrays over the mapping, so that an array's use tests the closed flag
+ *   as it tests a DeviceAllocation's freed flag (ValueError once closed).
+ *   close() unmaps at once (cuIpcCloseMemHandle, cuMemFree of the import,
+ *   or the pages' cuMemUnmap) and is idempotent;
  *   otherwise dealloc queues the close on its context's memory queue,
  *   like a free;
  * - the memory-pool imports of this process: one import of a pool per
@@ -44,15 +50,18 @@
  *   per context and export, counted by the IpcMemory objects over it (the
  *   driver leaves open what a second import of one allocation does); a
  *   pool import is destroyed with its last allocation, and what a context
- *   still imports is freed when it is closed.
+ *   still imports is freed when it is closed;
+ * - the imported pool pages of this process (ipcvmm.c): one import of a
+ *   page per importing context and export, counted by the opens that
+ *   map it, released with the last, and freed with its context.
  *
  * Locking: the GIL guards the objects' fields.  The export, open and
  * close calls can wait (the simulator's export and close wait for queued
  * work), so they run with the GIL released, touching only C locals; an
  * IpcMemory is marked closed before its close is issued.  The import
  * records are also released from the memory queue without the GIL:
- * cm_imp_mu guards their lists, counts and flags, and is never held
- * across a driver call.
+ * cm_imp_mu (ipcpool.c) and cm_vimp_mu (ipcvmm.c) guard their lists,
+ * counts and flags, and are never held across a driver call.
  */
 #include "features/ipc.h"
 
@@ -86,14 +95,18 @@ cm_ipc_context_arg(PyObject *obj)
 /* ------------------------------------------------------------------ */
 
 const char cm_ipc_export_doc[] = PyDoc_STR(
-"_ipc_export(context, address, /)\n--\n\n"
+"_ipc_export(context, address, size=None, /)\n--\n\n"
 "The IPC handle of the allocation that contains address: a tuple\n"
-"(handle, base, size, pool) of the 64 handle bytes, the allocation's\n"
-"base address (cuMemGetAddressRange), its size, and None for a\n"
-"cuIpcGetMemHandle handle or, for memory of the async manager's pool, the\n"
-"pool's shareable handle (pid, fd, token) (the bytes are then the\n"
-"cuMemPoolExportPointer data).  The handle names the base allocation;\n"
-"address - base is the offset of the caller's view.");
+"(handle, base, size, pool, pages) of the 64 handle bytes, the\n"
+"allocation's base address (cuMemGetAddressRange), its size, and None\n"
+"for a cuIpcGetMemHandle handle or, for memory of the async manager's\n"
+"pool, the pool's shareable handle (pid, fd, token) (the bytes are then\n"
+"the cuMemPoolExportPointer data); pages is None but for memory of the\n"
+"pool manager on virtual memory, whose export names the pages under\n"
+"the size bytes at address (to the end of its block when size is None):\n"
+"(pid, page_size, ((fd, id), ...)), base and size are then the pages'\n"
+"and the bytes are zeros.  address - base is the offset of the caller's\n"
+"view.");
 
 _Static_assert(sizeof(CUmemPoolPtrExportData) == CU_IPC_HANDLE_SIZE,
                "both kinds of export have 64 bytes");
@@ -115,15 +128,44 @@ cm_ipc_export_pooled(cm_context *ctx, CUdeviceptr b,
     return mm->export(ctx, b, data, &out->fd, &out->token);
 }
 
-/* Export the allocation of ctx that contains addr.  pooled: 1 when it is
- * known to come from the async manager's pool, 0 when known not to, -1
- * to ask the driver.  0, or -1 with an exception. */
+/* The pages tuple of an export of pool pages of this process,
+ * (pid, page_size, ((fd, id), ...)); NULL with an exception. */
+static PyObject *
+cm_ipc_pages_tuple(const cm_vmm_pages *v)
+{
+    PyObject *list = PyTuple_New((Py_ssize_t)v->n);
+    PyObject *item;
+    size_t i;
+
+    if (list == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < v->n; i++) {
+        item = Py_BuildValue("(iK)", v->fds[i],
+                             (unsigned long long)v->ids[i]);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(list, (Py_ssize_t)i, item);  /* steals item */
+    }
+    /* N steals list, even on failure. */
+    return Py_BuildValue("(lnN)", (long)getpid(), (Py_ssize_t)v->page,
+                         list);
+}
+
+/* Export the allocation of ctx that contains addr, or, for memory of the
+ * pool on virtual memory, the pages under [addr, addr + span) (span 0:
+ * to the end of its block).  pooled: 1 when it is known to come from the
+ * async manager's pool, 0 when known not to, -1 to ask the driver.  0
+ * (the caller owns out->pages), or -1 with an exception. */
 int
-cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
-                  cm_ipc_exp *out)
+cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, size_t span,
+                  int pooled, cm_ipc_exp *out)
 {
     CUipcMemHandle h;
     CUmemPoolPtrExportData data;
+    cm_vmm_pages v;
     CUdeviceptr b = 0;
     size_t n = 0;
     int err;
@@ -134,8 +176,30 @@ cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
                         "no memory to share)");
         return -1;
     }
-    if (cm_context_activate(ctx) < 0
-        || CM_CU(MemGetAddressRange, (&b, &n, addr)) < 0) {
+    memset(out, 0, sizeof(*out));
+    if (cm_context_activate(ctx) < 0) {
+        return -1;
+    }
+    if (pooled != 1) {
+        /* The pool manager's arenas: pages, whatever the driver says of
+         * the address (cuMemGetAddressRange names one page's mapping). */
+        err = cm_pool_export_pages(ctx, addr, span, &v);
+        if (err < 0) {
+            return -1;
+        }
+        if (err == 1) {
+            out->pages = cm_ipc_pages_tuple(&v);
+            free(v.fds);
+            free(v.ids);
+            if (out->pages == NULL) {
+                return -1;
+            }
+            out->base = v.base;
+            out->size = v.n * v.page;
+            return 0;
+        }
+    }
+    if (CM_CU(MemGetAddressRange, (&b, &n, addr)) < 0) {
         return -1;
     }
     if (pooled < 0) {
@@ -145,7 +209,6 @@ cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
             return -1;
         }
     }
-    memset(out, 0, sizeof(*out));
     if (pooled) {
         if (cm_ipc_export_pooled(ctx, b, &data, out) < 0) {
             return -1;
@@ -155,14 +218,6 @@ cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
         out->pid = (long)getpid();
     }
     else {
-        const char *why = cm_pool_ipc_refusal(ctx, b);
-
-        if (why != NULL) {
-            return cm_raise_api_msg(
-                CUDA_ERROR_NOT_SUPPORTED,
-                PyUnicode_FromFormat(
-                    "cannot export this memory through IPC: %s", why));
-        }
         memset(&h, 0, sizeof(h));
         CM_CU_NOGIL(err, IpcGetMemHandle, (&h, b));
         if (err < 0) {
@@ -187,14 +242,16 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     cm_context *ctx;
     unsigned long long addr;
+    Py_ssize_t span = 0;
     cm_ipc_exp x;
     PyObject *pool;
     PyObject *r;
 
     (void)mod;
-    if (nargs != 2) {
+    if (nargs != 2 && nargs != 3) {
         PyErr_Format(PyExc_TypeError,
-                     "_ipc_export() takes 2 arguments (%zd given)", nargs);
+                     "_ipc_export() takes 2 or 3 arguments (%zd given)",
+                     nargs);
         return NULL;
     }
     ctx = cm_ipc_context_arg(args[0]);
@@ -202,19 +259,35 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     addr = PyLong_AsUnsignedLongLong(args[1]);
-    if ((addr == (unsigned long long)-1 && PyErr_Occurred())
-        || cm_ipc_export_raw(ctx, (CUdeviceptr)addr, -1, &x) < 0) {
+    if (addr == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (nargs == 3 && args[2] != Py_None) {
+        span = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+        if (span == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (span <= 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "size must be positive, got %zd", span);
+            return NULL;
+        }
+    }
+    if (cm_ipc_export_raw(ctx, (CUdeviceptr)addr, (size_t)span, -1, &x)
+        < 0) {
         return NULL;
     }
     pool = x.pooled ? cm_ipc_pool_tuple(x.pid, x.fd, x.token)
                     : Py_NewRef(Py_None);
     if (pool == NULL) {
+        Py_XDECREF(x.pages);
         return NULL;
     }
-    r = Py_BuildValue("(y#KKO)", x.raw, (Py_ssize_t)sizeof(x.raw),
+    r = Py_BuildValue("(y#KKOO)", x.raw, (Py_ssize_t)sizeof(x.raw),
                       (unsigned long long)x.base, (unsigned long long)x.size,
-                      pool);
+                      pool, x.pages != NULL ? x.pages : Py_None);
     Py_DECREF(pool);
+    Py_XDECREF(x.pages);
     return r;
 }
 
@@ -353,8 +426,10 @@ cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
 PyDoc_STRVAR(cm_ipcmem_close_doc,
 "close($self, /)\n--\n\n"
-"Unmap now (cuIpcCloseMemHandle, or cuMemFree of a memory-pool import\n"
-"once no other open of it in this context remains).  Arrays over the\n"
+"Unmap now (cuIpcCloseMemHandle; cuMemFree of a memory-pool import\n"
+"once no other open of it in this context remains; for pool pages,\n"
+"cuMemUnmap, cuMemAddressFree and cuMemRelease of the pages no other\n"
+"open maps).  Arrays over the\n"
 "mapping are dead afterwards: using them (copies, kernels, views, CAI\n"
 "and DLPack exports, IPC export) raises ValueError.  A second call does\n"
 "nothing.");
@@ -365,6 +440,7 @@ cm_ipcmem_close(PyObject *self, PyObject *unused)
     cm_ipcmem *m = (cm_ipcmem *)self;
     CUdeviceptr p = m->ptr;
     void *imp = m->imp;
+    void *vimp = m->vimp;
     CUresult rc;
     int err;
 
@@ -376,8 +452,12 @@ cm_ipcmem_close(PyObject *self, PyObject *unused)
         /* Closing or resetting the device unmapped it already. */
         m->closed = 1;
         m->imp = NULL;
+        m->vimp = NULL;
         if (imp != NULL) {
             cm_ipc_pool_drop((uintptr_t)imp);
+        }
+        if (vimp != NULL) {
+            cm_ipc_vmm_drop((uintptr_t)vimp);
         }
         Py_RETURN_NONE;
     }
@@ -387,6 +467,13 @@ cm_ipcmem_close(PyObject *self, PyObject *unused)
     }
     m->closed = 1;
     m->imp = NULL;
+    m->vimp = NULL;
+    if (vimp != NULL) {
+        CM_DRIVER_BEGIN_NOGIL
+        rc = cm_ipc_vmm_release((uintptr_t)vimp);
+        CM_DRIVER_END_NOGIL
+        return cm_cu_check(rc, "cuMemUnmap") < 0 ? NULL : Py_NewRef(Py_None);
+    }
     if (imp != NULL) {
         CM_DRIVER_BEGIN_NOGIL
         rc = cm_ipc_pool_release((uintptr_t)imp);
@@ -454,7 +541,18 @@ cm_ipcmem_dealloc(PyObject *self)
     }
     if (!m->closed && !Py_IsFinalizing()) {
         m->closed = 1;
-        if (m->imp == NULL) {
+        if (m->vimp != NULL) {
+            if (m->ctx->alive && !cm_forked) {
+                cm_ctx_release(m->ctx, CM_REL_IPC_VMM, (uintptr_t)m->vimp,
+                               0);
+            }
+            else if (!cm_forked) {
+                /* The context's close unmapped it already. */
+                cm_ipc_vmm_drop((uintptr_t)m->vimp);
+            }
+            m->vimp = NULL;
+        }
+        else if (m->imp == NULL) {
             cm_ctx_release(m->ctx, CM_REL_IPC, (uintptr_t)m->ptr, 0);
         }
         else if (m->ctx->alive && !cm_forked) {
@@ -499,10 +597,11 @@ static PyMemberDef cm_ipcmem_members[] = {
 };
 
 PyDoc_STRVAR(cm_ipcmem_doc,
-"Device memory of another process, mapped here by cuIpcOpenMemHandle or\n"
-"imported from its memory pool (cuMemPoolImportPointer).  Made by\n"
-"IpcHandle.open; unmapped by close() or, failing that, queued for\n"
-"unmapping when the last reference goes.");
+"Device memory of another process, mapped here by cuIpcOpenMemHandle,\n"
+"imported from its memory pool (cuMemPoolImportPointer), or its pool\n"
+"pages imported and mapped (cuMemImportFromShareableHandle, cuMemMap).\n"
+"Made by IpcHandle.open; unmapped by close() or, failing that, queued\n"
+"for unmapping when the last reference goes.");
 
 static PyType_Slot cm_ipcmem_slots[] = {
     {Py_tp_doc, (void *)cm_ipcmem_doc},

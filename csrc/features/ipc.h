@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * features/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
- * ipchandle.c: the sections of one concept, kept in files of their own).
+ * ipcvmm.c, ipchandle.c: the sections of one concept, kept in files of
+ * their own).
  * Private to them: the rest of the folder and module.c use
  * features/features.h.
  */
@@ -22,6 +23,8 @@ typedef struct {
                            * use (cm_ipc_mem_closed) */
     void *imp;            /* a memory-pool import (cm_iptr, counted), or
                            * NULL for a cuIpcOpenMemHandle mapping */
+    void *vimp;           /* an import of pool pages (ipcvmm.c's
+                           * cm_ivmm), or NULL; imp is NULL then */
     PyObject *weakreflist;
 } cm_ipcmem;
 
@@ -46,6 +49,8 @@ typedef struct {
     PyObject *pool;       /* strong or NULL (None): a memory-pool
                            * export's (pid, fd, token); NULL while
                            * has_pool */
+    PyObject *pages;      /* strong or NULL (None): an export of pool
+                           * pages, (pid, page_size, ((fd, id), ...)) */
     int has_raw;          /* raw holds the handle not yet made */
     int has_pci;          /* pci holds the source_info not yet made */
     int has_pool;         /* pool_* hold the pool not yet made */
@@ -81,20 +86,25 @@ cm_context *cm_ipc_context_arg(PyObject *obj);
 
 /* What an export gives. */
 typedef struct {
-    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the handle's bytes */
-    CUdeviceptr base;     /* the allocation's base */
-    size_t size;          /* and size */
+    unsigned char raw[CU_IPC_HANDLE_SIZE];  /* the handle's bytes (zeros
+                                             * for pool pages) */
+    CUdeviceptr base;     /* the allocation's base (the first page's) */
+    size_t size;          /* and size (the pages') */
     int pooled;           /* a memory-pool export: the next three apply */
     long pid;             /* the exporting process (this one) */
     int fd;               /* the pool's shareable handle here */
     uint64_t token;       /* the pool's name */
+    PyObject *pages;      /* new reference or NULL: an export of pool
+                           * pages, (pid, page_size, ((fd, id), ...)) */
 } cm_ipc_exp;
 
-/* Export the allocation of ctx that contains addr.  pooled: 1 when it is
- * known to come from the async manager's pool, 0 when known not to, -1
- * to ask the driver.  0, or -1 with an exception. */
-int cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, int pooled,
-                      cm_ipc_exp *out);
+/* Export the allocation of ctx that contains addr, or, for memory of the
+ * pool on virtual memory, the pages under [addr, addr + span) (span 0:
+ * to the end of its block).  pooled: 1 when it is known to come from the
+ * async manager's pool, 0 when known not to, -1 to ask the driver.  0
+ * (the caller owns out->pages), or -1 with an exception. */
+int cm_ipc_export_raw(cm_context *ctx, CUdeviceptr addr, size_t span,
+                      int pooled, cm_ipc_exp *out);
 
 /* The (pid, fd, token) tuple of a memory-pool export. */
 PyObject *cm_ipc_pool_tuple(long pid, int fd, uint64_t token);
@@ -120,6 +130,21 @@ extern PyType_Spec cm_ipcmem_spec;
 PyObject *
 cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
+PyObject *
+cm_ipc_open_vmm(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+/* What a descriptor taken from another process is (the messages of
+ * cm_ipc_take_fd). */
+enum {
+    CM_IPC_FD_POOL = 0,   /* a memory pool's shareable handle */
+    CM_IPC_FD_PAGE        /* a pool page's (ipcvmm.c) */
+};
+
+/* A descriptor of this process for descriptor fd of process pid (it is
+ * close-on-exec), or -1 with OSError saying why not; kind: CM_IPC_FD_*.
+ * GIL held. */
+int cm_ipc_take_fd(long pid, int fd, int kind);
+
 PyObject *cm_ipc_can_access_peer(PyObject *mod, PyObject *const *args,
                                  Py_ssize_t nargs);
 
@@ -130,12 +155,15 @@ int cm_ipc_classes(void);
 /* The imported pools' mutex made fresh in a fork's child (ipcpool.c).
  * 0, or -1 with an exception set. */
 int cm_ipcpool_fork_init(void);
+/* The same for the imported pages' mutex (ipcvmm.c). */
+int cm_ipcvmm_fork_init(void);
 
 
 /* Docstrings of functions whose tables live in another file. */
 extern const char cm_ipc_export_doc[];
 extern const char cm_ipc_open_doc[];
 extern const char cm_ipc_open_pool_doc[];
+extern const char cm_ipc_open_vmm_doc[];
 extern const char cm_ipc_can_access_peer_doc[];
 
 /* Let go of one open of a memory-pool import (the handle of a
@@ -145,6 +173,17 @@ extern const char cm_ipc_can_access_peer_doc[];
 CUresult cm_ipc_pool_release(uintptr_t imp);
 /* The same for an import whose context was closed: no driver call. */
 void cm_ipc_pool_drop(uintptr_t imp);
+
+/* Let go of one open of pool pages (the handle of a CM_REL_IPC_VMM
+ * release): unmap them, free the range, release the pages no other open
+ * maps.  No GIL needed; the import's context current.  The first failing
+ * CUresult, or success. */
+CUresult cm_ipc_vmm_release(uintptr_t imp);
+/* The same for an open whose context was closed: no driver call. */
+void cm_ipc_vmm_drop(uintptr_t imp);
+/* Free what ctx (being closed) still imports of pool pages (ipcvmm.c;
+ * called by cm_ipc_context_closing). */
+void cm_ipc_vmm_context_closing(cm_context *ctx);
 
 
 #endif /* CM_IPC_H */

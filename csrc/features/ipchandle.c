@@ -247,6 +247,26 @@ cm_ipch_set_pool(PyObject *self, PyObject *value, void *unused)
     return 0;
 }
 
+static PyObject *
+cm_ipch_get_pages(PyObject *self, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    (void)unused;
+    /* Unset: not an export of pool pages. */
+    return Py_NewRef(h->pages == NULL ? Py_None : h->pages);
+}
+
+static int
+cm_ipch_set_pages(PyObject *self, PyObject *value, void *unused)
+{
+    cm_ipch *h = (cm_ipch *)self;
+
+    (void)unused;
+    Py_XSETREF(h->pages, Py_XNewRef(value));
+    return 0;
+}
+
 static int
 cm_ipch_traverse(PyObject *self, visitproc visit, void *arg)
 {
@@ -261,6 +281,7 @@ cm_ipch_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(h->source_info);
     Py_VISIT(h->offset);
     Py_VISIT(h->pool);
+    Py_VISIT(h->pages);
     return 0;
 }
 
@@ -277,6 +298,7 @@ cm_ipch_clear(PyObject *self)
     Py_CLEAR(h->source_info);
     Py_CLEAR(h->offset);
     Py_CLEAR(h->pool);
+    Py_CLEAR(h->pages);
     return 0;
 }
 
@@ -303,6 +325,10 @@ static PyGetSetDef cm_ipch_getset[] = {
      "None for a cuIpcGetMemHandle handle; for a memory-pool export, the "
      "pool's shareable handle as the exporter holds it: (pid, fd, "
      "token).", NULL},
+    {"pages", cm_ipch_get_pages, cm_ipch_set_pages,
+     "None, or for an export of pages of the pool manager on virtual "
+     "memory, the pages as the exporter holds them: (pid, page_size, "
+     "((fd, id), ...)).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -502,25 +528,31 @@ cm_ipc_export_array(PyObject *self)
     /* The view's lowest byte: lo <= 0 is its offset from the first
      * element. */
     low = (CUdeviceptr)d.view.addr - (CUdeviceptr)(-lo);
-    if (cm_ipc_export_raw(ctx, low,
+    if (cm_ipc_export_raw(ctx, low, (size_t)span,
                           ((cm_mem *)d.gpu_data)->mm->export != NULL, &x)
-           < 0
-        || cm_device_pci(ctx->device, pci) < 0) {
+        < 0) {
+        return NULL;
+    }
+    if (cm_device_pci(ctx->device, pci) < 0) {
+        Py_XDECREF(x.pages);
         return NULL;
     }
     /* The base keeps the memory object the array shows as gpu_data (a
      * pointer to the bytes it spans), as the Python path does. */
     owner = PyObject_GetAttrString(self, "gpu_data");
     if (owner == NULL) {
+        Py_XDECREF(x.pages);
         return NULL;
     }
     tp = (PyTypeObject *)cm_st->IpcHandle;
     ih = (cm_ipch *)tp->tp_alloc(tp, 0);
     if (ih == NULL) {
         Py_DECREF(owner);
+        Py_XDECREF(x.pages);
         return NULL;
     }
     ih->owner = owner;  /* takes the reference */
+    ih->pages = x.pages;  /* takes the reference, or NULL */
     ih->ctx = (cm_context *)Py_NewRef(ctx);
     ih->ptr = low;
     ih->span = span;
@@ -579,6 +611,8 @@ static PyMethodDef cm_ipc_functions[] = {
      cm_ipc_open_doc},
     {"_ipc_open_pool", (PyCFunction)(void (*)(void))cm_ipc_open_pool,
      METH_FASTCALL, cm_ipc_open_pool_doc},
+    {"_ipc_open_vmm", (PyCFunction)(void (*)(void))cm_ipc_open_vmm,
+     METH_FASTCALL, cm_ipc_open_vmm_doc},
     {"_can_access_peer", (PyCFunction)(void (*)(void))cm_ipc_can_access_peer,
      METH_FASTCALL, cm_ipc_can_access_peer_doc},
     {NULL, NULL, 0, NULL},
@@ -592,12 +626,14 @@ cm_ipc_init(PyObject *mod, cm_state *st)
     /* What memory/ reaches of the IPC imports (memory/memory.h). */
     cm_mem_up.ipc_pool_release = cm_ipc_pool_release;
     cm_mem_up.ipc_pool_drop = cm_ipc_pool_drop;
+    cm_mem_up.ipc_vmm_release = cm_ipc_vmm_release;
+    cm_mem_up.ipc_vmm_drop = cm_ipc_vmm_drop;
     /* What the context layer reaches of them (cm.h). */
     cm_ctx_up.ipc_context_closing = cm_ipc_context_closing;
     /* What the array layer reaches of them (array/array.h). */
     cm_array_up.ipc_get_handle = cm_ipc_get_handle;
     cm_array_up.ipc_mem_closed = cm_ipc_mem_closed;
-    if (cm_ipcpool_fork_init() < 0) {
+    if (cm_ipcpool_fork_init() < 0 || cm_ipcvmm_fork_init() < 0) {
         return -1;
     }
     for (i = 0; i < 3; i++) {

@@ -153,6 +153,7 @@ cm_ipc_context_closing(cm_context *ctx)
     if (cm_forked) {
         return;
     }
+    cm_ipc_vmm_context_closing(ctx);
     cm_mu_lock(&cm_imp_mu);
     for (p = cm_iptrs; p != NULL; p = p->next) {
         nptrs += !p->dead && p->ipool->gen == ctx->gen;
@@ -205,11 +206,11 @@ cm_ipc_context_closing(cm_context *ctx)
     free(pools);
 }
 
-/* OSError(err, why) for a descriptor that could not be taken from pid:
- * a subclass where the errno has one (ProcessLookupError,
- * PermissionError).  -1. */
+/* OSError(err, why) for a descriptor of kind (CM_IPC_FD_*) that could
+ * not be taken from pid: a subclass where the errno has one
+ * (ProcessLookupError, PermissionError).  -1. */
 static int
-cm_ipc_take_fd_error(int err, long pid, int fd)
+cm_ipc_take_fd_error(int err, long pid, int fd, int kind)
 {
     PyObject *msg;
     PyObject *exc;
@@ -221,10 +222,18 @@ cm_ipc_take_fd_error(int err, long pid, int fd)
             "has exited", pid);
         break;
     case EBADF:
-        msg = PyUnicode_FromFormat(
-            "cannot open the IPC handle: process %ld no longer has the "
-            "memory pool's file descriptor %d (the exporting context was "
-            "closed, or the handle is not from that process)", pid, fd);
+        msg = kind == CM_IPC_FD_PAGE
+              ? PyUnicode_FromFormat(
+                    "cannot open the IPC handle: process %ld no longer has "
+                    "the pool page's file descriptor %d (the exported "
+                    "array was freed and its page given back, the "
+                    "exporting context was closed, or the handle is not "
+                    "from that process)", pid, fd)
+              : PyUnicode_FromFormat(
+                    "cannot open the IPC handle: process %ld no longer has "
+                    "the memory pool's file descriptor %d (the exporting "
+                    "context was closed, or the handle is not from that "
+                    "process)", pid, fd);
         break;
     case EPERM:
     case EACCES:
@@ -236,10 +245,12 @@ cm_ipc_take_fd_error(int err, long pid, int fd)
             fd, pid);
         break;
     case ENOSYS:
-        msg = PyUnicode_FromString(
-            "cannot open the IPC handle: importing memory of the async "
-            "memory manager needs pidfd_open and pidfd_getfd (Linux 5.6 or "
-            "later)");
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: importing memory of the %s needs "
+            "pidfd_open and pidfd_getfd (Linux 5.6 or later)",
+            kind == CM_IPC_FD_PAGE
+                ? "pool manager on virtual memory"
+                : "async memory manager");
         break;
     default:
         msg = PyUnicode_FromFormat(
@@ -259,10 +270,8 @@ cm_ipc_take_fd_error(int err, long pid, int fd)
     return -1;
 }
 
-/* A descriptor of this process for descriptor fd of process pid (it is
- * close-on-exec), or -1 with OSError saying why not. */
-static int
-cm_ipc_take_fd(long pid, int fd)
+int
+cm_ipc_take_fd(long pid, int fd, int kind)
 {
     int pidfd = -1;
     int got = -1;
@@ -281,7 +290,7 @@ cm_ipc_take_fd(long pid, int fd)
     (void)pidfd;
 #endif
     if (got < 0) {
-        return cm_ipc_take_fd_error(err, pid, fd);
+        return cm_ipc_take_fd_error(err, pid, fd, kind);
     }
     return got;
 }
@@ -296,7 +305,7 @@ cm_ipool_import(cm_context *ctx, long pid, int fd, uint64_t token)
     int got;
     int err;
 
-    got = cm_ipc_take_fd(pid, fd);
+    got = cm_ipc_take_fd(pid, fd, CM_IPC_FD_POOL);
     if (got < 0) {
         return NULL;
     }

@@ -85,6 +85,7 @@ cm_rel_fn(int kind)
     case CM_REL_ASYNC: return "cuMemFreeAsync";
     case CM_REL_ASYNC_SYNC: return "cuMemFreeAsync";
     case CM_REL_IPC_POOL: return "cuMemFree";
+    case CM_REL_IPC_VMM: return "cuMemUnmap";
     default: return "release";
     }
 }
@@ -129,6 +130,8 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
         return CM_CU_RAW(IpcCloseMemHandle, ((CUdeviceptr)it->handle));
     case CM_REL_IPC_POOL:
         return cm_mem_up.ipc_pool_release(it->handle);
+    case CM_REL_IPC_VMM:
+        return cm_mem_up.ipc_vmm_release(it->handle);
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -162,6 +165,9 @@ cm_pending_drop(cm_pending_item *items, Py_ssize_t n)
     for (i = 0; i < n; i++) {
         if (items[i].kind == CM_REL_IPC_POOL) {
             cm_mem_up.ipc_pool_drop(items[i].handle);
+        }
+        else if (items[i].kind == CM_REL_IPC_VMM) {
+            cm_mem_up.ipc_vmm_drop(items[i].handle);
         }
     }
 }
@@ -577,7 +583,8 @@ cm_ctx_release_uncounted(cm_context *ctx, int kind, uintptr_t handle,
         return;
     }
     q = (memory || kind == CM_REL_HOST || kind == CM_REL_IPC
-         || kind == CM_REL_IPC_POOL) ? ctx->memq : ctx->ctxq;
+         || kind == CM_REL_IPC_POOL || kind == CM_REL_IPC_VMM)
+            ? ctx->memq : ctx->ctxq;
     if ((kind == CM_REL_POOL || kind == CM_REL_ASYNC) && !q->disabled
         && !cm_on_driver_thread()) {
         if (cm_pool_release_now(ctx, kind, handle, size, stream) < 0) {

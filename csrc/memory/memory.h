@@ -82,6 +82,11 @@ typedef struct {
     CUresult (*ipc_pool_release)(uintptr_t imp);
     /* cm_ipc_pool_drop: the same for an import whose context was closed */
     void (*ipc_pool_drop)(uintptr_t imp);
+    /* cm_ipc_vmm_release: let go of one open of imported pool pages (a
+     * CM_REL_IPC_VMM release); no GIL needed */
+    CUresult (*ipc_vmm_release)(uintptr_t imp);
+    /* cm_ipc_vmm_drop: the same for an open whose context was closed */
+    void (*ipc_vmm_drop)(uintptr_t imp);
 } cm_memory_upcalls;
 
 extern cm_memory_upcalls cm_mem_up;
@@ -411,10 +416,30 @@ int cm_history_init(PyObject *mod, cm_state *st);
  * new reference, or NULL with an exception. */
 PyObject *cm_pool_segments(cm_context *ctx);
 
-/* Why cuIpcGetMemHandle cannot export the allocation at base of ctx's
- * built-in manager (memory of the pool on virtual memory), as static
- * text; NULL when it can be asked. */
-const char *cm_pool_ipc_refusal(cm_context *ctx, CUdeviceptr base);
+/* What an export of memory of the pool on virtual memory gives
+ * (memory/vmm/share.c): the pages that hold the range, in order. */
+typedef struct {
+    CUdeviceptr base;     /* the first page's address */
+    size_t page;          /* the page size */
+    size_t n;             /* pages */
+    int *fds;             /* malloc'd, n: each page's POSIX descriptor in
+                           * this process, the pool's (open until the
+                           * page's memory is given back) */
+    uint64_t *ids;        /* malloc'd, n: each page's export name, unique
+                           * in this process while its descriptor is open
+                           * (a descriptor number may be reused later) */
+} cm_vmm_pages;
+
+/* Export the pages that hold [addr, addr + span) of ctx's pool on
+ * virtual memory (span 0: from addr to the end of its block), with the
+ * POSIX file-descriptor handle type.  1 with *out filled (the caller
+ * frees fds and ids), 0 when addr is not memory of the pool's arenas,
+ * -1 with an exception: CudaAPIError (CUDA_ERROR_NOT_SUPPORTED) when the
+ * device cannot make its pages shareable, ValueError when the range is
+ * not inside one block in use, or the driver's error.  GIL held;
+ * released around the driver calls. */
+int cm_pool_export_pages(cm_context *ctx, CUdeviceptr addr, size_t span,
+                         cm_vmm_pages *out);
 
 /* ------------------------------------------------------------------ */
 /* init functions of the memory layer                                 */

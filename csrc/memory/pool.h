@@ -42,6 +42,9 @@ typedef struct cm_blk cm_blk;
 /* An arena of virtual memory (memory/vmm/arena.h). */
 typedef struct cm_arena cm_arena;
 
+/* The descriptors of a pool's exported pages (memory/vmm/share.c). */
+typedef struct cm_vshare cm_vshare;
+
 /* One segment, cut into blocks: cuMemAlloc'd, or an arena of virtual
  * memory with physical pages mapped where blocks need them. */
 struct cm_seg {
@@ -159,6 +162,10 @@ struct cm_pool {
     size_t n_made;        /* pages made (cuMemCreate) so far */
     size_t n_moved;       /* idle pages moved to another place so far */
     size_t n_released;    /* pages given back (cuMemRelease) so far */
+    int vshare;           /* pages are made with the POSIX
+                           * file-descriptor handle type: exportable */
+    cm_vshare *shares;    /* the exported pages' descriptors, or NULL
+                           * (memory/vmm/share.c) */
     size_t keep;          /* idle bytes kept: past them, idle pages go
                            * back to the device once quiet */
     int release_due;      /* idle bytes past keep since the last release

@@ -251,6 +251,7 @@ cm_pool_destroy(cm_context *ctx)
         close(p->export_fd);
         p->export_fd = -1;
     }
+    cm_vshare_close(p);   /* the exported pages' descriptors, likewise */
     if (!ctx->alive || cm_forked) {
         free(events);
         for (g = all; g != NULL; g = all) {
@@ -313,6 +314,7 @@ cm_pool_free(cm_context *ctx)
     if (p->export_fd >= 0) {
         close(p->export_fd);
     }
+    cm_vshare_close(p);
     for (i = 0; i < p->nevents; i++) {
         (void)CM_CU_RAW(EventDestroy, (p->events[i]));
     }
@@ -1156,31 +1158,6 @@ cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
         *largest = (long long)(a > b ? a : b);
     }
     cm_pool_unlock(p, &gd);
-}
-
-const char *
-cm_pool_ipc_refusal(cm_context *ctx, CUdeviceptr base)
-{
-    cm_pool *p = ctx->pool;
-    const char *why = NULL;
-    cm_seg *g;
-    cm_gil_saved gd;
-
-    if (p == NULL || !p->vmm || p->dead) {
-        return NULL;
-    }
-    cm_pool_lock(p, &gd);
-    for (g = p->segs; g != NULL && why == NULL; g = g->next) {
-        if (g->arena != NULL && base >= g->base && base < g->base + g->size) {
-            why = "the pool manager's memory on virtual memory "
-                  "(CUDAMEM_POOL_VMM=1) is made with cuMemCreate, which "
-                  "cuIpcGetMemHandle does not accept; export from a "
-                  "process without CUDAMEM_POOL_VMM=1, or under the async "
-                  "manager";
-        }
-    }
-    cm_pool_unlock(p, &gd);
-    return why;
 }
 
 /* One block as cm_pool_segments copies it out (mutex held). */

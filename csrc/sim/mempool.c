@@ -755,8 +755,10 @@ sim_MemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
     }
     if (p->location.type != CU_MEM_LOCATION_TYPE_DEVICE
         || (p->handleTypes
-            & ~(unsigned int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
-        /* Host pools, and Windows or fabric handles. */
+            & ~(unsigned int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        || (p->handleTypes != 0 && sim.no_fd)) {
+        /* Host pools, Windows or fabric handles, and descriptors under
+         * CUDAMEM_SIM_NO_FD_HANDLES. */
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     if (!sim_dev_ok(p->location.id)) {

@@ -15,7 +15,10 @@
  *
  * What it owns: CUDAMEM_SIM_DEVICES devices of CUDAMEM_SIM_MEMORY bytes
  * each (every pair peer-capable unless CUDAMEM_SIM_NO_PEER names it, as
- * "0-1,2-3" or "all"); one primary context per device; every allocation (device, managed,
+ * "0-1,2-3" or "all"; with POSIX file-descriptor handles for memory
+ * pools and cuMemCreate unless CUDAMEM_SIM_NO_FD_HANDLES=1, which makes
+ * their attributes 0 and a request for them CUDA_ERROR_NOT_SUPPORTED,
+ * as a device without them answers); one primary context per device; every allocation (device, managed,
  * pinned host, registered host), each a separate host allocation whose
  * address is the device pointer; streams with their worker threads and
  * queues of operations; events.  Destroyed contexts are kept (never freed)
@@ -888,6 +891,7 @@ sim_Init(unsigned int Flags)
                                             SIZE_MAX, SIM_DEFAULT_MEMORY);
         sim.delay_us = (long)sim_env_ull("CUDAMEM_SIM_DELAY_US", 0,
                                          60000000, 0);
+        sim.no_fd = (int)sim_env_ull("CUDAMEM_SIM_NO_FD_HANDLES", 0, 1, 0);
         sim_parse_no_peer();
         for (d = 0; d < SIM_MAX_DEVICES; d++) {
             sim.dev[d].pool.dev = d;
@@ -1041,6 +1045,13 @@ sim_DeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID:
         *pi = dev;
         return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
+        if (sim.no_fd) {
+            *pi = 0;
+            return CUDA_SUCCESS;
+        }
+        break;
     default:
         break;
     }

@@ -325,6 +325,9 @@ struct sim_shared {
                                          * lack peer access (cuInit, from
                                          * CUDAMEM_SIM_NO_PEER) */
     long delay_us;          /* sleep before each operation (cuInit) */
+    int no_fd;              /* the devices lack POSIX file-descriptor
+                             * handles (cuInit, from
+                             * CUDAMEM_SIM_NO_FD_HANDLES=1) */
     sim_device dev[SIM_MAX_DEVICES];  /* the devices */
     sim_ctx *dead;          /* destroyed contexts, kept forever */
     sim_alloc **allocs;     /* live allocations, sorted by base */

@@ -35,7 +35,9 @@
  * - an allocation made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR is
  *   exported as a duplicate of its memfd, so another process that gets
  *   the descriptor (SCM_RIGHTS, pidfd_getfd) imports and maps the same
- *   pages; an import charges nothing.
+ *   pages; an import charges nothing.  Under CUDAMEM_SIM_NO_FD_HANDLES=1
+ *   the device has no such handles: asking for them (cuMemCreate, the
+ *   granularity query) gives CUDA_ERROR_NOT_SUPPORTED.
  *
  * Answers where the driver leaves room or where the simulator cannot
  * follow it, each an error, never a pretended success:
@@ -277,7 +279,10 @@ sim_vmm_prop_check(const CUmemAllocationProp *prop)
                      | CU_MEM_HANDLE_TYPE_WIN32_KMT))) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (types & CU_MEM_HANDLE_TYPE_FABRIC) {
+    if ((types & CU_MEM_HANDLE_TYPE_FABRIC)
+        || ((types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            && sim.no_fd)) {
+        /* No fabric; no descriptors under CUDAMEM_SIM_NO_FD_HANDLES. */
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     if (prop->allocFlags.usage & ~(unsigned int)SIM_VMM_USAGE_KNOWN) {

@@ -844,6 +844,49 @@ group_share(void)
     close(sv[0]);
 }
 
+/* CUDAMEM_SIM_NO_FD_HANDLES=1: a device without POSIX file-descriptor
+ * handles says so and refuses them, for pages and for memory pools. */
+static void
+group_no_fd(void)
+{
+    CUmemAllocationProp p =
+        prop_on(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemAllocationProp np = prop_on(0, 0);
+    CUmemPoolProps pp;
+    CUmemoryPool pool = NULL;
+    CUmemGenericAllocationHandle h = 0;
+    size_t g = 0;
+    int v = -1;
+
+    OK(cu.Init(0));
+    retain_and_push(0);
+    OK(cu.DeviceGetAttribute(
+        &v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        0));
+    CHECK(v == 0);
+    OK(cu.DeviceGetAttribute(
+        &v, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0));
+    CHECK(v == 0);
+    OK(cu.DeviceGetAttribute(
+        &v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+    CHECK(v == 1);
+    EXPECT(cu.MemGetAllocationGranularity(&g, &p,
+                                          CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+           CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cu.MemCreate(&h, G, &p, 0), CUDA_ERROR_NOT_SUPPORTED);
+    OK(cu.MemCreate(&h, G, &np, 0));
+    OK(cu.MemRelease(h));
+    memset(&pp, 0, sizeof(pp));
+    pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    pp.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    pp.location.id = 0;
+    EXPECT(cu.MemPoolCreate(&pool, &pp), CUDA_ERROR_NOT_SUPPORTED);
+    pp.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    OK(cu.MemPoolCreate(&pool, &pp));
+    OK(cu.MemPoolDestroy(pool));
+}
+
 /* ------------------------------------------------------------------ */
 /* Threads                                                             */
 /* ------------------------------------------------------------------ */
@@ -910,6 +953,7 @@ static const group groups[] = {
     {"no_peer", group_no_peer,
      "CUDAMEM_SIM_DEVICES=2 CUDAMEM_SIM_NO_PEER=all", 0},
     {"share", group_share, NULL, 0},
+    {"no_fd", group_no_fd, "CUDAMEM_SIM_NO_FD_HANDLES=1", 0},
     {"threads", group_threads, NULL, 0},
 };
 

@@ -1,12 +1,65 @@
 # SPDX-License-Identifier: MIT
-"""The importing side of test_ipc.py: run in spawned child processes,
-which inherit CUDAMEM_SIMULATOR from the parent's environment."""
+"""The importing side of the IPC tests (test_ipc.py, test_pool_vmm.py):
+run in spawned child processes, which inherit CUDAMEM_SIMULATOR from the
+parent's environment; ``Child`` starts one and calls its operations."""
 
 import ctypes
+import multiprocessing
 import os
 import pickle
 
 import numpy as np
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+class Child:
+    """A spawned process that opens what the parent sends it."""
+
+    def __init__(self):
+        self.conn, theirs = SPAWN.Pipe()
+        self.proc = SPAWN.Process(target=serve, args=(theirs,))
+        self.proc.start()
+        theirs.close()
+
+    def call(self, op, *args):
+        import cudamem as cuda
+
+        # Nothing orders the other process after this one's queued work,
+        # and a small to_device returns before its data lands (as the
+        # driver's copy of pageable memory does): the H200, with eight
+        # test processes sharing it, once had the child read zeros.
+        cuda.synchronize()
+        self.conn.send((op,) + args)
+        if not self.conn.poll(60):
+            raise TimeoutError("the child did not answer %s" % op)
+        r = self.conn.recv()
+        if r[0] == "ok":
+            return r[1]
+        return Failure(r[1], r[2])
+
+    def stop(self):
+        self.conn.send(None)
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+class Failure:
+    """An exception raised in the child: its type name and message."""
+
+    def __init__(self, name, message):
+        self.name = name
+        self.message = message
+
+    def __repr__(self):
+        return "Failure(%s: %s)" % (self.name, self.message)
+
+
+def expect_failure(r, name, text):
+    assert isinstance(r, Failure), r
+    assert r.name == name, r
+    assert text in r.message, r
 
 
 def _drop_capability(cap):
@@ -163,9 +216,60 @@ def _ops():
         # process's file descriptors.
         _drop_capability(19)
 
+    held = {}
+
+    def hold(key, h):
+        # Open h and keep it open under key (the exporter changes things
+        # meanwhile); the values it reads now.
+        arr = h.open()
+        held[key] = (h, arr)
+        return arr.copy_to_host()
+
+    def read_held(key):
+        return held[key][1].copy_to_host()
+
+    def add_held(key, value):
+        arr = held[key][1]
+        arr.copy_to_device(arr.copy_to_host() + value)
+        cuda.synchronize()
+
+    def release(key):
+        h, _ = held.pop(key)
+        h.close()
+
+    def close_context_holding(h):
+        # Close the context while h is open in it: what it maps goes with
+        # it; the handle's close afterwards frees what is left.
+        arr = h.open()
+        first = arr.copy_to_host()
+        cuda.close()
+        h.close()
+        return first
+
+    def cai(h):
+        # The CUDA Array Interface of the opened array: its pointer and
+        # shape, and the mapping's own pointer.
+        with h as arr:
+            cai = arr.__cuda_array_interface__
+            return (cai["data"][0], cai["shape"],
+                    arr.gpu_data.device_pointer)
+
+    def imported_pages():
+        # This process's descriptors of simulated pool pages (imports).
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += "cudamem-sim-vmm" in os.readlink("/proc/self/fd/" + fd)
+            except OSError:
+                pass
+        return n
+
     return {
         "fds": fds, "inject": inject, "open_failing": open_failing,
-        "drop_ptrace": drop_ptrace,
+        "drop_ptrace": drop_ptrace, "hold": hold, "read_held": read_held,
+        "add_held": add_held, "release": release,
+        "close_context_holding": close_context_holding, "cai": cai,
+        "imported_pages": imported_pages,
         "drop_unclosed": drop_unclosed,
         "open_on_device": open_on_device,
         "read": read, "add": add, "open": open_, "open_twice": open_twice,

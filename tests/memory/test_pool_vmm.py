@@ -3,10 +3,13 @@
 into pages of the device's granularity, memory mapped where blocks need
 it, idle pages moved to serve any request and given back past the
 release threshold once their work is done, empty_cache(), the limits,
-the statistics, and the whole of test_pool.py again on the arenas."""
+the statistics, IPC of the pages through shareable handles (the
+importing side in spawned children: tests/helpers/ipc_child.py), and the
+whole of test_pool.py again on the arenas."""
 
 import gc
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -15,8 +18,9 @@ import numpy as np
 import pytest
 
 import cudamem
-from cudamem import _core
+from cudamem import _core, _ipc
 from helpers import ROOT, TESTS, run_py
+from helpers.ipc_child import Child, expect_failure
 from helpers.isolation import (SIMULATOR, manager_context,
                                skip_unless_own_process)
 
@@ -312,16 +316,6 @@ def test_pool_tests_pass_on_virtual_memory():
     assert " passed" in p.stdout
 
 
-def test_ipc_export_says_why_it_cannot(vmm_ctx):
-    # cuIpcGetMemHandle does not accept cuMemCreate memory: the export
-    # says so and what to do, before asking the driver.
-    a = cudamem.to_device(np.arange(10))
-    with pytest.raises(cudamem.CudaAPIError) as ei:
-        a.get_ipc_handle()
-    assert ei.value.code == 801            # CUDA_ERROR_NOT_SUPPORTED
-    assert "CUDAMEM_POOL_VMM" in str(ei.value)
-
-
 @pytest.mark.sim
 def test_a_full_device_serves_from_the_pools_free_memory(vmm_ctx):
     # No limit: the simulated device itself is full.  Its free memory is
@@ -345,3 +339,403 @@ def test_a_full_device_serves_from_the_pools_free_memory(vmm_ctx):
     s = stats(vmm_ctx)["pages"]
     assert s["moved"] - moved >= 20 and s["released"] == released
     del big, blocks
+
+
+# ---------------------------------------------------------------------------
+# IPC: the pages under an array, exported with their POSIX descriptors;
+# the importer takes them with pidfd_getfd and maps them in order.
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def child():
+    c = Child()
+    yield c
+    c.stop()
+
+
+def _sim_page_fds():
+    """This process's descriptors of simulated pool pages: the pages'
+    memory and the descriptors exported from it."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += "cudamem-sim-vmm" in os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            pass
+    return n
+
+
+def _npages(ptr, nbytes, page):
+    return (ptr + nbytes - 1) // page - ptr // page + 1
+
+
+def test_ipc_export_names_the_pages(vmm_ctx):
+    page = stats(vmm_ctx)["page_size"]
+    a = cudamem.to_device(np.arange(100, dtype=np.float64))
+    ptr = a.device_ctypes_pointer.value
+    h = a.get_ipc_handle()
+    ih = h.ipc_handle
+    assert ih.kind == "vmm" and ih.pool is None
+    pid, page_size, entries = ih.pages
+    assert pid == os.getpid() and page_size == page and len(entries) == 1
+    fd, _ = entries[0]
+    os.fstat(fd)                               # open here, for importers
+    if SIMULATOR:
+        assert "cudamem-sim-vmm" in os.readlink("/proc/self/fd/%d" % fd)
+    assert (ih.offset, ih.size) == (ptr % page, 800)
+    assert bytes(ih.handle) == bytes(64)
+    assert ih.base.owner is a.gpu_data and ih.base.context is vmm_ctx
+    assert "vmm" in repr(ih)
+    # Another array on the same page names the same descriptor.
+    b = cudamem.to_device(np.arange(10, dtype=np.float64))
+    assert b.device_ctypes_pointer.value // page == ptr // page
+    hb = b.get_ipc_handle().ipc_handle
+    assert hb.pages == ih.pages
+    assert hb.offset == b.device_ctypes_pointer.value % page
+    # The Python paths (the manager's get_ipc_handle, the plugin path)
+    # give the same.
+    ref = vmm_ctx.memory_manager.get_ipc_handle(a.gpu_data)
+    assert (ref.kind, ref.pages, ref.offset) == ("vmm", ih.pages, ih.offset)
+    ea = _ipc._export_array(a).ipc_handle
+    assert (ea.pages, ea.offset, ea.size) == (ih.pages, ih.offset, 800)
+    # Given no size, _ipc_export names the pages to the end of the block.
+    raw, base, nbytes, pool, pages = _core._ipc_export(vmm_ctx, ptr)
+    assert (raw, base, nbytes, pool, pages) == (
+        bytes(64), ptr - ptr % page, page, None, ih.pages)
+    # Pickled, the handle keeps its kind.
+    for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+        ih2 = pickle.loads(pickle.dumps(ih, protocol=proto))
+        assert (ih2.kind, ih2.pages, ih2.offset, ih2.size, ih2.base) == (
+            "vmm", ih.pages, ih.offset, 800, None)
+    assert pickle.loads(pickle.dumps(h)).ipc_handle.pages == ih.pages
+    ih3 = cudamem.IpcHandle(None, bytes(64), 8, pages=[pid, page, [(3, 4)]])
+    assert ih3.pages == (pid, page, ((3, 4),)) and ih3.kind == "vmm"
+    with pytest.raises(TypeError, match="pages"):
+        cudamem.IpcHandle(None, bytes(64), 8, pages=(1, 2))
+    with pytest.raises(TypeError, match="pages"):
+        cudamem.IpcHandle(None, bytes(64), 8, pages=(1, 2, ()))
+    with pytest.raises(TypeError, match="not both"):
+        cudamem.IpcHandle(None, bytes(64), 8, pool=(1, 2, 3), pages=ih.pages)
+    # A range past the block is not one allocation.
+    with pytest.raises(ValueError, match="not inside one allocation"):
+        _core._ipc_export(vmm_ctx, ptr, 4 * page)
+
+
+@pytest.mark.parametrize("where", ["one_page", "several_pages",
+                                   "shared_page"])
+def test_ipc_child_reads_and_writes(vmm_ctx, child, where):
+    page = stats(vmm_ctx)["page_size"]
+    if where == "one_page":
+        whole = [cudamem.to_device(np.arange(1000, dtype=np.float64))]
+        d = whole[0]
+    elif where == "several_pages":
+        # A large block, exported from 8000 bytes in: its bytes cross
+        # four or five pages.
+        n = (3 * page + page // 2) // 8
+        whole = [cudamem.to_device(np.arange(n, dtype=np.float64))]
+        d = whole[0][1000:]
+    else:
+        # Small arrays packed in one page: a view of the middle one,
+        # at an offset inside the page.
+        whole = [cudamem.to_device(np.full(300, i, dtype=np.int32))
+                 for i in range(3)]
+        d = whole[1][10:250]
+    before = [w.copy_to_host() for w in whole]
+    host = d.copy_to_host()
+    ptr = d.device_ctypes_pointer.value
+    h = d.get_ipc_handle()
+    ih = h.ipc_handle
+    assert ih.kind == "vmm" and ih.offset == ptr % page
+    assert len(ih.pages[2]) == _npages(ptr, d.nbytes, page)
+    if where == "several_pages":
+        assert len(ih.pages[2]) >= 4
+    if where == "shared_page":
+        assert ih.offset > 0
+        assert ih.pages == whole[0].get_ipc_handle().ipc_handle.pages
+    np.testing.assert_array_equal(child.call("read", h), host)
+    assert child.call("add", h, 1) is None
+    cudamem.synchronize()
+    np.testing.assert_array_equal(d.copy_to_host(), host + 1)
+    # Only the exported bytes changed.
+    if where == "several_pages":
+        np.testing.assert_array_equal(whole[0].copy_to_host()[:1000],
+                                      before[0][:1000])
+    if where == "shared_page":
+        for i in (0, 2):
+            np.testing.assert_array_equal(whole[i].copy_to_host(),
+                                          before[i])
+        np.testing.assert_array_equal(whole[1].copy_to_host()[:10],
+                                      before[1][:10])
+    # The opened array's CUDA Array Interface: the mapping's pointer, at
+    # the array's place in its (page-aligned) range.
+    cai_ptr, shape, mapped = child.call("cai", h)
+    assert cai_ptr == mapped and cai_ptr % page == ptr % page
+    assert tuple(shape) == d.shape
+    # open_ipc_array with the IpcHandle keeps its kind; its offset
+    # counts from the first page.
+    seen = child.call("raw", ih, (4,), d.dtype, None, ih.offset)
+    np.testing.assert_array_equal(seen, (host + 1)[:4])
+
+
+def test_ipc_pages_move_and_go_while_the_child_maps_them(vmm_ctx, child):
+    """The exporter frees its array; its pool moves the pages, then gives
+    them back: the child's imports and mappings keep the memory (the
+    driver frees physical memory once every handle and mapping is
+    gone), and the exporter's descriptors follow the memory and close
+    with it."""
+    page = stats(vmm_ctx)["page_size"]
+    _core._pool_release_threshold(vmm_ctx, None, 3600.0)   # no passes
+    vmm_ctx.memory_manager.limit = 5 * page
+    values = fill(2 * page, 7)
+    x = cudamem.to_device(values)              # pages 0-1 of the arena
+    y = vmm_ctx.memalloc(2 * page)             # pages 2-3
+    h = x.get_ipc_handle()
+    entries = set(h.ipc_handle.pages[2])
+    assert len(entries) == 2
+    base_pages = child.call("imported_pages")
+    np.testing.assert_array_equal(child.call("hold", "x", h), values)
+    del x
+    h.ipc_handle.base = None
+    gc.collect()
+    cudamem.synchronize()
+    s = stats(vmm_ctx)["pages"]
+    # Three pages fit nowhere mapped: the two idle ones move, one is made.
+    z = vmm_ctx.memalloc(3 * page)
+    s2 = stats(vmm_ctx)["pages"]
+    assert s2["moved"] - s["moved"] == 2 and s2["made"] - s["made"] == 1
+    for fd, _ in entries:
+        os.fstat(fd)                           # still open: moved, held
+    zp = _core._ipc_export(vmm_ctx, z.device_pointer, z.size)[4]
+    assert entries <= set(zp[2])               # the same memory, named
+    np.testing.assert_array_equal(child.call("read_held", "x"), values)
+    # Given back: the descriptors close with the memory.
+    del z, y
+    gc.collect()
+    cudamem.empty_cache()
+    s3 = stats(vmm_ctx)
+    assert s3["reserved_bytes"] == 0
+    assert s3["pages"]["released"] - s2["released"] == 5
+    if SIMULATOR:
+        assert _sim_page_fds() == 0
+    # The child still reads and writes what it maps.
+    np.testing.assert_array_equal(child.call("read_held", "x"), values)
+    assert child.call("add_held", "x", 1) is None
+    np.testing.assert_array_equal(child.call("read_held", "x"),
+                                  values + np.uint8(1))
+    assert child.call("release", "x") is None
+    if SIMULATOR:
+        assert child.call("imported_pages") == base_pages
+
+
+def test_ipc_open_in_the_exporting_process(vmm_ctx):
+    a = cudamem.to_device(np.arange(4))
+    h = a.get_ipc_handle()
+    with pytest.raises(ValueError, match="from original process"):
+        h.open()
+    h2 = pickle.loads(pickle.dumps(h))
+    with pytest.raises(ValueError, match="from original process"):
+        h2.open()
+    with pytest.raises(ValueError, match="IpcHandle not opened"):
+        h2.close()
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError, match="from original process"):
+        _core._ipc_open_vmm(vmm_ctx, h.ipc_handle.pages, 32)
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_ipc_open_twice_and_close_twice(vmm_ctx, child):
+    a = cudamem.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    fds = child.call("fds")
+    expect_failure(child.call("open_twice", h), "ValueError",
+                   "IpcHandle is already opened")
+    expect_failure(child.call("close_twice", h), "ValueError",
+                   "IpcHandle not opened")
+    # Two handles of the same memory in one process: two mappings over
+    # one import of each page; either closes without the other.
+    same, values = child.call("two_copies", h)
+    assert not same
+    np.testing.assert_array_equal(values, np.arange(10.0))
+    expect_failure(child.call("dead_after_close", h), "ValueError",
+                   "closed")
+    # Never closed: the mapping's owner queues its close when it goes.
+    first, pending, after = child.call("drop_unclosed", h)
+    assert (first, pending, after) == (0.0, 1, 0)
+    assert child.call("fds") == fds
+
+
+def test_ipc_handle_of_an_exporter_that_exited(vmm_ctx, child):
+    rc, out = run_py("""
+        import pickle, numpy as np, cudamem as cuda
+        cuda.set_memory_manager("pool")
+        a = cuda.to_device(np.arange(6.0))
+        print(pickle.dumps(a.get_ipc_handle()).hex())
+        """, CUDAMEM_POOL_VMM="1")
+    assert rc == 0, out
+    h = pickle.loads(bytes.fromhex(out.split()[-1]))
+    assert h.ipc_handle.kind == "vmm"
+    expect_failure(child.call("open", h), "ProcessLookupError", "has exited")
+
+
+def test_ipc_bad_page_handles(vmm_ctx, child):
+    page = stats(vmm_ctx)["page_size"]
+    a = cudamem.to_device(np.arange(10.0))
+    h = a.get_ipc_handle()
+    ih = h.ipc_handle
+    pid, _, entries = ih.pages
+
+    def with_pages(pages):
+        return cudamem.IpcArrayHandle(
+            cudamem.IpcHandle(None, ih.handle, ih.size, ih.source_info,
+                              ih.offset, pages=pages), h.array_desc)
+
+    fds = child.call("fds")
+    # A descriptor the exporter does not have.
+    expect_failure(child.call("open", with_pages((pid, page,
+                                                   ((1 << 20, 1),)))),
+                   "OSError", "no longer has the pool page's file "
+                   "descriptor")
+    # One that is not a page's.
+    expect_failure(child.call("open", with_pages((pid, page, ((0, 1),)))),
+                   "CudaAPIError", "cuMemImportFromShareableHandle")
+    # The second of two pages bad: the first one's import is given back.
+    expect_failure(child.call("open", with_pages(
+        (pid, page, entries + ((1 << 20, 1),)))), "OSError",
+        "no longer has")
+    assert child.call("fds") == fds
+    with pytest.raises(ValueError, match="outside"):
+        _core._ipc_open_vmm(vmm_ctx, ih.pages, page + 1)
+    with pytest.raises(ValueError, match="outside"):
+        _core._ipc_open_vmm(vmm_ctx, ih.pages, 8, page)
+    with pytest.raises(ValueError, match="power of two"):
+        _core._ipc_open_vmm(vmm_ctx, (pid, 3 * page, entries), 8)
+    with pytest.raises(TypeError, match="pages"):
+        _core._ipc_open_vmm(vmm_ctx, None, 8)
+    with pytest.raises(TypeError, match="pages"):
+        _core._ipc_open_vmm(vmm_ctx, (pid, page, (("x", 1),)), 8)
+    with pytest.raises(TypeError, match="Context"):
+        _core._ipc_open_vmm(None, ih.pages, 8)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("entry,nth", [
+    ("MemImportFromShareableHandle", 2), ("MemAddressReserve", 1),
+    ("MemMap", 2), ("MemGetAllocationPropertiesFromHandle", 1),
+    ("MemSetAccess", 1)])
+def test_ipc_failed_open_leaks_nothing(vmm_ctx, child, entry, nth):
+    page = stats(vmm_ctx)["page_size"]
+    a = cudamem.to_device(fill(2 * page + 5000, 3))
+    d = a[3000:]
+    h = d.get_ipc_handle()
+    assert len(h.ipc_handle.pages[2]) == 3
+    pages = child.call("imported_pages")
+    err, before, after = child.call("open_failing", h, entry, nth, 1)
+    assert err is not None and err[0] == "CudaAPIError", err
+    assert "cu" + entry in err[1] and "CUDA_ERROR_INVALID_VALUE" in err[1]
+    assert after == before
+    assert child.call("imported_pages") == pages
+    # And the next open works.
+    np.testing.assert_array_equal(child.call("read", h), d.copy_to_host())
+
+
+@pytest.mark.sim
+def test_ipc_failed_export(vmm_ctx, child):
+    a = cudamem.to_device(fill(3 * stats(vmm_ctx)["page_size"], 5))
+    for export in (a.get_ipc_handle, lambda: _ipc._export_array(a)):
+        _core._sim_inject("MemExportToShareableHandle", 2, 999)
+        try:
+            with pytest.raises(cudamem.CudaAPIError,
+                               match="cuMemExportToShareableHandle"):
+                export()
+        finally:
+            _core._sim_inject("MemExportToShareableHandle", 0, 0)
+    h = a.get_ipc_handle()
+    np.testing.assert_array_equal(child.call("read", h), a.copy_to_host())
+
+
+def test_ipc_contexts_closed_while_mapped(vmm_ctx, child):
+    a = cudamem.to_device(np.arange(50.0))
+    h = a.get_ipc_handle()
+    fds = child.call("fds")
+    # The importer's context closes while it maps the pages: they go
+    # with it, and the handle's close after that frees what is left.
+    np.testing.assert_array_equal(child.call("close_context_holding", h),
+                                  np.arange(50.0))
+    assert child.call("fds") == fds
+    # The exporter's: the child keeps what it maps; the exporter's
+    # descriptors are closed.
+    np.testing.assert_array_equal(child.call("hold", "a", h),
+                                  np.arange(50.0))
+    del a
+    h.ipc_handle.base = None
+    gc.collect()
+    cudamem.close()
+    if SIMULATOR:
+        assert _sim_page_fds() == 0
+    np.testing.assert_array_equal(child.call("read_held", "a"),
+                                  np.arange(50.0))
+    # Another open there shares the pages it imported: no descriptor
+    # is taken.
+    np.testing.assert_array_equal(child.call("read", h), np.arange(50.0))
+    assert child.call("release", "a") is None
+    assert child.call("fds") == fds
+    # Nothing imported left: an open takes the descriptors, which are
+    # closed.
+    expect_failure(child.call("open", h), "OSError",
+                   "no longer has the pool page's file descriptor")
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("no_peer", [False, True])
+def test_ipc_open_on_another_device(vmm_ctx, monkeypatch, no_peer):
+    # Mapped on device 1 (given access to the pages of device 0), or,
+    # without peer access, copied through device 0.
+    if no_peer:
+        if not SIMULATOR:
+            pytest.skip("needs CUDAMEM_SIM_NO_PEER")
+        monkeypatch.setenv("CUDAMEM_SIM_NO_PEER", "0-1")
+    if len(cudamem.gpus) < 2:
+        pytest.skip("needs 2 devices")
+    a = cudamem.to_device(np.arange(16, dtype=np.float32))
+    h = a.get_ipc_handle()
+    c = Child()
+    try:
+        r = c.call("open_on_device", h.ipc_handle, np.float32, 16, 1)
+    finally:
+        c.stop()
+    assert not hasattr(r, "message"), r
+    how, dldev, values, cur = r
+    np.testing.assert_array_equal(values, np.arange(16, dtype=np.float32))
+    assert cur == 0
+    if no_peer:
+        assert how == "_StagedOpen"
+    else:
+        assert how == ("_DirectOpen" if cudamem.can_access_peer(1, 0)
+                       else "_StagedOpen")
+    # Mapped, the pages stay device 0's memory (the driver names the
+    # device a physical allocation lies on); copied, device 1's.
+    assert tuple(dldev) == (2, 0 if how == "_DirectOpen" else 1)
+
+
+@pytest.mark.sim
+def test_ipc_export_refused_where_pages_cannot_be_shared():
+    # A device without POSIX file-descriptor handles: pages are made
+    # without them, and an export says why it cannot.
+    rc, out = run_py("""
+        import numpy as np, cudamem as cuda
+        from cudamem import _core
+        cuda.set_memory_manager("pool")
+        a = cuda.to_device(np.arange(10))
+        print("vmm", _core._pool_stats(cuda.current_context())
+              ["virtual_memory"])
+        try:
+            a.get_ipc_handle()
+        except cuda.CudaAPIError as e:
+            print("refused", e.code, "CUDAMEM_POOL_VMM" in str(e),
+                  "file-descriptor" in str(e))
+        print(a.copy_to_host().sum())
+        """, CUDAMEM_POOL_VMM="1", CUDAMEM_SIM_NO_FD_HANDLES="1")
+    assert rc == 0, out
+    assert "vmm True" in out and "refused 801 True True" in out, out
+    assert out.split()[-1] == "45", out

@@ -42,3 +42,13 @@ def test_async_ipc_does_not_leak():
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip().startswith("OK"), p.stdout + p.stderr
     assert p.stderr == "", p.stderr
+
+
+@pytest.mark.leaks
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="IPC needs Linux")
+def test_vmm_ipc_does_not_leak():
+    p = run("async_ipc_cycles.py", "1000", "vmm")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().startswith("OK"), p.stdout + p.stderr
+    assert p.stderr == "", p.stderr

@@ -21,50 +21,10 @@ import cudamem as cuda
 from cudamem import _core, _ipc
 
 from helpers import ROOT, emm_plugin, ipc_child, run_py
+from helpers.ipc_child import Child, expect_failure
 from helpers.isolation import ISOLATED, SIMULATOR, use_manager
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-class Child:
-    """A spawned process that opens what the parent sends it."""
-
-    def __init__(self):
-        self.conn, theirs = SPAWN.Pipe()
-        self.proc = SPAWN.Process(target=ipc_child.serve, args=(theirs,))
-        self.proc.start()
-        theirs.close()
-
-    def call(self, op, *args):
-        # Nothing orders the other process after this one's queued work,
-        # and a small to_device returns before its data lands (as the
-        # driver's copy of pageable memory does): the H200, with eight
-        # test processes sharing it, once had the child read zeros.
-        cuda.synchronize()
-        self.conn.send((op,) + args)
-        if not self.conn.poll(60):
-            raise TimeoutError("the child did not answer %s" % op)
-        r = self.conn.recv()
-        if r[0] == "ok":
-            return r[1]
-        return Failure(r[1], r[2])
-
-    def stop(self):
-        self.conn.send(None)
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
-
-
-class Failure:
-    """An exception raised in the child: its type name and message."""
-
-    def __init__(self, name, message):
-        self.name = name
-        self.message = message
-
-    def __repr__(self):
-        return "Failure(%s: %s)" % (self.name, self.message)
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +32,6 @@ def child():
     c = Child()
     yield c
     c.stop()
-
-
-def expect_failure(r, name, text):
-    assert isinstance(r, Failure), r
-    assert r.name == name, r
-    assert text in r.message, r
 
 
 # ---------------------------------------------------------------------------

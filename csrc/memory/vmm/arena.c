@@ -31,6 +31,9 @@
  *   stream is waited for and memory that cycles between uses stays; trim() and cudamem.empty_cache() wait for the context and
  *   give back every idle page.
  * - The per-process limit and the pool's limit count mapped memory.
+ * - Pages are made with the POSIX file-descriptor handle type where the
+ *   device supports it, so that IPC can export them (share.c); a page's
+ *   exported descriptor is closed when its memory is given back.
  *
  * No page is unmapped while Python host callbacks are in flight (new
  * memory is made instead, and releases wait for a later free): the
@@ -53,6 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "driver/bytesize.h"
 
@@ -131,6 +135,8 @@ int
 cm_arena_setup(cm_context *ctx, cm_pool *p)
 {
     CUmemAllocationProp prop;
+    CUdevice_attribute fda =
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
     size_t gran = 0;
     int ok = 0;
     int shift;
@@ -149,8 +155,18 @@ cm_arena_setup(cm_context *ctx, cm_pool *p)
                    ctx->device->handle)) != CUDA_SUCCESS || !ok) {
         return 0;
     }
+    /* Pages other processes can import (memory/vmm/share.c), where the
+     * device makes them. */
+    ok = 0;
+    p->vshare = cm_cu.MemExportToShareableHandle != NULL
+                && CM_CU_RAW(DeviceGetAttribute,
+                             (&ok, fda, ctx->device->handle)) == CUDA_SUCCESS
+                && ok;
     memset(&prop, 0, sizeof(prop));
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = p->vshare
+                                    ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                    : CU_MEM_HANDLE_TYPE_NONE;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = (int)ctx->device->handle;
     if (CM_CU(MemGetAllocationGranularity,
@@ -416,6 +432,9 @@ cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
     else {
         memset(&prop, 0, sizeof(prop));
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes =
+            p->vshare ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                      : CU_MEM_HANDLE_TYPE_NONE;
         prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = p->device;
         rc = CM_CU_RAW(MemCreate, (h, gran, &prop, 0));
@@ -432,12 +451,22 @@ cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
     return rc;
 }
 
-/* Give one page's memory (unmapped) back to the device. */
+/* Give one page's memory (unmapped) back to the device, and close its
+ * exported descriptor, if any. */
 static void
 cm_page_drop(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle h)
 {
     size_t gran = (size_t)1 << p->gshift;
+    int fd;
 
+    /* Out of the table first: the driver may give h's value to new
+     * memory once it is released. */
+    cm_mu_lock(&p->mu);
+    fd = cm_vshare_take(p, h);
+    cm_mu_unlock(&p->mu);
+    if (fd >= 0) {
+        close(fd);
+    }
     (void)CM_CU_RAW(MemRelease, (h));
     cm_limit_give(ctx, gran);
     cm_mu_lock(&p->mu);

@@ -149,4 +149,15 @@ CUresult cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep,
  * context) only the host memory is freed. */
 CUresult cm_arena_free_seg(cm_context *ctx, cm_seg *g, int driver);
 
+/* share.c: the descriptors of exported pages. */
+
+/* Forget page h's exported descriptor (its memory is being given back):
+ * the descriptor, for the caller to close, or -1 when h had none (mutex
+ * held). */
+int cm_vshare_take(cm_pool *p, CUmemGenericAllocationHandle h);
+
+/* Close every exported descriptor of p and free the table (p is dead:
+ * no mutex needed). */
+void cm_vshare_close(cm_pool *p);
+
 #endif /* CM_ARENA_H */

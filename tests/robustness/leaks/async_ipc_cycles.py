@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: MIT
-"""Memory-pool IPC of the async manager, many times over: the exporter's
-handles and the importer's opens and closes (direct, dropped unclosed,
-two opens of one export) must leave descriptors, Python allocations and
-device memory flat in both processes, and the importer must exit cleanly
-with imports still open.  Prints OK or what grew."""
+"""Memory-pool IPC of the async manager (or, with "vmm" after the count,
+the export of pages of the pool manager on virtual memory), many times
+over: the exporter's handles and the importer's opens and closes
+(direct, dropped unclosed, two opens of one export) must leave
+descriptors, Python allocations and device memory flat in both
+processes, and the importer must exit cleanly with imports still open.
+Prints OK or what grew."""
 
 import gc
 import multiprocessing
@@ -15,6 +17,7 @@ import tracemalloc
 import numpy as np
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+VMM = len(sys.argv) > 2 and sys.argv[2] == "vmm"
 
 
 def fds():
@@ -76,15 +79,23 @@ def importer(conn):
 
 
 def main():
-    os.environ["CUDAMEM_MEMORY_MANAGER"] = "async"
+    if VMM:
+        os.environ["CUDAMEM_MEMORY_MANAGER"] = "pool"
+        os.environ["CUDAMEM_POOL_VMM"] = "1"
+    else:
+        os.environ["CUDAMEM_MEMORY_MANAGER"] = "async"
     import cudamem as cuda
+    from cudamem import _core
 
     ctx = cuda.current_context()
-    if not ctx.memory_manager.shareable:
+    if VMM and not _core._pool_stats(ctx)["virtual_memory"]:
+        print("OK (the device has no virtual memory management)")
+        return
+    if not VMM and not ctx.memory_manager.shareable:
         print("OK (the device's pools cannot be shared)")
         return
     arrays = [cuda.to_device(np.arange(n, dtype=np.float32))
-              for n in (10, 1000, 100000)]
+              for n in (10, 1000, 100000, 1200000)]
     handles = [a.get_ipc_handle() for a in arrays]
     handles.append(arrays[1][100:300].get_ipc_handle())
     # The exporter's side: handles made and pickled many times.
