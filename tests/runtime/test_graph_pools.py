@@ -43,9 +43,13 @@ def overlaps(r, s):
     return r[0] < s[1] and s[0] < r[1]
 
 
-def flush(ctx):
-    """Run the releases the default manager queues."""
-    gc.collect()
+def flush(ctx, collect=True):
+    """Run the releases the default manager queues (after a garbage
+    collection, unless collect is false: in a process that ran many
+    tests a collection is slow, and the random programs make no
+    cycles)."""
+    if collect:
+        gc.collect()
     ctx.memory_manager.deallocations.clear()
 
 
@@ -226,13 +230,13 @@ def test_random_programs(mgr):
     in any order and closes.  Every replay's output matches its input,
     and no eager allocation overlaps memory a live graph pool holds."""
     with manager_context(mgr) as ctx:
-        for seed in range(100):
+        for seed in range(300):
             try:
                 _random_program(ctx, seed)
             except AssertionError as e:
                 raise AssertionError(
                     "seed %d (%s): %s" % (seed, mgr, e)) from None
-            flush(ctx)
+            flush(ctx, collect=False)
         assert _core._capture_counts() == (0, 0)
 
 
@@ -291,7 +295,7 @@ def _random_program(ctx, seed):
             gr = graphs.pop(rng.integers(len(graphs)))
             gr[0].close()
         elif op == 5:
-            flush(ctx)
+            flush(ctx, collect=False)
     for gr in graphs:
         g, s, hin, hout, _ = gr
         hin[:] = rng.standard_normal(hin.size)
