@@ -159,6 +159,10 @@ int cm_capture_restricted(void);
  * driver call.  Any thread. */
 int cm_capture_stream_known(CUstream h);
 
+/* Whether cudamem began a capture of ctx's stream h that is in progress
+ * (ctx alive): the check of a stream that goes.  No driver call; GIL. */
+int cm_capture_stream_of(const cm_context *ctx, CUstream h);
+
 /* Stream h of ctx, a stream() of cudamem's, is being dropped and its
  * destroy was queued: if it captures, that capture is ended in the
  * driver (its graph discarded) and forgotten, and ctx's queues run

@@ -684,6 +684,32 @@ cm_capture_release_held(void)
     PyErr_SetRaisedException(exc);
 }
 
+/* The slot of a capture of ctx's stream h, or -1.  A handle alone does
+ * not say it: a stream of a closed context keeps its Stream object after
+ * the handle went, and a new stream may get the same handle. */
+static int
+cm_cap_find_in(const cm_context *ctx, CUstream h)
+{
+    int i;
+
+    if (!cm_capture_any() || !ctx->alive) {
+        return -1;
+    }
+    for (i = 0; i < CM_CAP_SLOTS; i++) {
+        if (atomic_load(&cm_cap_handle[i]) == (uintptr_t)h
+            && cm_cap_gen[i] == ctx->gen) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+int
+cm_capture_stream_of(const cm_context *ctx, CUstream h)
+{
+    return !cm_stream_handle_is_default(h) && cm_cap_find_in(ctx, h) >= 0;
+}
+
 int
 cm_capture_stream_gone(cm_context *ctx, CUstream h)
 {
@@ -691,10 +717,7 @@ cm_capture_stream_gone(cm_context *ctx, CUstream h)
     CUgraph g = NULL;
     int slot;
 
-    if (!cm_capture_stream_known(h)) {
-        return 0;
-    }
-    slot = cm_cap_find(h);
+    slot = cm_cap_find_in(ctx, h);
     if (slot < 0) {
         return 0;
     }

@@ -109,7 +109,7 @@ cm_stream_dealloc(PyObject *self)
      * Reported against the type: self, at refcount 0, must not reach
      * the unraisable hook, which would take and drop a reference. */
     if (s->kind == CM_STREAM_USER && !Py_IsFinalizing()) {
-        int capturing = cm_capture_stream_known(s->handle);
+        int capturing = cm_capture_stream_of(s->ctx, s->handle);
 
         if ((capturing || !cm_stream_cache_put(s))
             && cm_handle_release(s->ctx, 0, s->handle) < 0) {

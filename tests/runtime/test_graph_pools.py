@@ -519,3 +519,37 @@ def test_closing_a_context_while_it_captures():
         print("ok")
     """, check=False)
     assert r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_a_closed_contexts_stream_does_not_end_a_new_capture():
+    # A Stream object of a closed context outlives its handle, and a new
+    # stream may get the same handle value: dropping the old object must
+    # not end (or forget) the new stream's capture.
+    r = run_child("""
+        import gc
+        import numpy as np, cudamem
+        from cudamem import _core
+        old = [cudamem.stream() for _ in range(64)]
+        handles = {s.handle for s in old}
+        cudamem.close()
+        new = [cudamem.stream() for _ in range(64)]
+        reused = [s for s in new if s.handle in handles]
+        if not reused:
+            print("no handle reused")
+            raise SystemExit(0)
+        s = reused[0]
+        s.begin_capture()
+        del old
+        gc.collect()
+        assert _core._capture_counts() == (1, 1), _core._capture_counts()
+        assert s.is_capturing()
+        a = cudamem.device_array(100, np.float32, stream=s)
+        g = s.end_capture()
+        assert g.pool._stats()["live_blocks"] == 1
+        g.close()
+        print("ok")
+    """)
+    out = r.stdout.strip()
+    if out.endswith("no handle reused"):
+        pytest.skip("the driver gave no closed context's handle again")
+    assert out.endswith("ok")
