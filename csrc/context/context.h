@@ -154,6 +154,35 @@ void *cm_capture_pool(CUstream h);
  * without the GIL. */
 int cm_capture_restricted(void);
 
+/* While the captures cudamem began forbid this thread the potentially
+ * unsafe calls (cm_capture_restricted): its capture mode made relaxed
+ * around a call the driver would otherwise refuse and that joins no
+ * capture (a stream-ordered allocation or free on a stream that does not
+ * capture, a cuMemAlloc).  *saved: the mode to give back, or -1 when
+ * nothing was changed (no driver call then). */
+static inline void
+cm_capture_relax(int *saved)
+{
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+    *saved = -1;
+    if (cm_capture_restricted()
+        && CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m))
+               == CUDA_SUCCESS) {
+        *saved = (int)m;
+    }
+}
+
+static inline void
+cm_capture_unrelax(int saved)
+{
+    CUstreamCaptureMode m = (CUstreamCaptureMode)saved;
+
+    if (saved >= 0) {
+        (void)CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m));
+    }
+}
+
 /* Whether cudamem began a capture on stream h that is in progress: an
  * event recorded on h would be captured, and a query of h refused.  No
  * driver call.  Any thread. */

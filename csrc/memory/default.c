@@ -23,6 +23,7 @@ cm_default_alloc(cm_context *ctx, size_t size, CUstream stream,
                  CUdeviceptr *p, uintptr_t *handle)
 {
     CUresult rc;
+    int relaxed;
     cm_gpool *gp = cm_gpool_for(ctx, stream);
 
     if (gp != NULL) {
@@ -33,7 +34,9 @@ cm_default_alloc(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CM_DRIVER_BEGIN_NOGIL
+    cm_capture_relax(&relaxed);
     rc = CM_CU_RAW(MemAlloc, (p, size));
+    cm_capture_unrelax(relaxed);
     CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         cm_limit_give(ctx, size);

@@ -341,6 +341,7 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     size_t limit;
     CUdeviceptr base = 0;
     CUresult rc;
+    int relaxed;
     cm_blk *b;
     cm_gil_saved gd;
 
@@ -386,12 +387,14 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
     }
     Py_INCREF(ctx);
     CM_DRIVER_BEGIN_NOGIL
+    cm_capture_relax(&relaxed);
     rc = CM_CU_RAW(MemAlloc, (&base, want));
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && want != exact) {
         cm_limit_give(ctx, want - exact);
         want = exact;
         rc = CM_CU_RAW(MemAlloc, (&base, want));
     }
+    cm_capture_unrelax(relaxed);
     CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         cm_limit_give(ctx, want);
@@ -436,6 +439,7 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
     cm_pool *p = ctx->pool;
     cm_gpool *gp = cm_gpool_for(ctx, stream);
     CUresult rc;
+    int relaxed;
 
     if (gp != NULL) {
         /* Captured: the graph's own memory (memory/graph/gpool.c). */
@@ -450,6 +454,7 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CM_DRIVER_BEGIN_NOGIL
+    cm_capture_relax(&relaxed);
     if (p->shareable) {
         rc = CM_CU_RAW(MemAllocFromPoolAsync,
                        (ptr, size, p->mempool, stream));
@@ -464,6 +469,7 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
             (void)CM_CU_RAW(MemFreeAsync, (*ptr, stream));
         }
     }
+    cm_capture_unrelax(relaxed);
     CM_DRIVER_END_NOGIL
     if (rc != CUDA_SUCCESS) {
         cm_limit_give(ctx, size);
@@ -657,6 +663,7 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
 {
     cm_pool *p = ctx->pool;
     CUresult rc;
+    int relaxed;
 
     if (cm_gpool_handle(handle)) {
         return cm_gpool_release(ctx, handle, kind == CM_REL_ASYNC_SYNC);
@@ -675,8 +682,10 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
             return rc;
         }
     }
+    cm_capture_relax(&relaxed);
     rc = CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
                                   kind == CM_REL_ASYNC ? stream : NULL));
+    cm_capture_unrelax(relaxed);
     __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
     return rc;
 }

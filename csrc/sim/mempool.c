@@ -551,6 +551,12 @@ sim_pool_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
         /* Allocation nodes of a graph: not modelled. */
         rc = CUDA_ERROR_NOT_SUPPORTED;
     }
+    if (rc == CUDA_SUCCESS) {
+        /* On a stream that does not capture, a potentially unsafe call
+         * under the capture modes' rule (an H200 refuses it while
+         * another thread captures in global mode). */
+        rc = sim_capture_unsafe();
+    }
     if (rc == CUDA_SUCCESS && pool != NULL) {
         mp = sim_mempool_get(pool);
         /* An imported pool cannot allocate; a pool's memory must be
@@ -691,6 +697,10 @@ sim_MemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     if (rc == CUDA_SUCCESS && s->cap != NULL) {
         /* Free nodes of a graph: not modelled. */
         rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (rc == CUDA_SUCCESS) {
+        /* As for the allocation: a potentially unsafe call. */
+        rc = sim_capture_unsafe();
     }
     if (rc == CUDA_SUCCESS
         && (a == NULL || a->base != (uintptr_t)dptr

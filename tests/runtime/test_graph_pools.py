@@ -18,10 +18,28 @@ import pytest
 import cudamem
 from cudamem import GraphPool, _core
 from helpers.crashutil import run_child
-from helpers.isolation import manager_context
+from helpers.isolation import (manager_context, run_module_in_a_child,
+                               skip_unless_own_process)
+
+# The tests close contexts (manager_context): on a GPU, where the test
+# process shares its primary context with other libraries, the module
+# runs in a child process of its own.
+pytestmark = pytest.mark.exclusive
+
+AHEAD_HARMLESS = ("_isolated_on_a_gpu",)
 
 N = 256
 MANAGERS = ["default", "pool", "async"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_on_a_gpu(request):
+    skip_unless_own_process(request, "test_graph_pools_module_in_a_child")
+
+
+@pytest.mark.timeout(430)
+def test_graph_pools_module_in_a_child_process():
+    run_module_in_a_child(__file__, timeout=400)
 
 
 @pytest.fixture(params=MANAGERS)
