@@ -160,13 +160,19 @@ int cm_capture_restricted(void);
  * capture (a stream-ordered allocation or free on a stream that does not
  * capture, a cuMemAlloc).  *saved: the mode to give back, or -1 when
  * nothing was changed (no driver call then). */
+/* Nonzero while this thread runs an adapter's call for another library
+ * (CuPy's, PyTorch's allocations and frees through cudamem): that
+ * library may capture on this thread without cudamem knowing, so its
+ * allocations and frees are relaxed too (graph.c). */
+extern _Thread_local int cm_capture_adapter_depth;
+
 static inline void
 cm_capture_relax(int *saved)
 {
     CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
 
     *saved = -1;
-    if (cm_capture_restricted()
+    if ((cm_capture_adapter_depth > 0 || cm_capture_restricted())
         && CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m))
                == CUDA_SUCCESS) {
         *saved = (int)m;

@@ -72,6 +72,8 @@ static void cm_cap_count_in(int slot, cm_stream *s);
 static PyObject *cm_cap_forget(int slot);
 static void cm_capture_release_held(void);
 
+_Thread_local int cm_capture_adapter_depth;
+
 static const char *const cm_cap_mode_names[] = {
     "global", "thread_local", "relaxed"
 };

@@ -98,7 +98,11 @@ cm_client_dealloc(PyObject *self)
         slot = &cm_client_bytes[c->device][c->client];
         *slot = *slot >= c->size ? *slot - c->size : 0;
     }
+    /* The library may be capturing on this thread: its free is relaxed
+     * (context.h, cm_capture_relax). */
+    cm_capture_adapter_depth++;
     Py_CLEAR(c->mem);
+    cm_capture_adapter_depth--;
     tp->tp_free(self);
     Py_DECREF(tp);
     PyErr_SetRaisedException(exc);
@@ -494,7 +498,9 @@ cm_cupy_malloc(PyObject *self, PyObject *arg)
         /* During CuPy's own capture of its stream: the capture's graph
          * pool (memory/graph/gpool.c). */
         cm_gpool_force(cm_gpool_foreign(ctx, stream));
+        cm_capture_adapter_depth++;
         owner = cm_client_alloc(ctx, (size_t)size, stream, CM_CLIENT_CUPY);
+        cm_capture_adapter_depth--;
         cm_gpool_force(NULL);
         if (owner == NULL) {
             goto out;
@@ -1049,7 +1055,11 @@ cudamem_torch_alloc(size_t size, int device, CUstream stream)
         || !cm_interop_python_ok()) {
         return NULL;
     }
+    /* PyTorch may be capturing on this thread: its allocation is made in
+     * the relaxed capture mode (context.h, cm_capture_relax). */
+    cm_capture_adapter_depth++;
     if (cm_torch_alloc_lane(size, device, stream, &r)) {
+        cm_capture_adapter_depth--;
         return r;
     }
     g = PyGILState_Ensure();
@@ -1062,6 +1072,7 @@ cudamem_torch_alloc(size_t size, int device, CUstream stream)
     }
     PyErr_SetRaisedException(saved);
     PyGILState_Release(g);
+    cm_capture_adapter_depth--;
     return r;
 }
 
@@ -1142,7 +1153,15 @@ cudamem_torch_free(void *ptr, size_t size, int device, CUstream stream)
         }
     }
     cm_mu_unlock(&cm_lane_mu);
-    if (i < 0 || (e.lane != NULL && cm_torch_free_lane(&e))) {
+    if (i < 0) {
+        return;
+    }
+    /* PyTorch may be capturing on this thread (a tensor made before its
+     * capture freed inside it): the free is made in the relaxed capture
+     * mode (context.h, cm_capture_relax). */
+    cm_capture_adapter_depth++;
+    if (e.lane != NULL && cm_torch_free_lane(&e)) {
+        cm_capture_adapter_depth--;
         return;
     }
     g = PyGILState_Ensure();
@@ -1153,6 +1172,7 @@ cudamem_torch_free(void *ptr, size_t size, int device, CUstream stream)
     }
     PyErr_SetRaisedException(saved);
     PyGILState_Release(g);
+    cm_capture_adapter_depth--;
 }
 
 PyDoc_STRVAR(cm_torch_last_error_doc,

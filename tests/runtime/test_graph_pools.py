@@ -345,8 +345,13 @@ def test_another_librarys_capture_allocating_through_cudamem(mgr):
             ext = cudamem.external_stream(h)
             hin = cudamem.pinned_array(N, np.float32)
             hout = cudamem.pinned_array(N, np.float32)
+            h2 = _core._raw_stream_create(1)
+            old = lib.cudamem_torch_alloc(4 * N, dev, h2)
             before = reserved()
             _core._raw_begin_capture(h, 0)
+            # PyTorch frees a tensor made before its capture, inside it,
+            # on the capturing thread: no call the capture forbids.
+            lib.cudamem_torch_free(old, 4 * N, dev, h2)
             p = lib.cudamem_torch_alloc(4 * N, dev, h)
             q = lib.cudamem_torch_alloc(4 * N, dev, h)
             assert p and q
@@ -389,6 +394,8 @@ def test_another_librarys_capture_allocating_through_cudamem(mgr):
         finally:
             _core._raw_stream_synchronize(h)
             _core._raw_stream_destroy(h)
+            _core._raw_stream_synchronize(h2)
+            _core._raw_stream_destroy(h2)
 
 
 def _peer_child(code, mgr):
