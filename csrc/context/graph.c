@@ -532,7 +532,15 @@ cm_graph_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 cm_graph_destroy_run(CUgraphExec x)
 {
-    if (CM_CU(GraphExecDestroy, (x)) < 0) {
+    CUresult rc;
+    int relaxed;
+
+    /* The H200 refuses it while a capture forbids unsafe calls: made in
+     * the relaxed capture mode then (it joins no capture). */
+    cm_capture_relax(&relaxed);
+    rc = CM_CU_RAW(GraphExecDestroy, (x));
+    cm_capture_unrelax(relaxed);
+    if (cm_cu_check(rc, "cuGraphExecDestroy") < 0) {
         return NULL;
     }
     Py_RETURN_NONE;

@@ -889,6 +889,10 @@ sim_graph_destroy(const void *h, int exec)
     if (g == NULL) {
         rc = CUDA_ERROR_INVALID_VALUE;
     }
+    else if (exec && (rc = sim_capture_unsafe()) != CUDA_SUCCESS) {
+        /* A potentially unsafe call under the capture modes' rule: an
+         * H200 refuses cuGraphExecDestroy during a global capture. */
+    }
     else {
         sim_set_del(&sim.graphs, g);
         sim_nodes_free(g->head);
