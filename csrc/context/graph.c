@@ -2,7 +2,8 @@
 /*
  * context/graph.c: stream capture and graph launch.  Owns the
  * process-wide record of the captures cudamem began (a count, a count of
- * the global-mode ones, and the capturing stream handles, in atomics:
+ * the global-mode ones, the capturing stream handles and each capture's
+ * graph pool, opaque here: memory/graph/gpool.c's, in atomics:
  * no lock, read without a driver call on every synchronous path), the
  * Stream methods begin_capture / end_capture / is_capturing, the
  * private functions the Python Graph class (cudamem/graphs.py) calls,
