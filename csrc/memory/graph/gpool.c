@@ -489,7 +489,8 @@ cm_gpools_stream_gone(cm_context *ctx, CUstream h)
     cm_seg *g;
     cm_blk *b;
 
-    if (cm_gpools == NULL) {
+    if (__atomic_load_n(&cm_gpools, __ATOMIC_RELAXED) == NULL) {
+        /* No graph pool (a hint read without the mutex). */
         return;
     }
     cm_mu_lock(&cm_gpool_mu);
@@ -515,7 +516,8 @@ cm_gpools_stats(cm_context *ctx, size_t *reserved, size_t *free_b)
 {
     cm_gpool *gp;
 
-    if (cm_gpools == NULL) {
+    if (__atomic_load_n(&cm_gpools, __ATOMIC_RELAXED) == NULL) {
+        /* No graph pool (a hint read without the mutex). */
         return;
     }
     cm_mu_lock(&cm_gpool_mu);
