@@ -159,6 +159,7 @@ struct cm_pool {
     size_t idle_pages;    /* mapped pages no block in use covers */
     size_t arena_used;    /* bytes of the arenas' blocks in use */
     size_t peak_reserved; /* the most reserved has been */
+    size_t peak_used;     /* the most arena_used has been */
     size_t n_made;        /* pages made (cuMemCreate) so far */
     size_t n_moved;       /* idle pages moved to another place so far */
     size_t n_released;    /* pages given back (cuMemRelease) so far */

@@ -99,6 +99,9 @@ cm_arena_use(cm_pool *p, const cm_blk *b)
     if (p->idle_pages < p->idle_low) {
         p->idle_low = p->idle_pages;
     }
+    if (p->arena_used > p->peak_used) {
+        p->peak_used = p->arena_used;
+    }
 }
 
 static inline void
