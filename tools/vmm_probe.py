@@ -118,8 +118,17 @@ ck(cu.cuMemSetAccess(page(0), ctypes.c_size_t(16 * G), ctypes.byref(acc),
                      ctypes.c_size_t(1)), "access 16")
 print("one cuMemSetAccess over 16 pages: %.1f us"
       % ((time.perf_counter() - t0) * 1e6))
+# One cuMemUnmap over the 16 pages, each mapped by its own cuMemMap:
+# whether the driver takes a range of several mappings, and its cost.
+t0 = time.perf_counter()
+rc = cu.cuMemUnmap(page(0), ctypes.c_size_t(16 * G))
+t1 = time.perf_counter()
+print("one cuMemUnmap over 16 pages mapped one by one: rc %d, %.1f us"
+      % (rc, (t1 - t0) * 1e6))
 for i, h in enumerate(hs):
-    drop(i, h)
+    if rc != 0:
+        ck(cu.cuMemUnmap(page(i), ctypes.c_size_t(G)), "unmap")
+    ck(cu.cuMemRelease(h), "release")
 
 # Does a call wait for another stream, held by a host function?
 HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
