@@ -255,4 +255,12 @@ int cm_capture_refuse_ctx(const char *what);
  * asked (cuStreamIsCapturing), as another library may capture it. */
 int cm_capture_refuse_stream(CUstream h, int external, const char *what);
 
+/* A wait or query of a stream or event the driver counts as potentially
+ * unsafe during a capture (cuStreamSynchronize, cuStreamQuery,
+ * cuEventSynchronize, cuEventQuery): refused while a capture cudamem
+ * began forbids this thread such calls (cm_capture_restricted), before
+ * the driver would refuse it and invalidate that capture.  No driver
+ * call. */
+int cm_capture_refuse_unsafe(const char *what);
+
 #endif /* CM_CONTEXT_LAYER_H */

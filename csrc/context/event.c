@@ -140,6 +140,7 @@ cm_event_synchronize_run(PyObject *self, PyObject *unused)
 
     (void)unused;
     if (cm_check_not_in_callback("synchronize") < 0
+        || cm_capture_refuse_unsafe("Event.synchronize()") < 0
         || cm_context_activate(e->ctx) < 0) {
         return NULL;
     }
@@ -177,7 +178,8 @@ cm_event_query_run(PyObject *self, PyObject *unused)
     CUresult rc;
 
     (void)unused;
-    if (cm_context_activate(e->ctx) < 0) {
+    if (cm_capture_refuse_unsafe("Event.query()") < 0
+        || cm_context_activate(e->ctx) < 0) {
         return NULL;
     }
     rc = CM_CU_RAW(EventQuery, (e->handle));
@@ -251,7 +253,8 @@ cm_event_await(PyObject *self)
     if (loop == NULL) {
         return NULL;
     }
-    if (cm_context_activate(e->ctx) < 0) {
+    if (cm_capture_refuse_unsafe("await of an Event") < 0
+        || cm_context_activate(e->ctx) < 0) {
         goto out_decref_loop;
     }
     rc = CM_CU_RAW(EventQuery, (e->handle));

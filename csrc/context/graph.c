@@ -221,6 +221,20 @@ cm_capture_refuse_stream(CUstream h, int external, const char *what)
         "or end the capture first");
 }
 
+int
+cm_capture_refuse_unsafe(const char *what)
+{
+    if (!cm_capture_restricted()) {
+        return 0;
+    }
+    return cm_capture_raise(
+        what, "a stream (in global mode, or on this thread)",
+        "the driver forbids waits and queries of streams and events then, "
+        "and would invalidate the capture; wait after end_capture(), or "
+        "capture in mode='thread_local' from another thread, or in "
+        "mode='relaxed'");
+}
+
 /* ------------------------------------------------------------------ */
 /* Stream methods                                                      */
 /* ------------------------------------------------------------------ */

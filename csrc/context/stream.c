@@ -156,6 +156,7 @@ cm_stream_synchronize_run(PyObject *self, PyObject *unused)
     if (cm_check_not_in_callback("synchronize") < 0
         || cm_capture_refuse_stream(h, s->kind == CM_STREAM_EXTERNAL,
                                     "Stream.synchronize()") < 0
+        || cm_capture_refuse_unsafe("Stream.synchronize()") < 0
         || cm_context_activate(s->ctx) < 0) {
         return NULL;
     }
@@ -204,7 +205,8 @@ cm_stream_query_run(PyObject *self, PyObject *unused)
     CUresult rc;
 
     (void)unused;
-    if (cm_context_activate(s->ctx) < 0) {
+    if (cm_capture_refuse_unsafe("Stream.query()") < 0
+        || cm_context_activate(s->ctx) < 0) {
         return NULL;
     }
     rc = CM_CU_RAW(StreamQuery, (s->handle));

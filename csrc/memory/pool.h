@@ -176,6 +176,10 @@ struct cm_pool {
     uint64_t release_ns;  /* the time between release passes */
     uint64_t release_next;  /* CLOCK_MONOTONIC_COARSE ns of the next
                              * pass */
+    size_t astat_reserved;  /* async: the driver pool's reserved and
+                             * free bytes as last read, for statistics
+                             * while a capture forbids the query */
+    size_t astat_free;
     int untrimmed;        /* async: the driver's pool may cache memory
                            * (a free or a failed allocation since the
                            * last trim); trim() has nothing to give back

@@ -1123,15 +1123,21 @@ cm_async_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
     if (p == NULL || p->dead) {
         return;
     }
-    if (CM_CU_RAW(MemPoolGetAttribute,
-                  (p->mempool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r))
-            == CUDA_SUCCESS
+    /* While a capture forbids this thread the query (it would be refused
+     * and invalidate the capture): the figures as last read. */
+    if (!cm_capture_restricted()
+        && CM_CU_RAW(MemPoolGetAttribute,
+                     (p->mempool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r))
+               == CUDA_SUCCESS
         && CM_CU_RAW(MemPoolGetAttribute,
                      (p->mempool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u))
                == CUDA_SUCCESS) {
-        *reserved = (size_t)r;
-        *free_b = r > u ? (size_t)(r - u) : 0;
+        __atomic_store_n(&p->astat_reserved, (size_t)r, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->astat_free, r > u ? (size_t)(r - u) : 0,
+                         __ATOMIC_RELAXED);
     }
+    *reserved = __atomic_load_n(&p->astat_reserved, __ATOMIC_RELAXED);
+    *free_b = __atomic_load_n(&p->astat_free, __ATOMIC_RELAXED);
 }
 
 /* The pool manager's statistics, largest free block included (0 with

@@ -464,7 +464,15 @@ CUresult
 sim_MemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                         void *value)
 {
+    CUresult rc;
+
     SIM_ENTER(MemPoolGetAttribute);
+    /* Potentially unsafe during a capture, as the driver has it (an H200
+     * refused it on the thread capturing in global mode). */
+    rc = sim_capture_check_unsafe();
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
     return sim_mempool_attr(pool, attr, value, 0);
 }
 

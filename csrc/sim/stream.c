@@ -100,6 +100,12 @@ sim_StreamSynchronize(CUstream hStream)
         rc = sim_capture_legacy(s, 1);
     }
     if (rc == CUDA_SUCCESS) {
+        /* A wait for a stream that does not capture: potentially
+         * unsafe, as the driver has it (refused on an H200 from a thread
+         * other than the one capturing in global mode). */
+        rc = sim_capture_unsafe();
+    }
+    if (rc == CUDA_SUCCESS) {
         rc = sim_wait(s, s->submitted);
     }
     if (rc == CUDA_SUCCESS) {
@@ -437,6 +443,10 @@ sim_EventSynchronize(CUevent hEvent)
         e = (sim_event *)(void *)hEvent;
         if (sim_event_captured(e)) {
             rc = sim_capture_event_refuse(e);
+        }
+        else if ((rc = sim_capture_unsafe()) != CUDA_SUCCESS) {
+            /* A wait for an ordinary event: potentially unsafe, as its
+             * query is. */
         }
         else if (e->rec_stream != NULL) {
             rc = sim_wait(e->rec_stream, e->rec_ticket);

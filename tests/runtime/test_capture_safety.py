@@ -476,47 +476,53 @@ def test_async_assignment_during_a_capture(io):
     assert (d.copy_to_host() == 7).all()
 
 
-def test_auto_gil_synchronize_during_a_capture(io):
-    # In the 'auto' GIL mode, under contention, Stream.synchronize() of
-    # the stream a copy into pageable memory just used asks the driver
-    # first whether it is done (cuStreamQuery); not during a capture
-    # that forbids it.  Two threads held in driver calls make the
-    # contention.
+def test_waits_and_queries_during_a_global_capture(io):
+    # The driver forbids waits and queries of streams and events (even of
+    # ones that do not capture) on every thread while a capture runs in
+    # global mode, and invalidates the capture for such a call (an H200
+    # refused cuStreamSynchronize of an idle stream from another thread).
+    # cudamem says so before the driver is asked, so the capture stays
+    # valid; in the 'auto' GIL mode the query Stream.synchronize() makes
+    # after a copy into pageable memory is not made either.
     was = _core._copy_keep_gil("auto")
-    hs = [_core._raw_stream_create(1) for _ in range(2)]
-    gates = [_core._raw_gate(h) for h in hs]
     s2 = cudamem.stream()
     d = cudamem.to_device(np.arange(16, dtype=np.float32))
-    waiting = []
+    ev = cudamem.event()
+    ev.record(s2)
     try:
         with capture(io):
-            for h in hs:
-                t = threading.Thread(target=_core._raw_stream_synchronize,
-                                     args=(h,))
-                t.start()
-                waiting.append(t)
-            time.sleep(0.2)                        # both in the driver
-
             def copy_and_wait():
                 out = np.zeros(16, np.float32)
                 d.copy_to_host(out, stream=s2)
-                s2.synchronize()
+                with pytest.raises(cudamem.StreamCaptureError,
+                                   match=r"Stream.synchronize\(\).*"
+                                         r"end_capture"):
+                    s2.synchronize()
                 return out
 
             out = in_thread(copy_and_wait)
             np.testing.assert_array_equal(out, np.arange(16))
-            for g in gates:
-                _core._raw_gate_open(g)
-            gates = []
-            for t in waiting:
-                t.join(30)
+            for call, name in ((s2.query, "Stream.query"),
+                               (ev.query, "Event.query"),
+                               (ev.synchronize, "Event.synchronize")):
+                with pytest.raises(cudamem.StreamCaptureError,
+                                   match=name):
+                    in_thread(call)
+        s2.synchronize()                       # after it: as before
+        assert s2.query() and ev.query()
     finally:
-        for g in gates:
-            _core._raw_gate_open(g)
-        for h in hs:
-            _core._raw_stream_synchronize(h)
-            _core._raw_stream_destroy(h)
         _core._copy_keep_gil(was)
+
+
+def test_waits_beside_a_thread_local_capture(io):
+    # A capture in thread_local mode forbids nothing to other threads.
+    s2 = cudamem.stream()
+    ev = cudamem.event()
+    ev.record(s2)
+    with capture(io, mode="thread_local"):
+        in_thread(s2.synchronize)
+        assert in_thread(s2.query) and in_thread(ev.query)
+        in_thread(ev.synchronize)
 
 
 def test_out_of_memory_during_a_capture(pool_ctx, io):
