@@ -14,6 +14,7 @@ import pytest
 import cudamem as cuda
 from cudamem import _core
 from helpers import run_py
+from helpers.isolation import SIMULATOR
 
 from helpers.arrays import DTYPES, sample
 
@@ -324,36 +325,6 @@ def test_async_ordering_on_one_stream(staging):
         assert (o == i).all(), i
 
 
-def test_async_follows_its_stream_and_completes_before_returning(
-        simulator):
-    """An asynchronous staged copy is issued on its stream after the work
-    queued there, and (like the driver's copies of pageable memory) has
-    completed when it returns, its buffers back in the cache."""
-    if not simulator:
-        pytest.skip("slowed-down copies need the simulator")
-    rc, out = run_py("""
-        import numpy as np, cudamem
-        from cudamem import _core
-        _core._staging_config(enabled=True, threshold=1, chunk=1 << 14)
-        s = cudamem.stream()
-        h = np.arange(1 << 15, dtype=np.float64)   # 16 chunks
-        src = cudamem.pinned_array(h.shape, h.dtype)
-        src[:] = h[::-1]
-        d = cudamem.device_array_like(h)
-        d.copy_to_device(h, stream=s)        # staged
-        d.copy_to_device(src, stream=s)      # direct, slowed down
-        out = d.copy_to_host(stream=s)       # staged, after both
-        st = _core._staging_stats()
-        print("data:", bool((out == h[::-1]).all()))
-        print("released:", st["in_use"] == 0 and st["inflight"] == 0)
-        print("staged:", st["staged"] >= 2)
-        """, CUDAMEM_SIM_DELAY_US="50000")
-    assert rc == 0, out
-    assert "data: True" in out
-    assert "released: True" in out
-    assert "staged: True" in out
-
-
 def test_async_keeps_temporary_source_alive(staging):
     s = cuda.stream()
     d = cuda.device_array(20000, np.float64)
@@ -647,3 +618,41 @@ def test_nt_spin_and_huge_tunables(staging):
     """, CUDAMEM_STAGING_NT="1", CUDAMEM_STAGING_SPIN="30",
         CUDAMEM_STAGING_HUGE="1")
     assert rc == 0 and out.strip().endswith("True 30 True"), out
+
+
+# -- in a child, beside the next module's ---------------------------------
+#
+# Last in the module: a test marked ahead that only runs a child (mostly
+# waiting out the simulator's slowed-down copies) runs beside the marked
+# tests that follow it, test_stream_model.py's programs
+# (tests/helpers/ahead.py).
+
+
+@pytest.mark.ahead
+def test_async_follows_its_stream_and_completes_before_returning():
+    """An asynchronous staged copy is issued on its stream after the work
+    queued there, and (like the driver's copies of pageable memory) has
+    completed when it returns, its buffers back in the cache."""
+    if not SIMULATOR:
+        pytest.skip("slowed-down copies need the simulator")
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        _core._staging_config(enabled=True, threshold=1, chunk=1 << 14)
+        s = cudamem.stream()
+        h = np.arange(1 << 15, dtype=np.float64)   # 16 chunks
+        src = cudamem.pinned_array(h.shape, h.dtype)
+        src[:] = h[::-1]
+        d = cudamem.device_array_like(h)
+        d.copy_to_device(h, stream=s)        # staged
+        d.copy_to_device(src, stream=s)      # direct, slowed down
+        out = d.copy_to_host(stream=s)       # staged, after both
+        st = _core._staging_stats()
+        print("data:", bool((out == h[::-1]).all()))
+        print("released:", st["in_use"] == 0 and st["inflight"] == 0)
+        print("staged:", st["staged"] >= 2)
+        """, CUDAMEM_SIM_DELAY_US="50000")
+    assert rc == 0, out
+    assert "data: True" in out
+    assert "released: True" in out
+    assert "staged: True" in out
