@@ -23,6 +23,7 @@ from cudamem import _core, _ipc
 from helpers import ROOT, TESTS, run_py
 from helpers.ipc_child import Child, expect_failure
 from helpers.isolation import (SIMULATOR, manager_context,
+                               run_module_in_a_child,
                                skip_unless_own_process)
 
 pytestmark = pytest.mark.exclusive
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.exclusive
 # module's start left out of the collector's view, the IPC tests that
 # count this process's page descriptors at times found one still open
 # after the pages were given back (test_ipc_pages_move_and_go_while_the_
-# child_maps_them, about one run in four of this module alone).
+# child_maps_them, about one run in four of this module alone; not yet
+# explained: it may be a descriptor freed late in cudamem or the simulator).
 GC_NOT_FROZEN = "the IPC tests' page descriptors"
 
 KiB = 1 << 10
@@ -45,13 +47,9 @@ def _isolated_on_a_gpu(request):
 
 @pytest.mark.timeout(330)
 def test_vmm_module_in_a_child_process():
-    if SIMULATOR:
-        pytest.skip("already in a process of its own")
-    env = dict(os.environ, CUDAMEM_TEST_ISOLATED="1")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
-                        "no:cacheprovider", __file__], env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    # Verbose, each test under a limit of its own, and on a timeout the
+    # output so far (the H200 once gave none in 200 s).
+    run_module_in_a_child(__file__, timeout=300)
 
 
 @pytest.fixture
