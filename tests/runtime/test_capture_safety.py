@@ -20,7 +20,6 @@ with close())."""
 import contextlib
 import gc
 import threading
-import time
 
 import numpy as np
 import pytest
