@@ -62,7 +62,19 @@ import struct
 import sys
 import types
 
-from . import _core
+try:
+    from . import _core
+except ImportError as _e:
+    _here = os.path.dirname(os.path.abspath(__file__))
+    if any(n.startswith("_core.") and not n.endswith(".pyi")
+           for n in os.listdir(_here)):
+        raise        # built, but it does not load: the error says why
+    raise ImportError(
+        "cudamem's C extension (cudamem._core) is not built in %s: "
+        "install cudamem (pip install .) or build it in place (python "
+        "setup.py build_ext --inplace); outside a source checkout Python "
+        "imports an installed cudamem instead" % _here,
+        name="cudamem._core") from _e
 
 __all__ = [
     "CUDA_ARRAY_INTERFACE_SYNC",

@@ -1,10 +1,14 @@
 # SPDX-License-Identifier: MIT
 """Loading the backend: import never needs a GPU, a missing driver is a
-clear CudaSupportError, the simulator is chosen by environment, and a fork
-after initialisation is refused in the child."""
+clear CudaSupportError, the simulator is chosen by environment, a fork
+after initialisation is refused in the child, and a source tree whose
+extension is not built says how to build it."""
 
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +158,20 @@ def test_python_m_cudamem_without_backend():
                      CUDAMEM_DRIVER_LIBRARY="/nonexistent/does-not-exist.so")
     assert rc == 1
     assert "backend: unavailable" in out
+
+
+@pytest.mark.ahead
+def test_unbuilt_source_tree_says_how_to_build():
+    # The package's Python files without the extension, imported from
+    # their folder (no site-packages: nothing installed can stand in).
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copytree(Path(cudamem.__file__).parent, Path(d) / "cudamem",
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        p = subprocess.run([sys.executable, "-S", "-c", "import cudamem"],
+                           cwd=d, capture_output=True, text=True,
+                           timeout=60)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: cudamem's C extension "
+                           "(cudamem._core) is not built"), p.stderr
+    assert "pip install ." in last and "build_ext --inplace" in last
