@@ -62,6 +62,18 @@ def expect_failure(r, name, text):
     assert text in r.message, r
 
 
+def sim_page_fds():
+    """This process's descriptors of simulated pool pages (the pages'
+    memory, and descriptors exported from or imported into it)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += "cudamem-sim-vmm" in os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            pass
+    return n
+
+
 def _drop_capability(cap):
     """Remove capability cap from this process's effective and permitted
     sets (capset(2), version 3 headers)."""
@@ -254,22 +266,12 @@ def _ops():
             return (cai["data"][0], cai["shape"],
                     arr.gpu_data.device_pointer)
 
-    def imported_pages():
-        # This process's descriptors of simulated pool pages (imports).
-        n = 0
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                n += "cudamem-sim-vmm" in os.readlink("/proc/self/fd/" + fd)
-            except OSError:
-                pass
-        return n
-
     return {
         "fds": fds, "inject": inject, "open_failing": open_failing,
         "drop_ptrace": drop_ptrace, "hold": hold, "read_held": read_held,
         "add_held": add_held, "release": release,
         "close_context_holding": close_context_holding, "cai": cai,
-        "imported_pages": imported_pages,
+        "imported_pages": sim_page_fds,
         "drop_unclosed": drop_unclosed,
         "open_on_device": open_on_device,
         "read": read, "add": add, "open": open_, "open_twice": open_twice,

@@ -21,7 +21,7 @@ import pytest
 import cudamem
 from cudamem import _core, _ipc
 from helpers import ROOT, TESTS, run_py
-from helpers.ipc_child import Child, expect_failure
+from helpers.ipc_child import Child, expect_failure, sim_page_fds
 from helpers.isolation import (SIMULATOR, manager_context,
                                run_module_in_a_child,
                                skip_unless_own_process)
@@ -396,18 +396,6 @@ def child():
     c.stop()
 
 
-def _sim_page_fds():
-    """This process's descriptors of simulated pool pages: the pages'
-    memory and the descriptors exported from it."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += "cudamem-sim-vmm" in os.readlink("/proc/self/fd/" + fd)
-        except OSError:
-            pass
-    return n
-
-
 def _npages(ptr, nbytes, page):
     return (ptr + nbytes - 1) // page - ptr // page + 1
 
@@ -559,7 +547,7 @@ def test_ipc_pages_move_and_go_while_the_child_maps_them(vmm_ctx, child):
     assert s3["reserved_bytes"] == 0
     assert s3["pages"]["released"] - s2["released"] == 5
     if SIMULATOR:
-        assert _sim_page_fds() == 0
+        assert sim_page_fds() == 0
     # The child still reads and writes what it maps.
     np.testing.assert_array_equal(child.call("read_held", "x"), values)
     assert child.call("add_held", "x", 1) is None
@@ -714,7 +702,7 @@ def test_ipc_contexts_closed_while_mapped(vmm_ctx, child):
     gc.collect()
     cudamem.close()
     if SIMULATOR:
-        assert _sim_page_fds() == 0
+        assert sim_page_fds() == 0
     np.testing.assert_array_equal(child.call("read_held", "a"),
                                   np.arange(50.0))
     # Another open there shares the pages it imported: no descriptor
