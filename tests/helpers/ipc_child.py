@@ -62,6 +62,42 @@ def expect_failure(r, name, text):
     assert text in r.message, r
 
 
+def open_on_device_1(monkeypatch, no_peer, simulator):
+    """An array of device 0's current manager exported and opened in a
+    child on device 1: mapped there (given access), or without peer
+    access (the simulator's CUDAMEM_SIM_NO_PEER) copied through device 0.
+    Checks the values, that device 0 stays the child's current device and
+    how it was opened; returns (how, the DLPack device).  Skips without
+    two devices, or for no_peer on a GPU."""
+    import pytest
+
+    import cudamem
+
+    if no_peer:
+        if not simulator:
+            pytest.skip("needs CUDAMEM_SIM_NO_PEER")
+        monkeypatch.setenv("CUDAMEM_SIM_NO_PEER", "0-1")
+    if len(cudamem.gpus) < 2:
+        pytest.skip("needs 2 devices")
+    a = cudamem.to_device(np.arange(16, dtype=np.float32))
+    h = a.get_ipc_handle()
+    c = Child()
+    try:
+        r = c.call("open_on_device", h.ipc_handle, np.float32, 16, 1)
+    finally:
+        c.stop()
+    assert not hasattr(r, "message"), r
+    how, dldev, values, cur = r
+    np.testing.assert_array_equal(values, np.arange(16, dtype=np.float32))
+    assert cur == 0
+    if no_peer:
+        assert how == "_StagedOpen"
+    else:
+        assert how == ("_DirectOpen" if cudamem.can_access_peer(1, 0)
+                       else "_StagedOpen")
+    return how, tuple(dldev)
+
+
 def sim_page_fds():
     """This process's descriptors of simulated pool pages (the pages'
     memory, and descriptors exported from or imported into it)."""

@@ -21,7 +21,8 @@ import pytest
 import cudamem
 from cudamem import _core, _ipc
 from helpers import ROOT, TESTS, run_py
-from helpers.ipc_child import Child, expect_failure, sim_page_fds
+from helpers.ipc_child import (Child, expect_failure, open_on_device_1,
+                               sim_page_fds)
 from helpers.isolation import (SIMULATOR, manager_context,
                                run_module_in_a_child,
                                skip_unless_own_process)
@@ -721,31 +722,10 @@ def test_ipc_contexts_closed_while_mapped(vmm_ctx, child):
 def test_ipc_open_on_another_device(vmm_ctx, monkeypatch, no_peer):
     # Mapped on device 1 (given access to the pages of device 0), or,
     # without peer access, copied through device 0.
-    if no_peer:
-        if not SIMULATOR:
-            pytest.skip("needs CUDAMEM_SIM_NO_PEER")
-        monkeypatch.setenv("CUDAMEM_SIM_NO_PEER", "0-1")
-    if len(cudamem.gpus) < 2:
-        pytest.skip("needs 2 devices")
-    a = cudamem.to_device(np.arange(16, dtype=np.float32))
-    h = a.get_ipc_handle()
-    c = Child()
-    try:
-        r = c.call("open_on_device", h.ipc_handle, np.float32, 16, 1)
-    finally:
-        c.stop()
-    assert not hasattr(r, "message"), r
-    how, dldev, values, cur = r
-    np.testing.assert_array_equal(values, np.arange(16, dtype=np.float32))
-    assert cur == 0
-    if no_peer:
-        assert how == "_StagedOpen"
-    else:
-        assert how == ("_DirectOpen" if cudamem.can_access_peer(1, 0)
-                       else "_StagedOpen")
+    how, dldev = open_on_device_1(monkeypatch, no_peer, SIMULATOR)
     # Mapped, the pages stay device 0's memory (the driver names the
     # device a physical allocation lies on); copied, device 1's.
-    assert tuple(dldev) == (2, 0 if how == "_DirectOpen" else 1)
+    assert dldev == (2, 0 if how == "_DirectOpen" else 1)
 
 
 @pytest.mark.sim

@@ -21,7 +21,7 @@ import cudamem as cuda
 from cudamem import _core, _ipc
 
 from helpers import ROOT, emm_plugin, ipc_child, run_py
-from helpers.ipc_child import Child, expect_failure
+from helpers.ipc_child import Child, expect_failure, open_on_device_1
 from helpers.isolation import ISOLATED, SIMULATOR, use_manager
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -1095,28 +1095,8 @@ def test_async_pool_fd_goes_with_the_context():
 @pytest.mark.multi_gpu
 @pytest.mark.parametrize("no_peer", [False, True])
 def test_async_open_on_another_device(async_ctx, monkeypatch, no_peer):
-    if no_peer:
-        if not SIMULATOR:
-            pytest.skip("needs CUDAMEM_SIM_NO_PEER")
-        monkeypatch.setenv("CUDAMEM_SIM_NO_PEER", "0-1")
-    if len(cuda.gpus) < 2:
-        pytest.skip("needs 2 devices")
-    a = cuda.to_device(np.arange(16, dtype=np.float32))
-    h = a.get_ipc_handle()
-    c = Child()
-    try:
-        r = c.call("open_on_device", h.ipc_handle, np.float32, 16, 1)
-    finally:
-        c.stop()
-    assert not hasattr(r, "message"), r
-    how, dldev, values, cur = r
-    np.testing.assert_array_equal(values, np.arange(16, dtype=np.float32))
-    assert tuple(dldev) == (2, 1) and cur == 0
-    if no_peer:
-        assert how == "_StagedOpen"
-    else:
-        assert how == ("_DirectOpen" if cuda.can_access_peer(1, 0)
-                       else "_StagedOpen")
+    how, dldev = open_on_device_1(monkeypatch, no_peer, SIMULATOR)
+    assert dldev == (2, 1)
 
 
 @pytest.mark.sim
