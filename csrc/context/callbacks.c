@@ -23,65 +23,6 @@
 #define cm_notifiers (cm_st->notifiers)
 
 /* ------------------------------------------------------------------ */
-/* Argument binding                                                    */
-/* ------------------------------------------------------------------ */
-
-/* Bind METH_FASTCALL | METH_KEYWORDS arguments to names (interned).
- * out[i] receives a borrowed reference, or keeps what the caller preset
- * (a default, or NULL for a required argument).  The first nrequired names
- * are required.  0, or -1 with TypeError. */
-int
-cm_bind_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
-             PyObject *kwnames, PyObject *const *names, Py_ssize_t nnames,
-             Py_ssize_t nrequired, PyObject **out)
-{
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    Py_ssize_t i;
-    Py_ssize_t j;
-    PyObject *key;
-
-    if (nargs > nnames) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s() takes at most %zd argument%s (%zd given)",
-                     fname, nnames, nnames == 1 ? "" : "s", nargs);
-        return -1;
-    }
-    for (i = 0; i < nargs; i++) {
-        out[i] = args[i];
-    }
-    for (j = 0; j < nkw; j++) {
-        key = PyTuple_GET_ITEM(kwnames, j);
-        for (i = 0; i < nnames; i++) {
-            if (key == names[i] || PyUnicode_Compare(key, names[i]) == 0) {
-                break;
-            }
-        }
-        if (i == nnames) {
-            PyErr_Format(PyExc_TypeError,
-                         "%s() got an unexpected keyword argument '%U'",
-                         fname, key);
-            return -1;
-        }
-        if (i < nargs) {
-            PyErr_Format(PyExc_TypeError,
-                         "%s() got multiple values for argument '%U'",
-                         fname, key);
-            return -1;
-        }
-        out[i] = args[nargs + j];
-    }
-    for (i = 0; i < nrequired; i++) {
-        if (out[i] == NULL) {
-            PyErr_Format(PyExc_TypeError,
-                         "%s() missing required argument '%U'", fname,
-                         names[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------------ */
 /* Driver threads, interpreter exit and deferred releases              */
 /* ------------------------------------------------------------------ */
 
