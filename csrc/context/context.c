@@ -446,6 +446,23 @@ cm_context_leave(cm_context *ctx, CUcontext prev)
 }
 
 cm_context *
+cm_context_of_device(PyObject *dev)
+{
+    int i;
+
+    if (cm_driver_ensure() < 0) {
+        return NULL;
+    }
+    if (PyObject_TypeCheck(dev, cm_st->Device_type)) {
+        i = ((cm_device *)dev)->id;
+    }
+    else if ((i = cm_device_arg(dev)) < 0) {
+        return NULL;
+    }
+    return cm_context_get(i);
+}
+
+cm_context *
 cm_context_of_handle(CUcontext h)
 {
     return h == NULL ? NULL : cm_context_find(h);

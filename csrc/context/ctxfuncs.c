@@ -29,47 +29,6 @@ cm_device_count_fn(PyObject *mod, PyObject *unused)
     return n < 0 ? NULL : PyLong_FromLong(n);
 }
 
-/* A device ordinal argument, normalised; -1 with an exception. */
-int
-cm_device_arg(PyObject *arg)
-{
-    Py_ssize_t i;
-
-    if (PyFloat_Check(arg)) {
-        PyErr_Format(PyExc_TypeError,
-                     "device id must be an integer, not %.100s",
-                     Py_TYPE(arg)->tp_name);
-        return -1;
-    }
-    i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
-    if (i == -1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Format(PyExc_TypeError,
-                         "device id must be an integer, not %.100s",
-                         Py_TYPE(arg)->tp_name);
-        }
-        return -1;
-    }
-    return cm_device_index(i);
-}
-
-cm_context *
-cm_context_of_device(PyObject *dev)
-{
-    int i;
-
-    if (cm_driver_ensure() < 0) {
-        return NULL;
-    }
-    if (PyObject_TypeCheck(dev, cm_st->Device_type)) {
-        i = ((cm_device *)dev)->id;
-    }
-    else if ((i = cm_device_arg(dev)) < 0) {
-        return NULL;
-    }
-    return cm_context_get(i);
-}
-
 PyDoc_STRVAR(cm_get_device_doc,
 "_get_device(device_id)\n--\n\nThe Device of that ordinal.");
 

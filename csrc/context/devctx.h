@@ -52,6 +52,9 @@ int cm_device_count(void);
 /* Normalise a device ordinal (negative ones wrap); -1 with IndexError. */
 int cm_device_index(Py_ssize_t i);
 
+/* A device ordinal argument, normalised; -1 with an exception. */
+int cm_device_arg(PyObject *arg);
+
 /* Device i (already normalised): borrowed, made on first use. */
 cm_device *cm_device_get(int i);
 
@@ -77,8 +80,5 @@ int cm_context_pop_all(void);
 int cm_context_release_device(int i);
 
 extern PyType_Spec cm_context_spec;
-
-/* A device ordinal argument, normalised; -1 with an exception. */
-int cm_device_arg(PyObject *arg);
 
 #endif /* CM_DEVCTX_H */

@@ -168,6 +168,30 @@ cm_device_index(Py_ssize_t i)
     return (int)j;
 }
 
+/* A device ordinal argument, normalised; -1 with an exception. */
+int
+cm_device_arg(PyObject *arg)
+{
+    Py_ssize_t i;
+
+    if (PyFloat_Check(arg)) {
+        PyErr_Format(PyExc_TypeError,
+                     "device id must be an integer, not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Format(PyExc_TypeError,
+                         "device id must be an integer, not %.100s",
+                         Py_TYPE(arg)->tp_name);
+        }
+        return -1;
+    }
+    return cm_device_index(i);
+}
+
 /* Device i (already normalised): borrowed, made on first use. */
 cm_device *
 cm_device_get(int i)
