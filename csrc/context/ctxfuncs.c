@@ -4,7 +4,6 @@
  * (select_device, get_current_device, close, ...) and their init.
  */
 #include "context/devctx.h"
-#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -60,6 +60,10 @@ cm_device *cm_device_get(int i);
 
 int cm_device_cc_at_least(cm_device *d, int major, int minor);
 
+/* The PCI domain, bus and device ids of device h from the driver; 0 or
+ * -1.  (cm_device_pci, in cm.h, caches them on the Device.) */
+int cm_device_read_pci(CUdevice h, int pci[3]);
+
 extern PyType_Spec cm_device_spec;
 
 /* The Context of device i, retaining its primary context if needed.
