@@ -1,8 +1,43 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/callbacks.c: argument binding, driver threads and deferred
- * releases, the cache of idle streams, host calls, add_callback and the
- * GIL-free completion path behind async_done() and await event.
+ * context/callbacks.c: driver threads and deferred releases, the cache of
+ * idle streams, host calls, add_callback and the GIL-free completion
+ * path behind async_done() and await event.
+ *
+ * Two ways of running host code after a stream's preceding work:
+ *
+ * - add_callback: a Python callable run on the driver's callback thread,
+ *   which takes the GIL (PyGILState_Ensure) unless the interpreter is
+ *   exiting;
+ * - the GIL-free completion path behind Stream.async_done() and
+ *   `await event`: the host function only appends a record to a per-loop
+ *   notifier and signals its eventfd (a pipe off Linux); the asyncio loop
+ *   reads the fd and resolves the futures on its own thread.
+ *
+ * It also owns the recycling of stream handles: a stream made by cudamem
+ * that is idle when its Stream object goes (cuStreamQuery succeeds) is
+ * not destroyed but kept on its context's list (cm_context.stream_cache,
+ * at most CUDA_STREAM_CACHE_SIZE of them), and a later stream() of that
+ * context with the same flags and priority takes it instead of calling
+ * cuStreamCreate.  Idle means all its work, host callbacks included, has
+ * finished; a callback or asyncio waiter of cudamem's holds a strong
+ * reference to its Stream until it has run, so none is pending then.
+ * The lists are emptied, their streams destroyed, by close, reset and
+ * the exit hook; a forked child neither keeps nor takes a handle.
+ *
+ * Locks and the GIL: everything Python runs with the GIL held.  One lock:
+ * each notifier's pthread mutex (cm_mu_lock), which guards its list of
+ * completed waiters; the driver thread takes it without the GIL
+ * (cm_waiter_run) and the loop thread with it (_drain); no other lock
+ * nests in it and nothing under it calls Python or the driver (only the
+ * fd's write).  The kept streams are guarded by the GIL: taking and
+ * keeping one never release it (CM_CU_RAW_HELD; nothing is kept while
+ * Python callbacks are in flight), and emptying a list takes its entries
+ * out before the GIL is released around the destroys
+ * (CM_DRIVER_BEGIN_NOGIL).  The GIL is also released around the enqueue
+ * of a waiter (the driver owns it from then on) and while the exit hook
+ * waits for the callbacks inside.  A Python callback runs on the driver
+ * thread, which has no GIL until cm_pycall_run takes it.
  */
 #include "context/stream.h"
 

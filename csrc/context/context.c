@@ -1,17 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context.c: devices and their primary contexts.
+ * context/context.c: primary contexts.
  *
- * Owns the Device objects (one per ordinal, made once) and the registry of
- * Context objects (one per device while its primary context is retained).
- * cudamem uses primary contexts only: the first call on a thread with no
- * current context pushes device 0's, a current context that is not a
- * primary one is refused, and close() on the main thread releases and
- * resets every primary context so the next call starts fresh.
+ * Owns the registry of Context objects (one per device while its primary
+ * context is retained; the Device objects are device.c's, the Python
+ * type Context is ctxtypes.c's), the Context of the calling thread, of a
+ * handle, a pointer or a device argument, making a context current
+ * around a call (cm_context_activate, cm_context_enter,
+ * cm_context_leave), and peer access between contexts.  cudamem uses
+ * primary contexts only: the first call on a thread with no current
+ * context pushes device 0's, a current context that is not a primary one
+ * is refused, and close() on the main thread releases and resets every
+ * primary context so the next call starts fresh.
  *
- * Locking: the registries are only touched with the GIL held.  Retaining a
- * primary context releases the GIL, so after it the registry is checked
- * again and a context made meanwhile by another thread wins.
+ * Locks and the GIL: no lock; the registry is only touched with the GIL
+ * held.  Retaining a primary context releases the GIL (CM_CU_NOGIL), and
+ * so does any driver call while Python callbacks are in flight (CM_CU,
+ * CM_CU_RAW), so after one the registry is checked again: a context made
+ * meanwhile by another thread wins, one being closed is waited for, and
+ * cm_context_activate / cm_context_enter check that the context is still
+ * alive.  A new context's memory manager is made by Python code
+ * (cudamem._emm), with no lock held.
  *
  * Closing a device (close() on the main thread, Device.reset()) against
  * other threads is close.c's; until it is over, a thread that needs the

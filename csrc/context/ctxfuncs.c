@@ -2,6 +2,17 @@
 /*
  * context/ctxfuncs.c: the module-level functions of devices and contexts
  * (select_device, get_current_device, close, ...) and their init.
+ *
+ * Locks and the GIL: one lock, the pthread mutex of a _synchronize_all
+ * waiter (cm_syncall.lock, through cm_mu_lock), which guards its done
+ * flag and reference count; its helper thread, which has no GIL and
+ * touches no Python object, takes it after its synchronisations, and the
+ * caller waits on its condition with the GIL released.  No other lock
+ * nests in it and no driver or Python call is made under it.  The GIL
+ * is also released around cuCtxSynchronize in synchronize() (the context
+ * held by a reference), cuMemcpyPeer in _memcpy_peer (CM_CU_NOGIL), and
+ * around any driver call while Python callbacks are in flight (CM_CU);
+ * close() releases and resets contexts through close.c.
  */
 #include "context/devctx.h"
 

@@ -8,12 +8,14 @@
  * contexts themselves are device.c's and context.c's.
  *
  * Locks and the GIL: no lock.  Everything runs with the GIL held, which
- * guards a Context's fields (mm_info_busy, memory_manager); the GIL is
- * released only around cuCtxSynchronize in Context.synchronize (with the
- * context entered, touching no Python object), inside the close that
- * Device.reset() runs (close.c), and around any driver call while Python
- * callbacks are in flight (CM_CU).  A plugin's get_memory_info and reset
- * are Python calls, made with no lock held.
+ * guards a Context's fields (mm_info_busy, memory_manager, mm).  The GIL
+ * is released around cuCtxSynchronize in Context.synchronize
+ * (CM_CU_NOGIL, the context entered, no Python object touched), inside
+ * what Device.reset() and Context.reset() call (close.c's close,
+ * callbacks.c's destroys of the kept streams, the memory layer's flush),
+ * and around any driver call while Python callbacks are in flight
+ * (CM_CU).  The methods call Python (a plugin's methods, cudamem._emm's
+ * classes) with no lock held.
  */
 #include "context/devctx.h"
 #include "context/devattrs.h"

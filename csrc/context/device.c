@@ -1,6 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/device.c: Device objects, one per device ordinal.
+ * context/device.c: devices, and the registry the files of devices and
+ * contexts share.  Owns the device count and ordinals (cm_device_count,
+ * cm_device_index, cm_device_arg), one Device object per ordinal made on
+ * first use (cm_device_get; its Python type is ctxtypes.c's), a device's
+ * compute capability and PCI location, the registry's arrays (cm_devs,
+ * cm_ctxs, cm_resetting), the waits of a close against other threads
+ * (cm_context_wait_reset, cm_context_quiesce) and the runtime's part of
+ * a fork's child.  It calls nothing else of the folder.
+ *
+ * Locks and the GIL: no lock; the registry's arrays are guarded by the
+ * GIL (a fork's child clears the flags and counts before any other
+ * thread exists there).  The GIL is released only to nap while another
+ * thread closes device i (cm_context_wait_reset: cm_resetting is read
+ * again with the GIL back) and while the driver calls in flight drain
+ * (cm_context_quiesce: atomics only), and around a device query while
+ * Python callbacks are in flight (CM_CU): cm_device_get checks again
+ * afterwards that no other thread made the Device meanwhile.
  */
 #include "context/devctx.h"
 

@@ -1,7 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/streamfuncs.c: the module-level stream and event functions,
- * the resolution of stream arguments, and the init of streams.
+ * context/streamfuncs.c: the module-level stream, event and graph
+ * functions (stream(), event(), external_stream(), ...), and the init of
+ * streams and events.
+ *
+ * Locks and the GIL: no lock.  The GIL is released around cuStreamCreate
+ * (CM_CU_NOGIL: the context held by a reference, which a close on
+ * another thread may take away from the registry meanwhile), around the
+ * destroy of a stream whose object could not be made
+ * (CM_DRIVER_BEGIN_NOGIL), and around any driver call while Python
+ * callbacks are in flight (CM_CU).
  */
 #include "context/stream.h"
 
