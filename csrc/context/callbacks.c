@@ -1,8 +1,43 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/callbacks.c: argument binding, driver threads and deferred
- * releases, the cache of idle streams, host calls, add_callback and the
- * GIL-free completion path behind async_done() and await event.
+ * context/callbacks.c: driver threads and deferred releases, the cache of
+ * idle streams, host calls, add_callback and the GIL-free completion
+ * path behind async_done() and await event.
+ *
+ * Two ways of running host code after a stream's preceding work:
+ *
+ * - add_callback: a Python callable run on the driver's callback thread,
+ *   which takes the GIL (PyGILState_Ensure) unless the interpreter is
+ *   exiting;
+ * - the GIL-free completion path behind Stream.async_done() and
+ *   `await event`: the host function only appends a record to a per-loop
+ *   notifier and signals its eventfd (a pipe off Linux); the asyncio loop
+ *   reads the fd and resolves the futures on its own thread.
+ *
+ * It also owns the recycling of stream handles: a stream made by cudamem
+ * that is idle when its Stream object goes (cuStreamQuery succeeds) is
+ * not destroyed but kept on its context's list (cm_context.stream_cache,
+ * at most CUDA_STREAM_CACHE_SIZE of them), and a later stream() of that
+ * context with the same flags and priority takes it instead of calling
+ * cuStreamCreate.  Idle means all its work, host callbacks included, has
+ * finished; a callback or asyncio waiter of cudamem's holds a strong
+ * reference to its Stream until it has run, so none is pending then.
+ * The lists are emptied, their streams destroyed, by close, reset and
+ * the exit hook; a forked child neither keeps nor takes a handle.
+ *
+ * Locks and the GIL: everything Python runs with the GIL held.  One lock:
+ * each notifier's pthread mutex (cm_mu_lock), which guards its list of
+ * completed waiters; the driver thread takes it without the GIL
+ * (cm_waiter_run) and the loop thread with it (_drain); no other lock
+ * nests in it and nothing under it calls Python or the driver (only the
+ * fd's write).  The kept streams are guarded by the GIL: taking and
+ * keeping one never release it (CM_CU_RAW_HELD; nothing is kept while
+ * Python callbacks are in flight), and emptying a list takes its entries
+ * out before the GIL is released around the destroys
+ * (CM_DRIVER_BEGIN_NOGIL).  The GIL is also released around the enqueue
+ * of a waiter (the driver owns it from then on) and while the exit hook
+ * waits for the callbacks inside.  A Python callback runs on the driver
+ * thread, which has no GIL until cm_pycall_run takes it.
  */
 #include "context/stream.h"
 
@@ -21,65 +56,6 @@
  * both made on first use, kept in the module state. */
 #define cm_get_running_loop (cm_st->get_running_loop)
 #define cm_notifiers (cm_st->notifiers)
-
-/* ------------------------------------------------------------------ */
-/* Argument binding                                                    */
-/* ------------------------------------------------------------------ */
-
-/* Bind METH_FASTCALL | METH_KEYWORDS arguments to names (interned).
- * out[i] receives a borrowed reference, or keeps what the caller preset
- * (a default, or NULL for a required argument).  The first nrequired names
- * are required.  0, or -1 with TypeError. */
-int
-cm_bind_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
-             PyObject *kwnames, PyObject *const *names, Py_ssize_t nnames,
-             Py_ssize_t nrequired, PyObject **out)
-{
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    Py_ssize_t i;
-    Py_ssize_t j;
-    PyObject *key;
-
-    if (nargs > nnames) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s() takes at most %zd argument%s (%zd given)",
-                     fname, nnames, nnames == 1 ? "" : "s", nargs);
-        return -1;
-    }
-    for (i = 0; i < nargs; i++) {
-        out[i] = args[i];
-    }
-    for (j = 0; j < nkw; j++) {
-        key = PyTuple_GET_ITEM(kwnames, j);
-        for (i = 0; i < nnames; i++) {
-            if (key == names[i] || PyUnicode_Compare(key, names[i]) == 0) {
-                break;
-            }
-        }
-        if (i == nnames) {
-            PyErr_Format(PyExc_TypeError,
-                         "%s() got an unexpected keyword argument '%U'",
-                         fname, key);
-            return -1;
-        }
-        if (i < nargs) {
-            PyErr_Format(PyExc_TypeError,
-                         "%s() got multiple values for argument '%U'",
-                         fname, key);
-            return -1;
-        }
-        out[i] = args[nargs + j];
-    }
-    for (i = 0; i < nrequired; i++) {
-        if (out[i] == NULL) {
-            PyErr_Format(PyExc_TypeError,
-                         "%s() missing required argument '%U'", fname,
-                         names[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------------ */
 /* Driver threads, interpreter exit and deferred releases              */

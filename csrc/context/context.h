@@ -1,10 +1,40 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * context/context.h: the context layer as the layers above see it, and
- * what its files (device.c, context.c, ctxfuncs.c, callbacks.c,
- * stream.c, event.c, streamfuncs.c) share: the Stream and Event objects,
- * stream arguments and the driver-thread test.  The Device and Context
- * objects themselves are declared in cm.h.
+ * what all its files share: the Stream and Event objects, stream
+ * arguments, the driver-thread test and the capture checks.  The Device
+ * and Context objects themselves are declared in cm.h.
+ *
+ * The folder owns devices and their primary contexts, streams, events,
+ * host callbacks, stream capture and graphs.  Its files, lowest first,
+ * each calling only files before it: device.c (devices, the registry),
+ * context.c (primary contexts, making one current), argparse.c (keyword
+ * binding, stream arguments), graph.c (the record of captures, capture
+ * and graph launch), callbacks.c (driver threads, deferred releases, the
+ * cache of idle streams, host callbacks, the asyncio completion path),
+ * close.c (closing a device's context), ctxtypes.c (the Device and
+ * Context types), ctxfuncs.c (their module functions), stream.c and
+ * event.c (the Stream and Event types), streamfuncs.c (their module
+ * functions).  devctx.h and stream.h are private to the folder: what
+ * the files of devices and contexts, and of streams and events, share.
+ * It reaches the memory managers and the IPC imports above it through
+ * cm_ctx_up (cm.h).
+ *
+ * Locks and the GIL: the registry of devices and contexts, a context's
+ * fields and its kept streams are guarded by the GIL; the record of
+ * captures is atomics, read from any thread with or without it.  The
+ * only locks are two pthread mutexes of one object each, taken through
+ * cm_mu_lock, never nested and never held across a driver or Python
+ * call: an asyncio loop's notifier (callbacks.c) and a _synchronize_all
+ * waiter (ctxfuncs.c).  The GIL is released around the driver calls
+ * that may wait (synchronisations, retains and resets of primary
+ * contexts, stream creation and destroys, enqueues of host calls, graph
+ * instantiation and launch) and, while Python callbacks are in flight,
+ * around every driver call (CM_CU, CM_CU_RAW); after such a release a
+ * context may have been closed by another thread, which the code checks
+ * again.  Host calls run on a driver thread, where no driver call is
+ * made: add_callback's take the GIL themselves, the completion path's
+ * never do.
  */
 #ifndef CM_CONTEXT_LAYER_H
 #define CM_CONTEXT_LAYER_H
@@ -13,7 +43,7 @@
 #include "driver/driver.h"
 
 /* ------------------------------------------------------------------ */
-/* stream.c: streams, events and stream arguments                      */
+/* Streams and events (stream.c, event.c, callbacks.c, streamfuncs.c)  */
 /* ------------------------------------------------------------------ */
 
 /* What a Stream object stands for; decides its repr, whether cudamem
@@ -79,7 +109,8 @@ void cm_stream_cache_clear(cm_context *ctx);
 PyObject *cm_stream_external_owned(CUstream handle, PyObject *owner);
 
 /* ------------------------------------------------------------------ */
-/* streamfuncs.c, callbacks.c: stream arguments, driver threads        */
+/* argparse.c, callbacks.c, streamfuncs.c: stream arguments, driver    */
+/* threads, external streams                                           */
 /* ------------------------------------------------------------------ */
 
 /* Whether h names a default stream (0, CU_STREAM_LEGACY or
@@ -121,7 +152,7 @@ int cm_on_driver_thread(void);
 PyObject *cm_stream_external(CUstream handle);
 
 /* ------------------------------------------------------------------ */
-/* init functions of the context layer                                */
+/* init functions of the context layer (ctxfuncs.c, streamfuncs.c)    */
 /* ------------------------------------------------------------------ */
 
 int cm_context_init(PyObject *mod, cm_state *st);

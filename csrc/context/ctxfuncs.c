@@ -2,9 +2,19 @@
 /*
  * context/ctxfuncs.c: the module-level functions of devices and contexts
  * (select_device, get_current_device, close, ...) and their init.
+ *
+ * Locks and the GIL: one lock, the pthread mutex of a _synchronize_all
+ * waiter (cm_syncall.lock, through cm_mu_lock), which guards its done
+ * flag and reference count; its helper thread, which has no GIL and
+ * touches no Python object, takes it after its synchronisations, and the
+ * caller waits on its condition with the GIL released.  No other lock
+ * nests in it and no driver or Python call is made under it.  The GIL
+ * is also released around cuCtxSynchronize in synchronize() (the context
+ * held by a reference), cuMemcpyPeer in _memcpy_peer (CM_CU_NOGIL), and
+ * around any driver call while Python callbacks are in flight (CM_CU);
+ * close() releases and resets contexts through close.c.
  */
 #include "context/devctx.h"
-#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -27,47 +37,6 @@ cm_device_count_fn(PyObject *mod, PyObject *unused)
     (void)unused;
     n = cm_device_count();
     return n < 0 ? NULL : PyLong_FromLong(n);
-}
-
-/* A device ordinal argument, normalised; -1 with an exception. */
-int
-cm_device_arg(PyObject *arg)
-{
-    Py_ssize_t i;
-
-    if (PyFloat_Check(arg)) {
-        PyErr_Format(PyExc_TypeError,
-                     "device id must be an integer, not %.100s",
-                     Py_TYPE(arg)->tp_name);
-        return -1;
-    }
-    i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
-    if (i == -1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Format(PyExc_TypeError,
-                         "device id must be an integer, not %.100s",
-                         Py_TYPE(arg)->tp_name);
-        }
-        return -1;
-    }
-    return cm_device_index(i);
-}
-
-cm_context *
-cm_context_of_device(PyObject *dev)
-{
-    int i;
-
-    if (cm_driver_ensure() < 0) {
-        return NULL;
-    }
-    if (PyObject_TypeCheck(dev, cm_st->Device_type)) {
-        i = ((cm_device *)dev)->id;
-    }
-    else if ((i = cm_device_arg(dev)) < 0) {
-        return NULL;
-    }
-    return cm_context_get(i);
 }
 
 PyDoc_STRVAR(cm_get_device_doc,

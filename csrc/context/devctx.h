@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * context/devctx.h: what the files of devices and contexts share
- * (device.c, context.c, ctxfuncs.c: the sections of one concept, kept in
- * files of their own).  Private to them and module.c: the rest of the
- * folder and the layers above use context/context.h.
+ * (device.c, context.c, close.c, ctxtypes.c, ctxfuncs.c, lowest first:
+ * the sections of one concept, kept in files of their own): the registry
+ * of devices and contexts, its waits, the fork hooks and the device
+ * look-ups (device.c), the context look-ups and peers (context.c), the
+ * close of a device (close.c) and the type specs (ctxtypes.c).
+ * Private to them and module.c (the fork hooks of the tests): the rest
+ * of the folder and the layers above use context/context.h.
  */
 #ifndef CM_DEVCTX_H
 #define CM_DEVCTX_H
@@ -44,7 +48,7 @@ PyObject *cm_runtime_fork_state(void);
 void cm_runtime_fork_pretend(int on);
 
 /* ------------------------------------------------------------------ */
-/* Device                                                              */
+/* Device (device.c)                                                   */
 /* ------------------------------------------------------------------ */
 
 int cm_device_count(void);
@@ -52,12 +56,21 @@ int cm_device_count(void);
 /* Normalise a device ordinal (negative ones wrap); -1 with IndexError. */
 int cm_device_index(Py_ssize_t i);
 
+/* A device ordinal argument, normalised; -1 with an exception. */
+int cm_device_arg(PyObject *arg);
+
 /* Device i (already normalised): borrowed, made on first use. */
 cm_device *cm_device_get(int i);
 
 int cm_device_cc_at_least(cm_device *d, int major, int minor);
 
-extern PyType_Spec cm_device_spec;
+/* The PCI domain, bus and device ids of device h from the driver; 0 or
+ * -1.  (cm_device_pci, in cm.h, caches them on the Device.) */
+int cm_device_read_pci(CUdevice h, int pci[3]);
+
+/* ------------------------------------------------------------------ */
+/* Context (context.c)                                                 */
+/* ------------------------------------------------------------------ */
 
 /* The Context of device i, retaining its primary context if needed.
  * Borrowed reference. */
@@ -73,12 +86,12 @@ int cm_peer_possible(int a, int b);
 int cm_context_pop_all(void);
 
 /* Forget device i's context: release and reset its primary context.
- * Another thread's reset of the device in progress is waited for. */
+ * Another thread's reset of the device in progress is waited for.
+ * (close.c) */
 int cm_context_release_device(int i);
 
+/* The Python types (ctxtypes.c). */
+extern PyType_Spec cm_device_spec;
 extern PyType_Spec cm_context_spec;
-
-/* A device ordinal argument, normalised; -1 with an exception. */
-int cm_device_arg(PyObject *arg);
 
 #endif /* CM_DEVCTX_H */

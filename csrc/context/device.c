@@ -1,9 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/device.c: Device objects, one per device ordinal.
+ * context/device.c: devices, and the registry the files of devices and
+ * contexts share.  Owns the device count and ordinals (cm_device_count,
+ * cm_device_index, cm_device_arg), one Device object per ordinal made on
+ * first use (cm_device_get; its Python type is ctxtypes.c's), a device's
+ * compute capability and PCI location, the registry's arrays (cm_devs,
+ * cm_ctxs, cm_resetting), the waits of a close against other threads
+ * (cm_context_wait_reset, cm_context_quiesce) and the runtime's part of
+ * a fork's child.  It calls nothing else of the folder.
+ *
+ * Locks and the GIL: no lock; the registry's arrays are guarded by the
+ * GIL (a fork's child clears the flags and counts before any other
+ * thread exists there).  The GIL is released only to nap while another
+ * thread closes device i (cm_context_wait_reset: cm_resetting is read
+ * again with the GIL back) and while the driver calls in flight drain
+ * (cm_context_quiesce: atomics only), and around a device query while
+ * Python callbacks are in flight (CM_CU): cm_device_get checks again
+ * afterwards that no other thread made the Device meanwhile.
  */
 #include "context/devctx.h"
-#include "context/devattrs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -168,6 +183,30 @@ cm_device_index(Py_ssize_t i)
     return (int)j;
 }
 
+/* A device ordinal argument, normalised; -1 with an exception. */
+int
+cm_device_arg(PyObject *arg)
+{
+    Py_ssize_t i;
+
+    if (PyFloat_Check(arg)) {
+        PyErr_Format(PyExc_TypeError,
+                     "device id must be an integer, not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Format(PyExc_TypeError,
+                         "device id must be an integer, not %.100s",
+                         Py_TYPE(arg)->tp_name);
+        }
+        return -1;
+    }
+    return cm_device_index(i);
+}
+
 /* Device i (already normalised): borrowed, made on first use. */
 cm_device *
 cm_device_get(int i)
@@ -216,110 +255,6 @@ cm_device_get(int i)
     return d;
 }
 
-static int
-cm_device_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(((cm_device *)self)->name);
-    return 0;
-}
-
-static void
-cm_device_dealloc(PyObject *self)
-{
-    cm_device *d = (cm_device *)self;
-    PyTypeObject *tp = Py_TYPE(self);
-
-    PyObject_GC_UnTrack(self);
-    if (d->weakreflist != NULL) {
-        PyObject_ClearWeakRefs(self);
-    }
-    Py_CLEAR(d->name);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-static int
-cm_devattr_cmp(const void *key, const void *item)
-{
-    return strcmp((const char *)key, ((const cm_devattr *)item)->name);
-}
-
-/* Attributes by numba's names: dev.MULTIPROCESSOR_COUNT and the like. */
-static PyObject *
-cm_device_getattro(PyObject *self, PyObject *name)
-{
-    PyObject *r = PyObject_GenericGetAttr(self, name);
-    const cm_devattr *a;
-    const char *s;
-    int v = 0;
-
-    if (r != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
-        return r;
-    }
-    s = PyUnicode_AsUTF8(name);
-    if (s == NULL) {
-        return NULL;
-    }
-    a = bsearch(s, cm_devattrs, CM_N_DEVATTRS, sizeof(cm_devattr),
-                cm_devattr_cmp);
-    if (a == NULL) {
-        return NULL;  /* the AttributeError stays set */
-    }
-    PyErr_Clear();
-    if (CM_CU(DeviceGetAttribute, (&v, (CUdevice_attribute)a->value,
-                                   ((cm_device *)self)->handle)) < 0) {
-        return NULL;
-    }
-    return PyLong_FromLong(v);
-}
-
-static PyObject *
-cm_device_get_id(PyObject *self, void *c)
-{
-    (void)c;
-    return PyLong_FromLong(((cm_device *)self)->id);
-}
-
-static PyObject *
-cm_device_get_name(PyObject *self, void *c)
-{
-    (void)c;
-    return Py_NewRef(((cm_device *)self)->name);
-}
-
-static PyObject *
-cm_device_get_cc(PyObject *self, void *c)
-{
-    cm_device *d = (cm_device *)self;
-
-    (void)c;
-    return Py_BuildValue("(ii)", d->cc_major, d->cc_minor);
-}
-
-static PyObject *
-cm_device_get_uuid(PyObject *self, void *c)
-{
-    CUuuid u;
-    const unsigned char *b = (const unsigned char *)u.bytes;
-    char s[64];
-    int i;
-    int n;
-
-    (void)c;
-    if (CM_CU(DeviceGetUuid, (&u, ((cm_device *)self)->handle)) < 0) {
-        return NULL;
-    }
-    n = snprintf(s, sizeof(s), "GPU-");
-    for (i = 0; i < 16; i++) {
-        if (i == 4 || i == 6 || i == 8 || i == 10) {
-            s[n++] = '-';
-        }
-        n += snprintf(s + n, sizeof(s) - n, "%02x", b[i]);
-    }
-    return PyUnicode_FromStringAndSize(s, n);
-}
-
 int
 cm_device_cc_at_least(cm_device *d, int major, int minor)
 {
@@ -327,35 +262,9 @@ cm_device_cc_at_least(cm_device *d, int major, int minor)
                                    && d->cc_minor >= minor);
 }
 
-static PyObject *
-cm_device_get_fp16(PyObject *self, void *c)
-{
-    (void)c;
-    return PyBool_FromLong(cm_device_cc_at_least((cm_device *)self, 5, 3));
-}
-
-static PyObject *
-cm_device_get_bf16(PyObject *self, void *c)
-{
-    (void)c;
-    return PyBool_FromLong(cm_device_cc_at_least((cm_device *)self, 8, 0));
-}
-
-static PyObject *
-cm_device_get_fp8(PyObject *self, void *c)
-{
-    (void)c;
-    return PyBool_FromLong(cm_device_cc_at_least((cm_device *)self, 8, 9));
-}
-
-PyDoc_STRVAR(cm_device_identity_doc,
-"get_device_identity($self, /)\n--\n\n"
-"The device's PCI location: a dict of pci_domain_id, pci_bus_id and "
-"pci_device_id.");
-
 /* The PCI domain, bus and device ids of device h from the driver; 0 or
  * -1. */
-static int
+int
 cm_device_read_pci(CUdevice h, int pci[3])
 {
     if (CM_CU(DeviceGetAttribute,
@@ -383,123 +292,3 @@ cm_device_pci(cm_device *d, int pci[3])
     pci[2] = d->pci[2];
     return 0;
 }
-
-static PyObject *
-cm_device_get_device_identity(PyObject *self, PyObject *unused)
-{
-    int pci[3] = {0, 0, 0};
-
-    (void)unused;
-    if (cm_device_read_pci(((cm_device *)self)->handle, pci) < 0) {
-        return NULL;
-    }
-    return Py_BuildValue("{sisisi}", "pci_domain_id", pci[0], "pci_bus_id",
-                         pci[1], "pci_device_id", pci[2]);
-}
-
-PyDoc_STRVAR(cm_device_reset_doc,
-"reset($self, /)\n--\n\n"
-"Release and reset this device's primary context.  Every array, stream "
-"and event made in it becomes invalid; the next call that needs the "
-"device starts a fresh context.\n\n"
-"Safe against other threads: calls they have in flight on the device "
-"finish first; afterwards their streams, events, device arrays and "
-"kernels of the old context raise ValueError (or CudaAPIError), while "
-"pinned, mapped and managed arrays stay valid as ordinary host memory. "
-"Frees of the old context's objects are dropped without a word.");
-
-static PyObject *
-cm_device_reset(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (cm_context_release_device(((cm_device *)self)->id) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *
-cm_device_repr(PyObject *self)
-{
-    cm_device *d = (cm_device *)self;
-
-    return PyUnicode_FromFormat("<CUDA device %d '%U'>", d->id, d->name);
-}
-
-static Py_hash_t
-cm_device_hash(PyObject *self)
-{
-    return (Py_hash_t)((cm_device *)self)->id + 1;
-}
-
-static PyObject *
-cm_device_richcompare(PyObject *a, PyObject *b, int op)
-{
-    int eq;
-
-    if ((op != Py_EQ && op != Py_NE) || Py_TYPE(a) != Py_TYPE(b)) {
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    eq = ((cm_device *)a)->id == ((cm_device *)b)->id;
-    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
-}
-
-static PyGetSetDef cm_device_getset[] = {
-    {"id", cm_device_get_id, NULL, "The device ordinal.", NULL},
-    {"name", cm_device_get_name, NULL, "The device name.", NULL},
-    {"compute_capability", cm_device_get_cc, NULL,
-     "(major, minor) compute capability.", NULL},
-    {"uuid", cm_device_get_uuid, NULL,
-     "The device UUID, as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.", NULL},
-    {"supports_float16", cm_device_get_fp16, NULL,
-     "Compute capability 5.3 or newer.", NULL},
-    {"supports_bfloat16", cm_device_get_bf16, NULL,
-     "Compute capability 8.0 or newer.", NULL},
-    {"supports_fp8", cm_device_get_fp8, NULL,
-     "Compute capability 8.9 or newer.", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyMethodDef cm_device_methods[] = {
-    {"get_device_identity", cm_device_get_device_identity, METH_NOARGS,
-     cm_device_identity_doc},
-    {"reset", cm_device_reset, METH_NOARGS, cm_device_reset_doc},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyMemberDef cm_device_members[] = {
-    {"__weaklistoffset__", Py_T_PYSSIZET,
-     offsetof(cm_device, weakreflist), Py_READONLY, NULL},
-    {NULL, 0, 0, 0, NULL},
-};
-
-PyDoc_STRVAR(cm_device_doc,
-"A CUDA device.  Attributes of the driver's CUdevice_attribute enum are "
-"readable by their names without the CU_DEVICE_ATTRIBUTE_ prefix, for "
-"example dev.MULTIPROCESSOR_COUNT.\n\n"
-"Notes\n-----\n"
-"get_current_device() returns this object itself, not a weak proxy: it is "
-"hashable, and repr and str agree.");
-
-static PyType_Slot cm_device_slots[] = {
-    {Py_tp_doc, (void *)cm_device_doc},
-    {Py_tp_dealloc, cm_device_dealloc},
-    {Py_tp_traverse, cm_device_traverse},
-    {Py_tp_getattro, cm_device_getattro},
-    {Py_tp_repr, cm_device_repr},
-    {Py_tp_str, cm_device_repr},
-    {Py_tp_hash, cm_device_hash},
-    {Py_tp_richcompare, cm_device_richcompare},
-    {Py_tp_getset, cm_device_getset},
-    {Py_tp_methods, cm_device_methods},
-    {Py_tp_members, cm_device_members},
-    {0, NULL},
-};
-
-PyType_Spec cm_device_spec = {
-    .name = "cudamem.Device",
-    .basicsize = sizeof(cm_device),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
-             | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = cm_device_slots,
-};

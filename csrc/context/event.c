@@ -1,6 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/event.c: Event objects.
+ * context/event.c: the Event type: record, wait, synchronize, query,
+ * elapsed_time and `await event` (the factory is streamfuncs.c's).
+ *
+ * Locks and the GIL: no lock.  The GIL is released around
+ * cuEventSynchronize (CM_CU_NOGIL: the handle read before, no Python
+ * object touched) and around any driver call while Python callbacks are
+ * in flight (CM_CU, CM_CU_RAW).
  */
 #include "context/stream.h"
 

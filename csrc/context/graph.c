@@ -16,11 +16,15 @@
  * free, a synchronisation) and cm_capture_stream_known; and when the
  * last capture ends, it runs the releases the captures held back.
  *
- * Locking: a capture is recorded and forgotten with the GIL held; the
- * atomics make the record safe to read from any thread, with or without
- * the GIL (the release queue's flush reads it without).  Which thread
- * began a capture is kept per slot, and a count of its own in a
- * thread-local variable.
+ * Locks and the GIL: no lock.  A capture is recorded and forgotten with
+ * the GIL held; the atomics make the record safe to read from any
+ * thread, with or without the GIL (the release queue's flush reads it
+ * without).  Which thread began a capture is kept per slot, and a count
+ * of its own in a thread-local variable.  The GIL is released around
+ * cuGraphInstantiateWithFlags (the capture already forgotten),
+ * cuGraphUpload and cuGraphLaunch (CM_CU_NOGIL), which touch no Python
+ * object and no slot, and around any driver call while Python callbacks
+ * are in flight (CM_CU, CM_CU_RAW).
  */
 #include "cm.h"
 #include "context/stream.h"

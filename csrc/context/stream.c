@@ -1,40 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * stream.c: streams, events, host callbacks and the asyncio bridge.
+ * context/stream.c: the Stream type: its methods (synchronize, query,
+ * add_callback, async_done, wait_event, __cuda_stream__, and the capture
+ * methods graph.c defines), its dealloc, which keeps an idle stream for
+ * reuse (callbacks.c) or gives its handle back through the context's
+ * queue of pending destroys (memory/memory.c), and the context manager
+ * of auto_synchronize().  The refusal of a wait from inside a host
+ * callback (cm_check_not_in_callback) is here too; the factories are
+ * streamfuncs.c's.
  *
- * Owns the Stream and Event types and their factory functions, the
- * resolution of stream arguments that every enqueueing call shares, and
- * two ways of running host code after a stream's preceding work:
- *
- * - add_callback: a Python callable run on the driver's callback thread,
- *   which takes the GIL (PyGILState_Ensure) unless the interpreter is
- *   exiting;
- * - the GIL-free completion path behind Stream.async_done() and
- *   `await event`: the host function only appends a record to a per-loop
- *   notifier and signals its eventfd (a pipe off Linux); the asyncio loop
- *   reads the fd and resolves the futures on its own thread.
- *
- * It also owns the recycling of stream handles: a stream made by cudamem
- * that is idle when its Stream object goes (cuStreamQuery succeeds) is
- * not destroyed but kept on its context's list (cm_context.stream_cache,
- * at most CUDA_STREAM_CACHE_SIZE of them), and a later stream() of that
- * context with the same flags and priority takes it instead of calling
- * cuStreamCreate.  Idle means all its work, host callbacks included, has
- * finished; a callback or asyncio waiter of cudamem's holds a strong
- * reference to its Stream until it has run, so none is pending then.
- * The lists are emptied, their streams destroyed, by close, reset and
- * the exit hook; a forked child neither keeps nor takes a handle.
- *
- * Locking: everything Python runs with the GIL held.  A notifier's list of
- * completed records is guarded by its pthread mutex, which the driver
- * thread takes without the GIL and the loop thread takes with it; nothing
- * under it calls Python or the driver.  Streams and events give their
- * handles back through the context's queue of pending destroys
- * (memory.c), which never flushes on a driver callback thread.  The kept
- * streams are guarded by the GIL: taking and keeping one never release
- * it (only cuStreamQuery and context push / pop run meanwhile), and
- * emptying a list takes its entries out before the GIL is released
- * around the destroys.
+ * Locks and the GIL: no lock.  Everything Python runs with the GIL held.
+ * The GIL is released around cuStreamSynchronize (CM_CU_NOGIL: the
+ * handle read before, no Python object touched), around the enqueue of
+ * an add_callback record (CM_DRIVER_BEGIN_NOGIL: a callback already
+ * running may be waiting for the GIL while the driver holds the locks the
+ * enqueue needs; the record is counted in cm_pycb_live first and holds
+ * its references), and around any driver call while Python callbacks are
+ * in flight (CM_CU).  The queue of pending destroys never flushes on a
+ * driver callback thread.
  */
 #include "context/stream.h"
 

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * context/stream.h: what the files of streams and events share
- * (callbacks.c, stream.c, event.c, streamfuncs.c: the sections of one
- * concept, kept in files of their own).  Private to them: the rest of the
- * folder and the layers above use context/context.h.
+ * (argparse.c, graph.c, callbacks.c, stream.c, event.c, streamfuncs.c,
+ * lowest first: the sections of one concept, kept in files of their
+ * own).  Private to them: the rest of the folder and the layers above
+ * use context/context.h.
  */
 #ifndef CM_STREAM_H
 #define CM_STREAM_H
@@ -29,7 +30,7 @@
 #define cm_notifier_type (cm_st->notifier_type)
 
 /* ------------------------------------------------------------------ */
-/* Argument binding                                                    */
+/* Argument binding (argparse.c)                                       */
 /* ------------------------------------------------------------------ */
 
 /* Bind METH_FASTCALL | METH_KEYWORDS arguments to names (interned).
@@ -39,6 +40,10 @@
 int cm_bind_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
                  PyObject *kwnames, PyObject *const *names, Py_ssize_t nnames,
                  Py_ssize_t nrequired, PyObject **out);
+
+/* ------------------------------------------------------------------ */
+/* Deferred releases and the cache of idle streams (callbacks.c)       */
+/* ------------------------------------------------------------------ */
 
 /* Release a stream or event handle of ctx through the context's queue of
  * pending destroys (docs/api.md#deferred-deallocation): it is destroyed

@@ -1,7 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/streamfuncs.c: the module-level stream and event functions,
- * the resolution of stream arguments, and the init of streams.
+ * context/streamfuncs.c: the module-level stream, event and graph
+ * functions (stream(), event(), external_stream(), ...), and the init of
+ * streams and events.
+ *
+ * Locks and the GIL: no lock.  The GIL is released around cuStreamCreate
+ * (CM_CU_NOGIL: the context held by a reference, which a close on
+ * another thread may take away from the registry meanwhile), around the
+ * destroy of a stream whose object could not be made
+ * (CM_DRIVER_BEGIN_NOGIL), and around any driver call while Python
+ * callbacks are in flight (CM_CU).
  */
 #include "context/stream.h"
 
@@ -336,126 +344,6 @@ static PyMethodDef cm_stream_functions[] = {
      "(tests)."},
     {NULL, NULL, 0, NULL},
 };
-
-/* ------------------------------------------------------------------ */
-/* Stream arguments                                                    */
-/* ------------------------------------------------------------------ */
-
-/* NOTE: guarded by the GIL.  Handles that passed the check lately: the
- * check is a system call (a microsecond or more), and a foreign stream
- * object is often passed to call after call. */
-#define CM_HANDLES_OK 4
-static uintptr_t cm_handles_ok[CM_HANDLES_OK];
-static unsigned cm_handles_next;
-
-int
-cm_stream_handle_check(uintptr_t h, const char *what)
-{
-    char byte[sizeof(void *)];
-    struct iovec local = {byte, sizeof(byte)};
-    struct iovec remote = {(void *)h, sizeof(byte)};
-    ssize_t n;
-    int i;
-
-    if (h <= (uintptr_t)CU_STREAM_PER_THREAD) {
-        return 0;
-    }
-    for (i = 0; i < CM_HANDLES_OK; i++) {
-        if (cm_handles_ok[i] == h) {
-            return 0;
-        }
-    }
-    if (h % sizeof(void *) != 0) {
-        goto bad;
-    }
-    /* Reading through the kernel fails with EFAULT instead of faulting. */
-    n = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
-    if (n == (ssize_t)sizeof(byte)) {
-        cm_handles_ok[cm_handles_next++ % CM_HANDLES_OK] = h;
-        return 0;
-    }
-    if (n < 0 && (errno == ENOSYS || errno == EPERM)) {
-        /* Reading one's own memory is forbidden here: ask only whether
-         * the page is mapped. */
-        long pg = sysconf(_SC_PAGESIZE);
-        unsigned char vec;
-
-        if (pg > 0 && mincore((void *)(h & ~(uintptr_t)(pg - 1)),
-                              (size_t)pg, &vec) == 0) {
-            cm_handles_ok[cm_handles_next++ % CM_HANDLES_OK] = h;
-            return 0;
-        }
-    }
-bad:
-    PyErr_Format(PyExc_ValueError,
-                 "%s: %p is not a stream handle (no stream object can be "
-                 "at that address)", what, (void *)h);
-    return -1;
-}
-
-int
-cm_stream_resolve(PyObject *obj, CUstream *handle)
-{
-    PyObject *meth;
-    PyObject *t;
-    unsigned long long h;
-    int overflow;
-
-    if (cm_stream_check(obj)) {
-        cm_stream *s = (cm_stream *)obj;
-
-        /* A stream of a closed context names a destroyed driver stream:
-         * the driver would read freed memory. */
-        if (!s->ctx->alive && s->handle != NULL
-            && s->handle != CU_STREAM_LEGACY
-            && s->handle != CU_STREAM_PER_THREAD) {
-            *handle = 0;
-            PyErr_SetString(PyExc_ValueError,
-                            "the stream belongs to a closed context");
-            return -1;
-        }
-        *handle = s->handle;
-        return 1;
-    }
-    *handle = 0;
-    if (obj == Py_None || obj == Py_False) {
-        return 0;
-    }
-    if (PyLong_CheckExact(obj)
-        && PyLong_AsLongAndOverflow(obj, &overflow) == 0 && !overflow) {
-        return 0;
-    }
-    if (PyObject_GetOptionalAttr(obj, cm_str_cuda_stream, &meth) < 0) {
-        return -1;
-    }
-    if (meth == NULL) {
-        PyErr_Format(PyExc_TypeError,
-                     "Expected a Stream object or 0, got %.100s",
-                     Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    t = PyObject_CallNoArgs(meth);
-    Py_DECREF(meth);
-    if (t == NULL) {
-        return -1;
-    }
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2
-        || !PyLong_Check(PyTuple_GET_ITEM(t, 1))) {
-        Py_DECREF(t);
-        PyErr_Format(PyExc_TypeError,
-                     "%.100s.__cuda_stream__() must return (version, "
-                     "handle)", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    h = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
-    Py_DECREF(t);
-    if ((h == (unsigned long long)-1 && PyErr_Occurred())
-        || cm_stream_handle_check((uintptr_t)h, "__cuda_stream__()") < 0) {
-        return -1;
-    }
-    *handle = (CUstream)(uintptr_t)h;
-    return 1;
-}
 
 /* ------------------------------------------------------------------ */
 /* Init                                                                */
