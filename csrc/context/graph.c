@@ -22,7 +22,6 @@
  * began a capture is kept per slot, and a count of its own in a
  * thread-local variable.
  */
-#include "cm.h"
 #include "context/stream.h"
 
 #include <stdatomic.h>

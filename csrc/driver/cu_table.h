@@ -5,7 +5,7 @@
  * header, so that the simulator (csrc/sim/) and its C tests
  * (tests/csim) build without them.  The loader (driver.c) fills the table
  * from libcuda.so.1 or from the simulator; every layer above calls the
- * driver only through it (the checking macros are in cm.h).
+ * driver only through it (the checking macros are in driver/call.h).
  */
 #ifndef CM_CU_TABLE_H
 #define CM_CU_TABLE_H

@@ -24,9 +24,9 @@ CUresult cm_cu_missing = CUDA_ERROR_NOT_FOUND;
 int cm_driver_ready_flag;
 volatile int cm_forked;
 
-/* The contexts being destroyed (cm.h, cm_ctx_dying_refused): per
- * device the handle (NULL when none) and the thread destroying it.  The
- * thread is written before the handle is published (release), read
+/* The contexts being destroyed (driver/call.h, cm_ctx_dying_refused):
+ * per device the handle (NULL when none) and the thread destroying it.
+ * The thread is written before the handle is published (release), read
  * after it (acquire). */
 int cm_ctx_dying_n;
 static CUcontext cm_ctx_dying[CM_MAX_DEVICES];
@@ -711,7 +711,7 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
 }
 
 /* ------------------------------------------------------------------ */
-/* The GIL probe (see cm_gil_probe_now in cm.h)                        */
+/* The GIL probe (see cm_gil_probe_now in driver/call.h)              */
 /* ------------------------------------------------------------------ */
 
 /* Waits in bucket k are shorter than 2**(k + 8) ns; the last bucket

@@ -9,7 +9,6 @@
 #ifndef CM_MEMORY_H
 #define CM_MEMORY_H
 
-#include "cm.h"
 #include "driver/driver.h"
 #include "context/context.h"
 
