@@ -500,6 +500,11 @@ int cm_context_init(PyObject *mod, cm_state *st);
  * for numba patch their methods); called once every type is made.  0. */
 int cm_types_patchable(cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
+/* For the tests (module.c): the state a fork's child must have made
+ * fresh, as a dict; and a pretence of other threads' work in flight (on:
+ * 1/0).  device.c. */
+PyObject *cm_runtime_fork_state(void);
+void cm_runtime_fork_pretend(int on);
 
 /* Capture-aware work (graph.c; docs/design.md, "Capture-aware
  * synchronous work").  Each is 0, or -1 with StreamCaptureError, raised

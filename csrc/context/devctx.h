@@ -2,8 +2,8 @@
 /*
  * context/devctx.h: what the files of devices and contexts share
  * (device.c, context.c, ctxfuncs.c: the sections of one concept, kept in
- * files of their own).  Private to them and module.c: the rest of the
- * folder and the layers above use context/context.h.
+ * files of their own).  Private to them: the rest of the folder and the
+ * layers above use context/context.h.
  */
 #ifndef CM_DEVCTX_H
 #define CM_DEVCTX_H
@@ -38,10 +38,6 @@ void cm_context_quiesce(void);
 /* The runtime's part of a fork's child (device.c): 0, or -1 with an
  * exception set. */
 int cm_runtime_fork_init(void);
-/* For the tests: the state a fork's child must have made fresh, as a
- * dict; and a pretence of other threads' work in flight (on: 1/0). */
-PyObject *cm_runtime_fork_state(void);
-void cm_runtime_fork_pretend(int on);
 
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
