@@ -21,15 +21,16 @@
  * - the return check of the debug build (retcheck.c).
  *
  * Locks and the GIL: driver.c's cm_load_lock (a pthread mutex, through
- * cm_mu_lock) guards loading the backend and cuInit, once; it is taken
- * with the GIL released, nests no other lock, and no Python call is made
- * under it.  The mutexes the layers above hand to cm_atfork_mutex_add are
- * only made fresh in a fork's child here (a test aid takes them all).
- * The macros of driver/call.h release the GIL around driver calls
+ * cm_mu_lock) guards loading the backend, once; it is taken with the GIL
+ * released and held across cuInit (the simulator's takes sim_lock
+ * inside), and nothing under it touches Python.  The mutexes the layers
+ * above hand to cm_atfork_mutex_add are only made fresh in a fork's child
+ * here.  The macros of driver/call.h release the GIL around driver calls
  * (CM_DRIVER_BEGIN_NOGIL, CM_CU_NOGIL, CM_GIL_YIELD, cm_gil_drop), each
- * counted so that a close waits for it; nvrtc.c's cm_nvrtc_compile_nogil
- * runs without the GIL.  The module state is written with the GIL held;
- * the counters change with atomics or are thread-local.
+ * counted so that a close waits for it, and count the cudamem mutexes a
+ * thread holds (cm_mu_lock); cm_nvrtc_compile_nogil runs without the GIL.
+ * The module state is written with the GIL held; the counters change
+ * with atomics or are thread-local.
  *
  * Multiple interpreters are unsupported (NumPy and the driver are per
  * process), so the module state is reached through one process-wide
