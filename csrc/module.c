@@ -11,7 +11,6 @@
  * _core at any point of its own import without a cycle.  One
  * interpreter per process: exec refuses to run twice.
  */
-#include "context/devctx.h"
 #include "features/features.h"
 
 /* Visit or clear every object field of the state, in one list so that

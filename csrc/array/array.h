@@ -9,7 +9,6 @@
 #ifndef CM_ARRAY_H
 #define CM_ARRAY_H
 
-#include "cm.h"
 #include "driver/driver.h"
 #include "memory/memory.h"
 

@@ -64,7 +64,8 @@ enum {
 
 extern const char *const cm_kw_text[K_N_NAMES];
 
-/* Interned names and constants, fields of the module state (cm.h). */
+/* Interned names and constants, fields of the module state
+ * (driver/driver.h). */
 #define cm_kw (cm_st->kw)
 #define cm_str_cuda_memory (cm_st->str_cuda_memory)
 #define cm_str_cai (cm_st->str_cai)

@@ -41,7 +41,8 @@ static const char *const cm_dl_kw_text[K_N] = {
 _Static_assert(K_N == CM_DLPACK_KW_N,
                "cm_state.dl_kw holds one entry per K_* name");
 
-/* Interned names and constants, fields of the module state (cm.h). */
+/* Interned names and constants, fields of the module state
+ * (driver/driver.h). */
 #define cm_dl_kw (cm_st->dl_kw)
 #define cm_str_dlpack (cm_st->str_dlpack)
 #define cm_str_dlpack_device (cm_st->str_dlpack_device)

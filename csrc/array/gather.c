@@ -390,8 +390,9 @@ static int
 cm_ixhost_queue(cm_ixhost *h, CUstream stream, int n,
                 const uintptr_t *start, const size_t *len)
 {
-    CUresult rc = CM_GIL_YIELD(cm_sim_launch_checked(stream, cm_ixhost_run,
-                                                     h, 0, n, start, len));
+    CUresult rc = CM_GIL_YIELD(cm_cu.sim_launch_checked(stream,
+                                                        cm_ixhost_run, h, 0,
+                                                        n, start, len));
 
     if (rc != CUDA_SUCCESS) {
         free(h);

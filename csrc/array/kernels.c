@@ -303,9 +303,10 @@ cm_host_copy_launch(cm_host_copy *c, CUstream stream)
     }
     else {
         /* The simulator runs (and a capture records) its own copy of c. */
-        rc = CM_GIL_YIELD(cm_sim_launch_checked(stream, cm_host_copy_run,
-                                                c, sizeof(*c), 2, start,
-                                                len));
+        rc = CM_GIL_YIELD(cm_cu.sim_launch_checked(stream,
+                                                   cm_host_copy_run, c,
+                                                   sizeof(*c), 2, start,
+                                                   len));
     }
     return cm_cu_check(rc, "cuLaunchHostFunc");
 }

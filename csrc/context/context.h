@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * context/context.h: the context layer as the layers above see it, and
- * what all its files share: the Stream and Event objects, stream
- * arguments, the driver-thread test and the capture checks.  The Device
- * and Context objects themselves are declared in cm.h.
+ * what all its files share: the Device and Context objects, which every
+ * layer above the driver works in, the interface of the memory managers
+ * a context points at (cm_mm_ops), the table through which the context
+ * reaches the memory managers and the IPC imports above it (cm_ctx_up),
+ * the Stream and Event objects, stream arguments, the driver-thread test
+ * and the capture checks.
  *
  * The folder owns devices and their primary contexts, streams, events,
  * host callbacks, stream capture and graphs.  Its files, lowest first,
@@ -18,7 +21,7 @@
  * functions).  devctx.h and stream.h are private to the folder: what
  * the files of devices and contexts, and of streams and events, share.
  * It reaches the memory managers and the IPC imports above it through
- * cm_ctx_up (cm.h).
+ * cm_ctx_up (below).
  *
  * Locks and the GIL: the registry of devices and contexts, a context's
  * fields and its kept streams are guarded by the GIL; the record of
@@ -39,8 +42,376 @@
 #ifndef CM_CONTEXT_LAYER_H
 #define CM_CONTEXT_LAYER_H
 
-#include "cm.h"
 #include "driver/driver.h"
+
+/* ------------------------------------------------------------------ */
+/* device.c, context.c: devices and primary contexts                  */
+/* ------------------------------------------------------------------ */
+
+/* A Device object (one per device ordinal, made once). */
+typedef struct {
+    PyObject_HEAD
+    int id;               /* ordinal */
+    CUdevice handle;      /* driver handle */
+    PyObject *name;       /* str */
+    int cc_major;         /* compute capability */
+    int cc_minor;
+    int pci[3];           /* PCI domain, bus and device ids, once has_pci */
+    int has_pci;          /* pci was read (it never changes) */
+    PyObject *weakreflist;
+} cm_device;
+
+typedef struct cm_pending cm_pending;
+typedef struct cm_pool cm_pool;
+typedef struct cm_mm_ops cm_mm_ops;
+
+/* Which kind of memory manager a context has (cm_mm_ops.kind). */
+enum {
+    CM_MM_DEFAULT = 0,    /* cuMemAlloc, frees through the queue */
+    CM_MM_PLUGIN,         /* a Python EMM plugin (memory_manager) */
+    CM_MM_POOL,           /* cudamem's caching allocator (pool.c) */
+    CM_MM_ASYNC           /* the driver's stream-ordered allocator */
+};
+
+/* What a queued release does. */
+enum {
+    CM_REL_DEVICE = 1,    /* cuMemFree (device or managed memory) */
+    CM_REL_HOST,          /* cuMemFreeHost (pinned or mapped memory) */
+    CM_REL_STREAM,        /* cuStreamDestroy */
+    CM_REL_EVENT,         /* cuEventDestroy */
+    CM_REL_MODULE,        /* cuModuleUnload */
+    CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
+    CM_REL_POOL,          /* a block back to the context's pool */
+    CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
+    CM_REL_IPC_POOL,      /* an imported pool allocation (ipc.c's record)
+                           * let go: cuMemFree once unused */
+    CM_REL_POOL_SYNC,     /* a pool block whose streams could not be
+                           * recorded (released on a driver callback
+                           * thread): the flush waits for the context,
+                           * then the block is free for any stream */
+    CM_REL_ASYNC_SYNC,    /* the same for the async manager: the flush
+                           * waits for the context, then cuMemFreeAsync
+                           * on the default stream */
+    CM_REL_IPC_VMM        /* imported pool pages (ipcvmm.c's record) let
+                           * go: unmapped, released once unused */
+};
+
+/* The most idle streams a context keeps for reuse (stream.c). */
+#define CM_STREAM_CACHE_MAX 16
+
+/* An idle stream that a context keeps for a later stream() with the same
+ * creation parameters. */
+typedef struct {
+    CUstream handle;      /* the stream, created in that context */
+    unsigned int flags;   /* CU_STREAM_* it was created with */
+    int priority;         /* its priority (0: the default) */
+} cm_stream_slot;
+
+/* A Context object: one device's primary context as cudamem uses it.
+ * Objects that own driver resources hold a strong reference to it. */
+typedef struct {
+    PyObject_HEAD
+    cm_device *device;    /* strong */
+    CUcontext handle;     /* the primary context, retained once */
+    int alive;            /* NOTE: cleared by close()/reset() of the
+                           * device; a dead context frees nothing */
+    Py_ssize_t pycalls;   /* NOTE: guarded by the GIL: add_callback
+                           * records enqueued and not yet run */
+    size_t total_mem;     /* device total memory, bytes */
+    unsigned long gen;    /* unique per retained primary context, for
+                           * caches of modules loaded in it */
+    PyObject *memory_manager;  /* the memory manager object, made on first
+                                * use for the built-in managers */
+    const cm_mm_ops *mm;  /* the manager that allocates: the built-in
+                           * one, or cm_mm_plugin while memory_manager is
+                           * a plugin (set when the context is made or
+                           * memory_manager is assigned) */
+    const cm_mm_ops *mm_builtin;  /* the built-in manager chosen when it
+                                   * was made: pool holds its state */
+    int mm_info_busy;     /* NOTE: guarded by the GIL: a plugin's
+                           * get_memory_info is running */
+    int mm_init_pending;  /* NOTE: guarded by the GIL: the plugin was
+                           * assigned to memory_manager and its
+                           * initialize() has not run yet */
+    cm_pool *pool;        /* pool and async managers' state, else NULL;
+                           * NOTE: freed only with the Context object */
+    cm_pending *memq;     /* strong: the memory manager's release queue */
+    cm_pending *ctxq;     /* strong: streams, events, modules */
+    /* The counters of memory_stats(): two sets, whose sums it reports.
+     * st_*: the allocations made with the GIL held (guarded by it);
+     * lane_*: those PyTorch's entry points make and release without it
+     * (interop.c; guarded by its lane mutex).  Each side writes its own
+     * with atomic stores and reads the other's with atomic loads. */
+    size_t st_bytes;      /* device bytes allocated and not yet released */
+    size_t st_peak;       /* the most the two sets' bytes have been, as
+                           * seen by an allocation with the GIL */
+    size_t st_count;      /* live device allocations */
+    size_t st_total_count;  /* device allocations ever made */
+    size_t lane_bytes;
+    size_t lane_peak;     /* the same as seen by the lane */
+    size_t lane_count;
+    size_t lane_total_count;
+    size_t st_pinned;     /* pinned host bytes allocated */
+    /* What counts against the device's memory limit (memory/limit.c):
+     * the device and managed bytes cudamem holds from the driver in
+     * this context.  Atomic: the pool's segments and the async
+     * manager's memory are given back without the GIL. */
+    size_t lim_used;
+    /* A Python plugin's allocations that lim_used counts (those whose
+     * pointer object takes a weak reference), until their pointer
+     * objects go; NOTE: guarded by the GIL */
+    size_t plugin_bytes;
+    size_t plugin_count;
+    size_t plugin_total;  /* plugin allocations ever counted */
+    /* The last garbage collection an out-of-memory retry made
+     * (memory/limit.c): the allocations ever made (st_total_count +
+     * lane_total_count + plugin_total) when it began, when it ended and
+     * what it took (monotonic ns).  NOTE: guarded by the GIL */
+    size_t oom_collected_at;
+    long long oom_collect_end;
+    long long oom_collect_ns;
+    /* [d]: gen of device d's context that this one enabled peer access
+     * to (0: none); stale once that context is reset */
+    unsigned long peer_gen[CM_MAX_DEVICES];
+    /* idle streams for stream() to hand out again, oldest first; NOTE:
+     * guarded by the GIL; filled and emptied only by stream.c, emptied
+     * (the streams destroyed) by close, reset and at exit */
+    cm_stream_slot stream_cache[CM_STREAM_CACHE_MAX];
+    int n_stream_cache;   /* used entries of stream_cache */
+    /* Tickets of the context-wide synchronisations cudamem made
+     * (cuCtxSynchronize): how many began, and the latest that finished
+     * (context/context.h, cm_ctx_sync_*).  Atomic: read without the GIL
+     * by the release queue's flush. */
+    unsigned long sync_begun;
+    unsigned long sync_done;
+    PyObject *weakreflist;
+} cm_context;
+
+/* The context current on this thread, making device 0's primary context
+ * current if none is.  Borrowed reference, or NULL with an exception.
+ * Alive and registered when returned, which holds until the caller next
+ * lets go of the GIL (a reset on another thread may follow). */
+cm_context *cm_context_current(void);
+/* Make ctx current on this thread if it is not (cheap when it is). */
+int cm_context_activate(cm_context *ctx);
+/* Make ctx current for one operation; *prev gets what cm_context_leave
+ * needs to give the thread its own context back.  0, or -1 with an
+ * exception (then nothing to leave).  On 0, and for cm_context_activate,
+ * ctx was alive after their last driver call: the caller's next driver
+ * call, made before it lets go of the GIL, counts before any close of
+ * ctx destroys its objects. */
+int cm_context_enter(cm_context *ctx, CUcontext *prev);
+/* Undo cm_context_enter.  Never raises. */
+void cm_context_leave(cm_context *ctx, CUcontext prev);
+/* r = call, evaluated between enter(obj, &prev) and leave(obj, prev), an
+ * enter/leave pair of the cm_context_enter kind (cm_da_enter and
+ * cm_da_leave take an array).  When enter fails, call does not run and
+ * r = fail, with the exception set.  obj is evaluated more than once.
+ * The one spelling of "run this with that context current": the wrapper
+ * of a method body (its *_run function) is this line and a return. */
+#define CM_ENTERED(enter, leave, obj, r, fail, call)                        \
+    do {                                                                    \
+        CUcontext cm_entered_prev_;                                         \
+        if (enter((obj), &cm_entered_prev_) < 0) {                          \
+            (r) = (fail);                                                   \
+        }                                                                   \
+        else {                                                              \
+            (r) = (call);                                                   \
+            leave((obj), cm_entered_prev_);                                 \
+        }                                                                   \
+    } while (0)
+/* CM_ENTERED with cm_context_enter/cm_context_leave for ctx; a NULL ctx
+ * runs call as it is, in whatever context the thread has. */
+#define CM_IN_CONTEXT(ctx, r, fail, call)                                   \
+    do {                                                                    \
+        cm_context *cm_in_ctx_ = (ctx);                                     \
+        if (cm_in_ctx_ == NULL) {                                           \
+            (r) = (call);                                                   \
+        }                                                                   \
+        else {                                                              \
+            CM_ENTERED(cm_context_enter, cm_context_leave, cm_in_ctx_, r,   \
+                       fail, call);                                         \
+        }                                                                   \
+    } while (0)
+/* The registered Context of a CUcontext handle, or NULL (no exception). */
+cm_context *cm_context_of_handle(CUcontext h);
+/* The registered Context that owns device memory at p, as the driver's
+ * pointer attributes name it, or NULL (no exception). */
+cm_context *cm_context_of_pointer(CUdeviceptr p);
+/* Whether a primary context with that gen is still registered and
+ * alive (a closed or reset one is not).  Never raises. */
+int cm_context_gen_live(unsigned long gen);
+/* Whether ctx's device can map device peer's memory: 1, 0, or -1 with an
+ * exception. */
+int cm_context_can_access_peer(cm_context *ctx, int peer);
+/* Whether ctx has peer access to peer's memory (or is peer). */
+int cm_context_peer_enabled(cm_context *ctx, cm_context *peer);
+/* Give ctx access to peer's memory, once per pair of live contexts;
+ * ValueError naming both devices when the driver reports no peer
+ * access.  0, or -1 with an exception. */
+int cm_context_enable_peer(cm_context *ctx, cm_context *peer);
+/* Check that memory of owner can be used by work in user (NULL owner:
+ * unknown, allowed): the same context, or peer access (enabled here on
+ * first need).  Else ValueError naming what ("kernel argument 1") and
+ * both devices.  0 or -1. */
+int cm_context_require_access(cm_context *user, cm_context *owner,
+                              const char *what);
+/* The Context of a device given as an ordinal or Device object (its
+ * primary context retained, not pushed).  Borrowed, or NULL. */
+cm_context *cm_context_of_device(PyObject *dev);
+/* d's PCI domain, bus and device ids in pci[0..2], read from the driver
+ * on the first call and cached on d.  0, or -1 with an exception. */
+int cm_device_pci(cm_device *d, int pci[3]);
+/* Every registered live Context, into out (CM_MAX_DEVICES entries), as
+ * borrowed references; how many.  Never raises. */
+int cm_context_live(cm_context **out);
+
+/* ------------------------------------------------------------------ */
+/* The memory managers as a context points at them                    */
+/* ------------------------------------------------------------------ */
+
+/* One kind of memory manager, as the allocation path (memory.c) and the
+ * context (context/context.c) use it, instead of switching on the kind.
+ * One constant table per kind: cm_mm_default and cm_mm_plugin
+ * (memory.c), cm_mm_pool and cm_mm_async (poolops.c).  A context points
+ * at two: ctx->mm, the manager that allocates, and ctx->mm_builtin, the
+ * built-in one it was made with, whose state ctx->pool holds (they
+ * differ while a plugin is assigned); a DeviceAllocation points at the
+ * one that made it.  Calls go one way: memory.c calls the managers
+ * through their tables, the pool files never call memory.c.
+ *
+ * The plugin's table has no functions (the allocation path calls the
+ * Python object).  In the built-in ones, alloc, release, trim, stats
+ * and alloc_fn are never NULL; the others are NULL where the manager
+ * has nothing to do (no state, no stream order, nothing to export). */
+struct cm_mm_ops {
+    int kind;             /* CM_MM_* (the history records it) */
+    const char *name;     /* memory_stats()'s "manager", and the name
+                           * that selects the built-in one */
+    const char *emm_class;  /* the class of cudamem._emm that
+                             * Context.memory_manager makes for it */
+    int ordered;          /* allocates for a stream and releases ordered
+                           * on it (pool, async): the release runs at
+                           * once unless defer_cleanup() holds the
+                           * queue, and uses on other streams are noted */
+    int rel;              /* the CM_REL_* that releases an allocation */
+    int rel_sync;         /* the same when the streams that used it
+                           * cannot be recorded (the flush waits for the
+                           * context first) */
+    /* Give ctx (alive; it need not be current) the manager's state; 0,
+     * or -1 with an exception. */
+    int (*create)(cm_context *ctx);
+    /* Give everything the state holds back to the driver (the context
+     * is being closed or reset; it is still alive).  Never raises. */
+    void (*destroy)(cm_context *ctx);
+    /* Free the C state (Context dealloc). */
+    void (*free)(cm_context *ctx);
+    /* Allocate size bytes for stream, ctx current, GIL held (released
+     * around calls that can block); *handle: what release takes.  What
+     * it gets from the driver counts against the device's memory limit
+     * (cm_limit_take), until given back: CUDA_ERROR_OUT_OF_MEMORY, with
+     * no driver call, where the limit refuses it.  No exception is set:
+     * the CUresult says what happened. */
+    CUresult (*alloc)(cm_context *ctx, size_t size, CUstream stream,
+                      CUdeviceptr *ptr, uintptr_t *handle);
+    /* Run a release (kind: rel or rel_sync) of handle, an allocation
+     * of size bytes, on stream; ctx current, with or without the GIL.
+     * No exception is set. */
+    CUresult (*release)(cm_context *ctx, int kind, uintptr_t handle,
+                        size_t size, CUstream stream);
+    /* Before the release of an allocation (handle, allocated for own)
+     * that work queued by cudamem also used on the n streams (ctx
+     * current, GIL held): order the release after that work.  *on (own
+     * on entry): the stream the release goes to.  Not CUDA_SUCCESS:
+     * release with rel_sync.  Ordered managers only. */
+    CUresult (*order)(cm_context *ctx, uintptr_t handle, CUstream own,
+                      const CUstream *streams, int n, CUstream *on);
+    /* Stream h of ctx is about to be destroyed by cudamem: what waits
+     * for it is ordered now, while the handle is valid.  ctx current,
+     * with or without the GIL; never raises. */
+    void (*stream_gone)(cm_context *ctx, CUstream h);
+    /* Block handle, about to be released, was allocated for a stream
+     * that may be destroyed without cudamem hearing of it (an external
+     * stream, another library's): whatever its release will need of that
+     * stream later is taken now, while the stream is alive.  With or
+     * without the GIL; never raises. */
+    void (*foreign_free)(cm_context *ctx, uintptr_t handle);
+    /* Give every wholly free cached byte back to the driver; 0, or -1
+     * with an exception. */
+    int (*trim)(cm_context *ctx);
+    /* Bytes the manager holds, how many of them are free, and the
+     * largest free block (-1 when the manager cannot know); zeros
+     * without state. */
+    void (*stats)(cm_context *ctx, size_t *reserved, size_t *free_b,
+                  long long *largest);
+    /* The entry point that allocates, for messages. */
+    const char *(*alloc_fn)(cm_context *ctx);
+    /* Whether device memory at base (an allocation's start) comes from
+     * the manager's own exportable pool: 1, 0, or -1 with an exception. */
+    int (*owns)(cm_context *ctx, CUdeviceptr base);
+    /* Export the allocation at base for another process: its
+     * cuMemPoolExportPointer data, the descriptor of the pool's
+     * shareable handle (exported on the first call, kept until the
+     * context is closed) and the token that names the pool.  GIL held,
+     * ctx current.  0, or -1 with an exception: CudaAPIError
+     * CUDA_ERROR_NOT_SUPPORTED, saying why, when the pool was made
+     * without a shareable handle type. */
+    int (*export)(cm_context *ctx, CUdeviceptr base,
+                  CUmemPoolPtrExportData *data, int *fd, uint64_t *token);
+    /* Allocate size bytes for stream from what the manager already
+     * holds, with or without the GIL, never growing: the path of callers
+     * that hold no Python object (interop.c's PyTorch entry points).
+     * ctx is current and kept alive by the caller, which counts itself
+     * as a driver call in flight (cm_driver_call_begin) from before the
+     * call until it is done with the memory.  CUDA_SUCCESS;
+     * CUDA_ERROR_NOT_READY when only alloc (GIL held) can serve it
+     * (nothing free fits); CUDA_ERROR_CONTEXT_IS_DESTROYED once the
+     * manager was destroyed.  NULL: the manager has no such path. */
+    CUresult (*take)(cm_context *ctx, size_t size, CUstream stream,
+                     CUdeviceptr *ptr, uintptr_t *handle);
+};
+
+/* ------------------------------------------------------------------ */
+/* cm_ctx_up: what the context calls in the layers above              */
+/* ------------------------------------------------------------------ */
+
+/* What the context layer calls in the layers above it, through pointers
+ * those layers set in their init functions (module exec, before any
+ * Python code can call into the module): the memory layer
+ * (memory/memory.c's cm_memory_init) gives a context its memory manager,
+ * queues and limit, and the IPC imports (features/ipchandle.c) let go of
+ * a closing context's imported pools.  Each field names the function it
+ * points at; memory/memory.h and features/ipc.h say what it does. */
+typedef struct {
+    /* memory/ */
+    const cm_mm_ops *mm_default;       /* &cm_mm_default */
+    const cm_mm_ops *mm_plugin;        /* &cm_mm_plugin */
+    const cm_mm_ops *mm_pool;          /* &cm_mm_pool */
+    const cm_mm_ops *mm_async;         /* &cm_mm_async */
+    const cm_mm_ops *(*mm_builtin)(void);
+    int (*mm_uses_plugin)(const cm_context *ctx);
+    int (*mm_prepare)(cm_context *ctx);
+    int (*limit_device_init)(int dev, size_t total);
+    int (*ctx_init_memory)(cm_context *ctx);
+    int (*ctx_flush)(cm_context *ctx);
+    int (*ctx_flush_held)(cm_context *ctx);
+    int (*pending_hold)(cm_pending *q, int depth);
+    void (*ctx_release)(cm_context *ctx, int kind, uintptr_t handle,
+                        size_t size);
+    PyObject *(*mem_alloc)(cm_context *ctx, size_t size, CUdeviceptr *ptr);
+    int (*hostmem_context_save)(cm_context *ctx);
+    void (*hostmem_context_restore)(cm_context *ctx);
+    void (*interop_context_closing)(cm_context *ctx);
+    /* memory/graph/gpool.c: a closing context's graph pools die; the
+     * retirements put off while cudamem captured run once it captures
+     * nothing (end_capture) */
+    void (*graph_pools_closing)(cm_context *ctx);
+    void (*graph_pools_tidy)(void);
+    /* features/ipcpool.c */
+    void (*ipc_context_closing)(cm_context *ctx);
+} cm_context_upcalls;
+
+extern cm_context_upcalls cm_ctx_up;
 
 /* ------------------------------------------------------------------ */
 /* Streams and events (stream.c, event.c, callbacks.c, streamfuncs.c)  */
@@ -160,6 +531,11 @@ int cm_context_init(PyObject *mod, cm_state *st);
  * for numba patch their methods); called once every type is made.  0. */
 int cm_types_patchable(cm_state *st);
 int cm_stream_init(PyObject *mod, cm_state *st);
+/* For the tests (module.c): the state a fork's child must have made
+ * fresh, as a dict; and a pretence of other threads' work in flight (on:
+ * 1/0).  device.c. */
+PyObject *cm_runtime_fork_state(void);
+void cm_runtime_fork_pretend(int on);
 
 /* Capture-aware work (graph.c; docs/design.md, "Capture-aware
  * synchronous work").  Each is 0, or -1 with StreamCaptureError, raised

@@ -6,8 +6,8 @@
  * of devices and contexts, its waits, the fork hooks and the device
  * look-ups (device.c), the context look-ups and peers (context.c), the
  * close of a device (close.c) and the type specs (ctxtypes.c).
- * Private to them and module.c (the fork hooks of the tests): the rest
- * of the folder and the layers above use context/context.h.
+ * Private to them: the rest of the folder and the layers above use
+ * context/context.h.
  */
 #ifndef CM_DEVCTX_H
 #define CM_DEVCTX_H
@@ -42,10 +42,6 @@ void cm_context_quiesce(void);
 /* The runtime's part of a fork's child (device.c): 0, or -1 with an
  * exception set. */
 int cm_runtime_fork_init(void);
-/* For the tests: the state a fork's child must have made fresh, as a
- * dict; and a pretence of other threads' work in flight (on: 1/0). */
-PyObject *cm_runtime_fork_state(void);
-void cm_runtime_fork_pretend(int on);
 
 /* ------------------------------------------------------------------ */
 /* Device (device.c)                                                   */
@@ -65,7 +61,8 @@ cm_device *cm_device_get(int i);
 int cm_device_cc_at_least(cm_device *d, int major, int minor);
 
 /* The PCI domain, bus and device ids of device h from the driver; 0 or
- * -1.  (cm_device_pci, in cm.h, caches them on the Device.) */
+ * -1.  (cm_device_pci, in context/context.h, caches them on the
+ * Device.) */
 int cm_device_read_pci(CUdevice h, int pci[3]);
 
 /* ------------------------------------------------------------------ */

@@ -26,7 +26,6 @@
  * object and no slot, and around any driver call while Python callbacks
  * are in flight (CM_CU, CM_CU_RAW).
  */
-#include "cm.h"
 #include "context/stream.h"
 
 #include <stdatomic.h>

@@ -11,7 +11,8 @@
 
 #include "context/context.h"
 
-/* interned strings and types, fields of the module state (cm.h) */
+/* interned strings and types, fields of the module state
+ * (driver/driver.h) */
 #define cm_str_cuda_stream (cm_st->str_cuda_stream)
 #define cm_str_stream (cm_st->str_stream)
 #define cm_str_callback (cm_st->str_callback)

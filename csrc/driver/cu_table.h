@@ -5,7 +5,7 @@
  * header, so that the simulator (csrc/sim/) and its C tests
  * (tests/csim) build without them.  The loader (driver.c) fills the table
  * from libcuda.so.1 or from the simulator; every layer above calls the
- * driver only through it (the checking macros are in cm.h).
+ * driver only through it (the checking macros are in driver/call.h).
  */
 #ifndef CM_CU_TABLE_H
 #define CM_CU_TABLE_H
@@ -144,10 +144,22 @@
     X(ProfilerStart, 4000)              \
     X(ProfilerStop, 4000)
 
+/* The type of cm_cu.sim_launch_checked (cm_sim_launch_checked says what
+ * it does). */
+typedef CUresult (*cm_launch_checked_fn)(CUstream h, CUhostFn fn, void *data,
+                                         size_t size, int nranges,
+                                         const uintptr_t *start,
+                                         const size_t *len);
+
 typedef struct {
 #define CM_CU_FIELD(name, ver) PFN_cu##name##_v##ver name;
     CM_CU_FUNCS(CM_CU_FIELD)
 #undef CM_CU_FIELD
+    /* Not an entry point of the driver: the simulator's checked launch of
+     * cudamem's internal kernels (cm_sim_launch_checked), filled by
+     * cm_sim_fill; NULL on the driver, where those kernels are never
+     * launched this way (their callers check the backend first). */
+    cm_launch_checked_fn sim_launch_checked;
 } cm_cu_table;
 
 /* Index of each entry point, for fault injection and name lookup. */
@@ -205,7 +217,9 @@ int cm_sim_stream_live(const void *h);
  * a capture can record it and a graph replay it; size 0: fn owns data
  * (runs once), and a capturing stream refuses it with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.  For the internal kernels
- * (kernels.c, gather.c).  Simulator backend only. */
+ * (kernels.c, gather.c), which call it through the table
+ * (cm_cu.sim_launch_checked): cm_sim_fill puts it there.  Simulator
+ * backend only. */
 CUresult cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data,
                                size_t size, int nranges,
                                const uintptr_t *start, const size_t *len);

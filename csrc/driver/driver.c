@@ -5,10 +5,17 @@
  * Owns the process-wide entry-point table cm_cu, the backend choice, the
  * result of cuInit, and the translation of a CUresult into CudaAPIError.
  *
- * Locking: the table is filled once, under cm_load_lock, taken with the GIL
- * released; cm_driver_ready_flag is published with a release store after
- * the table is complete, and read with an acquire load.  Nothing in here
- * calls the Python API while holding cm_load_lock.
+ * Locks and the GIL: cm_load_lock (a pthread mutex, taken through
+ * cm_mu_lock) guards the table, the backend choice and cuInit, filled
+ * once: cm_driver_ensure_slow takes it inside Py_BEGIN_ALLOW_THREADS and
+ * holds it across the backend's cuInit (the simulator's takes sim_lock
+ * inside); nothing under it touches Python, and no other lock of this file
+ * nests with it.  cm_driver_ready_flag is published with a release store
+ * after the table is complete, and read with an acquire load.  The
+ * mutexes of cm_atfork_mutex_add are only made fresh in a fork's child,
+ * and taken or given back all at once by a test aid
+ * (cm_atfork_mutexes_pretend).  The GIL probe's counts are guarded by the
+ * GIL.
  */
 #include "driver/driver.h"
 
@@ -24,9 +31,9 @@ CUresult cm_cu_missing = CUDA_ERROR_NOT_FOUND;
 int cm_driver_ready_flag;
 volatile int cm_forked;
 
-/* The contexts being destroyed (cm.h, cm_ctx_dying_refused): per
- * device the handle (NULL when none) and the thread destroying it.  The
- * thread is written before the handle is published (release), read
+/* The contexts being destroyed (driver/call.h, cm_ctx_dying_refused):
+ * per device the handle (NULL when none) and the thread destroying it.
+ * The thread is written before the handle is published (release), read
  * after it (acquire). */
 int cm_ctx_dying_n;
 static CUcontext cm_ctx_dying[CM_MAX_DEVICES];
@@ -711,7 +718,7 @@ cm_sim_stream_live_fn(PyObject *mod, PyObject *arg)
 }
 
 /* ------------------------------------------------------------------ */
-/* The GIL probe (see cm_gil_probe_now in cm.h)                        */
+/* The GIL probe (see cm_gil_probe_now in driver/call.h)              */
 /* ------------------------------------------------------------------ */
 
 /* Waits in bucket k are shorter than 2**(k + 8) ns; the last bucket

@@ -12,9 +12,11 @@
  * atomically (a temporary file, then rename), so concurrent processes
  * never read a partial image.
  *
- * Locking: the table is filled with the GIL held and read-only afterwards;
- * cm_nvrtc_compile_nogil touches only its arguments and the table, so it
- * runs with the GIL released.
+ * Locks and the GIL: no lock, and nothing here releases the GIL itself.
+ * The table is filled with the GIL held and read-only afterwards;
+ * cm_nvrtc_compile_nogil touches only its arguments, the table and the
+ * cache's files, no Python object, so its callers (features/compile.c,
+ * array/kernels.c) run it with the GIL released.
  */
 #include "driver/driver.h"
 

@@ -49,7 +49,7 @@
  * caller broke the rule).  The check runs with the GIL held, as every
  * entry point does.
  */
-#include "cm.h"
+#include "driver/driver.h"
 
 #ifdef CM_RETCHECK
 

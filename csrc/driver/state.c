@@ -7,9 +7,10 @@
  * look-up of what the cudamem package registers (its exception classes,
  * raised from any layer), NumPy's C API table (imported once by module
  * exec through cm_numpy_import), and the counters the checking macros of
- * cm.h keep around driver calls made with the GIL released: the calls in
- * flight per epoch, the Python host callbacks in flight, the cudamem
- * mutexes the calling thread holds and the GIL saved by CM_GIL_YIELD.
+ * driver/call.h keep around driver calls made with the GIL released: the
+ * calls in flight per epoch, the Python host callbacks in flight, the
+ * cudamem mutexes the calling thread holds and the GIL saved by
+ * CM_GIL_YIELD.
  *
  * Locking: cm_st is written with the GIL held, in module exec and free;
  * the counters change with atomics or are thread-local.

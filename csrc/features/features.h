@@ -8,7 +8,6 @@
 #ifndef CM_FEATURES_H
 #define CM_FEATURES_H
 
-#include "cm.h"
 #include "driver/driver.h"
 #include "context/context.h"
 #include "memory/memory.h"

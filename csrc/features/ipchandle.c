@@ -628,7 +628,7 @@ cm_ipc_init(PyObject *mod, cm_state *st)
     cm_mem_up.ipc_pool_drop = cm_ipc_pool_drop;
     cm_mem_up.ipc_vmm_release = cm_ipc_vmm_release;
     cm_mem_up.ipc_vmm_drop = cm_ipc_vmm_drop;
-    /* What the context layer reaches of them (cm.h). */
+    /* What the context layer reaches of them (context/context.h). */
     cm_ctx_up.ipc_context_closing = cm_ipc_context_closing;
     /* What the array layer reaches of them (array/array.h). */
     cm_array_up.ipc_get_handle = cm_ipc_get_handle;

@@ -48,7 +48,8 @@ static size_t cm_client_bytes[CM_MAX_DEVICES][CM_CLIENT_N];
 
 /* The ClientAllocation type, the address -> ClientAllocation table of
  * cudamem_torch_free and the last failed cudamem_torch_alloc's exception:
- * fields of the module state (cm.h), which says how they are guarded. */
+ * fields of the module state (driver/driver.h), which says how they
+ * are guarded. */
 #define cm_client_type (cm_st->client_type)
 #define cm_torch_error (cm_st->torch_error)
 

@@ -1561,7 +1561,7 @@ cm_memory_init(PyObject *mod, cm_state *st)
 {
     const char *v;
 
-    /* What the context layer reaches of this one (cm.h). */
+    /* What the context layer reaches of this one (context/context.h). */
     cm_ctx_up.mm_default = &cm_mm_default;
     cm_ctx_up.mm_plugin = &cm_mm_plugin;
     cm_ctx_up.mm_pool = &cm_mm_pool;

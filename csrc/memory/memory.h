@@ -9,7 +9,6 @@
 #ifndef CM_MEMORY_H
 #define CM_MEMORY_H
 
-#include "cm.h"
 #include "driver/driver.h"
 #include "context/context.h"
 
@@ -134,7 +133,7 @@ typedef struct cm_uses {
  * once.  GIL held.  0, or -1 with MemoryError. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
-/* The kinds of queued release (CM_REL_*) are in cm.h. */
+/* The kinds of queued release (CM_REL_*) are in context/context.h. */
 
 /* Queue the release of a driver resource of ctx: memory on its memory
  * manager's queue, the rest on the context's; flush past the thresholds.
@@ -275,8 +274,8 @@ int cm_limit_init(PyObject *mod, cm_state *st);
 /* The memory managers' interface                                      */
 /* ------------------------------------------------------------------ */
 
-/* struct cm_mm_ops, the table of one kind of memory manager, is in cm.h
- * beside the context that points at it. */
+/* struct cm_mm_ops, the table of one kind of memory manager, is in
+ * context/context.h beside the context that points at it. */
 
 extern const cm_mm_ops cm_mm_default;  /* cuMemAlloc, queued cuMemFree */
 extern const cm_mm_ops cm_mm_plugin;   /* a Python EMM plugin */

@@ -55,8 +55,9 @@ cm_context_live(cm_context **out)
     return 0;
 }
 
-/* The GIL-yield state of cm.h's driver-call macros (driver/state.c in
- * the extension): no Python callback is ever in flight here. */
+/* The GIL-yield state of driver/call.h's driver-call macros
+ * (driver/state.c in the extension): no Python callback is ever in
+ * flight here. */
 long cm_pycb_live;
 _Thread_local int cm_mu_depth;
 _Thread_local cm_gil_saved cm_yield_saved;
@@ -65,8 +66,8 @@ unsigned long cm_driver_epoch;
 _Thread_local unsigned long cm_call_epoch;
 _Thread_local int cm_call_depth;
 
-/* The dying-context guard of cm.h's CM_CU_CALL_ (driver/driver.c in the
- * extension): no context is ever closed here. */
+/* The dying-context guard of driver/call.h's CM_CU_CALL_
+ * (driver/driver.c in the extension): no context is ever closed here. */
 int cm_ctx_dying_n;
 
 int
