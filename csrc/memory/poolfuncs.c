@@ -623,6 +623,24 @@ cm_mm_direct_fn(PyObject *mod, PyObject *arg)
     return PyLong_FromLong(cm_mm_direct);
 }
 
+PyDoc_STRVAR(cm_pool_segments_doc,
+"_pool_segments(ctx)\n--\n\n"
+"The segments of a Context's pool manager: a list of dicts (base, size,\n"
+"small, blocks: [(address, size, 'used' | 'free' | 'pending')]); empty\n"
+"under the other managers.");
+
+static PyObject *
+cm_pool_segments_fn(PyObject *mod, PyObject *obj)
+{
+    (void)mod;
+    if (!PyObject_TypeCheck(obj, cm_st->Context_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a Context, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return cm_pool_segments((cm_context *)obj);
+}
+
 static PyObject *cm_pool_poison_fn(PyObject *mod, PyObject *arg);
 extern const char cm_pool_poison_doc[];
 
@@ -633,6 +651,7 @@ static PyMethodDef cm_pool_functions[] = {
     {"_pool_trim", cm_pool_trim_fn, METH_O, cm_pool_trim_doc},
     {"_pool_limit", cm_pool_limit_fn, METH_VARARGS, cm_pool_limit_doc},
     {"_pool_stats", cm_pool_stats_fn, METH_O, cm_pool_stats_doc},
+    {"_pool_segments", cm_pool_segments_fn, METH_O, cm_pool_segments_doc},
     {"_pool_vmm", cm_pool_vmm_fn, METH_O, cm_pool_vmm_doc},
     {"_pool_release_threshold", cm_pool_release_threshold_fn, METH_VARARGS,
      cm_pool_release_threshold_doc},
