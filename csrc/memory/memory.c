@@ -23,6 +23,8 @@
  * - DeviceAllocation, the reference-counted owner of one allocation.
  *   Arrays and views hold a strong reference; when the last one goes the
  *   free is queued.  A context that was closed or reset frees nothing.
+ * - which built-in manager contexts made from now on get
+ *   (set_memory_manager("pool") tells C through _set_builtin_manager).
  *
  * Locking: the GIL guards the queues and the counters.  A flush takes the
  * entries out of the queue first and runs the driver calls with the GIL
@@ -1513,7 +1515,62 @@ cm_alloc_free_fn(PyObject *mod, PyObject *arg)
     return cm_cu_check(rc, "cuMemAlloc") < 0 ? NULL : Py_NewRef(Py_None);
 }
 
+/* The built-in manager for new contexts. */
+static const cm_mm_ops *cm_builtin = &cm_mm_default;
+
+const cm_mm_ops *
+cm_mm_builtin(void)
+{
+    return cm_builtin;
+}
+
+PyDoc_STRVAR(cm_set_builtin_doc,
+"_set_builtin_manager(name)\n--\n\n"
+"Which built-in manager contexts made from now on get: 'default', "
+"'pool' or 'async'.");
+
+static PyObject *
+cm_set_builtin_fn(PyObject *mod, PyObject *arg)
+{
+    static const cm_mm_ops *const builtins[] = {
+        &cm_mm_default, &cm_mm_pool, &cm_mm_async,
+    };
+    const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    size_t i;
+
+    (void)mod;
+    if (s == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "name must be a str");
+        }
+        return NULL;
+    }
+    for (i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++) {
+        if (strcmp(s, builtins[i]->name) == 0) {
+            cm_builtin = builtins[i];
+            Py_RETURN_NONE;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "unknown built-in memory manager %R",
+                 arg);
+    return NULL;
+}
+
+PyDoc_STRVAR(cm_get_builtin_doc,
+"_builtin_manager()\n--\n\n"
+"The built-in manager contexts made from now on get.");
+
+static PyObject *
+cm_get_builtin_fn(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return PyUnicode_FromString(cm_builtin->name);
+}
+
 static PyMethodDef cm_memory_functions[] = {
+    {"_set_builtin_manager", cm_set_builtin_fn, METH_O, cm_set_builtin_doc},
+    {"_builtin_manager", cm_get_builtin_fn, METH_NOARGS, cm_get_builtin_doc},
     {"_memcpy_htod", (PyCFunction)(void (*)(void))cm_memcpy_htod_fn,
      METH_FASTCALL, cm_memcpy_htod_doc},
     {"_memcpy_dtoh", (PyCFunction)(void (*)(void))cm_memcpy_dtoh_fn,

@@ -3,8 +3,6 @@
  * pool.c: the built-in memory managers "pool" and "async".
  *
  * Owns:
- * - which built-in manager contexts made from now on get
- *   (set_memory_manager("pool") tells C through _set_builtin_manager);
  * - pool: a caching allocator of device memory per context.  Requests
  *   are rounded to 512 bytes.  Small ones (up to 1 MiB) are split from
  *   2 MiB segments, larger ones from 20 MiB segments (or a segment of
@@ -71,8 +69,6 @@
 #include <unistd.h>
 #define CM_POOL_LARGE_SPLIT ((size_t)1 << 20) /* least large remainder */
 
-/* The built-in manager for new contexts. */
-const cm_mm_ops *cm_builtin = &cm_mm_default;
 /* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
 size_t cm_default_limit;
 /* CUDAMEM_POOL_POISON: the byte pools made from now on fill every block
@@ -80,12 +76,6 @@ size_t cm_default_limit;
 int cm_pool_poison = -1;
 /* CUDAMEM_ASYNC_RELEASE_THRESHOLD: the async pool's threshold. */
 cuuint64_t cm_async_threshold = UINT64_MAX;
-
-const cm_mm_ops *
-cm_mm_builtin(void)
-{
-    return cm_builtin;
-}
 
 /* ------------------------------------------------------------------ */
 /* Bins                                                                */

@@ -189,9 +189,6 @@ struct cm_pool {
 /* In a fork's child: every pool dead, with a fresh mutex (poolops.c). */
 void cm_pool_atfork_child(void);
 
-/* The built-in manager for new contexts. */
-extern const cm_mm_ops *cm_builtin;
-
 /* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
 extern size_t cm_default_limit;
 

@@ -55,50 +55,6 @@ cm_pool_arg(PyObject *o, cm_context **ctx)
     return c->pool;
 }
 
-PyDoc_STRVAR(cm_set_builtin_doc,
-"_set_builtin_manager(name)\n--\n\n"
-"Which built-in manager contexts made from now on get: 'default', "
-"'pool' or 'async'.");
-
-static PyObject *
-cm_set_builtin_fn(PyObject *mod, PyObject *arg)
-{
-    static const cm_mm_ops *const builtins[] = {
-        &cm_mm_default, &cm_mm_pool, &cm_mm_async,
-    };
-    const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
-    size_t i;
-
-    (void)mod;
-    if (s == NULL) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "name must be a str");
-        }
-        return NULL;
-    }
-    for (i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++) {
-        if (strcmp(s, builtins[i]->name) == 0) {
-            cm_builtin = builtins[i];
-            Py_RETURN_NONE;
-        }
-    }
-    PyErr_Format(PyExc_ValueError, "unknown built-in memory manager %R",
-                 arg);
-    return NULL;
-}
-
-PyDoc_STRVAR(cm_get_builtin_doc,
-"_builtin_manager()\n--\n\n"
-"The built-in manager contexts made from now on get.");
-
-static PyObject *
-cm_get_builtin_fn(PyObject *mod, PyObject *unused)
-{
-    (void)mod;
-    (void)unused;
-    return PyUnicode_FromString(cm_builtin->name);
-}
-
 PyDoc_STRVAR(cm_pool_trim_doc,
 "_pool_trim(ctx)\n--\n\n"
 "Give every wholly free pooled segment of ctx back to the driver (the "
@@ -645,8 +601,6 @@ static PyObject *cm_pool_poison_fn(PyObject *mod, PyObject *arg);
 extern const char cm_pool_poison_doc[];
 
 static PyMethodDef cm_pool_functions[] = {
-    {"_set_builtin_manager", cm_set_builtin_fn, METH_O, cm_set_builtin_doc},
-    {"_builtin_manager", cm_get_builtin_fn, METH_NOARGS, cm_get_builtin_doc},
     {"_mm_direct", cm_mm_direct_fn, METH_O, cm_mm_direct_doc},
     {"_pool_trim", cm_pool_trim_fn, METH_O, cm_pool_trim_doc},
     {"_pool_limit", cm_pool_limit_fn, METH_VARARGS, cm_pool_limit_doc},
