@@ -854,30 +854,6 @@ cm_raise_oom(cm_context *ctx, const cm_mm_ops *mm, CUresult rc, size_t size)
     cm_raise_oom_at(ctx, rc, size, mm->alloc_fn(ctx), CM_OOM_DEVICE);
 }
 
-int
-cm_pointer_attr(PyObject *obj, const char *name, uintptr_t *out)
-{
-    PyObject *v = PyObject_GetAttrString(obj, name);
-    unsigned long long u;
-
-    if (v == NULL) {
-        return -1;
-    }
-    if (!PyLong_Check(v) && v != Py_None) {
-        Py_SETREF(v, PyObject_GetAttrString(v, "value"));
-        if (v == NULL) {
-            return -1;
-        }
-    }
-    u = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *out = (uintptr_t)u;
-    return 0;
-}
-
 static PyObject *cm_mem_alloc_on_run(cm_context *ctx, size_t size,
                                      CUstream stream, CUdeviceptr *out);
 
