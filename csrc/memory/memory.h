@@ -363,17 +363,19 @@ int cm_hostreg_closed(PyObject *o);
 int cm_hostmem_context_save(cm_context *ctx);
 void cm_hostmem_context_restore(cm_context *ctx);
 
-/* interop.c: allocations other libraries hold through cudamem.  The
- * bytes each library holds on ctx's device, with "cudamem" for the rest
- * of ctx's allocated bytes: a new dict, or NULL. */
+/* clients.c: the bytes each library holds through cudamem on ctx's
+ * device, with "cudamem" for the rest of ctx's allocated bytes: a new
+ * dict, or NULL. */
 PyObject *cm_interop_by_client(cm_context *ctx);
+/* Set exc.by_client and, when a library holds memory, name the holders
+ * in exc.msg; 0, or -1 with an exception. */
+int cm_interop_oom_note(cm_context *ctx, PyObject *exc);
+
+/* interop.c: allocations other libraries hold through cudamem. */
 /* ctx is being closed or reset (still alive, GIL held): PyTorch's entry
  * points stop serving from its pool, and the reference they keep to it
  * goes once PyTorch gives back what it took.  Never raises. */
 void cm_interop_context_closing(cm_context *ctx);
-/* Set exc.by_client and, when a library holds memory, name the holders
- * in exc.msg; 0, or -1 with an exception. */
-int cm_interop_oom_note(cm_context *ctx, PyObject *exc);
 int cm_interop_init(PyObject *mod, cm_state *st);
 
 /* ------------------------------------------------------------------ */
