@@ -448,6 +448,8 @@ int cm_pool_export_pages(cm_context *ctx, CUdeviceptr addr, size_t span,
 /* ------------------------------------------------------------------ */
 
 int cm_memory_init(PyObject *mod, cm_state *st);
+/* release.c: its type, functions and settings; called by cm_memory_init. */
+int cm_release_init(PyObject *mod, cm_state *st);
 int cm_pool_init(PyObject *mod, cm_state *st);
 int cm_hostmem_init(PyObject *mod, cm_state *st);
 int cm_staging_init(PyObject *mod, cm_state *st);
