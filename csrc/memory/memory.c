@@ -10,7 +10,7 @@
  *   allocation path calls the context's manager through its table
  *   (cm_mm_ops in memory/memory.h: default, plugin, and the pool and
  *   async managers of poolops.c), never the other way round, and every
- *   built-in manager shares one out-of-memory policy (limit.c): flush
+ *   built-in manager shares one out-of-memory policy (oom.c): flush
  *   pending frees, trim pools, gc.collect() where a collection could
  *   make room, retry once, then CudaOutOfMemoryError with a snapshot.
  * - DeviceAllocation, the reference-counted owner of one allocation.

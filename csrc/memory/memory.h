@@ -209,7 +209,7 @@ PyObject *cm_mem_alloc_for(cm_context *ctx, size_t size,
                            PyObject *stream_obj, CUdeviceptr *ptr);
 
 /* ------------------------------------------------------------------ */
-/* limit.c: the per-process device memory limit, out of memory         */
+/* limit.c, oom.c: the per-process device memory limit, out of memory  */
 /* ------------------------------------------------------------------ */
 
 /* What the free and total attributes of an out-of-memory error count. */
@@ -240,7 +240,7 @@ int cm_oom_recover(cm_context *ctx, size_t size, int managed);
 int cm_limit_refuses(cm_context *ctx, size_t size);
 /* A device allocation of more than the whole device: raises the
  * out-of-memory error for fn and returns -1 (no driver call: see
- * limit.c); 0 for any other size. */
+ * oom.c); 0 for any other size. */
 int cm_oom_past_device(cm_context *ctx, size_t size, const char *fn);
 
 /* Device dev's limit in bytes; 0 for none.  No GIL needed. */
