@@ -323,26 +323,6 @@ err_uncount:
     cm_limit_give(ctx, size);
 }
 
-int
-cm_limit_plugin_take(cm_context *ctx, size_t size, const char *fn,
-                     int managed)
-{
-    int r;
-
-    if (cm_limit_take(ctx, size)) {
-        return 0;
-    }
-    r = cm_oom_recover(ctx, size, managed);
-    if (r < 0) {
-        return -1;
-    }
-    if (r > 0 && cm_limit_take(ctx, size)) {
-        return 0;
-    }
-    cm_raise_oom_at(ctx, CUDA_ERROR_OUT_OF_MEMORY, size, fn, CM_OOM_DEVICE);
-    return -1;
-}
-
 /* ------------------------------------------------------------------ */
 /* set_memory_limit                                                    */
 /* ------------------------------------------------------------------ */

@@ -5,8 +5,10 @@
  * (cm_oom_recover: flush, trim, and collect garbage only where a
  * collection could make room; while a CUDA graph capture cudamem began
  * is in progress, no trim and only the frees the capture allows), the
- * refusal no recovery could change (past the device's memory),
- * and the error raised at last, with its snapshot (cm_raise_oom_at).
+ * refusal no recovery could change (past the device's memory), the
+ * error raised at last, with its snapshot (cm_raise_oom_at), and a
+ * plugin's allocation counted against the limit after that policy
+ * (cm_limit_plugin_take).
  * The limit itself and its counts are limit.c's.
  *
  * Locks and the GIL: runs with the GIL held; it takes no lock of its
@@ -331,4 +333,24 @@ cm_oom_recover(cm_context *ctx, size_t size, int managed)
         return -1;
     }
     return 1;
+}
+
+int
+cm_limit_plugin_take(cm_context *ctx, size_t size, const char *fn,
+                     int managed)
+{
+    int r;
+
+    if (cm_limit_take(ctx, size)) {
+        return 0;
+    }
+    r = cm_oom_recover(ctx, size, managed);
+    if (r < 0) {
+        return -1;
+    }
+    if (r > 0 && cm_limit_take(ctx, size)) {
+        return 0;
+    }
+    cm_raise_oom_at(ctx, CUDA_ERROR_OUT_OF_MEMORY, size, fn, CM_OOM_DEVICE);
+    return -1;
 }
