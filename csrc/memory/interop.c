@@ -1108,6 +1108,8 @@ int
 cm_interop_init(PyObject *mod, cm_state *st)
 {
     (void)st;
+    /* What the context layer reaches of this file (cm.h). */
+    cm_ctx_up.interop_context_closing = cm_interop_context_closing;
     /* A fork's child: PyTorch's entry points there find the lanes of
      * the parent's contexts, whose driver calls refuse (cm_forked). */
     if (cm_atfork_mutex_add(&cm_lane_mu) < 0) {

@@ -948,7 +948,6 @@ cm_memory_init(PyObject *mod, cm_state *st)
     cm_ctx_up.mem_alloc = cm_mem_alloc;
     cm_ctx_up.hostmem_context_save = cm_hostmem_context_save;
     cm_ctx_up.hostmem_context_restore = cm_hostmem_context_restore;
-    cm_ctx_up.interop_context_closing = cm_interop_context_closing;
     st->Mem_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_mem_spec, NULL);
     if (st->Mem_type == NULL
