@@ -723,35 +723,6 @@ cm_pool_collect_free_segs(cm_pool *p, cm_seg **out)
     }
 }
 
-/* cuMemFree every segment of a list of ctx's pool and free the list (no
- * mutex, no GIL); the segments no longer count against the limit.  The
- * first error, or CUDA_SUCCESS. */
-CUresult
-cm_segs_release(cm_context *ctx, cm_seg *g)
-{
-    CUresult first = CUDA_SUCCESS;
-    CUresult rc;
-    cm_seg *next;
-
-    for (; g != NULL; g = next) {
-        next = g->next;
-        if (g->arena != NULL) {
-            rc = cm_arena_free_seg(ctx, g, 1);
-            if (first == CUDA_SUCCESS) {
-                first = rc;
-            }
-            continue;
-        }
-        rc = CM_CU_RAW(MemFree, (g->base));
-        cm_limit_give(ctx, g->size);
-        if (first == CUDA_SUCCESS) {
-            first = rc;
-        }
-        free(g);
-    }
-    return first;
-}
-
 /* The stream key of a handle. */
 uintptr_t
 cm_stream_key(CUstream s)
