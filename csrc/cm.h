@@ -212,7 +212,7 @@ typedef struct cm_state {
     PyObject *str_await;               /* "__await__" */
     PyObject *str_drain;               /* "_drain" */
     /* interned keyword names: array/ (K_* of array/devicearray.h),
-     * host memory (KW_* of memory/hostmem.h), from_dlpack's protocol */
+     * host memory (KW_* of memory/host/host.h), from_dlpack's protocol */
     PyObject *kw[CM_ARRAY_KW_N];
     PyObject *hm_kw[CM_HOST_KW_N];
     PyObject *dl_kw[CM_DLPACK_KW_N];
@@ -963,7 +963,7 @@ typedef struct {
     int (*hostmem_context_save)(cm_context *ctx);
     void (*hostmem_context_restore)(cm_context *ctx);
     void (*interop_context_closing)(cm_context *ctx);
-    /* memory/graph/gpool.c: a closing context's graph pools die; the
+    /* memory/pool/graph/gpool.c: a closing context's graph pools die; the
      * retirements put off while cudamem captured run once it captures
      * nothing (end_capture) */
     void (*graph_pools_closing)(cm_context *ctx);

@@ -137,7 +137,7 @@ int cm_stream_init(PyObject *mod, cm_state *st);
 /* Whether a capture cudamem began is in progress (an atomic load). */
 int cm_capture_any(void);
 
-/* The graph pool (memory/graph/gpool.c's, opaque here) that allocations
+/* The graph pool (memory/pool/graph/gpool.c's, opaque here) that allocations
  * for stream h go to while cudamem captures h, or NULL; for the default
  * stream, that of a capture the calling thread began.  Read without a
  * lock: call it only while cm_capture_any(). */

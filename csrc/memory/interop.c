@@ -28,7 +28,7 @@
  */
 #include "memory/memory.h"
 #include "memory/clients.h"
-#include "memory/graph/gpool.h"
+#include "memory/pool/graph/graph.h"
 
 /* The ClientAllocation type, the address -> ClientAllocation table of
  * cudamem_torch_free and the last failed cudamem_torch_alloc's exception:
@@ -361,7 +361,7 @@ cm_cupy_malloc(PyObject *self, PyObject *arg)
             goto out;
         }
         /* During CuPy's own capture of its stream: the capture's graph
-         * pool (memory/graph/gpool.c). */
+         * pool (memory/pool/graph/gpool.c). */
         cm_gpool_force(cm_gpool_foreign(ctx, stream));
         cm_capture_adapter_depth++;
         owner = cm_client_alloc(ctx, (size_t)size, stream, CM_CLIENT_CUPY);
@@ -877,7 +877,7 @@ cm_torch_alloc_gil(size_t size, int device, CUstream stream)
         return 0;
     }
     /* During PyTorch's own capture of the stream: the capture's graph
-     * pool (memory/graph/gpool.c). */
+     * pool (memory/pool/graph/gpool.c). */
     cm_gpool_force(cm_gpool_foreign(ctx, stream));
     CM_IN_CONTEXT(ctx, r, -1, cm_mem_alloc_raw(ctx, size, stream, &p, &h));
     cm_gpool_force(NULL);

@@ -20,7 +20,7 @@
  *   (set_memory_manager("pool") tells C through _set_builtin_manager).
  */
 #include "memory/memory.h"
-#include "memory/graph/gpool.h"
+#include "memory/pool/graph/graph.h"
 #include "memory/release.h"
 
 #include <string.h>
@@ -364,7 +364,7 @@ cm_mem_alloc_for(cm_context *ctx, size_t size, PyObject *stream_obj,
     else if (stream_obj != NULL && cm_capture_any()
              && cm_stream_resolve(stream_obj, &h) < 0) {
         /* A stream-blind manager still allocates from the graph pool of
-         * a capture on that stream (memory/graph/gpool.c). */
+         * a capture on that stream (memory/pool/graph/gpool.c). */
         return NULL;
     }
     r = cm_mem_alloc_on(ctx, size, h, out);
@@ -906,9 +906,35 @@ cm_get_builtin_fn(PyObject *mod, PyObject *unused)
     return PyUnicode_FromString(cm_builtin->name);
 }
 
+PyDoc_STRVAR(cm_mm_direct_doc,
+"_mm_direct(delta)\n--\n\n"
+"Add delta to this thread's count of built-in manager methods running "
+"(DefaultMemoryManager's, which a plugin wrapping the manager it "
+"replaced may call): while it is not zero, allocations go to the "
+"context's built-in manager, not to the plugin.  Returns the new "
+"count.");
+
+static PyObject *
+cm_mm_direct_fn(PyObject *mod, PyObject *arg)
+{
+    long d = PyLong_AsLong(arg);
+
+    (void)mod;
+    if (d == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (d < -1 || d > 1 || cm_mm_direct + d < 0) {
+        PyErr_SetString(PyExc_ValueError, "_mm_direct: unbalanced delta");
+        return NULL;
+    }
+    cm_mm_direct += (int)d;
+    return PyLong_FromLong(cm_mm_direct);
+}
+
 static PyMethodDef cm_memory_functions[] = {
     {"_set_builtin_manager", cm_set_builtin_fn, METH_O, cm_set_builtin_doc},
     {"_builtin_manager", cm_get_builtin_fn, METH_NOARGS, cm_get_builtin_doc},
+    {"_mm_direct", cm_mm_direct_fn, METH_O, cm_mm_direct_doc},
     {"_memcpy_htod", (PyCFunction)(void (*)(void))cm_memcpy_htod_fn,
      METH_FASTCALL, cm_memcpy_htod_doc},
     {"_memcpy_dtoh", (PyCFunction)(void (*)(void))cm_memcpy_dtoh_fn,

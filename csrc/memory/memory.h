@@ -419,7 +419,7 @@ int cm_history_init(PyObject *mod, cm_state *st);
 PyObject *cm_pool_segments(cm_context *ctx);
 
 /* What an export of memory of the pool on virtual memory gives
- * (memory/vmm/share.c): the pages that hold the range, in order. */
+ * (memory/pool/vmm/share.c): the pages that hold the range, in order. */
 typedef struct {
     CUdeviceptr base;     /* the first page's address */
     size_t page;          /* the page size */

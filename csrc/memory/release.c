@@ -28,7 +28,7 @@
  * the end of the last capture flushes it (cm_ctx_flush_held).
  */
 #include "memory/memory.h"
-#include "memory/graph/gpool.h"
+#include "memory/pool/graph/graph.h"
 #include "memory/release.h"
 
 #include <stdlib.h>

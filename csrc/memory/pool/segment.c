@@ -1,15 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/segment.c: giving a pool's segments back to the driver, whether
- * cuMemAlloc'd or arenas of virtual memory (memory/vmm/arena.c), for the
+ * memory/pool/segment.c: giving a pool's segments back to the driver, whether
+ * cuMemAlloc'd or arenas of virtual memory (memory/pool/vmm/arena.c), for the
  * pool and async managers (poolops.c) and the graph pools
- * (memory/graph/gpool.c).
+ * (memory/pool/graph/gpool.c).
  *
  * Locks and the GIL: runs with no pool mutex held and without the GIL;
  * the segments were unlinked from their pool under its mutex first.
  */
-#include "memory/pool.h"
-#include "memory/vmm/arena.h"
+#include "memory/pool/pool.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <stdlib.h>
 

@@ -20,7 +20,7 @@
  *   wholly free segment back with cuMemFree; a limit caps the bytes held;
  *   the statistics feed memory_stats() and the out-of-memory snapshot.
  *   With CUDAMEM_POOL_VMM=1 the segments are arenas of virtual memory
- *   instead (memory/vmm/arena.c): the same blocks, bins and rules, with
+ *   instead (memory/pool/vmm/arena.c): the same blocks, bins and rules, with
  *   pages of physical memory mapped where blocks in use are.
  * - async: cuMemAllocFromPoolAsync / cuMemFreeAsync on the allocation's
  *   stream from a memory pool of the context's own, made with the POSIX
@@ -58,8 +58,8 @@
  * Limitation: under the per-thread default stream, handle 0 names a
  * different stream on each thread; the pool treats it as one stream.
  */
-#include "memory/pool.h"
-#include "memory/vmm/arena.h"
+#include "memory/pool/pool.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <pthread.h>
 #include <stdlib.h>

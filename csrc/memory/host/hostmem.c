@@ -46,7 +46,7 @@
  * across cuMemHostRegister / cuMemHostUnregister, and nothing of Python
  * is touched while it is held.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>

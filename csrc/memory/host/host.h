@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostmem.h: what the files of host memory share (hostmem.c,
+ * memory/host/host.h: what the files of host memory share (hostmem.c,
  * hostclose.c, hostarray.c, registry.c, hostreg.c, managed.c, hostbuf.c:
  * the sections of one concept, kept in files of their own).  Private to
  * them: the rest of the folder and the layers above use memory/memory.h.

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostreg.c: HostRegistration, what pinned() and mapped() hold
+ * memory/host/hostreg.c: HostRegistration, what pinned() and mapped() hold
  * while a host range stays registered.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/poolfuncs.c: the module-level functions of the pool and async
+ * memory/pool/poolfuncs.c: the module-level functions of the pool and async
  * managers and their init.
  */
-#include "memory/pool.h"
-#include "memory/graph/gpool.h"
-#include "memory/vmm/arena.h"
+#include "memory/pool/pool.h"
+#include "memory/pool/graph/graph.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -554,31 +554,6 @@ cm_raw_gate_open_fn(PyObject *mod, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(cm_mm_direct_doc,
-"_mm_direct(delta)\n--\n\n"
-"Add delta to this thread's count of built-in manager methods running "
-"(DefaultMemoryManager's, which a plugin wrapping the manager it "
-"replaced may call): while it is not zero, allocations go to the "
-"context's built-in manager, not to the plugin.  Returns the new "
-"count.");
-
-static PyObject *
-cm_mm_direct_fn(PyObject *mod, PyObject *arg)
-{
-    long d = PyLong_AsLong(arg);
-
-    (void)mod;
-    if (d == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (d < -1 || d > 1 || cm_mm_direct + d < 0) {
-        PyErr_SetString(PyExc_ValueError, "_mm_direct: unbalanced delta");
-        return NULL;
-    }
-    cm_mm_direct += (int)d;
-    return PyLong_FromLong(cm_mm_direct);
-}
-
 PyDoc_STRVAR(cm_pool_segments_doc,
 "_pool_segments(ctx)\n--\n\n"
 "The segments of a Context's pool manager: a list of dicts (base, size,\n"
@@ -601,7 +576,6 @@ static PyObject *cm_pool_poison_fn(PyObject *mod, PyObject *arg);
 extern const char cm_pool_poison_doc[];
 
 static PyMethodDef cm_pool_functions[] = {
-    {"_mm_direct", cm_mm_direct_fn, METH_O, cm_mm_direct_doc},
     {"_pool_trim", cm_pool_trim_fn, METH_O, cm_pool_trim_doc},
     {"_pool_limit", cm_pool_limit_fn, METH_VARARGS, cm_pool_limit_doc},
     {"_pool_stats", cm_pool_stats_fn, METH_O, cm_pool_stats_doc},

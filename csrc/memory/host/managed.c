@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/managed.c: managed memory: prefetch and advice.
+ * memory/host/managed.c: managed memory: prefetch and advice.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostbuf.c: control of the pinned pool, and HostBuffer, the
+ * memory/host/hostbuf.c: control of the pinned pool, and HostBuffer, the
  * buffer side of the Python pointer classes.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>
