@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Host memory copy bandwidth on this machine: what bounds the staging
-pipeline's host side (csrc/memory/staging.c).
+pipeline's host side (csrc/memory/staging/staging.c).
 
     python benchmarks/host_bandwidth.py
 

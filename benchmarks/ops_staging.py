@@ -3,7 +3,7 @@
 64 and 256 KiB, 1, 16, 64, 256 MiB and 1 GiB, side by side.
 
 cudamem copies large pageable arrays through its staging pipeline
-(csrc/memory/staging.c); the rows marked "staging off" switch it off at
+(csrc/memory/staging/staging.c); the rows marked "staging off" switch it off at
 run time
 (``_core._staging_config(enabled=False)``) so the two paths are compared
 in one run.  The peers (numba-cuda, CuPy, PyTorch) and the bare driver

@@ -2,7 +2,7 @@
 through libcuda (ctypes, no cudamem): whether cuMemUnmap, cuMemRelease,
 cuMemMap, cuMemSetAccess and cuMemCreate wait for work queued on an
 unrelated stream (a host function holding it for HOLD seconds), and what
-each costs per 2 MiB page.  The pool on virtual memory (csrc/memory/vmm/)
+each costs per 2 MiB page.  The pool on virtual memory (csrc/memory/pool/vmm/)
 relies on the answer: it unmaps only pages whose own work is done, and
 must not wait for, or be held by, other streams.
 

@@ -3,10 +3,10 @@
  * array/hostarray.c: the arrays on host allocations (pinned_array,
  * mapped_array, managed_array and their like-forms) and the device view
  * of a mapped or managed array.  They build on the host allocations of
- * memory/hostmem.h and the layout rules of the device arrays.
+ * memory/host/host.h and the layout rules of the device arrays.
  */
 #include "array/array.h"
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -402,7 +402,7 @@ typedef struct {
     int (*hostmem_context_save)(cm_context *ctx);
     void (*hostmem_context_restore)(cm_context *ctx);
     void (*interop_context_closing)(cm_context *ctx);
-    /* memory/graph/gpool.c: a closing context's graph pools die; the
+    /* memory/pool/graph/gpool.c: a closing context's graph pools die; the
      * retirements put off while cudamem captured run once it captures
      * nothing (end_capture) */
     void (*graph_pools_closing)(cm_context *ctx);
@@ -544,7 +544,7 @@ void cm_runtime_fork_pretend(int on);
 /* Whether a capture cudamem began is in progress (an atomic load). */
 int cm_capture_any(void);
 
-/* The graph pool (memory/graph/gpool.c's, opaque here) that allocations
+/* The graph pool (memory/pool/graph/gpool.c's, opaque here) that allocations
  * for stream h go to while cudamem captures h, or NULL; for the default
  * stream, that of a capture the calling thread began.  Read without a
  * lock: call it only while cm_capture_any(). */

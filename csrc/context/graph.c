@@ -3,7 +3,7 @@
  * context/graph.c: stream capture and graph launch.  Owns the
  * process-wide record of the captures cudamem began (a count, a count of
  * the global-mode ones, the capturing stream handles and each capture's
- * graph pool, opaque here: memory/graph/gpool.c's, in atomics:
+ * graph pool, opaque here: memory/pool/graph/gpool.c's, in atomics:
  * no lock, read without a driver call on every synchronous path), the
  * Stream methods begin_capture / end_capture / is_capturing, the
  * private functions the Python Graph class (cudamem/graphs.py) calls,
@@ -44,7 +44,7 @@ static _Atomic(uintptr_t) cm_cap_handle[CM_CAP_SLOTS];
 
 static int cm_cap_mode[CM_CAP_SLOTS];
 
-/* Their graph pools (opaque: memory/graph/gpool.c's), set before the
+/* Their graph pools (opaque: memory/pool/graph/gpool.c's), set before the
  * capture begins and read while it is in progress; and the Python
  * GraphPool objects that keep them (strong; GIL). */
 static void *_Atomic cm_cap_pool[CM_CAP_SLOTS];

@@ -231,7 +231,7 @@ typedef struct cm_state {
     PyObject *str_await;               /* "__await__" */
     PyObject *str_drain;               /* "_drain" */
     /* interned keyword names: array/ (K_* of array/devicearray.h),
-     * host memory (KW_* of memory/hostmem.h), from_dlpack's protocol */
+     * host memory (KW_* of memory/host/host.h), from_dlpack's protocol */
     PyObject *kw[CM_ARRAY_KW_N];
     PyObject *hm_kw[CM_HOST_KW_N];
     PyObject *dl_kw[CM_DLPACK_KW_N];

@@ -31,7 +31,7 @@
  *   manager on virtual memory (cuMemCreate'd pages, which
  *   cuIpcGetMemHandle does not accept either) gets an export of pool
  *   pages: the exporter's descriptors of the pages under the exported
- *   bytes (memory/vmm/share.c), which the importer takes the same way,
+ *   bytes (memory/pool/vmm/share.c), which the importer takes the same way,
  *   imports and maps into a range of its own (ipcvmm.c).  The handle's
  *   pool and pages attributes say which kind it is;
  * - IpcMemory, the owner of one imported mapping: opened with

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * features/ipcvmm.c: imports of another process's pool pages (memory of
- * the pool manager on virtual memory, exported by memory/vmm/share.c).
+ * the pool manager on virtual memory, exported by memory/pool/vmm/share.c).
  *
  * The handle of such memory names the exporting process (pid), the page
  * size and, for each page in order, the exporter's descriptor of it and

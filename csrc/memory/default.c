@@ -14,7 +14,7 @@
  * cm_mm_direct is per thread.
  */
 #include "memory/memory.h"
-#include "memory/graph/gpool.h"
+#include "memory/pool/graph/graph.h"
 
 /* cuMemAlloc, stream-blind, with the GIL released; the bytes count
  * against the limit until their cuMemFree. */
@@ -27,7 +27,7 @@ cm_default_alloc(cm_context *ctx, size_t size, CUstream stream,
     cm_gpool *gp = cm_gpool_for(ctx, stream);
 
     if (gp != NULL) {
-        /* Captured: the graph's own memory (memory/graph/gpool.c). */
+        /* Captured: the graph's own memory (memory/pool/graph/gpool.c). */
         return cm_gpool_alloc(ctx, gp, size, stream, p, handle);
     }
     if (!cm_limit_take(ctx, size)) {

@@ -299,24 +299,6 @@ cm_allocation_info_fn(PyObject *mod, PyObject *obj)
                          m->ctx->device != NULL ? m->ctx->device->id : -1);
 }
 
-PyDoc_STRVAR(cm_pool_segments_doc,
-"_pool_segments(ctx)\n--\n\n"
-"The segments of a Context's pool manager: a list of dicts (base, size,\n"
-"small, blocks: [(address, size, 'used' | 'free' | 'pending')]); empty\n"
-"under the other managers.");
-
-static PyObject *
-cm_pool_segments_fn(PyObject *mod, PyObject *obj)
-{
-    (void)mod;
-    if (!PyObject_TypeCheck(obj, cm_st->Context_type)) {
-        PyErr_Format(PyExc_TypeError, "expected a Context, got %.100s",
-                     Py_TYPE(obj)->tp_name);
-        return NULL;
-    }
-    return cm_pool_segments((cm_context *)obj);
-}
-
 PyDoc_STRVAR(cm_live_contexts_doc,
 "_live_contexts()\n--\n\n"
 "The Contexts alive now (not closed or reset), as a list.");
@@ -342,7 +324,6 @@ cm_live_contexts_fn(PyObject *mod, PyObject *unused)
 static PyMethodDef cm_history_functions[] = {
     {"_live_contexts", cm_live_contexts_fn, METH_NOARGS,
      cm_live_contexts_doc},
-    {"_pool_segments", cm_pool_segments_fn, METH_O, cm_pool_segments_doc},
     {"_history_enable", cm_history_enable_fn, METH_VARARGS,
      cm_history_enable_doc},
     {"_history_state", cm_history_state_fn, METH_NOARGS,

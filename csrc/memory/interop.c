@@ -10,8 +10,8 @@
  *   memalloc returned) and the client tag it is counted under until it
  *   goes away.  Dropping it releases the memory as any cudamem
  *   allocation is released (stream-ordered for the pool manager).
- * - The per-device, per-client byte counters behind memory_stats()'s
- *   "by_client" and the out-of-memory message.
+ * - _client_stats, memory_stats()'s "by_client" as a function (the
+ *   counters are clients.c's);
  * - CuPy's allocator, a C function over CuPy's own classes;
  * - cudamem_torch_alloc / cudamem_torch_free, the entry points of
  *   PyTorch's CUDAPluggableAllocator, exported from the extension with
@@ -27,24 +27,8 @@
  * can be loaded once per process only.
  */
 #include "memory/memory.h"
-#include "memory/graph/gpool.h"
-
-/* The libraries an allocation can be tagged with (the "cudamem" entry of
- * by_client is the rest of the context's allocated bytes). */
-enum {
-    CM_CLIENT_CUPY = 0,
-    CM_CLIENT_TORCH,
-    CM_CLIENT_NUMBA,
-    CM_CLIENT_N
-};
-
-static const char *const cm_client_names[CM_CLIENT_N] = {
-    "cupy", "torch", "numba",
-};
-
-/* [device][client]: bytes held by live ClientAllocations.  NOTE: guarded
- * by the GIL. */
-static size_t cm_client_bytes[CM_MAX_DEVICES][CM_CLIENT_N];
+#include "memory/clients.h"
+#include "memory/pool/graph/graph.h"
 
 /* The ClientAllocation type, the address -> ClientAllocation table of
  * cudamem_torch_free and the last failed cudamem_torch_alloc's exception:
@@ -303,125 +287,6 @@ cm_client_alloc_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 /* Statistics                                                          */
 /* ------------------------------------------------------------------ */
 
-/* The bytes client holds on device id, whose current context is ctx:
- * its ClientAllocations', and with lane, for PyTorch, those of ctx's
- * lane (which memory_stats()'s st_bytes does not count). */
-static size_t
-cm_client_held(cm_context *ctx, int id, int client, int lane)
-{
-    size_t held = id >= 0 && id < CM_MAX_DEVICES ? cm_client_bytes[id][client]
-                                                 : 0;
-
-    if (lane && client == CM_CLIENT_TORCH) {
-        held += __atomic_load_n(&ctx->lane_bytes, __ATOMIC_RELAXED);
-    }
-    return held;
-}
-
-PyObject *
-cm_interop_by_client(cm_context *ctx)
-{
-    PyObject *d = PyDict_New();
-    PyObject *v;
-    size_t tagged = 0;
-    size_t held;
-    int id = ctx->device->id;
-    int i;
-
-    if (d == NULL) {
-        return NULL;
-    }
-    for (i = 0; i < CM_CLIENT_N; i++) {
-        tagged += cm_client_held(ctx, id, i, 0);
-    }
-    v = PyLong_FromSize_t(ctx->st_bytes > tagged ? ctx->st_bytes - tagged
-                                                 : 0);
-    if (v == NULL || PyDict_SetItemString(d, "cudamem", v) < 0) {
-        goto err;
-    }
-    Py_DECREF(v);
-    for (i = 0; i < CM_CLIENT_N; i++) {
-        held = cm_client_held(ctx, id, i, 1);
-        v = PyLong_FromSize_t(held);
-        if (v == NULL || PyDict_SetItemString(d, cm_client_names[i], v) < 0) {
-            goto err;
-        }
-        Py_DECREF(v);
-    }
-    return d;
-
-err:
-    Py_XDECREF(v);
-    Py_DECREF(d);
-    return NULL;
-}
-
-int
-cm_interop_oom_note(cm_context *ctx, PyObject *exc)
-{
-    PyObject *by = cm_interop_by_client(ctx);
-    PyObject *msg = NULL;
-    PyObject *note = NULL;
-    PyObject *parts = NULL;
-    PyObject *sep = NULL;
-    PyObject *joined = NULL;
-    int id = ctx->device->id;
-    int any = 0;
-    int r = -1;
-    int i;
-
-    if (by == NULL || PyObject_SetAttrString(exc, "by_client", by) < 0) {
-        goto out;
-    }
-    parts = PyList_New(0);
-    if (parts == NULL) {
-        goto out;
-    }
-    for (i = 0; i < CM_CLIENT_N; i++) {
-        size_t held = cm_client_held(ctx, id, i, 1);
-        PyObject *s;
-
-        if (held == 0) {
-            continue;
-        }
-        any = 1;
-        s = PyUnicode_FromFormat("%s %zu bytes", cm_client_names[i], held);
-        if (s == NULL || PyList_Append(parts, s) < 0) {
-            Py_XDECREF(s);
-            goto out;
-        }
-        Py_DECREF(s);
-    }
-    if (!any) {
-        r = 0;
-        goto out;
-    }
-    msg = PyObject_GetAttrString(exc, "msg");
-    sep = PyUnicode_FromString(", ");
-    if (msg == NULL || sep == NULL) {
-        goto out;
-    }
-    joined = PyUnicode_Join(sep, parts);
-    if (joined == NULL) {
-        goto out;
-    }
-    note = PyUnicode_FromFormat("%U; held through cudamem by other "
-                                "libraries: %U", msg, joined);
-    if (note == NULL || PyObject_SetAttrString(exc, "msg", note) < 0) {
-        goto out;
-    }
-    r = 0;
-
-out:
-    Py_XDECREF(by);
-    Py_XDECREF(msg);
-    Py_XDECREF(note);
-    Py_XDECREF(parts);
-    Py_XDECREF(sep);
-    Py_XDECREF(joined);
-    return r;
-}
-
 PyDoc_STRVAR(cm_client_stats_doc,
 "_client_stats(device=None, /)\n--\n\n"
 "The bytes each library holds through cudamem on the device (default: "
@@ -497,7 +362,7 @@ cm_cupy_malloc(PyObject *self, PyObject *arg)
             goto out;
         }
         /* During CuPy's own capture of its stream: the capture's graph
-         * pool (memory/graph/gpool.c). */
+         * pool (memory/pool/graph/gpool.c). */
         cm_gpool_force(cm_gpool_foreign(ctx, stream));
         cm_capture_adapter_depth++;
         owner = cm_client_alloc(ctx, (size_t)size, stream, CM_CLIENT_CUPY);
@@ -1013,7 +878,7 @@ cm_torch_alloc_gil(size_t size, int device, CUstream stream)
         return 0;
     }
     /* During PyTorch's own capture of the stream: the capture's graph
-     * pool (memory/graph/gpool.c). */
+     * pool (memory/pool/graph/gpool.c). */
     cm_gpool_force(cm_gpool_foreign(ctx, stream));
     CM_IN_CONTEXT(ctx, r, -1, cm_mem_alloc_raw(ctx, size, stream, &p, &h));
     cm_gpool_force(NULL);
@@ -1244,6 +1109,8 @@ int
 cm_interop_init(PyObject *mod, cm_state *st)
 {
     (void)st;
+    /* What the context layer reaches of this file (context/context.h). */
+    cm_ctx_up.interop_context_closing = cm_interop_context_closing;
     /* A fork's child: PyTorch's entry points there find the lanes of
      * the parent's contexts, whose driver calls refuse (cm_forked). */
     if (cm_atfork_mutex_add(&cm_lane_mu) < 0) {

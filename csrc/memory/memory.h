@@ -208,7 +208,7 @@ PyObject *cm_mem_alloc_for(cm_context *ctx, size_t size,
                            PyObject *stream_obj, CUdeviceptr *ptr);
 
 /* ------------------------------------------------------------------ */
-/* limit.c: the per-process device memory limit, out of memory         */
+/* limit.c, oom.c: the per-process device memory limit, out of memory  */
 /* ------------------------------------------------------------------ */
 
 /* What the free and total attributes of an out-of-memory error count. */
@@ -239,7 +239,7 @@ int cm_oom_recover(cm_context *ctx, size_t size, int managed);
 int cm_limit_refuses(cm_context *ctx, size_t size);
 /* A device allocation of more than the whole device: raises the
  * out-of-memory error for fn and returns -1 (no driver call: see
- * limit.c); 0 for any other size. */
+ * oom.c); 0 for any other size. */
 int cm_oom_past_device(cm_context *ctx, size_t size, const char *fn);
 
 /* Device dev's limit in bytes; 0 for none.  No GIL needed. */
@@ -362,17 +362,19 @@ int cm_hostreg_closed(PyObject *o);
 int cm_hostmem_context_save(cm_context *ctx);
 void cm_hostmem_context_restore(cm_context *ctx);
 
-/* interop.c: allocations other libraries hold through cudamem.  The
- * bytes each library holds on ctx's device, with "cudamem" for the rest
- * of ctx's allocated bytes: a new dict, or NULL. */
+/* clients.c: the bytes each library holds through cudamem on ctx's
+ * device, with "cudamem" for the rest of ctx's allocated bytes: a new
+ * dict, or NULL. */
 PyObject *cm_interop_by_client(cm_context *ctx);
+/* Set exc.by_client and, when a library holds memory, name the holders
+ * in exc.msg; 0, or -1 with an exception. */
+int cm_interop_oom_note(cm_context *ctx, PyObject *exc);
+
+/* interop.c: allocations other libraries hold through cudamem. */
 /* ctx is being closed or reset (still alive, GIL held): PyTorch's entry
  * points stop serving from its pool, and the reference they keep to it
  * goes once PyTorch gives back what it took.  Never raises. */
 void cm_interop_context_closing(cm_context *ctx);
-/* Set exc.by_client and, when a library holds memory, name the holders
- * in exc.msg; 0, or -1 with an exception. */
-int cm_interop_oom_note(cm_context *ctx, PyObject *exc);
 int cm_interop_init(PyObject *mod, cm_state *st);
 
 /* ------------------------------------------------------------------ */
@@ -416,7 +418,7 @@ int cm_history_init(PyObject *mod, cm_state *st);
 PyObject *cm_pool_segments(cm_context *ctx);
 
 /* What an export of memory of the pool on virtual memory gives
- * (memory/vmm/share.c): the pages that hold the range, in order. */
+ * (memory/pool/vmm/share.c): the pages that hold the range, in order. */
 typedef struct {
     CUdeviceptr base;     /* the first page's address */
     size_t page;          /* the page size */
@@ -445,6 +447,8 @@ int cm_pool_export_pages(cm_context *ctx, CUdeviceptr addr, size_t span,
 /* ------------------------------------------------------------------ */
 
 int cm_memory_init(PyObject *mod, cm_state *st);
+/* release.c: its type, functions and settings; called by cm_memory_init. */
+int cm_release_init(PyObject *mod, cm_state *st);
 int cm_pool_init(PyObject *mod, cm_state *st);
 int cm_hostmem_init(PyObject *mod, cm_state *st);
 int cm_staging_init(PyObject *mod, cm_state *st);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_staging.c: the staging pipeline (csrc/memory/staging.c) on the
+ * test_staging.c: the staging pipeline (csrc/memory/staging/staging.c) on the
  * simulator without Python, for ThreadSanitizer and AddressSanitizer.
  *
  * Includes staging.c and drives its internals directly: eight threads
@@ -10,7 +10,7 @@
  * the rest of the extension are stubbed here; nothing calls Python.
  * Build and run: `make -C tests/csim check-staging`.
  */
-#include "../../csrc/memory/staging.c"
+#include "../../csrc/memory/staging/staging.c"
 
 #include <stdatomic.h>
 #include <stdio.h>

@@ -46,7 +46,7 @@
  * across cuMemHostRegister / cuMemHostUnregister, and nothing of Python
  * is touched while it is held.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -788,11 +788,11 @@ cm_hm_find(PyObject *arr)
     return NULL;
 }
 
-const char cm_host_owner_doc[] = PyDoc_STR(
+static const char cm_host_owner_doc[] = PyDoc_STR(
 "_host_owner(ary)\n--\n\n"
 "The HostAllocation in the base chain of ``ary``, or None.");
 
-PyObject *
+static PyObject *
 cm_host_owner_fn(PyObject *mod, PyObject *arg)
 {
     cm_hostmem *m = cm_hm_find(arg);
@@ -812,11 +812,11 @@ cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d)
     return CM_CU(MemHostGetDevicePointer, (d, (void *)addr, 0));
 }
 
-const char cm_host_get_flags_doc[] = PyDoc_STR(
+static const char cm_host_get_flags_doc[] = PyDoc_STR(
 "_host_get_flags(ptr)\n--\n\n"
 "cuMemHostGetFlags: the flags of the cuMemHostAlloc allocation at ptr.");
 
-PyObject *
+static PyObject *
 cm_host_get_flags_fn(PyObject *mod, PyObject *arg)
 {
     void *p = PyLong_AsVoidPtr(arg);
@@ -828,4 +828,17 @@ cm_host_get_flags_fn(PyObject *mod, PyObject *arg)
         return NULL;
     }
     return PyLong_FromUnsignedLong(flags);
+}
+
+static PyMethodDef cm_hostmem_functions[] = {
+    {"_host_owner", cm_host_owner_fn, METH_O, cm_host_owner_doc},
+    {"_host_get_flags", cm_host_get_flags_fn, METH_O,
+     cm_host_get_flags_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_hostmem_add_functions(PyObject *mod)
+{
+    return PyModule_AddFunctions(mod, cm_hostmem_functions);
 }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/managed.c: managed memory: prefetch and advice.
+ * memory/host/managed.c: managed memory: prefetch and advice.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -122,12 +122,12 @@ cm_check_concurrent_managed(int dev, const char *what)
     return 0;
 }
 
-const char cm_managed_prefetch_doc[] = PyDoc_STR(
+static const char cm_managed_prefetch_doc[] = PyDoc_STR(
 "_managed_prefetch(ary, device=None, stream=0)\n--\n\n"
 "cuMemPrefetchAsync of a managed array's bytes to a device (default: the\n"
 "one it was allocated on) or to the host ('cpu'), on ``stream``.");
 
-PyObject *
+static PyObject *
 cm_managed_prefetch_fn(PyObject *mod, PyObject *const *args,
                        Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -205,13 +205,13 @@ cm_advice_arg(PyObject *o, CUmem_advise *adv)
     return -1;
 }
 
-const char cm_managed_advise_doc[] = PyDoc_STR(
+static const char cm_managed_advise_doc[] = PyDoc_STR(
 "_managed_advise(ary, advice, device=None)\n--\n\n"
 "cuMemAdvise over a managed array's bytes.  ``advice``: 'read_mostly',\n"
 "'preferred_location', 'accessed_by' or their 'unset_' forms;\n"
 "``device`` as for prefetch.");
 
-PyObject *
+static PyObject *
 cm_managed_advise_fn(PyObject *mod, PyObject *const *args,
                      Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -237,4 +237,18 @@ cm_managed_advise_fn(PyObject *mod, PyObject *const *args,
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+static PyMethodDef cm_managed_functions[] = {
+    {"_managed_prefetch", (PyCFunction)(void (*)(void))cm_managed_prefetch_fn,
+     METH_FASTCALL | METH_KEYWORDS, cm_managed_prefetch_doc},
+    {"_managed_advise", (PyCFunction)(void (*)(void))cm_managed_advise_fn,
+     METH_FASTCALL | METH_KEYWORDS, cm_managed_advise_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_managed_add_functions(PyObject *mod)
+{
+    return PyModule_AddFunctions(mod, cm_managed_functions);
 }

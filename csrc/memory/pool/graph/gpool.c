@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/graph/gpool.c: graph-private pools.  A replay of a CUDA graph
+ * memory/pool/graph/gpool.c: graph-private pools.  A replay of a CUDA graph
  * reads and writes the memory its capture used, long after the capture:
  * memory allocated during a capture must stay the graph's, never handed
  * to other work, for as long as the graph may be launched.  So while
@@ -8,7 +8,7 @@
  * the capturing thread, for the default stream) comes from the
  * capture's graph pool, whatever the memory manager:
  *
- * - a graph pool is a pool of its own (memory/pool.c's blocks, bins and
+ * - a graph pool is a pool of its own (memory/pool/pool.c's blocks, bins and
  *   splitting) whose segments are cuMemAlloc'd for it, in the relaxed
  *   capture mode (cuMemAlloc is otherwise refused during a capture),
  *   never taken from the manager's memory: eager work freed there
@@ -44,8 +44,8 @@
  * call runs under it.  The GIL is given up around cuMemAlloc and, where
  * the caller holds it, around the cuMemFree of a retirement.
  */
-#include "memory/graph/gpool.h"
-#include "memory/pool.h"
+#include "memory/pool/graph/graph.h"
+#include "memory/pool/pool.h"
 
 #include <pthread.h>
 #include <stdlib.h>

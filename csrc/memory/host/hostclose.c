@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostclose.c: page-locked, mapped and managed host memory across
+ * memory/host/hostclose.c: page-locked, mapped and managed host memory across
  * close() and Device.reset(): copied aside before the primary context is
  * reset and put back at the same addresses after.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>

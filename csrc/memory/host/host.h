@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostmem.h: what the files of host memory share (hostmem.c,
+ * memory/host/host.h: what the files of host memory share (hostmem.c,
  * hostclose.c, hostarray.c, registry.c, hostreg.c, managed.c, hostbuf.c:
  * the sections of one concept, kept in files of their own).  Private to
  * them: the rest of the folder and the layers above use memory/memory.h.
@@ -143,12 +143,8 @@ PyObject *cm_hm_stream_arg(PyObject *o);
 /* The HostAllocation in arr's base chain, or NULL (no exception). */
 cm_hostmem *cm_hm_find(PyObject *arr);
 
-PyObject *cm_host_owner_fn(PyObject *mod, PyObject *arg);
-
 /* The device address of host memory at addr (mapped or registered). */
 int cm_host_devptr(cm_hostmem *m, uintptr_t addr, CUdeviceptr *d);
-
-PyObject *cm_host_get_flags_fn(PyObject *mod, PyObject *arg);
 
 /* ------------------------------------------------------------------ */
 /* The registry of registered host ranges                              */
@@ -189,24 +185,12 @@ CUresult cm_reg_acquire_locked(uintptr_t lo, uintptr_t hi, cm_held *h);
 /* The byte range [lo, hi) an array occupies; 0 if it is empty. */
 int cm_array_range(PyArrayObject *a, uintptr_t *lo, uintptr_t *hi);
 
-PyObject *cm_register_arrays_fn(PyObject *mod, PyObject *args);
-
 extern PyType_Spec cm_reg_spec;
 
-PyObject *cm_registered_bytes_fn(PyObject *mod, PyObject *unused);
-
-PyObject *cm_managed_prefetch_fn(PyObject *mod, PyObject *const *args,
-                                 Py_ssize_t nargs, PyObject *kwnames);
-
-PyObject *cm_managed_advise_fn(PyObject *mod, PyObject *const *args,
-                               Py_ssize_t nargs, PyObject *kwnames);
-
-/* Docstrings of functions whose tables live in another file. */
-extern const char cm_host_owner_doc[];
-extern const char cm_host_get_flags_doc[];
-extern const char cm_register_arrays_doc[];
-extern const char cm_registered_bytes_doc[];
-extern const char cm_managed_prefetch_doc[];
-extern const char cm_managed_advise_doc[];
+/* The module functions of hostmem.c, hostreg.c and managed.c, each
+ * file's own table, added by the room's init (hostbuf.c); 0 or -1. */
+int cm_hostmem_add_functions(PyObject *mod);
+int cm_hostreg_add_functions(PyObject *mod);
+int cm_managed_add_functions(PyObject *mod);
 
 #endif /* CM_HOSTMEM_H */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/vmm/share.c: exporting the pages of the pool on virtual memory
+ * memory/pool/vmm/share.c: exporting the pages of the pool on virtual memory
  * to other processes (IPC).
  *
  * Owns: each pool's table of exported pages (struct cm_vshare): the
@@ -31,7 +31,7 @@
  * it exports moves or is given back meanwhile; mu is never held across
  * cuMemExportToShareableHandle.
  */
-#include "memory/vmm/arena.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,8 +3,6 @@
  * pool.c: the built-in memory managers "pool" and "async".
  *
  * Owns:
- * - which built-in manager contexts made from now on get
- *   (set_memory_manager("pool") tells C through _set_builtin_manager);
  * - pool: a caching allocator of device memory per context.  Requests
  *   are rounded to 512 bytes.  Small ones (up to 1 MiB) are split from
  *   2 MiB segments, larger ones from 20 MiB segments (or a segment of
@@ -22,7 +20,7 @@
  *   wholly free segment back with cuMemFree; a limit caps the bytes held;
  *   the statistics feed memory_stats() and the out-of-memory snapshot.
  *   With CUDAMEM_POOL_VMM=1 the segments are arenas of virtual memory
- *   instead (memory/vmm/arena.c): the same blocks, bins and rules, with
+ *   instead (memory/pool/vmm/arena.c): the same blocks, bins and rules, with
  *   pages of physical memory mapped where blocks in use are.
  * - async: cuMemAllocFromPoolAsync / cuMemFreeAsync on the allocation's
  *   stream from a memory pool of the context's own, made with the POSIX
@@ -60,8 +58,8 @@
  * Limitation: under the per-thread default stream, handle 0 names a
  * different stream on each thread; the pool treats it as one stream.
  */
-#include "memory/pool.h"
-#include "memory/vmm/arena.h"
+#include "memory/pool/pool.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -71,8 +69,6 @@
 #include <unistd.h>
 #define CM_POOL_LARGE_SPLIT ((size_t)1 << 20) /* least large remainder */
 
-/* The built-in manager for new contexts. */
-const cm_mm_ops *cm_builtin = &cm_mm_default;
 /* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
 size_t cm_default_limit;
 /* CUDAMEM_POOL_POISON: the byte pools made from now on fill every block
@@ -80,12 +76,6 @@ size_t cm_default_limit;
 int cm_pool_poison = -1;
 /* CUDAMEM_ASYNC_RELEASE_THRESHOLD: the async pool's threshold. */
 cuuint64_t cm_async_threshold = UINT64_MAX;
-
-const cm_mm_ops *
-cm_mm_builtin(void)
-{
-    return cm_builtin;
-}
 
 /* ------------------------------------------------------------------ */
 /* Bins                                                                */
@@ -731,35 +721,6 @@ cm_pool_collect_free_segs(cm_pool *p, cm_seg **out)
         g->next = *out;
         *out = g;
     }
-}
-
-/* cuMemFree every segment of a list of ctx's pool and free the list (no
- * mutex, no GIL); the segments no longer count against the limit.  The
- * first error, or CUDA_SUCCESS. */
-CUresult
-cm_segs_release(cm_context *ctx, cm_seg *g)
-{
-    CUresult first = CUDA_SUCCESS;
-    CUresult rc;
-    cm_seg *next;
-
-    for (; g != NULL; g = next) {
-        next = g->next;
-        if (g->arena != NULL) {
-            rc = cm_arena_free_seg(ctx, g, 1);
-            if (first == CUDA_SUCCESS) {
-                first = rc;
-            }
-            continue;
-        }
-        rc = CM_CU_RAW(MemFree, (g->base));
-        cm_limit_give(ctx, g->size);
-        if (first == CUDA_SUCCESS) {
-            first = rc;
-        }
-        free(g);
-    }
-    return first;
 }
 
 /* The stream key of a handle. */

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/poolops.c: the pool and async managers as memory.c and
+ * memory/pool/poolops.c: the pool and async managers as memory.c and
  * context.c call them, through their tables cm_mm_pool and cm_mm_async
  * (memory/memory.h): create, allocate, release, order a release after
  * other streams, trim, export, statistics.
  */
-#include "memory/pool.h"
-#include "memory/graph/gpool.h"
-#include "memory/vmm/arena.h"
+#include "memory/pool/pool.h"
+#include "memory/pool/graph/graph.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -442,7 +442,7 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
     int relaxed;
 
     if (gp != NULL) {
-        /* Captured: the graph's own memory (memory/graph/gpool.c). */
+        /* Captured: the graph's own memory (memory/pool/graph/gpool.c). */
         return cm_gpool_alloc(ctx, gp, size, stream, ptr, handle);
     }
     if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
@@ -539,7 +539,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     cm_gil_saved gd;
 
     if (gp != NULL) {
-        /* Captured: the graph's own memory (memory/graph/gpool.c). */
+        /* Captured: the graph's own memory (memory/pool/graph/gpool.c). */
         return cm_gpool_alloc(ctx, gp, size, stream, ptr, handle);
     }
     size = cm_round(size, CM_POOL_ROUND);

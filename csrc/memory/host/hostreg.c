@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostreg.c: HostRegistration, what pinned() and mapped() hold
+ * memory/host/hostreg.c: HostRegistration, what pinned() and mapped() hold
  * while a host range stays registered.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -257,13 +257,13 @@ cm_reg_default(cm_hostreg *r)
     return cm_cu_check(rc, "cuMemHostRegister");
 }
 
-const char cm_register_arrays_doc[] = PyDoc_STR(
+static const char cm_register_arrays_doc[] = PyDoc_STR(
 "_register_arrays(arrays, mapped)\n--\n\n"
 "Page-lock the memory of a tuple of NumPy arrays (cuMemHostRegister, or\n"
 "a plugin manager's mempin) until the returned HostRegistration is\n"
 "closed.  Registrations of the same or overlapping memory nest.");
 
-PyObject *
+static PyObject *
 cm_register_arrays_fn(PyObject *mod, PyObject *args)
 {
     PyObject *arrays;
@@ -447,11 +447,11 @@ PyType_Spec cm_reg_spec = {
     .slots = cm_reg_slots,
 };
 
-const char cm_registered_bytes_doc[] = PyDoc_STR(
+static const char cm_registered_bytes_doc[] = PyDoc_STR(
 "_registered_bytes()\n--\n\n"
 "Bytes of host memory cudamem holds registered (pinned() / mapped()).");
 
-PyObject *
+static PyObject *
 cm_registered_bytes_fn(PyObject *mod, PyObject *unused)
 {
     size_t b;
@@ -484,4 +484,18 @@ cm_hostmem_registered(uintptr_t lo, uintptr_t hi)
     }
     PyThread_release_lock(cm_reg_lock);
     return hit;
+}
+
+static PyMethodDef cm_hostreg_functions[] = {
+    {"_register_arrays", cm_register_arrays_fn, METH_VARARGS,
+     cm_register_arrays_doc},
+    {"_registered_bytes", cm_registered_bytes_fn, METH_NOARGS,
+     cm_registered_bytes_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_hostreg_add_functions(PyObject *mod)
+{
+    return PyModule_AddFunctions(mod, cm_hostreg_functions);
 }

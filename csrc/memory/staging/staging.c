@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/staging.c: the staged transfer pipeline for large copies
+ * memory/staging/staging.c: the staged transfer pipeline for large copies
  * between pageable host memory and device memory.  Its tunables'
  * parsing, statistics and init are in stagecfg.c; what the two share is
- * in memory/staging.h.
+ * in memory/staging/staging.h.
  *
  * A copy between a device range and pageable host memory above a size
  * threshold is cut into chunks.  Each chunk passes through one of a few
@@ -38,7 +38,7 @@
  * tunables are guarded by the GIL and copied into each transfer before
  * the GIL is released.  Workers make no driver calls.
  */
-#include "memory/staging.h"
+#include "memory/staging/staging.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,15 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/stagecfg.c: the tunables of the staging pipeline (from the
+ * memory/staging/stagecfg.c: the tunables of the staging pipeline (from the
  * environment and _staging_config), its statistics (staging_stats),
  * staging_trim, its reset in a fork's child and its init.  The pipeline
- * itself is in staging.c; what they share is in memory/staging.h.
+ * itself is in staging.c; what they share is in memory/staging/staging.h.
  *
  * Locking: the tunables are guarded by the GIL; the counters and caches
  * are read and emptied under cm_stg_mu, with no Python or driver call
  * made while it is held.
  */
-#include "memory/staging.h"
+#include "memory/staging/staging.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/vmm/arena.h: the pool manager's segments on virtual memory
- * (arena.c), as the pool's files (memory/pool*.c) call them.  Private to
+ * memory/pool/vmm/vmm.h: the pool manager's segments on virtual memory
+ * (arena.c), as the pool's files (memory/pool/pool*.c) call them.  Private to
  * them and to this folder.
  */
 #ifndef CM_ARENA_H
 #define CM_ARENA_H
 
-#include "memory/pool.h"
+#include "memory/pool/pool.h"
 
 /* One reservation of virtual addresses, cut into pages of the device's
  * allocation granularity; a page has physical memory mapped in while a

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/hostbuf.c: control of the pinned pool, and HostBuffer, the
+ * memory/host/hostbuf.c: control of the pinned pool, and HostBuffer, the
  * buffer side of the Python pointer classes.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -114,17 +114,6 @@ cm_pinned_pool_enable_fn(PyObject *mod, PyObject *args)
 }
 
 static PyMethodDef cm_hostmem_functions[] = {
-    {"_host_owner", cm_host_owner_fn, METH_O, cm_host_owner_doc},
-    {"_host_get_flags", cm_host_get_flags_fn, METH_O,
-     cm_host_get_flags_doc},
-    {"_register_arrays", cm_register_arrays_fn, METH_VARARGS,
-     cm_register_arrays_doc},
-    {"_registered_bytes", cm_registered_bytes_fn, METH_NOARGS,
-     cm_registered_bytes_doc},
-    {"_managed_prefetch", (PyCFunction)(void (*)(void))cm_managed_prefetch_fn,
-     METH_FASTCALL | METH_KEYWORDS, cm_managed_prefetch_doc},
-    {"_managed_advise", (PyCFunction)(void (*)(void))cm_managed_advise_fn,
-     METH_FASTCALL | METH_KEYWORDS, cm_managed_advise_doc},
     {"pinned_pool_trim", (PyCFunction)(void (*)(void))cm_pinned_pool_trim_fn,
      METH_FASTCALL, cm_pinned_pool_trim_doc},
     {"pinned_pool_stats",
@@ -284,6 +273,10 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
         return -1;
     }
     if (cm_add_type(mod, &cm_hbuf_spec) < 0) {
+        return -1;
+    }
+    if (cm_hostmem_add_functions(mod) < 0 || cm_hostreg_add_functions(mod) < 0
+        || cm_managed_add_functions(mod) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(mod, cm_hostmem_functions);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/graph/gpool.h: graph-private pools (gpool.c), as the memory
- * managers (memory/default.c, memory/poolops.c) and the release queue
+ * memory/pool/graph/graph.h: graph-private pools (gpool.c), as the memory
+ * managers (memory/default.c, memory/pool/poolops.c) and the release queue
  * (memory/memory.c) call them.  Private to memory/.
  *
  * Locking: a graph pool's state is guarded by the mutex of its private

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/poolfuncs.c: the module-level functions of the pool and async
+ * memory/pool/poolfuncs.c: the module-level functions of the pool and async
  * managers and their init.
  */
-#include "memory/pool.h"
-#include "memory/graph/gpool.h"
-#include "memory/vmm/arena.h"
+#include "memory/pool/pool.h"
+#include "memory/pool/graph/graph.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -53,50 +53,6 @@ cm_pool_arg(PyObject *o, cm_context **ctx)
     }
     *ctx = c;
     return c->pool;
-}
-
-PyDoc_STRVAR(cm_set_builtin_doc,
-"_set_builtin_manager(name)\n--\n\n"
-"Which built-in manager contexts made from now on get: 'default', "
-"'pool' or 'async'.");
-
-static PyObject *
-cm_set_builtin_fn(PyObject *mod, PyObject *arg)
-{
-    static const cm_mm_ops *const builtins[] = {
-        &cm_mm_default, &cm_mm_pool, &cm_mm_async,
-    };
-    const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
-    size_t i;
-
-    (void)mod;
-    if (s == NULL) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "name must be a str");
-        }
-        return NULL;
-    }
-    for (i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++) {
-        if (strcmp(s, builtins[i]->name) == 0) {
-            cm_builtin = builtins[i];
-            Py_RETURN_NONE;
-        }
-    }
-    PyErr_Format(PyExc_ValueError, "unknown built-in memory manager %R",
-                 arg);
-    return NULL;
-}
-
-PyDoc_STRVAR(cm_get_builtin_doc,
-"_builtin_manager()\n--\n\n"
-"The built-in manager contexts made from now on get.");
-
-static PyObject *
-cm_get_builtin_fn(PyObject *mod, PyObject *unused)
-{
-    (void)mod;
-    (void)unused;
-    return PyUnicode_FromString(cm_builtin->name);
 }
 
 PyDoc_STRVAR(cm_pool_trim_doc,
@@ -598,41 +554,32 @@ cm_raw_gate_open_fn(PyObject *mod, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(cm_mm_direct_doc,
-"_mm_direct(delta)\n--\n\n"
-"Add delta to this thread's count of built-in manager methods running "
-"(DefaultMemoryManager's, which a plugin wrapping the manager it "
-"replaced may call): while it is not zero, allocations go to the "
-"context's built-in manager, not to the plugin.  Returns the new "
-"count.");
+PyDoc_STRVAR(cm_pool_segments_doc,
+"_pool_segments(ctx)\n--\n\n"
+"The segments of a Context's pool manager: a list of dicts (base, size,\n"
+"small, blocks: [(address, size, 'used' | 'free' | 'pending')]); empty\n"
+"under the other managers.");
 
 static PyObject *
-cm_mm_direct_fn(PyObject *mod, PyObject *arg)
+cm_pool_segments_fn(PyObject *mod, PyObject *obj)
 {
-    long d = PyLong_AsLong(arg);
-
     (void)mod;
-    if (d == -1 && PyErr_Occurred()) {
+    if (!PyObject_TypeCheck(obj, cm_st->Context_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a Context, got %.100s",
+                     Py_TYPE(obj)->tp_name);
         return NULL;
     }
-    if (d < -1 || d > 1 || cm_mm_direct + d < 0) {
-        PyErr_SetString(PyExc_ValueError, "_mm_direct: unbalanced delta");
-        return NULL;
-    }
-    cm_mm_direct += (int)d;
-    return PyLong_FromLong(cm_mm_direct);
+    return cm_pool_segments((cm_context *)obj);
 }
 
 static PyObject *cm_pool_poison_fn(PyObject *mod, PyObject *arg);
 extern const char cm_pool_poison_doc[];
 
 static PyMethodDef cm_pool_functions[] = {
-    {"_set_builtin_manager", cm_set_builtin_fn, METH_O, cm_set_builtin_doc},
-    {"_builtin_manager", cm_get_builtin_fn, METH_NOARGS, cm_get_builtin_doc},
-    {"_mm_direct", cm_mm_direct_fn, METH_O, cm_mm_direct_doc},
     {"_pool_trim", cm_pool_trim_fn, METH_O, cm_pool_trim_doc},
     {"_pool_limit", cm_pool_limit_fn, METH_VARARGS, cm_pool_limit_doc},
     {"_pool_stats", cm_pool_stats_fn, METH_O, cm_pool_stats_doc},
+    {"_pool_segments", cm_pool_segments_fn, METH_O, cm_pool_segments_doc},
     {"_pool_vmm", cm_pool_vmm_fn, METH_O, cm_pool_vmm_doc},
     {"_pool_release_threshold", cm_pool_release_threshold_fn, METH_VARARGS,
      cm_pool_release_threshold_doc},

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/vmm/arena.c: the pool manager's segments on virtual memory.
+ * memory/pool/vmm/arena.c: the pool manager's segments on virtual memory.
  *
- * Owns: arenas (struct cm_arena, arena.h), their pages' physical memory,
+ * Owns: arenas (struct cm_arena, vmm.h), their pages' physical memory,
  * and the release threshold.  With CUDAMEM_POOL_VMM=1, on a device that
  * supports virtual memory management, the pool's segments are arenas: a
  * reservation of virtual addresses as large as the device's memory (one
@@ -51,7 +51,7 @@
  * is done.  A quiet page is unmapped only after its work is done, so no
  * queued work reads memory that moves.
  */
-#include "memory/vmm/arena.h"
+#include "memory/pool/vmm/vmm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -162,7 +162,7 @@ cm_arena_setup(cm_context *ctx, cm_pool *p)
                    ctx->device->handle)) != CUDA_SUCCESS || !ok) {
         return 0;
     }
-    /* Pages other processes can import (memory/vmm/share.c), where the
+    /* Pages other processes can import (memory/pool/vmm/share.c), where the
      * device makes them. */
     ok = 0;
     p->vshare = cm_cu.MemExportToShareableHandle != NULL

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/registry.c: the registry of the host ranges cudamem registered
+ * memory/host/registry.c: the registry of the host ranges cudamem registered
  * with the driver (pinned() / mapped()), which the staging pipeline asks
  * whether host memory is already page-locked.
  */
-#include "memory/hostmem.h"
+#include "memory/host/host.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/pool.h: what the files of the pool and async managers share
+ * memory/pool/pool.h: what the files of the pool and async managers share
  * (pool.c, poolops.c, poolfuncs.c: the sections of one concept, kept in
  * files of their own).  Private to them: the rest of the folder and the
  * layers above use memory/memory.h.
@@ -39,10 +39,10 @@ typedef struct cm_seg cm_seg;
 
 typedef struct cm_blk cm_blk;
 
-/* An arena of virtual memory (memory/vmm/arena.h). */
+/* An arena of virtual memory (memory/pool/vmm/vmm.h). */
 typedef struct cm_arena cm_arena;
 
-/* The descriptors of a pool's exported pages (memory/vmm/share.c). */
+/* The descriptors of a pool's exported pages (memory/pool/vmm/share.c). */
 typedef struct cm_vshare cm_vshare;
 
 /* One segment, cut into blocks: cuMemAlloc'd, or an arena of virtual
@@ -53,7 +53,7 @@ struct cm_seg {
     int small;            /* holds small blocks */
     cm_arena *arena;      /* its pages, or NULL: cuMemAlloc'd */
     void *owner;          /* the graph pool its pool belongs to
-                           * (memory/graph/gpool.c), or NULL */
+                           * (memory/pool/graph/gpool.c), or NULL */
     cm_blk *first;        /* its blocks in address order */
     cm_seg *prev;         /* links in the pool's segment list */
     cm_seg *next;
@@ -97,7 +97,7 @@ typedef struct {
 
 struct cm_pool {
     int kind;             /* CM_MM_POOL or CM_MM_ASYNC */
-    int graph;            /* a graph pool's (memory/graph/gpool.c): no
+    int graph;            /* a graph pool's (memory/pool/graph/gpool.c): no
                            * events; a free block serves its own stream
                            * key only (or any, if never used) */
     void *owner;          /* that graph pool, else NULL */
@@ -148,7 +148,7 @@ struct cm_pool {
                            * wait for all of them; NULL until then */
     cm_pool *all_next;    /* NOTE: GIL; the list of every pool */
     cm_pool *all_prev;
-    /* virtual memory (memory/vmm/arena.c) */
+    /* virtual memory (memory/pool/vmm/arena.c) */
     int vmm;              /* segments are arenas (CUDAMEM_POOL_VMM) */
     int gshift;           /* log2 of the page size, the device's
                            * allocation granularity */
@@ -166,7 +166,7 @@ struct cm_pool {
     int vshare;           /* pages are made with the POSIX
                            * file-descriptor handle type: exportable */
     cm_vshare *shares;    /* the exported pages' descriptors, or NULL
-                           * (memory/vmm/share.c) */
+                           * (memory/pool/vmm/share.c) */
     size_t keep;          /* idle bytes kept: past them, idle pages go
                            * back to the device once quiet */
     int release_due;      /* idle bytes past keep since the last release
@@ -188,9 +188,6 @@ struct cm_pool {
 
 /* In a fork's child: every pool dead, with a fresh mutex (poolops.c). */
 void cm_pool_atfork_child(void);
-
-/* The built-in manager for new contexts. */
-extern const cm_mm_ops *cm_builtin;
 
 /* CUDAMEM_POOL_LIMIT: the limit new pools start with (0: none). */
 extern size_t cm_default_limit;

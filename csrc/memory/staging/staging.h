@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/staging.h: what the files of the staging pipeline share
+ * memory/staging/staging.h: what the files of the staging pipeline share
  * (staging.c: the host side, the buffers and the pipeline; stagecfg.c:
  * the tunables, statistics and init: the sections of one concept, kept
  * in files of their own).  Private to them; the layers above call

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * memory/release.h: a release queue's layout (release.c), which the
+ * allocation path and memory_stats() (memory.c) read.  Private to
+ * memory/.  Guarded by the GIL, as release.c says.
+ */
+#ifndef CM_MEMORY_RELEASE_H
+#define CM_MEMORY_RELEASE_H
+
+#include "memory/memory.h"
+
+/* One queued release. */
+typedef struct {
+    int kind;             /* CM_REL_* */
+    uintptr_t handle;     /* the driver handle, address or pool block */
+    size_t size;          /* bytes it counts for (0 if none) */
+    CUstream stream;      /* CM_REL_POOL / CM_REL_ASYNC: the stream */
+} cm_pending_item;
+
+struct cm_pending {
+    PyObject_HEAD
+    cm_context *ctx;      /* strong: flushes run in it */
+    cm_pending_item *items;  /* FIFO, items[0] oldest */
+    Py_ssize_t n;         /* entries */
+    Py_ssize_t cap;       /* allocated entries */
+    size_t bytes;         /* sum of sizes */
+    int disabled;         /* defer_cleanup() nesting depth */
+    int has_byte_limit;   /* memory queues flush on bytes too */
+    int held;             /* a flush left entries queued because a
+                           * capture forbade them (cm_rel_waits) */
+};
+
+#endif
