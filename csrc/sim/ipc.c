@@ -30,19 +30,6 @@ _Static_assert(sizeof(sim_ipc_key) <= CU_IPC_HANDLE_SIZE,
 /* Every mapping this process imported and has not closed. */
 static sim_ipc *sim_ipc_imports;
 
-/* The host bytes behind a device allocation of size bytes: whole pages
- * (SIZE_MAX when that overflows, which no allocation satisfies). */
-size_t
-sim_device_span(size_t size)
-{
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-
-    if (size > SIZE_MAX - (page - 1)) {
-        return SIZE_MAX;
-    }
-    return (size + page - 1) & ~(page - 1);
-}
-
 /* The memfd name of an exported allocation. */
 static void
 sim_ipc_name(char *buf, size_t n, uint64_t nonce, uint64_t id)

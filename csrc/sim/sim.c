@@ -157,6 +157,19 @@ pthread_once_t fork_once = PTHREAD_ONCE_INIT;
  * on first use (lock held), 0 until then. */
 uint64_t sim_ipc_nonce;
 
+/* The host bytes behind a device allocation of size bytes: whole pages
+ * (SIZE_MAX when that overflows, which no allocation satisfies). */
+size_t
+sim_device_span(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    if (size > SIZE_MAX - (page - 1)) {
+        return SIZE_MAX;
+    }
+    return (size + page - 1) & ~(page - 1);
+}
+
 /* Pages of their own for host or managed memory, as the driver maps
  * them (and unmaps them when they are freed or their context goes);
  * NULL when memory is short. */

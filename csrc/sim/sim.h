@@ -365,6 +365,10 @@ extern pthread_once_t fork_once;
  * on first use (lock held), 0 until then. */
 extern uint64_t sim_ipc_nonce;
 
+/* The host bytes behind a device allocation of size bytes: whole pages
+ * (SIZE_MAX when that overflows, which no allocation satisfies). */
+size_t sim_device_span(size_t size);
+
 /* Pages of their own for host or managed memory, as the driver maps
  * them (and unmaps them when they are freed or their context goes);
  * NULL when memory is short. */
@@ -1023,10 +1027,6 @@ struct sim_ipc {
     uintptr_t base;         /* imported: where it is mapped */
     sim_ipc *next;          /* imported: link in sim_ipc_imports */
 };
-
-/* The host bytes behind a device allocation of size bytes: whole pages
- * (SIZE_MAX when that overflows, which no allocation satisfies). */
-size_t sim_device_span(size_t size);
 
 /* Undo what sim_ipc_share or an open did to a; from sim_alloc_release. */
 void sim_ipc_release(sim_alloc *a);
