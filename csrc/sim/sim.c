@@ -1237,6 +1237,31 @@ sim_alloc_remove(sim_alloc *a)
     }
 }
 
+/* Register a new allocation of size bytes at mem for the current
+ * context; charged: bytes counted against the device. */
+CUresult
+sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
+              unsigned int flags)
+{
+    sim_alloc *a = calloc(1, sizeof(*a));
+
+    if (a == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->base = (uintptr_t)mem;
+    a->size = size;
+    a->charged = charged;
+    a->kind = kind;
+    a->ctx = c;
+    a->flags = flags;
+    if (sim_alloc_insert(a) != 0) {
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    sim.dev[c->dev].used += charged;
+    return CUDA_SUCCESS;
+}
+
 /* Give back what a (already out of the registry) holds, and a itself. */
 void
 sim_alloc_release(sim_alloc *a)

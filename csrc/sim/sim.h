@@ -507,6 +507,12 @@ int sim_alloc_insert(sim_alloc *a);
 
 void sim_alloc_remove(sim_alloc *a);
 
+/* Register a new allocation of size bytes at mem for the current
+ * context; charged: bytes counted against the device. */
+CUresult
+sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
+              unsigned int flags);
+
 /* Give back what a (already out of the registry) holds, and a itself. */
 void sim_alloc_release(sim_alloc *a);
 
@@ -720,12 +726,6 @@ CUresult sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 /* ------------------------------------------------------------------ */
 /* Memory                                                              */
 /* ------------------------------------------------------------------ */
-
-/* Register a new allocation of size bytes at mem for the current
- * context; charged: bytes counted against the device. */
-CUresult
-sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
-              unsigned int flags);
 
 CUresult sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize);
 
