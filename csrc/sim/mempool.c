@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sim/mempool.c: the simulator's stream-ordered allocation: memory pools,
- * shareable ones (memory kept in a memfd) and their entry points.
+ * shareable ones (memory kept in a memfd) and their entry points, and
+ * pool memory given back while work may be queued (sim.graves).
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
@@ -168,6 +169,56 @@ sim_mempool_reap(sim_mempool *mp)
         close(mp->fd);
     }
     free(mp);
+}
+
+/* ------------------------------------------------------------------ */
+/* Memory pools: memory given back while work may be queued         */
+/* ------------------------------------------------------------------ */
+
+/* Whether any stream of any context still has work numbered <= g. */
+int
+sim_busy_upto(uint64_t g)
+{
+    const sim_ctx *o;
+    int d;
+
+    for (d = 0; d < sim.ndev; d++) {
+        o = sim.dev[d].primary;
+        if (o != NULL && sim_ctx_busy(o, g)) {
+            return 1;
+        }
+    }
+    for (o = sim.dead; o != NULL; o = o->next_dead) {
+        if (sim_ctx_busy(o, g)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Free the host memory of given-back chunks that no queued work can
+ * touch any more. */
+void
+sim_graves_sweep(void)
+{
+    sim_grave **pp = &sim.graves;
+    sim_grave *gr;
+
+    while ((gr = *pp) != NULL) {
+        if (!sim_busy_upto(gr->g)) {
+            *pp = gr->next;
+            if (gr->span != 0) {
+                munmap(gr->mem, gr->span);
+            }
+            else {
+                free(gr->mem);
+            }
+            free(gr);
+        }
+        else {
+            pp = &gr->next;
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ */
