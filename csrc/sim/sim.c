@@ -148,9 +148,6 @@ sim_driver_lock_give(void)
     pthread_cond_broadcast(&sim_sync_cv);
     pthread_mutex_unlock(&sim_sync_mu);
 }
-/* Frees tls at thread exit. */
-static pthread_key_t tls_key;
-static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 /* Registers the fork handler. */
 pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 /* Random, naming this process's exports (IPC and shareable pools); made
@@ -1337,47 +1334,6 @@ sim_range(uintptr_t p, size_t n)
 /* ------------------------------------------------------------------ */
 /* Contexts (lock held unless noted)                                   */
 /* ------------------------------------------------------------------ */
-
-static void
-sim_tls_free(void *p)
-{
-    sim_tls *t = p;
-    size_t i;
-
-    if (atomic_load(&sim_state) == SIM_READY && t->nptds > 0) {
-        sim_lock();
-        for (i = 0; i < t->nptds; i++) {
-            if (!t->ptds[i].ctx->destroyed) {
-                sim_stream_destroy(t->ptds[i].stream);
-            }
-        }
-        sim_unlock();
-    }
-    free(t->stack);
-    free(t->ptds);
-    free(t);
-    tls = NULL;
-}
-
-static void
-sim_tls_key_make(void)
-{
-    pthread_key_create(&tls_key, sim_tls_free);
-}
-
-/* This thread's state, made on first use; NULL when out of memory. */
-sim_tls *
-sim_tls_get(void)
-{
-    if (tls == NULL) {
-        pthread_once(&tls_once, sim_tls_key_make);
-        tls = calloc(1, sizeof(*tls));
-        if (tls != NULL) {
-            pthread_setspecific(tls_key, tls);
-        }
-    }
-    return tls;
-}
 
 /* The top of this thread's context stack, destroyed or not. */
 sim_ctx *

@@ -525,9 +525,6 @@ sim_alloc *sim_range(uintptr_t p, size_t n);
 /* sim_range as seen from device dev (-1: none, so no VMM memory). */
 sim_alloc *sim_range_dev(uintptr_t p, size_t n, int dev);
 
-/* This thread's state, made on first use; NULL when out of memory. */
-sim_tls *sim_tls_get(void);
-
 /* The top of this thread's context stack, destroyed or not. */
 sim_ctx *sim_top(void);
 
@@ -577,6 +574,10 @@ CUresult sim_enqueue(sim_stream *s, sim_op *op);
  * check): say why and abort, so a test sees the crash. */
 __attribute__((noreturn, format(printf, 1, 2))) void
 sim_fatal(const char *fmt, ...);
+
+/* This thread's state, made on first use; NULL when out of memory.  At
+ * thread exit its per-thread default streams are destroyed (queue.c). */
+sim_tls *sim_tls_get(void);
 
 /* The stream a handle names: 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
  * (these need a current context) or a live stream. */
