@@ -2,7 +2,9 @@
 /*
  * sim/queue.c: the simulator's streams and their work queues: one worker
  * thread per stream running its operations in order (the section
- * "Streams and operations" of the simulator, split from sim.c).
+ * "Streams and operations" of the simulator, split from sim.c); the
+ * operations themselves and the streams' and events' reference counts
+ * are sim/op.c's.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
@@ -27,47 +29,6 @@
 /* ------------------------------------------------------------------ */
 /* Streams and operations (lock held unless noted)                     */
 /* ------------------------------------------------------------------ */
-
-/* Whether s takes part in the legacy default stream's implicit sync. */
-int
-sim_blocking(const sim_stream *s)
-{
-    return s->kind == SIM_STREAM_BLOCKING || s->kind == SIM_STREAM_PER_THREAD;
-}
-
-void
-sim_stream_unref(sim_stream *s)
-{
-    if (--s->refs > 0) {
-        return;
-    }
-    if (s->prev != NULL) {
-        s->prev->next = s->next;
-    }
-    else {
-        s->ctx->streams = s->next;
-    }
-    if (s->next != NULL) {
-        s->next->prev = s->prev;
-    }
-    pthread_cond_destroy(&s->cv);
-    free(s);
-}
-
-void
-sim_event_unref(sim_event *e)
-{
-    if (--e->refs > 0) {
-        return;
-    }
-    if (e->rec_stream != NULL) {
-        sim_stream_unref(e->rec_stream);
-    }
-    if (e->cap_src != NULL) {
-        sim_stream_unref(e->cap_src);
-    }
-    free(e);
-}
 
 static void *sim_worker(void *arg);
 
@@ -137,61 +98,6 @@ sim_stream_destroy(sim_stream *s)
     sim_capture_stream_gone(s);
     pthread_cond_signal(&s->cv);
     sim_stream_unref(s);
-}
-
-sim_op *
-sim_op_new(int kind)
-{
-    sim_op *op = calloc(1, sizeof(*op));
-
-    if (op != NULL) {
-        op->kind = kind;
-    }
-    return op;
-}
-
-/* Make op wait for ticket on s; 0, or -1 when out of memory. */
-int
-sim_op_dep(sim_op *op, sim_stream *s, uint64_t ticket)
-{
-    if (s->completed >= ticket) {
-        return 0;
-    }
-    if (op->ndeps == op->capdeps) {
-        size_t cap = op->capdeps ? op->capdeps * 2 : 4;
-        sim_dep *v = realloc(op->deps, cap * sizeof(*v));
-        if (v == NULL) {
-            return -1;
-        }
-        op->deps = v;
-        op->capdeps = cap;
-    }
-    op->deps[op->ndeps].stream = s;
-    op->deps[op->ndeps].ticket = ticket;
-    op->ndeps++;
-    s->refs++;
-    return 0;
-}
-
-void
-sim_op_free(sim_op *op)
-{
-    size_t i;
-
-    for (i = 0; i < op->ndeps; i++) {
-        sim_stream_unref(op->deps[i].stream);
-    }
-    free(op->deps);
-    if (op->kind == SIM_OP_RECORD && op->u.record.event != NULL) {
-        sim_event_unref(op->u.record.event);
-    }
-    if (op->kind == SIM_OP_COPY) {
-        free(op->u.copy.owned);
-    }
-    if (op->kind == SIM_OP_HOSTFN) {
-        free(op->u.hostfn.owned);
-    }
-    free(op);
 }
 
 /* Queue op on s behind its implicit dependencies.  Always consumes op;
