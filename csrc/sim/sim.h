@@ -600,7 +600,7 @@ int sim_ctx_busy(const sim_ctx *c, uint64_t g);
 CUresult sim_drain(const sim_ctx *c);
 
 /* ------------------------------------------------------------------ */
-/* Stream capture and graphs (graph.c; lock held unless noted)         */
+/* Capture and graphs (capture.c, graph.c; lock held unless noted)    */
 /* ------------------------------------------------------------------ */
 
 /* Record op, queued on capturing stream s, into its capture instead of
