@@ -1306,31 +1306,6 @@ sim_alloc_release(sim_alloc *a)
     }
 }
 
-/* sim_range as seen from device dev (-1: none, so no VMM memory). */
-sim_alloc *
-sim_range_dev(uintptr_t p, size_t n, int dev)
-{
-    sim_alloc *a = sim_alloc_find(p);
-
-    if (a == NULL) {
-        return NULL;
-    }
-    if (a->kind == SIM_MEM_VMM) {
-        return sim_vmm_range(a, p, n, dev) ? a : NULL;
-    }
-    return n > a->size - (p - a->base) ? NULL : a;
-}
-
-/* Whether [p, p + n) lies inside one live allocation, as seen from the
- * current context's device; n > 0. */
-sim_alloc *
-sim_range(uintptr_t p, size_t n)
-{
-    const sim_ctx *c = sim_top();
-
-    return sim_range_dev(p, n, c != NULL && !c->destroyed ? c->dev : -1);
-}
-
 /* ------------------------------------------------------------------ */
 /* Contexts (lock held unless noted)                                   */
 /* ------------------------------------------------------------------ */

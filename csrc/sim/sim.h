@@ -1033,7 +1033,7 @@ struct sim_ipc {
 void sim_ipc_release(sim_alloc *a);
 
 /* ------------------------------------------------------------------ */
-/* Virtual memory management (vmm.c; lock held unless noted)           */
+/* VMM (vmm.c, vmmfuncs.c; lock held unless noted)                    */
 /* ------------------------------------------------------------------ */
 
 /* The allocation granularity, minimum and recommended: an H200's. */
