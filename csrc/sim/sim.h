@@ -804,6 +804,30 @@ void sim_graves_sweep(void);
  */
 
 #define SIM_POOL_MAGIC 0x4c4f4f50u       /* "POOL" */
+#define SIM_POOL_META ((uint64_t)4096)
+#define SIM_POOL_DATA ((uint64_t)1 << 32)
+
+/* The page size, as a 64-bit offset. */
+uint64_t sim_page(void);
+
+/* Record in mp's words that the allocation at data offset off is now
+ * buffer serial (0: none).  0, or -1 when the write failed. */
+int sim_pool_mark(sim_mempool *mp, uint64_t off, uint64_t serial);
+
+/* New memory of charged bytes for pool mp: heap memory, or for a
+ * shareable pool a fresh range of its memfd, mapped (*span its bytes,
+ * *off its data offset).  NULL when out of memory. */
+void *sim_pool_mem_new(sim_mempool *mp, size_t charged, size_t *span,
+                       uint64_t *off);
+
+/* Unmap a pool's memory: span bytes of a memfd, or heap memory when
+ * span is 0. */
+void sim_pool_mem_unmap(void *mem, size_t span);
+
+/* Give the memory of a's shareable range back: not live any more, its
+ * pages punched out of the memfd (importers that still map them read
+ * zeros). */
+void sim_pool_mem_unshare(sim_mempool *mp, sim_alloc *a);
 
 /* Give back the memory of pool allocation a now (nothing queued can use
  * it). */
