@@ -298,40 +298,6 @@ out:
     return rc;
 }
 
-static CUresult
-sim_IpcCloseMemHandle(CUdeviceptr dptr)
-{
-    sim_ctx *c;
-    sim_alloc *a;
-    CUresult rc;
-
-    SIM_ENTER(IpcCloseMemHandle);
-    sim_lock();
-    rc = sim_current(&c);
-    if (rc == CUDA_SUCCESS) {
-        a = sim_alloc_find((uintptr_t)dptr);
-        if (a == NULL || a->base != (uintptr_t)dptr
-            || a->kind != SIM_MEM_IPC) {
-            rc = CUDA_ERROR_INVALID_VALUE;
-        }
-        else if (--a->ipc->refs == 0) {
-            /* Unmap once nothing queued can still touch it. */
-            a->dying = SIM_DYING_FREE;
-            rc = sim_drain(NULL);
-            if (rc != CUDA_SUCCESS) {
-                a->dying = SIM_DYING_NO;
-                a->ipc->refs++;
-            }
-            else {
-                sim_alloc_remove(a);
-                sim_alloc_release(a);
-            }
-        }
-    }
-    sim_unlock();
-    return rc;
-}
-
 /* ------------------------------------------------------------------ */
 /* Profiler                                                            */
 /* ------------------------------------------------------------------ */

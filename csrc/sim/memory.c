@@ -24,6 +24,57 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ */
+/* The release of an allocation (lock held)                            */
+/* ------------------------------------------------------------------ */
+
+/* Give back what a (already out of the registry) holds, and a itself. */
+void
+sim_alloc_release(sim_alloc *a)
+{
+    sim_mempool *mp = a->pool;
+
+    if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED
+        || a->kind == SIM_MEM_ASYNC) {
+        sim.dev[a->ctx->dev].used -= a->charged;
+    }
+    if (a->kind == SIM_MEM_ASYNC) {
+        /* A live pool allocation that goes with its context. */
+        mp->used -= a->charged;
+        mp->reserved -= a->charged;
+    }
+    if (a->ipc != NULL) {
+        sim_ipc_release(a);
+    }
+#ifdef SIM_ASAN
+    if (a->kind == SIM_MEM_DEVICE) {
+        ASAN_UNPOISON_MEMORY_REGION((void *)a->base,
+                                    sim_device_span(a->size));
+    }
+#endif
+    if (a->kind == SIM_MEM_ASYNC) {
+        sim_pool_mem_release(mp, a);
+    }
+    else if (a->kind == SIM_MEM_POOL_IMPORT) {
+        munmap((void *)a->base, a->span);
+        mp->nimports--;
+    }
+    else if (a->kind == SIM_MEM_VMM) {
+        sim_vmm_map_release(a);
+    }
+    else if (a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_MANAGED) {
+        /* Like the driver's: unmapped, so a stale pointer faults. */
+        munmap((void *)a->base, sim_device_span(a->size));
+    }
+    else if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
+        free((void *)a->base);
+    }
+    free(a);
+    if (mp != NULL) {
+        sim_mempool_reap(mp);
+    }
+}
+
+/* ------------------------------------------------------------------ */
 /* Memory                                                              */
 /* ------------------------------------------------------------------ */
 
@@ -288,6 +339,43 @@ sim_MemHostUnregister(void *p)
     }
     return sim_free((uintptr_t)p, 1u << SIM_MEM_REGISTERED,
                     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+/* cuIpcCloseMemHandle: a free of an imported mapping (ipc.c explains
+ * the model), so it lives here with the other frees, over
+ * sim_alloc_release. */
+CUresult
+sim_IpcCloseMemHandle(CUdeviceptr dptr)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(IpcCloseMemHandle);
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)dptr);
+        if (a == NULL || a->base != (uintptr_t)dptr
+            || a->kind != SIM_MEM_IPC) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else if (--a->ipc->refs == 0) {
+            /* Unmap once nothing queued can still touch it. */
+            a->dying = SIM_DYING_FREE;
+            rc = sim_drain(NULL);
+            if (rc != CUDA_SUCCESS) {
+                a->dying = SIM_DYING_NO;
+                a->ipc->refs++;
+            }
+            else {
+                sim_alloc_remove(a);
+                sim_alloc_release(a);
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
 }
 
 CUresult

@@ -1259,53 +1259,6 @@ sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
     return CUDA_SUCCESS;
 }
 
-/* Give back what a (already out of the registry) holds, and a itself. */
-void
-sim_alloc_release(sim_alloc *a)
-{
-    sim_mempool *mp = a->pool;
-
-    if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED
-        || a->kind == SIM_MEM_ASYNC) {
-        sim.dev[a->ctx->dev].used -= a->charged;
-    }
-    if (a->kind == SIM_MEM_ASYNC) {
-        /* A live pool allocation that goes with its context. */
-        mp->used -= a->charged;
-        mp->reserved -= a->charged;
-    }
-    if (a->ipc != NULL) {
-        sim_ipc_release(a);
-    }
-#ifdef SIM_ASAN
-    if (a->kind == SIM_MEM_DEVICE) {
-        ASAN_UNPOISON_MEMORY_REGION((void *)a->base,
-                                    sim_device_span(a->size));
-    }
-#endif
-    if (a->kind == SIM_MEM_ASYNC) {
-        sim_pool_mem_release(mp, a);
-    }
-    else if (a->kind == SIM_MEM_POOL_IMPORT) {
-        munmap((void *)a->base, a->span);
-        mp->nimports--;
-    }
-    else if (a->kind == SIM_MEM_VMM) {
-        sim_vmm_map_release(a);
-    }
-    else if (a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_MANAGED) {
-        /* Like the driver's: unmapped, so a stale pointer faults. */
-        munmap((void *)a->base, sim_device_span(a->size));
-    }
-    else if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
-        free((void *)a->base);
-    }
-    free(a);
-    if (mp != NULL) {
-        sim_mempool_reap(mp);
-    }
-}
-
 /* ------------------------------------------------------------------ */
 /* Contexts (lock held unless noted)                                   */
 /* ------------------------------------------------------------------ */

@@ -513,9 +513,6 @@ CUresult
 sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
               unsigned int flags);
 
-/* Give back what a (already out of the registry) holds, and a itself. */
-void sim_alloc_release(sim_alloc *a);
-
 /* Whether [p, p + n) lies inside one live allocation, as seen from the
  * current context's device; n > 0.  VMM mappings count as one
  * allocation where they are adjacent in one reservation, and only where
@@ -727,6 +724,9 @@ CUresult sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 /* ------------------------------------------------------------------ */
 /* Memory                                                              */
 /* ------------------------------------------------------------------ */
+
+/* Give back what a (already out of the registry) holds, and a itself. */
+void sim_alloc_release(sim_alloc *a);
 
 CUresult sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize);
 
@@ -1055,6 +1055,9 @@ struct sim_ipc {
 
 /* Undo what sim_ipc_share or an open did to a; from sim_alloc_release. */
 void sim_ipc_release(sim_alloc *a);
+
+/* A free of an imported mapping, so in memory.c with the other frees. */
+CUresult sim_IpcCloseMemHandle(CUdeviceptr dptr);
 
 /* ------------------------------------------------------------------ */
 /* VMM (vmm.c, vmmfuncs.c; lock held unless noted)                    */
