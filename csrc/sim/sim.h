@@ -1056,6 +1056,11 @@ struct sim_ipc {
 /* Undo what sim_ipc_share or an open did to a; from sim_alloc_release. */
 void sim_ipc_release(sim_alloc *a);
 
+CUresult sim_IpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+
+CUresult sim_IpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                              unsigned int Flags);
+
 /* A free of an imported mapping, so in memory.c with the other frees. */
 CUresult sim_IpcCloseMemHandle(CUdeviceptr dptr);
 
