@@ -48,6 +48,10 @@
  * case below).  A launch whose recorded device or page-locked ranges are
  * no longer allocated fails with CUDA_ERROR_INVALID_VALUE where the
  * driver would write into freed memory.
+ *
+ * Locks and the GIL: every entry point, and sim_capture_check_unsafe, takes
+ * sim.lock and gives it back before returning; no other lock, and nothing
+ * here waits.  The GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

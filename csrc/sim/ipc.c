@@ -5,6 +5,13 @@
  * cuIpcGetMemHandle, cuIpcOpenMemHandle and what an allocation's release
  * must undo (sim_ipc_release).  cuIpcCloseMemHandle, a free, is
  * sim/memory.c's, over the registry's release.
+ *
+ * Locks and the GIL: both entry points take sim.lock after SIM_ENTER and
+ * give it back before returning; no other lock.  The first export of an
+ * allocation waits until no work is queued anywhere (sim_ipc_quiesce,
+ * sim_drain: sim.lock released on sim.cond meanwhile, refused on a worker),
+ * then writes the memfd and opens another process's under sim.lock.  The
+ * GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

@@ -1,7 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sim/memory.c: the simulator's device, host, pinned, mapped and managed
- * memory entry points.
+ * memory entry points, and the release of an allocation of any kind
+ * (sim_alloc_release), above the files that own the kinds (ipc.c,
+ * poolmem.c, vmm.c); so the frees over it live here, cuIpcCloseMemHandle
+ * included.
+ *
+ * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
+ * gives it back before returning (the capture rule,
+ * sim_capture_check_unsafe, takes and gives it back first);
+ * sim_alloc_release runs with it held.  The frees (cuMemFree,
+ * cuMemFreeHost, cuMemHostUnregister, cuIpcCloseMemHandle) wait for all
+ * queued work with sim_drain, releasing sim.lock on sim.cond (refused on a
+ * worker).  No other lock; the host memory is unmapped or freed under
+ * sim.lock.  The GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

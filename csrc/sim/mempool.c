@@ -5,6 +5,13 @@
  * pool memory given back while work may be queued (sim.graves).  The
  * pools' memory itself (heap, or a shareable pool's memfd ranges) is
  * made and given back by sim/poolmem.c.
+ *
+ * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
+ * gives it back before returning (cuMemPoolGetAttribute takes it twice in
+ * turn: for the capture rule, then for the pool); the helpers run with it
+ * held.  No other lock, and nothing here waits: memory that queued work may
+ * still touch goes to sim.graves instead.  The GIL is never taken nor given
+ * up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

@@ -2,9 +2,22 @@
 /*
  * sim/queue.c: the simulator's streams and their work queues: one worker
  * thread per stream running its operations in order (the section
- * "Streams and operations" of the simulator, split from sim.c); the
- * operations themselves and the streams' and events' reference counts
- * are sim/op.c's.
+ * "Streams and operations" of the simulator, split from sim.c), and the
+ * per-thread state (sim_tls_get), whose destructor destroys a thread's
+ * per-thread default streams when it exits.  The operations themselves
+ * and the streams' and events' reference counts are sim/op.c's.
+ *
+ * Locks and the GIL: runs with sim.lock (sim.c) held unless noted, and
+ * takes no other lock.  sim_wait and sim_drain wait on sim.cond, releasing
+ * sim.lock meanwhile (refused on a worker, where the wait could be on
+ * itself).  Each stream's worker (sim_worker) takes sim.lock, waits on its
+ * stream's cv or on sim.cond, and gives the lock up while an operation runs
+ * (a copy, memset, host function or callback), so a host function may call
+ * back into the simulator; it broadcasts sim.cond when the operation is
+ * done.  cm_sim_stream_live, and the per-thread state's destructor
+ * (sim_tls_free, destroying the thread's per-thread default streams), take
+ * sim.lock themselves.  Never the GIL: a worker does not hold it, and a
+ * host function that needs it takes it itself with no simulator lock held.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

@@ -1,17 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sim.c: the CPU simulator of the CUDA driver.
+ * sim.c: the CPU simulator of the CUDA driver, and its base: the shared
+ * state, the locks, fault injection, error names, cuInit and fork, the
+ * devices, the allocation registry and the context lookups, which every
+ * other file of csrc/sim/ builds on (sim/sim.h lists them in order).
  *
- * When CUDAMEM_SIMULATOR=1 the entry-point table cm_cu is filled from here
- * instead of libcuda.so.1, so that everything above the table runs, and is
- * tested, without a GPU.  The simulator aims to be honest: what the real
- * driver rejects it rejects with the same CUresult, and what the real
- * driver does asynchronously it does asynchronously (every stream has its
- * own worker thread), so a missing synchronisation is a visible bug.  As
- * in the driver, an asynchronous copy from pageable host memory consumes
- * its source before returning (the simulator keeps a snapshot), and one
- * into pageable host memory returns only once it has completed; copies
- * between page-locked host memory and the device stay asynchronous.
+ * When CUDAMEM_SIMULATOR=1 the entry-point table cm_cu is filled from the
+ * simulator (sim/table.c) instead of libcuda.so.1, so that everything
+ * above the table runs, and is tested, without a GPU.  The simulator aims
+ * to be honest: what the real driver rejects it rejects with the same
+ * CUresult, and what the real driver does asynchronously it does
+ * asynchronously (every stream has its own worker thread), so a missing
+ * synchronisation is a visible bug.  As in the driver, an asynchronous
+ * copy from pageable host memory consumes its source before returning
+ * (the simulator keeps a snapshot), and one into pageable host memory
+ * returns only once it has completed; copies between page-locked host
+ * memory and the device stay asynchronous.
  *
  * What it owns: CUDAMEM_SIM_DEVICES devices of CUDAMEM_SIM_MEMORY bytes
  * each (every pair peer-capable unless CUDAMEM_SIM_NO_PEER names it, as
@@ -26,17 +30,24 @@
  * counted and freed once nothing (handle, worker, dependency, waiter,
  * pending record) refers to them.
  *
- * Locking: one mutex, sim.lock, guards all shared state; sim.cond is
- * broadcast whenever an operation completes, and each stream's cv is
- * signalled when work arrives on it or it is destroyed.  The lock is never
- * held while an operation or a host function runs, so host functions may
- * call back into the simulator; calls that would have to wait are refused
- * there with CUDA_ERROR_NOT_PERMITTED (the driver allows that answer).
- * The per-thread context stack is thread-local and needs no lock.  Fault
- * injection uses atomics only; a call armed to wait (cm_sim_block) waits
- * on a mutex and condition of its own, with no other lock held.  In the
- * child of a fork() after cuInit the lock is never touched: every entry
- * point answers NOT_INITIALIZED.
+ * Locks and the GIL: one mutex, sim.lock (sim_lock, sim_unlock), guards
+ * all shared state; sim.cond is broadcast whenever an operation completes,
+ * and each stream's cv is signalled when work arrives on it or it is
+ * destroyed.  The lock is never held while an operation or a host function
+ * runs, so host functions may call back into the simulator; calls that
+ * would have to wait are refused there with CUDA_ERROR_NOT_PERMITTED (the
+ * driver allows that answer).  Here, cuInit takes sim.lock; the other
+ * entry points of this file read what cuInit set and take none.  Two more
+ * mutexes live here, both leaves: sim_sync_mu, behind the driver lock a
+ * synchronous copy holds (sim_driver_lock_take and sim_driver_lock_give
+ * take it briefly with sim.lock held; SIM_ENTER waits on sim_sync_cv for
+ * it with no simulator lock), so the order is sim.lock then sim_sync_mu;
+ * and blk_mu, on which a call armed to wait (cm_sim_block) waits with no
+ * other lock held.  The per-thread context stack is thread-local and
+ * needs no lock; fault injection uses atomics only.  In the child of a
+ * fork() after cuInit the lock is never touched: every entry point answers
+ * NOT_INITIALIZED.  The simulator never takes, holds or gives up the GIL
+ * and never calls Python (see the end of this comment).
  *
  * Choices where the driver leaves room: frees (cuMemFree, cuMemFreeHost,
  * cuMemHostUnregister) wait for all queued work, as the driver's frees

@@ -1,11 +1,36 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sim/sim.h: what the files of the CPU simulator share (sim.c, queue.c,
- * primary.c, memory.c, mempool.c, copy.c, stream.c, ipc.c, vmm.c,
- * graph.c): its types, its global state and the helpers one section
- * calls in another.  Not seen outside csrc/sim/: the layers above reach
- * the simulator only through the driver table (driver/cu_table.h).  Plain C11 and pthreads,
+ * sim/sim.h: the public header of csrc/sim/, the CPU simulator of the
+ * CUDA driver, and what its files share: its types, its global state and
+ * the helpers one file calls in another.  Not seen outside csrc/sim/: the
+ * layers above reach the simulator only through the driver table
+ * (driver/cu_table.h), which sim/table.c fills.  Plain C11 and pthreads,
  * no Python header.
+ *
+ * What the folder owns: the simulated devices and their primary
+ * contexts, every allocation (the registry), streams with their worker
+ * threads, events, captures and graphs, memory pools, interprocess and
+ * virtual memory; sim.c's head comment describes the model.  Its files,
+ * lowest first, each calling only files before it: sim.c (state, locks,
+ * fault injection, devices, the registry, contexts), vmm.c (the VMM's
+ * objects, and ranges as a device sees them), op.c (operations, stream
+ * and event references), capture.c (what the queue asks of a capture),
+ * queue.c (streams, workers, waits), graph.c (capture and graphs),
+ * poolmem.c (the pools' memory), ipc.c, memory.c (the release of any
+ * allocation, and the frees), vmmfuncs.c (the VMM's entry points),
+ * mempool.c, copy.c, stream.c, primary.c, and on top table.c (the driver
+ * table).  capture.h and vmm.h are private to their two files each.
+ *
+ * Locks and the GIL: one mutex, sim.lock (sim_lock, sim_unlock), guards
+ * all shared state: entry points take it after SIM_ENTER and give it back
+ * before returning, the helpers declared here run with it held unless
+ * noted, and the waits (sim_wait, sim_drain) release it on sim.cond.  It
+ * is never held while an operation or a host function runs.  sim.c's two
+ * other mutexes (behind the driver lock a synchronous copy holds, and
+ * behind cm_sim_block) are leaves, taken after sim.lock or alone.  The
+ * simulator never takes, holds or gives up the GIL and never calls
+ * Python; a caller that holds the GIL keeps it across a call, as across
+ * the driver's.
  */
 #ifndef CM_SIM_H
 #define CM_SIM_H

@@ -4,6 +4,10 @@
  * points that cm_sim_fill hands the loader (driver/cu_table.h), filled
  * from every file of csrc/sim/, and the profiler stubs.  Nothing in
  * csrc/sim/ calls up into it.
+ *
+ * Locks and the GIL: the profiler stubs take sim.lock to read the current
+ * context; cm_sim_fill takes none (pthread_once registers the fork handler
+ * once).  The GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

@@ -5,6 +5,12 @@
  * rest of the driver's VMM calls).  The model, what it refuses, and the
  * objects these calls make (reservations, physical allocations,
  * mappings) are sim/vmm.c's; sim/vmm.h holds the types both share.
+ *
+ * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
+ * gives it back before returning (cuMemUnmap gives it back before writing
+ * its warning to stderr); the memfds and host mappings are made and changed
+ * under it.  No other lock, and nothing here waits for queued work.  The
+ * GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
