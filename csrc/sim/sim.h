@@ -538,15 +538,6 @@ CUresult
 sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
               unsigned int flags);
 
-/* Whether [p, p + n) lies inside one live allocation, as seen from the
- * current context's device; n > 0.  VMM mappings count as one
- * allocation where they are adjacent in one reservation, and only where
- * the device has access to each. */
-sim_alloc *sim_range(uintptr_t p, size_t n);
-
-/* sim_range as seen from device dev (-1: none, so no VMM memory). */
-sim_alloc *sim_range_dev(uintptr_t p, size_t n, int dev);
-
 /* The top of this thread's context stack, destroyed or not. */
 sim_ctx *sim_top(void);
 
@@ -1099,6 +1090,15 @@ CUresult sim_IpcCloseMemHandle(CUdeviceptr dptr);
 /* Whether the mappings from a on cover [p, p + n) without a hole, all in
  * a's reservation and all accessible to device dev; p lies in a. */
 int sim_vmm_range(const sim_alloc *a, uintptr_t p, size_t n, int dev);
+
+/* Whether [p, p + n) lies inside one live allocation, as seen from the
+ * current context's device; n > 0.  VMM mappings count as one
+ * allocation where they are adjacent in one reservation, and only where
+ * the device has access to each. */
+sim_alloc *sim_range(uintptr_t p, size_t n);
+
+/* sim_range as seen from device dev (-1: none, so no VMM memory). */
+sim_alloc *sim_range_dev(uintptr_t p, size_t n, int dev);
 
 /* Whether [p, p + n) overlaps any address reservation. */
 int sim_vmm_overlaps(uintptr_t p, size_t n);
