@@ -186,7 +186,7 @@ typedef enum {
 } cm_backend;
 
 /* ------------------------------------------------------------------ */
-/* sim.c: the CPU simulator                                            */
+/* sim/: the CPU simulator (sim/table.c fills the table)              */
 /* ------------------------------------------------------------------ */
 
 /* Fill every modelled entry of t; leave the others NULL.  per_thread:

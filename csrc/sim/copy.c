@@ -2,6 +2,17 @@
 /*
  * sim/copy.c: the simulator's copies and memsets (1-D, 2-D, 3-D, peer,
  * synchronous and asynchronous).
+ *
+ * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
+ * gives it back before returning.  A synchronous copy or memset waits for
+ * its work (sim_wait, which releases sim.lock on sim.cond) while it holds
+ * the modelled driver lock (sim_driver_lock_take and sim_driver_lock_give,
+ * whose mutex sim.c takes briefly under sim.lock); other threads' entry
+ * points wait for that lock in SIM_ENTER, holding no simulator lock.  A
+ * copy into pageable memory waits likewise, without the driver lock.  Both
+ * waits are refused on a worker (a host function).  The GIL is never taken
+ * nor given up here: a caller that holds it keeps it across the wait, as
+ * across the driver's.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

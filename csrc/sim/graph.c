@@ -8,6 +8,9 @@
  * guarded by the simulator lock (sim.lock): the entry points take it, the
  * helpers named in sim.h run with it held.  A thread's capture
  * interaction mode (cuThreadExchangeStreamCaptureMode) is thread-local.
+ * What the queue asks of a capture (recording an operation, the legacy
+ * stream's rule, a destroyed stream leaving) is sim/capture.c's, below
+ * the queue; sim/capture.h holds the types the two files share.
  *
  * The model.  A capture records, in the order they are issued, the
  * copies, memsets and host functions queued on its streams (the origin
@@ -45,39 +48,19 @@
  * case below).  A launch whose recorded device or page-locked ranges are
  * no longer allocated fails with CUDA_ERROR_INVALID_VALUE where the
  * driver would write into freed memory.
+ *
+ * Locks and the GIL: every entry point, and sim_capture_check_unsafe, takes
+ * sim.lock and gives it back before returning; no other lock, and nothing
+ * here waits.  The GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
+#include "sim/capture.h"
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* One recorded operation and the ranges it needs allocated at launch. */
-typedef struct sim_node sim_node;
-
-struct sim_node {
-    sim_op *op;             /* the operation: no deps, never queued */
-    int nranges;            /* used entries of start and len */
-    uintptr_t start[2];     /* first byte of each range */
-    size_t len[2];          /* bytes of each range */
-    sim_node *next;         /* the next node in replay order */
-};
-
-/* A capture in progress. */
-struct sim_capture {
-    uint64_t id;            /* its capture id, unique in the process */
-    int mode;               /* CU_STREAM_CAPTURE_MODE_* */
-    int invalidated;        /* an error invalidated it */
-    sim_stream *origin;     /* the stream it began on (a ref) */
-    sim_ctx *ctx;           /* the origin's context */
-    pthread_t thread;       /* the thread that began it */
-    sim_node *head;         /* recorded operations, oldest first */
-    sim_node *tail;         /* the newest */
-    uint64_t nops;          /* how many were recorded */
-    sim_capture *next;      /* link in sim.captures */
-};
 
 /* A graph (from cuStreamEndCapture) or an executable graph. */
 struct sim_graph {
@@ -89,18 +72,6 @@ struct sim_graph {
 
 /* This thread's capture interaction mode. */
 static _Thread_local int sim_thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-
-static void
-sim_nodes_free(sim_node *n)
-{
-    sim_node *next;
-
-    for (; n != NULL; n = next) {
-        next = n->next;
-        sim_op_free(n->op);
-        free(n);
-    }
-}
 
 /* A copy of op to queue or keep; NULL when out of memory. */
 static sim_op *
@@ -166,165 +137,6 @@ sim_capture_find(uint64_t id)
         }
     }
     return NULL;
-}
-
-/* Take every stream out of cap, unlink and free it. */
-static void
-sim_capture_free(sim_capture *cap)
-{
-    sim_capture **pp;
-    sim_stream *s;
-
-    for (s = cap->ctx->streams; s != NULL; s = s->next) {
-        if (s->cap == cap) {
-            s->cap = NULL;
-        }
-    }
-    for (pp = &sim.captures; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == cap) {
-            *pp = cap->next;
-            break;
-        }
-    }
-    sim_nodes_free(cap->head);
-    sim_stream_unref(cap->origin);
-    free(cap);
-}
-
-/* Where a copy or memset touches registered memory (device, managed or
- * page-locked host): up to two ranges; how many. */
-static int
-sim_op_ranges(const sim_op *op, uintptr_t *start, size_t *len)
-{
-    uintptr_t p[2];
-    size_t span;
-    int i, n = 0;
-
-    if (op->kind == SIM_OP_SET) {
-        start[0] = (uintptr_t)op->u.set.dst;
-        len[0] = op->u.set.n;
-        return 1;
-    }
-    if (op->kind != SIM_OP_COPY) {
-        return 0;
-    }
-    span = (op->u.copy.depth - 1) * op->u.copy.dslice
-           + (op->u.copy.height - 1) * op->u.copy.dpitch + op->u.copy.width;
-    p[0] = (uintptr_t)op->u.copy.dst;
-    p[1] = (uintptr_t)op->u.copy.src;
-    for (i = 0; i < 2; i++) {
-        if (i == 1) {
-            span = (op->u.copy.depth - 1) * op->u.copy.sslice
-                   + (op->u.copy.height - 1) * op->u.copy.spitch
-                   + op->u.copy.width;
-        }
-        if (span > 0 && sim_range(p[i], span) != NULL) {
-            start[n] = p[i];
-            len[n] = span;
-            n++;
-        }
-    }
-    return n;
-}
-
-CUresult
-sim_capture_record(sim_stream *s, sim_op *op, int nranges,
-                   const uintptr_t *start, const size_t *len)
-{
-    sim_capture *cap = s->cap;
-    sim_node *n;
-    size_t i;
-    int k;
-    int refuse;
-
-    if (cap->invalidated) {
-        sim_op_free(op);
-        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    }
-    switch (op->kind) {
-    case SIM_OP_NOP:
-        /* Ordering only: the record order keeps it. */
-        sim_op_free(op);
-        return CUDA_SUCCESS;
-    case SIM_OP_SET:
-        refuse = 0;
-        break;
-    case SIM_OP_COPY:
-        /* A snapshot of pageable bytes is not what a graph replays. */
-        refuse = op->u.copy.owned != NULL;
-        break;
-    case SIM_OP_HOSTFN:
-        /* A one-shot host function cannot be replayed. */
-        refuse = op->u.hostfn.once;
-        break;
-    default:
-        /* Stream callbacks (and records, which never come here). */
-        refuse = 1;
-        break;
-    }
-    if (refuse) {
-        sim_op_free(op);
-        cap->invalidated = 1;
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
-    /* Its dependencies are on work outside the capture (the graph has
-     * none) or inside it, which comes earlier in record order. */
-    for (i = 0; i < op->ndeps; i++) {
-        sim_stream_unref(op->deps[i].stream);
-    }
-    free(op->deps);
-    op->deps = NULL;
-    op->ndeps = 0;
-    op->capdeps = 0;
-    n = calloc(1, sizeof(*n));
-    if (n == NULL) {
-        sim_op_free(op);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    n->op = op;
-    if (nranges < 0) {
-        n->nranges = sim_op_ranges(op, n->start, n->len);
-    }
-    else {
-        for (k = 0; k < nranges && n->nranges < 2; k++) {
-            if (len[k] > 0) {
-                n->start[n->nranges] = start[k];
-                n->len[n->nranges] = len[k];
-                n->nranges++;
-            }
-        }
-    }
-    if (cap->tail != NULL) {
-        cap->tail->next = n;
-    }
-    else {
-        cap->head = n;
-    }
-    cap->tail = n;
-    cap->nops++;
-    s->cap_tip = cap->nops;
-    s->cap_joined = 0;
-    return CUDA_SUCCESS;
-}
-
-CUresult
-sim_capture_legacy(const sim_stream *s, int invalidate)
-{
-    sim_stream *t;
-    int found = 0;
-
-    if (s->kind != SIM_STREAM_LEGACY || sim.captures == NULL) {
-        return CUDA_SUCCESS;
-    }
-    for (t = s->ctx->streams; t != NULL; t = t->next) {
-        if (t->cap != NULL && sim_blocking(t)) {
-            found = 1;
-            if (invalidate) {
-                t->cap->invalidated = 1;
-            }
-        }
-    }
-    return found ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
 }
 
 CUresult
@@ -408,22 +220,6 @@ sim_capture_invalidate(sim_stream *s)
     if (s->cap != NULL) {
         s->cap->invalidated = 1;
     }
-}
-
-void
-sim_capture_stream_gone(sim_stream *s)
-{
-    sim_capture *cap = s->cap;
-
-    if (cap == NULL) {
-        return;
-    }
-    if (cap->origin == s) {
-        sim_capture_free(cap);
-        return;
-    }
-    s->cap = NULL;
-    cap->invalidated = 1;
 }
 
 void

@@ -1,7 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sim/ipc.c: the simulator's interprocess memory, the profiler stubs, and
- * the table that cm_sim_fill hands the loader.
+ * sim/ipc.c: the simulator's interprocess memory (the section
+ * "Interprocess memory" of sim/sim.h explains the model):
+ * cuIpcGetMemHandle, cuIpcOpenMemHandle and what an allocation's release
+ * must undo (sim_ipc_release).  cuIpcCloseMemHandle, a free, is
+ * sim/memory.c's, over the registry's release.
+ *
+ * Locks and the GIL: both entry points take sim.lock after SIM_ENTER and
+ * give it back before returning; no other lock.  The first export of an
+ * allocation waits until no work is queued anywhere (sim_ipc_quiesce,
+ * sim_drain: sim.lock released on sim.cond meanwhile, refused on a worker),
+ * then writes the memfd and opens another process's under sim.lock.  The
+ * GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
@@ -29,19 +39,6 @@ _Static_assert(sizeof(sim_ipc_key) <= CU_IPC_HANDLE_SIZE,
 
 /* Every mapping this process imported and has not closed. */
 static sim_ipc *sim_ipc_imports;
-
-/* The host bytes behind a device allocation of size bytes: whole pages
- * (SIZE_MAX when that overflows, which no allocation satisfies). */
-size_t
-sim_device_span(size_t size)
-{
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-
-    if (size > SIZE_MAX - (page - 1)) {
-        return SIZE_MAX;
-    }
-    return (size + page - 1) & ~(page - 1);
-}
 
 /* The memfd name of an exported allocation. */
 static void
@@ -213,7 +210,7 @@ sim_ipc_map(const sim_ipc_key *k, void **out)
     return CUDA_SUCCESS;
 }
 
-static CUresult
+CUresult
 sim_IpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
     sim_ctx *c;
@@ -245,7 +242,7 @@ sim_IpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     return rc;
 }
 
-static CUresult
+CUresult
 sim_IpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
                      unsigned int Flags)
 {
@@ -309,191 +306,4 @@ sim_IpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
 out:
     sim_unlock();
     return rc;
-}
-
-static CUresult
-sim_IpcCloseMemHandle(CUdeviceptr dptr)
-{
-    sim_ctx *c;
-    sim_alloc *a;
-    CUresult rc;
-
-    SIM_ENTER(IpcCloseMemHandle);
-    sim_lock();
-    rc = sim_current(&c);
-    if (rc == CUDA_SUCCESS) {
-        a = sim_alloc_find((uintptr_t)dptr);
-        if (a == NULL || a->base != (uintptr_t)dptr
-            || a->kind != SIM_MEM_IPC) {
-            rc = CUDA_ERROR_INVALID_VALUE;
-        }
-        else if (--a->ipc->refs == 0) {
-            /* Unmap once nothing queued can still touch it. */
-            a->dying = SIM_DYING_FREE;
-            rc = sim_drain(NULL);
-            if (rc != CUDA_SUCCESS) {
-                a->dying = SIM_DYING_NO;
-                a->ipc->refs++;
-            }
-            else {
-                sim_alloc_remove(a);
-                sim_alloc_release(a);
-            }
-        }
-    }
-    sim_unlock();
-    return rc;
-}
-
-/* ------------------------------------------------------------------ */
-/* Profiler                                                            */
-/* ------------------------------------------------------------------ */
-
-/* Nothing to profile; like the driver's, they need a current context. */
-static CUresult
-sim_profiler(void)
-{
-    sim_ctx *c;
-    CUresult rc;
-
-    sim_lock();
-    rc = sim_current(&c);
-    sim_unlock();
-    return rc;
-}
-
-static CUresult
-sim_ProfilerStart(void)
-{
-    SIM_ENTER(ProfilerStart);
-    return sim_profiler();
-}
-
-static CUresult
-sim_ProfilerStop(void)
-{
-    SIM_ENTER(ProfilerStop);
-    return sim_profiler();
-}
-
-/* ------------------------------------------------------------------ */
-/* The table                                                           */
-/* ------------------------------------------------------------------ */
-
-void
-cm_sim_fill(cm_cu_table *t, int per_thread)
-{
-    pthread_once(&fork_once, sim_register_atfork);
-    atomic_store(&sim_per_thread, per_thread != 0);
-    memset(t, 0, sizeof(*t));
-#define SIM_FILL(name) t->name = sim_##name;
-    SIM_FILL(GetErrorName)
-    SIM_FILL(GetErrorString)
-    SIM_FILL(Init)
-    SIM_FILL(DriverGetVersion)
-    SIM_FILL(DeviceGet)
-    SIM_FILL(DeviceGetCount)
-    SIM_FILL(DeviceGetName)
-    SIM_FILL(DeviceGetAttribute)
-    SIM_FILL(DeviceTotalMem)
-    SIM_FILL(DeviceGetUuid)
-    SIM_FILL(DeviceGetPCIBusId)
-    SIM_FILL(DeviceCanAccessPeer)
-    SIM_FILL(DevicePrimaryCtxRetain)
-    SIM_FILL(DevicePrimaryCtxRelease)
-    SIM_FILL(DevicePrimaryCtxReset)
-    SIM_FILL(DevicePrimaryCtxGetState)
-    SIM_FILL(CtxGetCurrent)
-    SIM_FILL(CtxSetCurrent)
-    SIM_FILL(CtxPushCurrent)
-    SIM_FILL(CtxPopCurrent)
-    SIM_FILL(CtxGetDevice)
-    SIM_FILL(CtxSynchronize)
-    SIM_FILL(CtxEnablePeerAccess)
-    SIM_FILL(MemAlloc)
-    SIM_FILL(MemFree)
-    SIM_FILL(MemGetInfo)
-    SIM_FILL(MemAllocManaged)
-    SIM_FILL(MemAllocAsync)
-    SIM_FILL(MemFreeAsync)
-    SIM_FILL(DeviceGetDefaultMemPool)
-    SIM_FILL(MemPoolSetAttribute)
-    SIM_FILL(MemPoolGetAttribute)
-    SIM_FILL(MemPoolTrimTo)
-    SIM_FILL(MemPoolCreate)
-    SIM_FILL(MemPoolDestroy)
-    SIM_FILL(MemPoolSetAccess)
-    SIM_FILL(MemAllocFromPoolAsync)
-    SIM_FILL(MemPoolExportToShareableHandle)
-    SIM_FILL(MemPoolImportFromShareableHandle)
-    SIM_FILL(MemPoolExportPointer)
-    SIM_FILL(MemPoolImportPointer)
-    SIM_FILL(MemAddressReserve)
-    SIM_FILL(MemAddressFree)
-    SIM_FILL(MemCreate)
-    SIM_FILL(MemRelease)
-    SIM_FILL(MemMap)
-    SIM_FILL(MemUnmap)
-    SIM_FILL(MemSetAccess)
-    SIM_FILL(MemGetAccess)
-    SIM_FILL(MemGetAllocationGranularity)
-    SIM_FILL(MemGetAllocationPropertiesFromHandle)
-    SIM_FILL(MemRetainAllocationHandle)
-    SIM_FILL(MemExportToShareableHandle)
-    SIM_FILL(MemImportFromShareableHandle)
-    SIM_FILL(MemHostAlloc)
-    SIM_FILL(MemFreeHost)
-    SIM_FILL(MemHostRegister)
-    SIM_FILL(MemHostUnregister)
-    SIM_FILL(MemHostGetDevicePointer)
-    SIM_FILL(MemHostGetFlags)
-    SIM_FILL(MemGetAddressRange)
-    SIM_FILL(PointerGetAttribute)
-    SIM_FILL(PointerGetAttributes)
-    SIM_FILL(MemcpyHtoD)
-    SIM_FILL(MemcpyDtoH)
-    SIM_FILL(MemcpyDtoD)
-    SIM_FILL(MemcpyHtoDAsync)
-    SIM_FILL(MemcpyDtoHAsync)
-    SIM_FILL(MemcpyDtoDAsync)
-    SIM_FILL(Memcpy2D)
-    SIM_FILL(Memcpy2DAsync)
-    SIM_FILL(Memcpy3D)
-    SIM_FILL(Memcpy3DAsync)
-    SIM_FILL(MemcpyPeer)
-    SIM_FILL(MemcpyPeerAsync)
-    SIM_FILL(MemsetD8)
-    SIM_FILL(MemsetD8Async)
-    SIM_FILL(MemPrefetchAsync)
-    SIM_FILL(MemAdvise)
-    SIM_FILL(StreamCreate)
-    SIM_FILL(StreamDestroy)
-    SIM_FILL(StreamSynchronize)
-    SIM_FILL(StreamQuery)
-    SIM_FILL(StreamWaitEvent)
-    SIM_FILL(StreamAddCallback)
-    SIM_FILL(LaunchHostFunc)
-    SIM_FILL(StreamBeginCapture)
-    SIM_FILL(StreamEndCapture)
-    SIM_FILL(StreamIsCapturing)
-    SIM_FILL(StreamGetCaptureInfo)
-    SIM_FILL(ThreadExchangeStreamCaptureMode)
-    SIM_FILL(GraphInstantiateWithFlags)
-    SIM_FILL(GraphLaunch)
-    SIM_FILL(GraphUpload)
-    SIM_FILL(GraphDestroy)
-    SIM_FILL(GraphExecDestroy)
-    SIM_FILL(EventCreate)
-    SIM_FILL(EventRecord)
-    SIM_FILL(EventSynchronize)
-    SIM_FILL(EventQuery)
-    SIM_FILL(EventDestroy)
-    SIM_FILL(EventElapsedTime)
-    SIM_FILL(IpcGetMemHandle)
-    SIM_FILL(IpcOpenMemHandle)
-    SIM_FILL(IpcCloseMemHandle)
-    SIM_FILL(ProfilerStart)
-    SIM_FILL(ProfilerStop)
-#undef SIM_FILL
-    t->sim_launch_checked = cm_sim_launch_checked;
 }

@@ -1,7 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sim/memory.c: the simulator's device, host, pinned, mapped and managed
- * memory entry points, and memory given back while work may be queued.
+ * memory entry points, and the release of an allocation of any kind
+ * (sim_alloc_release), above the files that own the kinds (ipc.c,
+ * poolmem.c, vmm.c); so the frees over it live here, cuIpcCloseMemHandle
+ * included.
+ *
+ * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
+ * gives it back before returning (the capture rule,
+ * sim_capture_check_unsafe, takes and gives it back first);
+ * sim_alloc_release runs with it held.  The frees (cuMemFree,
+ * cuMemFreeHost, cuMemHostUnregister, cuIpcCloseMemHandle) wait for all
+ * queued work with sim_drain, releasing sim.lock on sim.cond (refused on a
+ * worker).  No other lock; the host memory is unmapped or freed under
+ * sim.lock.  The GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
@@ -24,33 +36,59 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ */
-/* Memory                                                              */
+/* The release of an allocation (lock held)                            */
 /* ------------------------------------------------------------------ */
 
-/* Register a new allocation of size bytes at mem for the current
- * context; charged: bytes counted against the device. */
-CUresult
-sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
-              unsigned int flags)
+/* Give back what a (already out of the registry) holds, and a itself. */
+void
+sim_alloc_release(sim_alloc *a)
 {
-    sim_alloc *a = calloc(1, sizeof(*a));
+    sim_mempool *mp = a->pool;
 
-    if (a == NULL) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED
+        || a->kind == SIM_MEM_ASYNC) {
+        sim.dev[a->ctx->dev].used -= a->charged;
     }
-    a->base = (uintptr_t)mem;
-    a->size = size;
-    a->charged = charged;
-    a->kind = kind;
-    a->ctx = c;
-    a->flags = flags;
-    if (sim_alloc_insert(a) != 0) {
-        free(a);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (a->kind == SIM_MEM_ASYNC) {
+        /* A live pool allocation that goes with its context. */
+        mp->used -= a->charged;
+        mp->reserved -= a->charged;
     }
-    sim.dev[c->dev].used += charged;
-    return CUDA_SUCCESS;
+    if (a->ipc != NULL) {
+        sim_ipc_release(a);
+    }
+#ifdef SIM_ASAN
+    if (a->kind == SIM_MEM_DEVICE) {
+        ASAN_UNPOISON_MEMORY_REGION((void *)a->base,
+                                    sim_device_span(a->size));
+    }
+#endif
+    if (a->kind == SIM_MEM_ASYNC) {
+        sim_pool_mem_release(mp, a);
+    }
+    else if (a->kind == SIM_MEM_POOL_IMPORT) {
+        munmap((void *)a->base, a->span);
+        mp->nimports--;
+    }
+    else if (a->kind == SIM_MEM_VMM) {
+        sim_vmm_map_release(a);
+    }
+    else if (a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_MANAGED) {
+        /* Like the driver's: unmapped, so a stale pointer faults. */
+        munmap((void *)a->base, sim_device_span(a->size));
+    }
+    else if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
+        free((void *)a->base);
+    }
+    free(a);
+    if (mp != NULL) {
+        sim_mempool_reap(mp);
+    }
 }
+
+/* ------------------------------------------------------------------ */
+/* Memory                                                              */
+/* ------------------------------------------------------------------ */
 
 /* cuMemAlloc and cuMemAllocManaged. */
 static CUresult
@@ -315,6 +353,43 @@ sim_MemHostUnregister(void *p)
                     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 }
 
+/* cuIpcCloseMemHandle: a free of an imported mapping (ipc.c explains
+ * the model), so it lives here with the other frees, over
+ * sim_alloc_release. */
+CUresult
+sim_IpcCloseMemHandle(CUdeviceptr dptr)
+{
+    sim_ctx *c;
+    sim_alloc *a;
+    CUresult rc;
+
+    SIM_ENTER(IpcCloseMemHandle);
+    sim_lock();
+    rc = sim_current(&c);
+    if (rc == CUDA_SUCCESS) {
+        a = sim_alloc_find((uintptr_t)dptr);
+        if (a == NULL || a->base != (uintptr_t)dptr
+            || a->kind != SIM_MEM_IPC) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        else if (--a->ipc->refs == 0) {
+            /* Unmap once nothing queued can still touch it. */
+            a->dying = SIM_DYING_FREE;
+            rc = sim_drain(NULL);
+            if (rc != CUDA_SUCCESS) {
+                a->dying = SIM_DYING_NO;
+                a->ipc->refs++;
+            }
+            else {
+                sim_alloc_remove(a);
+                sim_alloc_release(a);
+            }
+        }
+    }
+    sim_unlock();
+    return rc;
+}
+
 CUresult
 sim_MemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags)
 {
@@ -545,54 +620,4 @@ sim_PointerGetAttributes(unsigned int numAttributes,
     }
     sim_unlock();
     return rc;
-}
-
-/* ------------------------------------------------------------------ */
-/* Memory pools: memory given back while work may be queued         */
-/* ------------------------------------------------------------------ */
-
-/* Whether any stream of any context still has work numbered <= g. */
-int
-sim_busy_upto(uint64_t g)
-{
-    const sim_ctx *o;
-    int d;
-
-    for (d = 0; d < sim.ndev; d++) {
-        o = sim.dev[d].primary;
-        if (o != NULL && sim_ctx_busy(o, g)) {
-            return 1;
-        }
-    }
-    for (o = sim.dead; o != NULL; o = o->next_dead) {
-        if (sim_ctx_busy(o, g)) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* Free the host memory of given-back chunks that no queued work can
- * touch any more. */
-void
-sim_graves_sweep(void)
-{
-    sim_grave **pp = &sim.graves;
-    sim_grave *gr;
-
-    while ((gr = *pp) != NULL) {
-        if (!sim_busy_upto(gr->g)) {
-            *pp = gr->next;
-            if (gr->span != 0) {
-                munmap(gr->mem, gr->span);
-            }
-            else {
-                free(gr->mem);
-            }
-            free(gr);
-        }
-        else {
-            pp = &gr->next;
-        }
-    }
 }

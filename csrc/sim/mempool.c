@@ -1,7 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sim/mempool.c: the simulator's stream-ordered allocation: memory pools,
- * shareable ones (memory kept in a memfd) and their entry points.
+ * shareable ones (memory kept in a memfd) and their entry points, and
+ * pool memory given back while work may be queued (sim.graves).  The
+ * pools' memory itself (heap, or a shareable pool's memfd ranges) is
+ * made and given back by sim/poolmem.c.
+ *
+ * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
+ * gives it back before returning (cuMemPoolGetAttribute takes it twice in
+ * turn: for the capture rule, then for the pool); the helpers run with it
+ * held.  No other lock, and nothing here waits: memory that queued work may
+ * still touch goes to sim.graves instead.  The GIL is never taken nor given
+ * up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
@@ -24,8 +34,6 @@
 #include <unistd.h>
 
 #define SIM_POOL_PTR_MAGIC 0x52545050u   /* "PPTR" */
-#define SIM_POOL_META ((uint64_t)4096)
-#define SIM_POOL_DATA ((uint64_t)1 << 32)
 
 /* The header at offset 0 of a shareable pool's memfd. */
 typedef struct {
@@ -58,116 +66,54 @@ sim_pool_name(char *buf, size_t n, uint64_t nonce, uint64_t id)
              (unsigned long long)nonce, (unsigned long long)id);
 }
 
-/* The page size, as a 64-bit offset. */
-static uint64_t
-sim_page(void)
+/* ------------------------------------------------------------------ */
+/* Memory pools: memory given back while work may be queued         */
+/* ------------------------------------------------------------------ */
+
+/* Whether any stream of any context still has work numbered <= g. */
+int
+sim_busy_upto(uint64_t g)
 {
-    return (uint64_t)sysconf(_SC_PAGESIZE);
-}
+    const sim_ctx *o;
+    int d;
 
-/* Record in mp's words that the allocation at data offset off is now
- * buffer serial (0: none).  0, or -1 when the write failed. */
-static int
-sim_pool_mark(sim_mempool *mp, uint64_t off, uint64_t serial)
-{
-    off_t at = (off_t)(SIM_POOL_META + off / sim_page() * 8);
-
-    return pwrite(mp->fd, &serial, sizeof(serial), at)
-           == (ssize_t)sizeof(serial) ? 0 : -1;
-}
-
-/* New memory of charged bytes for pool mp: heap memory, or for a
- * shareable pool a fresh range of its memfd, mapped (*span its bytes,
- * *off its data offset).  NULL when out of memory. */
-static void *
-sim_pool_mem_new(sim_mempool *mp, size_t charged, size_t *span,
-                 uint64_t *off)
-{
-    uint64_t pg = sim_page();
-    /* The data pages that have words below the data. */
-    uint64_t most = (SIM_POOL_DATA - SIM_POOL_META) / 8 * pg;
-    uint64_t n;
-    void *mem = NULL;
-
-    *span = 0;
-    *off = 0;
-    if (mp->fd < 0) {
-        return posix_memalign(&mem, SIM_DEVICE_ALIGN, charged) == 0 ? mem
-                                                                    : NULL;
-    }
-    n = ((uint64_t)charged + pg - 1) / pg * pg;
-    if (n < charged || n > most || mp->next_off > most - n
-        || ftruncate(mp->fd, (off_t)(SIM_POOL_DATA + mp->next_off + n))
-               != 0) {
-        return NULL;
-    }
-    mem = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_SHARED, mp->fd,
-               (off_t)(SIM_POOL_DATA + mp->next_off));
-    if (mem == MAP_FAILED) {
-        return NULL;
-    }
-    *span = (size_t)n;
-    *off = mp->next_off;
-    mp->next_off += n;
-    return mem;
-}
-
-/* Unmap a pool's memory: span bytes of a memfd, or heap memory when
- * span is 0. */
-static void
-sim_pool_mem_unmap(void *mem, size_t span)
-{
-    if (span != 0) {
-        munmap(mem, span);
-    }
-    else {
-        free(mem);
-    }
-}
-
-/* Give the memory of a's shareable range back: not live any more, its
- * pages punched out of the memfd (importers that still map them read
- * zeros). */
-static void
-sim_pool_mem_unshare(sim_mempool *mp, sim_alloc *a)
-{
-    (void)sim_pool_mark(mp, a->off, 0);
-    (void)fallocate(mp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                    (off_t)(SIM_POOL_DATA + a->off), (off_t)a->span);
-}
-
-/* Give back the memory of pool allocation a now (nothing queued can use
- * it). */
-void
-sim_pool_mem_release(sim_mempool *mp, sim_alloc *a)
-{
-    if (a->span != 0) {
-        sim_pool_mem_unshare(mp, a);
-    }
-    sim_pool_mem_unmap((void *)a->base, a->span);
-}
-
-/* Free a made or imported pool once it is destroyed and nothing of it is
- * left; unlinks it. */
-void
-sim_mempool_reap(sim_mempool *mp)
-{
-    sim_mempool **pp;
-
-    if (!mp->destroyed || mp->used != 0 || mp->cached != NULL
-        || mp->nimports != 0) {
-        return;
-    }
-    for (pp = &sim.pools; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == mp) {
-            *pp = mp->next;
-            break;
+    for (d = 0; d < sim.ndev; d++) {
+        o = sim.dev[d].primary;
+        if (o != NULL && sim_ctx_busy(o, g)) {
+            return 1;
         }
     }
-    if (mp->fd >= 0) {
-        close(mp->fd);
+    for (o = sim.dead; o != NULL; o = o->next_dead) {
+        if (sim_ctx_busy(o, g)) {
+            return 1;
+        }
     }
-    free(mp);
+    return 0;
+}
+
+/* Free the host memory of given-back chunks that no queued work can
+ * touch any more. */
+void
+sim_graves_sweep(void)
+{
+    sim_grave **pp = &sim.graves;
+    sim_grave *gr;
+
+    while ((gr = *pp) != NULL) {
+        if (!sim_busy_upto(gr->g)) {
+            *pp = gr->next;
+            if (gr->span != 0) {
+                munmap(gr->mem, gr->span);
+            }
+            else {
+                free(gr->mem);
+            }
+            free(gr);
+        }
+        else {
+            pp = &gr->next;
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ */

@@ -2,6 +2,14 @@
 /*
  * sim/primary.c: the simulator's primary contexts (retain, release,
  * reset, state) and the current context of a thread.
+ *
+ * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
+ * gives it back before returning; no other lock.  Destroying a context
+ * (cuDevicePrimaryCtxRelease of the last retain, cuDevicePrimaryCtxReset)
+ * waits for all queued work with sim_drain, and cuCtxSynchronize for its
+ * context's, each releasing sim.lock on sim.cond (refused on a
+ * worker).  The per-thread context stack is thread-local and read or
+ * changed without the lock.  The GIL is never taken nor given up here.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"

@@ -2,7 +2,22 @@
 /*
  * sim/queue.c: the simulator's streams and their work queues: one worker
  * thread per stream running its operations in order (the section
- * "Streams and operations" of the simulator, split from sim.c).
+ * "Streams and operations" of the simulator, split from sim.c), and the
+ * per-thread state (sim_tls_get), whose destructor destroys a thread's
+ * per-thread default streams when it exits.  The operations themselves
+ * and the streams' and events' reference counts are sim/op.c's.
+ *
+ * Locks and the GIL: runs with sim.lock (sim.c) held unless noted, and
+ * takes no other lock.  sim_wait and sim_drain wait on sim.cond, releasing
+ * sim.lock meanwhile (refused on a worker, where the wait could be on
+ * itself).  Each stream's worker (sim_worker) takes sim.lock, waits on its
+ * stream's cv or on sim.cond, and gives the lock up while an operation runs
+ * (a copy, memset, host function or callback), so a host function may call
+ * back into the simulator; it broadcasts sim.cond when the operation is
+ * done.  cm_sim_stream_live, and the per-thread state's destructor
+ * (sim_tls_free, destroying the thread's per-thread default streams), take
+ * sim.lock themselves.  Never the GIL: a worker does not hold it, and a
+ * host function that needs it takes it itself with no simulator lock held.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
@@ -27,47 +42,6 @@
 /* ------------------------------------------------------------------ */
 /* Streams and operations (lock held unless noted)                     */
 /* ------------------------------------------------------------------ */
-
-/* Whether s takes part in the legacy default stream's implicit sync. */
-int
-sim_blocking(const sim_stream *s)
-{
-    return s->kind == SIM_STREAM_BLOCKING || s->kind == SIM_STREAM_PER_THREAD;
-}
-
-void
-sim_stream_unref(sim_stream *s)
-{
-    if (--s->refs > 0) {
-        return;
-    }
-    if (s->prev != NULL) {
-        s->prev->next = s->next;
-    }
-    else {
-        s->ctx->streams = s->next;
-    }
-    if (s->next != NULL) {
-        s->next->prev = s->prev;
-    }
-    pthread_cond_destroy(&s->cv);
-    free(s);
-}
-
-void
-sim_event_unref(sim_event *e)
-{
-    if (--e->refs > 0) {
-        return;
-    }
-    if (e->rec_stream != NULL) {
-        sim_stream_unref(e->rec_stream);
-    }
-    if (e->cap_src != NULL) {
-        sim_stream_unref(e->cap_src);
-    }
-    free(e);
-}
 
 static void *sim_worker(void *arg);
 
@@ -139,61 +113,6 @@ sim_stream_destroy(sim_stream *s)
     sim_stream_unref(s);
 }
 
-sim_op *
-sim_op_new(int kind)
-{
-    sim_op *op = calloc(1, sizeof(*op));
-
-    if (op != NULL) {
-        op->kind = kind;
-    }
-    return op;
-}
-
-/* Make op wait for ticket on s; 0, or -1 when out of memory. */
-int
-sim_op_dep(sim_op *op, sim_stream *s, uint64_t ticket)
-{
-    if (s->completed >= ticket) {
-        return 0;
-    }
-    if (op->ndeps == op->capdeps) {
-        size_t cap = op->capdeps ? op->capdeps * 2 : 4;
-        sim_dep *v = realloc(op->deps, cap * sizeof(*v));
-        if (v == NULL) {
-            return -1;
-        }
-        op->deps = v;
-        op->capdeps = cap;
-    }
-    op->deps[op->ndeps].stream = s;
-    op->deps[op->ndeps].ticket = ticket;
-    op->ndeps++;
-    s->refs++;
-    return 0;
-}
-
-void
-sim_op_free(sim_op *op)
-{
-    size_t i;
-
-    for (i = 0; i < op->ndeps; i++) {
-        sim_stream_unref(op->deps[i].stream);
-    }
-    free(op->deps);
-    if (op->kind == SIM_OP_RECORD && op->u.record.event != NULL) {
-        sim_event_unref(op->u.record.event);
-    }
-    if (op->kind == SIM_OP_COPY) {
-        free(op->u.copy.owned);
-    }
-    if (op->kind == SIM_OP_HOSTFN) {
-        free(op->u.hostfn.owned);
-    }
-    free(op);
-}
-
 /* Queue op on s behind its implicit dependencies.  Always consumes op;
  * on success s->submitted is op's ticket. */
 CUresult
@@ -238,6 +157,51 @@ sim_enqueue(sim_stream *s, sim_op *op)
     s->tail = op;
     pthread_cond_signal(&s->cv);
     return CUDA_SUCCESS;
+}
+
+/* Frees tls at thread exit. */
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+
+static void
+sim_tls_free(void *p)
+{
+    sim_tls *t = p;
+    size_t i;
+
+    if (atomic_load(&sim_state) == SIM_READY && t->nptds > 0) {
+        sim_lock();
+        for (i = 0; i < t->nptds; i++) {
+            if (!t->ptds[i].ctx->destroyed) {
+                sim_stream_destroy(t->ptds[i].stream);
+            }
+        }
+        sim_unlock();
+    }
+    free(t->stack);
+    free(t->ptds);
+    free(t);
+    tls = NULL;
+}
+
+static void
+sim_tls_key_make(void)
+{
+    pthread_key_create(&tls_key, sim_tls_free);
+}
+
+/* This thread's state, made on first use; NULL when out of memory. */
+sim_tls *
+sim_tls_get(void)
+{
+    if (tls == NULL) {
+        pthread_once(&tls_once, sim_tls_key_make);
+        tls = calloc(1, sizeof(*tls));
+        if (tls != NULL) {
+            pthread_setspecific(tls_key, tls);
+        }
+    }
+    return tls;
 }
 
 /* This thread's per-thread default stream for c, made on first use. */

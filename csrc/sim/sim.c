@@ -1,17 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sim.c: the CPU simulator of the CUDA driver.
+ * sim.c: the CPU simulator of the CUDA driver, and its base: the shared
+ * state, the locks, fault injection, error names, cuInit and fork, the
+ * devices, the allocation registry and the context lookups, which every
+ * other file of csrc/sim/ builds on (sim/sim.h lists them in order).
  *
- * When CUDAMEM_SIMULATOR=1 the entry-point table cm_cu is filled from here
- * instead of libcuda.so.1, so that everything above the table runs, and is
- * tested, without a GPU.  The simulator aims to be honest: what the real
- * driver rejects it rejects with the same CUresult, and what the real
- * driver does asynchronously it does asynchronously (every stream has its
- * own worker thread), so a missing synchronisation is a visible bug.  As
- * in the driver, an asynchronous copy from pageable host memory consumes
- * its source before returning (the simulator keeps a snapshot), and one
- * into pageable host memory returns only once it has completed; copies
- * between page-locked host memory and the device stay asynchronous.
+ * When CUDAMEM_SIMULATOR=1 the entry-point table cm_cu is filled from the
+ * simulator (sim/table.c) instead of libcuda.so.1, so that everything
+ * above the table runs, and is tested, without a GPU.  The simulator aims
+ * to be honest: what the real driver rejects it rejects with the same
+ * CUresult, and what the real driver does asynchronously it does
+ * asynchronously (every stream has its own worker thread), so a missing
+ * synchronisation is a visible bug.  As in the driver, an asynchronous
+ * copy from pageable host memory consumes its source before returning
+ * (the simulator keeps a snapshot), and one into pageable host memory
+ * returns only once it has completed; copies between page-locked host
+ * memory and the device stay asynchronous.
  *
  * What it owns: CUDAMEM_SIM_DEVICES devices of CUDAMEM_SIM_MEMORY bytes
  * each (every pair peer-capable unless CUDAMEM_SIM_NO_PEER names it, as
@@ -26,17 +30,24 @@
  * counted and freed once nothing (handle, worker, dependency, waiter,
  * pending record) refers to them.
  *
- * Locking: one mutex, sim.lock, guards all shared state; sim.cond is
- * broadcast whenever an operation completes, and each stream's cv is
- * signalled when work arrives on it or it is destroyed.  The lock is never
- * held while an operation or a host function runs, so host functions may
- * call back into the simulator; calls that would have to wait are refused
- * there with CUDA_ERROR_NOT_PERMITTED (the driver allows that answer).
- * The per-thread context stack is thread-local and needs no lock.  Fault
- * injection uses atomics only; a call armed to wait (cm_sim_block) waits
- * on a mutex and condition of its own, with no other lock held.  In the
- * child of a fork() after cuInit the lock is never touched: every entry
- * point answers NOT_INITIALIZED.
+ * Locks and the GIL: one mutex, sim.lock (sim_lock, sim_unlock), guards
+ * all shared state; sim.cond is broadcast whenever an operation completes,
+ * and each stream's cv is signalled when work arrives on it or it is
+ * destroyed.  The lock is never held while an operation or a host function
+ * runs, so host functions may call back into the simulator; calls that
+ * would have to wait are refused there with CUDA_ERROR_NOT_PERMITTED (the
+ * driver allows that answer).  Here, cuInit takes sim.lock; the other
+ * entry points of this file read what cuInit set and take none.  Two more
+ * mutexes live here, both leaves: sim_sync_mu, behind the driver lock a
+ * synchronous copy holds (sim_driver_lock_take and sim_driver_lock_give
+ * take it briefly with sim.lock held; SIM_ENTER waits on sim_sync_cv for
+ * it with no simulator lock), so the order is sim.lock then sim_sync_mu;
+ * and blk_mu, on which a call armed to wait (cm_sim_block) waits with no
+ * other lock held.  The per-thread context stack is thread-local and
+ * needs no lock; fault injection uses atomics only.  In the child of a
+ * fork() after cuInit the lock is never touched: every entry point answers
+ * NOT_INITIALIZED.  The simulator never takes, holds or gives up the GIL
+ * and never calls Python (see the end of this comment).
  *
  * Choices where the driver leaves room: frees (cuMemFree, cuMemFreeHost,
  * cuMemHostUnregister) wait for all queued work, as the driver's frees
@@ -148,14 +159,24 @@ sim_driver_lock_give(void)
     pthread_cond_broadcast(&sim_sync_cv);
     pthread_mutex_unlock(&sim_sync_mu);
 }
-/* Frees tls at thread exit. */
-static pthread_key_t tls_key;
-static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 /* Registers the fork handler. */
 pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 /* Random, naming this process's exports (IPC and shareable pools); made
  * on first use (lock held), 0 until then. */
 uint64_t sim_ipc_nonce;
+
+/* The host bytes behind a device allocation of size bytes: whole pages
+ * (SIZE_MAX when that overflows, which no allocation satisfies). */
+size_t
+sim_device_span(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    if (size > SIZE_MAX - (page - 1)) {
+        return SIZE_MAX;
+    }
+    return (size + page - 1) & ~(page - 1);
+}
 
 /* Pages of their own for host or managed memory, as the driver maps
  * them (and unmaps them when they are freed or their context goes);
@@ -1224,122 +1245,34 @@ sim_alloc_remove(sim_alloc *a)
     }
 }
 
-/* Give back what a (already out of the registry) holds, and a itself. */
-void
-sim_alloc_release(sim_alloc *a)
+/* Register a new allocation of size bytes at mem for the current
+ * context; charged: bytes counted against the device. */
+CUresult
+sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
+              unsigned int flags)
 {
-    sim_mempool *mp = a->pool;
-
-    if (a->kind == SIM_MEM_DEVICE || a->kind == SIM_MEM_MANAGED
-        || a->kind == SIM_MEM_ASYNC) {
-        sim.dev[a->ctx->dev].used -= a->charged;
-    }
-    if (a->kind == SIM_MEM_ASYNC) {
-        /* A live pool allocation that goes with its context. */
-        mp->used -= a->charged;
-        mp->reserved -= a->charged;
-    }
-    if (a->ipc != NULL) {
-        sim_ipc_release(a);
-    }
-#ifdef SIM_ASAN
-    if (a->kind == SIM_MEM_DEVICE) {
-        ASAN_UNPOISON_MEMORY_REGION((void *)a->base,
-                                    sim_device_span(a->size));
-    }
-#endif
-    if (a->kind == SIM_MEM_ASYNC) {
-        sim_pool_mem_release(mp, a);
-    }
-    else if (a->kind == SIM_MEM_POOL_IMPORT) {
-        munmap((void *)a->base, a->span);
-        mp->nimports--;
-    }
-    else if (a->kind == SIM_MEM_VMM) {
-        sim_vmm_map_release(a);
-    }
-    else if (a->kind == SIM_MEM_HOST || a->kind == SIM_MEM_MANAGED) {
-        /* Like the driver's: unmapped, so a stale pointer faults. */
-        munmap((void *)a->base, sim_device_span(a->size));
-    }
-    else if (a->kind != SIM_MEM_REGISTERED && a->kind != SIM_MEM_IPC) {
-        free((void *)a->base);
-    }
-    free(a);
-    if (mp != NULL) {
-        sim_mempool_reap(mp);
-    }
-}
-
-/* sim_range as seen from device dev (-1: none, so no VMM memory). */
-sim_alloc *
-sim_range_dev(uintptr_t p, size_t n, int dev)
-{
-    sim_alloc *a = sim_alloc_find(p);
+    sim_alloc *a = calloc(1, sizeof(*a));
 
     if (a == NULL) {
-        return NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (a->kind == SIM_MEM_VMM) {
-        return sim_vmm_range(a, p, n, dev) ? a : NULL;
+    a->base = (uintptr_t)mem;
+    a->size = size;
+    a->charged = charged;
+    a->kind = kind;
+    a->ctx = c;
+    a->flags = flags;
+    if (sim_alloc_insert(a) != 0) {
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return n > a->size - (p - a->base) ? NULL : a;
-}
-
-/* Whether [p, p + n) lies inside one live allocation, as seen from the
- * current context's device; n > 0. */
-sim_alloc *
-sim_range(uintptr_t p, size_t n)
-{
-    const sim_ctx *c = sim_top();
-
-    return sim_range_dev(p, n, c != NULL && !c->destroyed ? c->dev : -1);
+    sim.dev[c->dev].used += charged;
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ */
 /* Contexts (lock held unless noted)                                   */
 /* ------------------------------------------------------------------ */
-
-static void
-sim_tls_free(void *p)
-{
-    sim_tls *t = p;
-    size_t i;
-
-    if (atomic_load(&sim_state) == SIM_READY && t->nptds > 0) {
-        sim_lock();
-        for (i = 0; i < t->nptds; i++) {
-            if (!t->ptds[i].ctx->destroyed) {
-                sim_stream_destroy(t->ptds[i].stream);
-            }
-        }
-        sim_unlock();
-    }
-    free(t->stack);
-    free(t->ptds);
-    free(t);
-    tls = NULL;
-}
-
-static void
-sim_tls_key_make(void)
-{
-    pthread_key_create(&tls_key, sim_tls_free);
-}
-
-/* This thread's state, made on first use; NULL when out of memory. */
-sim_tls *
-sim_tls_get(void)
-{
-    if (tls == NULL) {
-        pthread_once(&tls_once, sim_tls_key_make);
-        tls = calloc(1, sizeof(*tls));
-        if (tls != NULL) {
-            pthread_setspecific(tls_key, tls);
-        }
-    }
-    return tls;
-}
 
 /* The top of this thread's context stack, destroyed or not. */
 sim_ctx *

@@ -1,11 +1,36 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sim/sim.h: what the files of the CPU simulator share (sim.c, queue.c,
- * primary.c, memory.c, mempool.c, copy.c, stream.c, ipc.c, vmm.c,
- * graph.c): its types, its global state and the helpers one section
- * calls in another.  Not seen outside csrc/sim/: the layers above reach
- * the simulator only through the driver table (driver/cu_table.h).  Plain C11 and pthreads,
+ * sim/sim.h: the public header of csrc/sim/, the CPU simulator of the
+ * CUDA driver, and what its files share: its types, its global state and
+ * the helpers one file calls in another.  Not seen outside csrc/sim/: the
+ * layers above reach the simulator only through the driver table
+ * (driver/cu_table.h), which sim/table.c fills.  Plain C11 and pthreads,
  * no Python header.
+ *
+ * What the folder owns: the simulated devices and their primary
+ * contexts, every allocation (the registry), streams with their worker
+ * threads, events, captures and graphs, memory pools, interprocess and
+ * virtual memory; sim.c's head comment describes the model.  Its files,
+ * lowest first, each calling only files before it: sim.c (state, locks,
+ * fault injection, devices, the registry, contexts), vmm.c (the VMM's
+ * objects, and ranges as a device sees them), op.c (operations, stream
+ * and event references), capture.c (what the queue asks of a capture),
+ * queue.c (streams, workers, waits), graph.c (capture and graphs),
+ * poolmem.c (the pools' memory), ipc.c, memory.c (the release of any
+ * allocation, and the frees), vmmfuncs.c (the VMM's entry points),
+ * mempool.c, copy.c, stream.c, primary.c, and on top table.c (the driver
+ * table).  capture.h and vmm.h are private to their two files each.
+ *
+ * Locks and the GIL: one mutex, sim.lock (sim_lock, sim_unlock), guards
+ * all shared state: entry points take it after SIM_ENTER and give it back
+ * before returning, the helpers declared here run with it held unless
+ * noted, and the waits (sim_wait, sim_drain) release it on sim.cond.  It
+ * is never held while an operation or a host function runs.  sim.c's two
+ * other mutexes (behind the driver lock a synchronous copy holds, and
+ * behind cm_sim_block) are leaves, taken after sim.lock or alone.  The
+ * simulator never takes, holds or gives up the GIL and never calls
+ * Python; a caller that holds the GIL keeps it across a call, as across
+ * the driver's.
  */
 #ifndef CM_SIM_H
 #define CM_SIM_H
@@ -365,6 +390,10 @@ extern pthread_once_t fork_once;
  * on first use (lock held), 0 until then. */
 extern uint64_t sim_ipc_nonce;
 
+/* The host bytes behind a device allocation of size bytes: whole pages
+ * (SIZE_MAX when that overflows, which no allocation satisfies). */
+size_t sim_device_span(size_t size);
+
 /* Pages of their own for host or managed memory, as the driver maps
  * them (and unmaps them when they are freed or their context goes);
  * NULL when memory is short. */
@@ -503,20 +532,11 @@ int sim_alloc_insert(sim_alloc *a);
 
 void sim_alloc_remove(sim_alloc *a);
 
-/* Give back what a (already out of the registry) holds, and a itself. */
-void sim_alloc_release(sim_alloc *a);
-
-/* Whether [p, p + n) lies inside one live allocation, as seen from the
- * current context's device; n > 0.  VMM mappings count as one
- * allocation where they are adjacent in one reservation, and only where
- * the device has access to each. */
-sim_alloc *sim_range(uintptr_t p, size_t n);
-
-/* sim_range as seen from device dev (-1: none, so no VMM memory). */
-sim_alloc *sim_range_dev(uintptr_t p, size_t n, int dev);
-
-/* This thread's state, made on first use; NULL when out of memory. */
-sim_tls *sim_tls_get(void);
+/* Register a new allocation of size bytes at mem for the current
+ * context; charged: bytes counted against the device. */
+CUresult
+sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
+              unsigned int flags);
 
 /* The top of this thread's context stack, destroyed or not. */
 sim_ctx *sim_top(void);
@@ -568,6 +588,10 @@ CUresult sim_enqueue(sim_stream *s, sim_op *op);
 __attribute__((noreturn, format(printf, 1, 2))) void
 sim_fatal(const char *fmt, ...);
 
+/* This thread's state, made on first use; NULL when out of memory.  At
+ * thread exit its per-thread default streams are destroyed (queue.c). */
+sim_tls *sim_tls_get(void);
+
 /* The stream a handle names: 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
  * (these need a current context) or a live stream. */
 CUresult sim_stream_get(CUstream h, sim_stream **out);
@@ -589,7 +613,7 @@ int sim_ctx_busy(const sim_ctx *c, uint64_t g);
 CUresult sim_drain(const sim_ctx *c);
 
 /* ------------------------------------------------------------------ */
-/* Stream capture and graphs (graph.c; lock held unless noted)         */
+/* Capture and graphs (capture.c, graph.c; lock held unless noted)    */
 /* ------------------------------------------------------------------ */
 
 /* Record op, queued on capturing stream s, into its capture instead of
@@ -717,11 +741,8 @@ CUresult sim_CtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 /* Memory                                                              */
 /* ------------------------------------------------------------------ */
 
-/* Register a new allocation of size bytes at mem for the current
- * context; charged: bytes counted against the device. */
-CUresult
-sim_alloc_add(sim_ctx *c, void *mem, size_t size, size_t charged, int kind,
-              unsigned int flags);
+/* Give back what a (already out of the registry) holds, and a itself. */
+void sim_alloc_release(sim_alloc *a);
 
 CUresult sim_MemAlloc(CUdeviceptr *dptr, size_t bytesize);
 
@@ -799,6 +820,30 @@ void sim_graves_sweep(void);
  */
 
 #define SIM_POOL_MAGIC 0x4c4f4f50u       /* "POOL" */
+#define SIM_POOL_META ((uint64_t)4096)
+#define SIM_POOL_DATA ((uint64_t)1 << 32)
+
+/* The page size, as a 64-bit offset. */
+uint64_t sim_page(void);
+
+/* Record in mp's words that the allocation at data offset off is now
+ * buffer serial (0: none).  0, or -1 when the write failed. */
+int sim_pool_mark(sim_mempool *mp, uint64_t off, uint64_t serial);
+
+/* New memory of charged bytes for pool mp: heap memory, or for a
+ * shareable pool a fresh range of its memfd, mapped (*span its bytes,
+ * *off its data offset).  NULL when out of memory. */
+void *sim_pool_mem_new(sim_mempool *mp, size_t charged, size_t *span,
+                       uint64_t *off);
+
+/* Unmap a pool's memory: span bytes of a memfd, or heap memory when
+ * span is 0. */
+void sim_pool_mem_unmap(void *mem, size_t span);
+
+/* Give the memory of a's shareable range back: not live any more, its
+ * pages punched out of the memfd (importers that still map them read
+ * zeros). */
+void sim_pool_mem_unshare(sim_mempool *mp, sim_alloc *a);
 
 /* Give back the memory of pool allocation a now (nothing queued can use
  * it). */
@@ -1024,15 +1069,19 @@ struct sim_ipc {
     sim_ipc *next;          /* imported: link in sim_ipc_imports */
 };
 
-/* The host bytes behind a device allocation of size bytes: whole pages
- * (SIZE_MAX when that overflows, which no allocation satisfies). */
-size_t sim_device_span(size_t size);
-
 /* Undo what sim_ipc_share or an open did to a; from sim_alloc_release. */
 void sim_ipc_release(sim_alloc *a);
 
+CUresult sim_IpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+
+CUresult sim_IpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                              unsigned int Flags);
+
+/* A free of an imported mapping, so in memory.c with the other frees. */
+CUresult sim_IpcCloseMemHandle(CUdeviceptr dptr);
+
 /* ------------------------------------------------------------------ */
-/* Virtual memory management (vmm.c; lock held unless noted)           */
+/* VMM (vmm.c, vmmfuncs.c; lock held unless noted)                    */
 /* ------------------------------------------------------------------ */
 
 /* The allocation granularity, minimum and recommended: an H200's. */
@@ -1041,6 +1090,15 @@ void sim_ipc_release(sim_alloc *a);
 /* Whether the mappings from a on cover [p, p + n) without a hole, all in
  * a's reservation and all accessible to device dev; p lies in a. */
 int sim_vmm_range(const sim_alloc *a, uintptr_t p, size_t n, int dev);
+
+/* Whether [p, p + n) lies inside one live allocation, as seen from the
+ * current context's device; n > 0.  VMM mappings count as one
+ * allocation where they are adjacent in one reservation, and only where
+ * the device has access to each. */
+sim_alloc *sim_range(uintptr_t p, size_t n);
+
+/* sim_range as seen from device dev (-1: none, so no VMM memory). */
+sim_alloc *sim_range_dev(uintptr_t p, size_t n, int dev);
 
 /* Whether [p, p + n) overlaps any address reservation. */
 int sim_vmm_overlaps(uintptr_t p, size_t n);

@@ -1,6 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sim/stream.c: the simulator's stream and event entry points.
+ *
+ * Locks and the GIL: every entry point (and cm_sim_launch_checked) takes
+ * sim.lock after SIM_ENTER and gives it back before returning; no other
+ * lock.  cuStreamSynchronize and cuEventSynchronize wait with sim_wait,
+ * which releases sim.lock on sim.cond (refused on a worker); the others
+ * never wait.  The GIL is never taken nor given up here: a caller that
+ * holds it keeps it across a wait, as across the driver's.
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
