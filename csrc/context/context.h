@@ -203,6 +203,10 @@ int cm_context_activate(cm_context *ctx);
 int cm_context_enter(cm_context *ctx, CUcontext *prev);
 /* Undo cm_context_enter.  Never raises. */
 void cm_context_leave(cm_context *ctx, CUcontext prev);
+/* Make h current on this thread if it is not; *pushed says whether to
+ * pop it after, with cm_ctx_leave.  No GIL needed (context.c). */
+CUresult cm_ctx_enter(CUcontext h, int *pushed);
+void cm_ctx_leave(int pushed);
 /* r = call, evaluated between enter(obj, &prev) and leave(obj, prev), an
  * enter/leave pair of the cm_context_enter kind (cm_da_enter and
  * cm_da_leave take an array).  When enter fails, call does not run and
