@@ -17,8 +17,8 @@
  * cache of idle streams, host callbacks, the asyncio completion path),
  * close.c (closing a device's context), ctxtypes.c (the Device and
  * Context types), ctxfuncs.c (their module functions), stream.c and
- * event.c (the Stream and Event types), streamfuncs.c (their module
- * functions).  devctx.h and stream.h are private to the folder: what
+ * event.c (the Stream and Event types), rawfuncs.c (test helpers: raw
+ * streams, events and a gate), streamfuncs.c (their module functions).  devctx.h and stream.h are private to the folder: what
  * the files of devices and contexts, and of streams and events, share.
  * It reaches the memory managers and the IPC imports above it through
  * cm_ctx_up (below).
