@@ -7,7 +7,8 @@
  * type Context is ctxtypes.c's), the Context of the calling thread, of a
  * handle, a pointer or a device argument, making a context current
  * around a call (cm_context_activate, cm_context_enter,
- * cm_context_leave), and peer access between contexts.  cudamem uses
+ * cm_context_leave; and, for a bare handle without the GIL, cm_ctx_enter
+ * and cm_ctx_leave), and peer access between contexts.  cudamem uses
  * primary contexts only: the first call on a thread with no current
  * context pushes device 0's, a current context that is not a primary one
  * is refused, and close() on the main thread releases and resets every
@@ -648,5 +649,36 @@ cm_context_pop_all(void)
         if (CM_CU(CtxPopCurrent, (&popped)) < 0) {
             return -1;
         }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Context switching without the GIL                                   */
+/* ------------------------------------------------------------------ */
+
+/* Make h current if it is not; *pushed says whether to pop.  No GIL
+ * needed. */
+CUresult
+cm_ctx_enter(CUcontext h, int *pushed)
+{
+    CUcontext cur = NULL;
+    CUresult rc;
+
+    *pushed = 0;
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) == CUDA_SUCCESS && cur == h) {
+        return CUDA_SUCCESS;
+    }
+    rc = CM_CU_RAW(CtxPushCurrent, (h));
+    *pushed = rc == CUDA_SUCCESS;
+    return rc;
+}
+
+void
+cm_ctx_leave(int pushed)
+{
+    CUcontext popped;
+
+    if (pushed) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
     }
 }

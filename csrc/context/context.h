@@ -17,8 +17,8 @@
  * cache of idle streams, host callbacks, the asyncio completion path),
  * close.c (closing a device's context), ctxtypes.c (the Device and
  * Context types), ctxfuncs.c (their module functions), stream.c and
- * event.c (the Stream and Event types), streamfuncs.c (their module
- * functions).  devctx.h and stream.h are private to the folder: what
+ * event.c (the Stream and Event types), rawfuncs.c (test helpers: raw
+ * streams, events and a gate), streamfuncs.c (their module functions).  devctx.h and stream.h are private to the folder: what
  * the files of devices and contexts, and of streams and events, share.
  * It reaches the memory managers and the IPC imports above it through
  * cm_ctx_up (below).
@@ -203,6 +203,10 @@ int cm_context_activate(cm_context *ctx);
 int cm_context_enter(cm_context *ctx, CUcontext *prev);
 /* Undo cm_context_enter.  Never raises. */
 void cm_context_leave(cm_context *ctx, CUcontext prev);
+/* Make h current on this thread if it is not; *pushed says whether to
+ * pop it after, with cm_ctx_leave.  No GIL needed (context.c). */
+CUresult cm_ctx_enter(CUcontext h, int *pushed);
+void cm_ctx_leave(int pushed);
 /* r = call, evaluated between enter(obj, &prev) and leave(obj, prev), an
  * enter/leave pair of the cm_context_enter kind (cm_da_enter and
  * cm_da_leave take an array).  When enter fails, call does not run and

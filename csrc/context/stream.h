@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * context/stream.h: what the files of streams and events share
- * (argparse.c, graph.c, callbacks.c, stream.c, event.c, streamfuncs.c,
- * lowest first: the sections of one concept, kept in files of their
- * own).  Private to them: the rest of the folder and the layers above
+ * (argparse.c, graph.c, callbacks.c, stream.c, event.c, rawfuncs.c,
+ * streamfuncs.c, lowest first: the sections of one concept, kept in
+ * files of their own).  Private to them: the rest of the folder and the layers above
  * use context/context.h.
  */
 #ifndef CM_STREAM_H
@@ -165,5 +165,8 @@ PyObject *cm_capture_counts(PyObject *mod, PyObject *unused);
 extern const char cm_set_stream_cache_size_doc[];
 extern const char cm_stream_cache_doc[];
 extern const char cm_callbacks_atexit_doc[];
+
+/* The test helpers' module functions (rawfuncs.c); 0 or -1. */
+int cm_rawfuncs_init(PyObject *mod);
 
 #endif /* CM_STREAM_H */

@@ -409,7 +409,8 @@ cm_stream_init(PyObject *mod, cm_state *st)
                                  (PyObject *)cm_notifier_type) < 0) {
         return -1;
     }
-    if (PyModule_AddFunctions(mod, cm_stream_functions) < 0) {
+    if (PyModule_AddFunctions(mod, cm_stream_functions) < 0
+        || cm_rawfuncs_init(mod) < 0) {
         return -1;
     }
     return cm_stream_register_atexit(mod);

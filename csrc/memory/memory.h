@@ -148,10 +148,6 @@ void cm_ctx_release(cm_context *ctx, int kind, uintptr_t handle,
  * never waits, and the pool itself keeps reuse safe across streams. */
 void cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle,
                        size_t size, CUstream stream);
-/* Make h current on this thread if it is not; *pushed says whether to
- * pop it after, with cm_ctx_leave (hostmem.c).  No GIL needed. */
-CUresult cm_ctx_enter(CUcontext h, int *pushed);
-void cm_ctx_leave(int pushed);
 /* cm_ctx_release_on for memory that memory_stats()'s st_* counters do
  * not count (interop.c's lane counts its own). */
 void cm_ctx_release_uncounted(cm_context *ctx, int kind, uintptr_t handle,

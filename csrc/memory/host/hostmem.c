@@ -60,37 +60,6 @@ const char *const cm_hm_kind_names[] = {"pinned", "mapped",
 
 
 /* ------------------------------------------------------------------ */
-/* Context switching without the GIL                                   */
-/* ------------------------------------------------------------------ */
-
-/* Make h current if it is not; *pushed says whether to pop.  No GIL
- * needed. */
-CUresult
-cm_ctx_enter(CUcontext h, int *pushed)
-{
-    CUcontext cur = NULL;
-    CUresult rc;
-
-    *pushed = 0;
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) == CUDA_SUCCESS && cur == h) {
-        return CUDA_SUCCESS;
-    }
-    rc = CM_CU_RAW(CtxPushCurrent, (h));
-    *pushed = rc == CUDA_SUCCESS;
-    return rc;
-}
-
-void
-cm_ctx_leave(int pushed)
-{
-    CUcontext popped;
-
-    if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-    }
-}
-
-/* ------------------------------------------------------------------ */
 /* The pinned pool                                                     */
 /* ------------------------------------------------------------------ */
 
