@@ -539,7 +539,12 @@ def _builtin_memallocmanaged(ctx, bytesize, attach_global=True):
 # Choosing the manager
 # ---------------------------------------------------------------------------
 
-_lock = threading.Lock()
+# Held by set_memory_manager and by _from_environment for all their work,
+# so that the explicit call wins whichever thread runs first and the
+# state (_plugin, _env_done, C's built-in kind) is never half of each.
+# Re-entrant: the environment's plugin goes through set_memory_manager,
+# and a plugin's constructor or module may call it too.
+_lock = threading.RLock()
 _plugin = None          # the plugin class, or None for a built-in manager
 _env_done = False       # the environment variable was consulted
 BUILTIN_MANAGERS = ("default", "pool", "async")
@@ -600,27 +605,28 @@ def set_memory_manager(mm_plugin: Any) -> None:
     ``ValueError``: it is numba's, not cudamem's.
     """
     global _plugin, _env_done
-    if mm_plugin is None:
-        mm_plugin = "default"
-    if isinstance(mm_plugin, str):
-        if mm_plugin not in BUILTIN_MANAGERS:
-            raise ValueError("unknown built-in memory manager %r (expected "
-                             "one of %s)" % (mm_plugin,
-                                             ", ".join(BUILTIN_MANAGERS)))
-        _core._set_builtin_manager(mm_plugin)
-        _plugin = None
+    with _lock:
+        if mm_plugin is None:
+            mm_plugin = "default"
+        if isinstance(mm_plugin, str):
+            if mm_plugin not in BUILTIN_MANAGERS:
+                raise ValueError("unknown built-in memory manager %r "
+                                 "(expected one of %s)"
+                                 % (mm_plugin, ", ".join(BUILTIN_MANAGERS)))
+            _core._set_builtin_manager(mm_plugin)
+            _plugin = None
+            _env_done = True
+            return
+        if _draws_from_cudamem(mm_plugin):
+            raise _refuse_loop(mm_plugin, "set_memory_manager")
+        dummy = mm_plugin(context=None)
+        iv = dummy.interface_version
+        if iv != 1:
+            raise RuntimeError("EMM Plugin interface has version %d - "
+                               "version 1 required" % iv)
+        _core._set_builtin_manager("default")
+        _plugin = mm_plugin
         _env_done = True
-        return
-    if _draws_from_cudamem(mm_plugin):
-        raise _refuse_loop(mm_plugin, "set_memory_manager")
-    dummy = mm_plugin(context=None)
-    iv = dummy.interface_version
-    if iv != 1:
-        raise RuntimeError("EMM Plugin interface has version %d - version "
-                           "1 required" % iv)
-    _core._set_builtin_manager("default")
-    _plugin = mm_plugin
-    _env_done = True
 
 
 #: The module NUMBA_CUDA_MEMORY_MANAGER names to make numba allocate from
@@ -641,30 +647,30 @@ def _from_environment():
         if _env_done:
             return
         _env_done = True
-    name = os.environ.get("CUDAMEM_MEMORY_MANAGER")
-    var = "CUDAMEM_MEMORY_MANAGER"
-    if not name:
-        name = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default"
-        var = "NUMBA_CUDA_MEMORY_MANAGER"
-        if name == NUMBA_PLUGIN_MODULE:
-            name = "default"
-    if name in BUILTIN_MANAGERS:
-        _core._set_builtin_manager(name)
-        return
-    try:
-        mod = importlib.import_module(name)
-        plugin = mod._numba_memory_manager
-        if _draws_from_cudamem(plugin):
-            if var == "NUMBA_CUDA_MEMORY_MANAGER":
-                # numba's plugin drawing from cudamem: numba's setting.
-                _core._set_builtin_manager("default")
-                return
-            raise _refuse_loop(plugin, "%s=%s" % (var, name))
-        set_memory_manager(plugin)
-    except Exception as e:
-        _env_done = False       # the next context raises again
-        raise RuntimeError("Failed to use memory manager from %s" % name) \
-            from e
+        name = os.environ.get("CUDAMEM_MEMORY_MANAGER")
+        var = "CUDAMEM_MEMORY_MANAGER"
+        if not name:
+            name = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default"
+            var = "NUMBA_CUDA_MEMORY_MANAGER"
+            if name == NUMBA_PLUGIN_MODULE:
+                name = "default"
+        if name in BUILTIN_MANAGERS:
+            _core._set_builtin_manager(name)
+            return
+        try:
+            mod = importlib.import_module(name)
+            plugin = mod._numba_memory_manager
+            if _draws_from_cudamem(plugin):
+                if var == "NUMBA_CUDA_MEMORY_MANAGER":
+                    # numba's plugin drawing from cudamem: numba's setting.
+                    _core._set_builtin_manager("default")
+                    return
+                raise _refuse_loop(plugin, "%s=%s" % (var, name))
+            set_memory_manager(plugin)
+        except Exception as e:
+            _env_done = False       # the next context raises again
+            raise RuntimeError("Failed to use memory manager from %s"
+                               % name) from e
 
 
 def _manager_for(context):
