@@ -31,7 +31,9 @@ from ._errors import MemoryInfo
 from ._pointers import (
     AutoFreePointer,
     ManagedMemory,
+    ManagedOwnedPointer,  # noqa: F401 - cudamem._emm's name too
     MappedMemory,
+    MappedOwnedPointer,  # noqa: F401 - cudamem._emm's name too
     MemoryPointer,
     OwnedPointer,
     PinnedMemory,
