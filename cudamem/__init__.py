@@ -75,15 +75,9 @@ from ._core import (
 )
 from ._emm import (
     AsyncMemoryManager,
-    AutoFreePointer,
     BaseCUDAMemoryManager,
     GetIpcHandleMixin,
     HostOnlyCUDAMemoryManager,
-    ManagedMemory,
-    MappedMemory,
-    MemoryPointer,
-    OwnedPointer,
-    PinnedMemory,
     PoolMemoryManager,
     defer_cleanup,
     empty_cache,
@@ -101,6 +95,14 @@ from ._errors import (
 from .graphs import Graph, GraphPool, graph
 from ._history import dump_snapshot, memory_history, memory_snapshot
 from ._ipc import IpcArrayHandle, IpcHandle, open_ipc_array
+from ._pointers import (
+    AutoFreePointer,
+    ManagedMemory,
+    MappedMemory,
+    MemoryPointer,
+    OwnedPointer,
+    PinnedMemory,
+)
 from . import _lower  # noqa: F401  (numba's Context and pointer methods)
 from ._kernel import DeviceSymbol
 from ._hostmem import ManagedNDArray, MappedNDArray

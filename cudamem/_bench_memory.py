@@ -369,13 +369,13 @@ def _open(name):
         buf = rmm.DeviceBuffer
         return (lambda n: buf(size=n, mr=pool)), None
     if name == "cuda.core":
-        from cudamem import _bench
+        from cudamem import _bench_peers
 
         try:
-            _bench.cuda_core_module()
+            _bench_peers.cuda_core_module()
         except ImportError as e:
             raise _Skip("not installed (%s)" % e) from None
-        p = _bench.load_cuda_core()
+        p = _bench_peers.load_cuda_core()
         if p is None:
             raise _Skip("installed, but no device through it")
         mr, stream = p.mr, p.stream

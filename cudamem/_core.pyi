@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self, disjoint_base
 
-from cudamem._emm import MemoryPointer
+from cudamem._pointers import MemoryPointer
 from cudamem.graphs import Graph, GraphPool
 from cudamem._hostmem import ManagedNDArray, MappedNDArray
 from cudamem._ipc import IpcArrayHandle, IpcHandle

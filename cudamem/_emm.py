@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Memory managers: the External Memory Management (EMM) plugin interface
-of numba.cuda (version 1), its pointer classes, and deferred cleanup.
+of numba.cuda (version 1), the built-in managers' faces and host memory,
+the choice of the manager, and deferred cleanup.  The interface's pointer
+classes are ``cudamem._pointers``'s, re-exported here.
 
 The built-in managers' work is done in C (cudamem._core): their
 allocations never pass through Python, and ``DefaultMemoryManager``,
@@ -15,7 +17,6 @@ the contexts made afterwards; only its users pay for those Python calls.
 
 import abc
 import contextlib
-import ctypes
 import importlib
 import operator
 import os
@@ -23,8 +24,21 @@ import threading
 import weakref
 from typing import Any
 
-from . import _core
+import numpy as np
+
+from . import _core, _ipc
 from ._errors import MemoryInfo
+from ._pointers import (
+    AutoFreePointer,
+    ManagedMemory,
+    ManagedOwnedPointer,  # noqa: F401 - cudamem._emm's name too
+    MappedMemory,
+    MappedOwnedPointer,  # noqa: F401 - cudamem._emm's name too
+    MemoryPointer,
+    OwnedPointer,
+    PinnedMemory,
+    _address,
+)
 
 __all__ = [
     "AsyncMemoryManager",
@@ -62,223 +76,6 @@ def _direct():
         yield
     finally:
         _core._mm_direct(-1)
-
-
-def _address(pointer):
-    """An int address from an int, a ctypes pointer or anything with
-    ``.value`` (None and NULL give 0)."""
-    if isinstance(pointer, int):
-        return pointer
-    value = getattr(pointer, "value", pointer)
-    return int(value or 0)
-
-
-# ---------------------------------------------------------------------------
-# Pointer classes
-# ---------------------------------------------------------------------------
-
-
-class _PointerType(type):
-    """The metaclass of the pointer classes: cudamem's own memory owners
-    (DeviceAllocation, HostAllocation: C types) are instances of the
-    pointer class whose interface they have, as numba's objects are."""
-
-    def __instancecheck__(cls, obj):
-        if type.__instancecheck__(cls, obj):
-            return True
-        match = cls.__dict__.get("_c_owner_kinds")
-        if match is None:
-            return False
-        if isinstance(obj, _core.DeviceAllocation):
-            return "device" in match
-        if isinstance(obj, _core.HostAllocation):
-            return obj.kind in match
-        return False
-
-
-class MemoryPointer(metaclass=_PointerType):
-    """Device memory that a memory manager hands out.
-
-    ``finalizer``, if given, runs once: on ``free()`` or when this object
-    is garbage-collected.  ``owner`` (default: self) is what keeps the
-    memory alive for views.
-    """
-
-    __cuda_memory__ = True
-    _c_owner_kinds = ("device", "mapped", "managed")
-
-    def __init__(self, context, pointer, size, owner=None, finalizer=None):
-        self.context = context
-        self.device_pointer = _address(pointer)
-        self.size = size
-        self._cuda_memsize_ = size
-        self.is_managed = finalizer is not None
-        self.refct = 1
-        self.handle = self.device_pointer
-        self._owner = owner
-        self._finalizer = None
-        if finalizer is not None:
-            self._finalizer = weakref.finalize(self, finalizer)
-
-    @property
-    def owner(self):
-        return self if self._owner is None else self._owner
-
-    @property
-    def device_ctypes_pointer(self):
-        return ctypes.c_size_t(self.device_pointer)
-
-    @property
-    def device_pointer_value(self):
-        return self.device_pointer or None
-
-    def own(self):
-        """A proxy that counts as one more owner of this memory."""
-        return OwnedPointer(weakref.proxy(self))
-
-    def free(self):
-        """Run the finalizer now; a second call raises RuntimeError."""
-        if self.is_managed:
-            if not self._finalizer.alive:
-                raise RuntimeError("Freeing dead memory")
-            self._finalizer()
-
-    def memset(self, byte, count=None, stream=0):
-        """Fill ``count`` bytes (default: all) with ``byte``."""
-        count = self.size if count is None else operator.index(count)
-        if not 0 <= count <= self.size:
-            raise ValueError("memset of %d bytes on a pointer of %d bytes"
-                             % (count, self.size))
-        if count:
-            _core._memset(self.device_pointer, byte, count, stream)
-
-    def view(self, start, stop=None):
-        """A pointer to bytes [start, stop) of this memory."""
-        start = operator.index(start)
-        if stop is None:
-            size = self.size - start
-        else:
-            size = operator.index(stop) - start
-        if size < 0:
-            raise RuntimeError("size cannot be negative")
-        if not self.device_pointer_value:
-            if size != 0:
-                raise RuntimeError("non-empty slice into empty slice")
-            base = 0
-        elif start < 0 or start + size > self.size:
-            # numba does not check; a view outside the memory is a bug
-            raise ValueError("view [%d, %d) outside a pointer of %d bytes"
-                             % (start, start + size, self.size))
-        else:
-            base = self.device_pointer + start
-        view = MemoryPointer(self.context, base, size, owner=self.owner)
-        if isinstance(self.owner, (MemoryPointer, OwnedPointer)):
-            return OwnedPointer(weakref.proxy(self.owner), view)
-        return view
-
-
-class AutoFreePointer(MemoryPointer):
-    """Memory freed when its last owner (``own()`` proxy or view) goes."""
-
-    _c_owner_kinds = ("device",)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.refct -= 1
-
-
-class MappedMemory(AutoFreePointer, _core._HostBuffer):
-    """Mapped (zero-copy) host memory: ``host_pointer`` for the host,
-    ``device_pointer`` for the device; a buffer over the host bytes."""
-
-    __cuda_memory__ = True
-    _c_owner_kinds = ("mapped",)
-
-    def __init__(self, context, pointer, size, owner=None, finalizer=None):
-        self.host_pointer = _address(pointer)
-        self.owned = owner
-        devptr = _core._host_device_pointer(self.host_pointer)
-        super().__init__(context, devptr, size, finalizer=finalizer)
-        self.handle = self.host_pointer
-        self._buffer_address = self.host_pointer
-
-    def own(self):
-        return MappedOwnedPointer(weakref.proxy(self))
-
-
-class PinnedMemory(MemoryPointer, _core._HostBuffer):
-    """Page-locked host memory: a buffer over its bytes; not device
-    memory (``__cuda_memory__`` is False)."""
-
-    __cuda_memory__ = False
-    _c_owner_kinds = ("pinned",)
-
-    def __init__(self, context, pointer, size, owner=None, finalizer=None):
-        self.owned = owner
-        self.host_pointer = _address(pointer)
-        super().__init__(context, pointer, size, finalizer=finalizer)
-        self.handle = self.host_pointer
-        self._buffer_address = self.host_pointer
-
-    def own(self):
-        return self
-
-
-class ManagedMemory(AutoFreePointer, _core._HostBuffer):
-    """Managed (unified) memory: one address for host and device; a
-    buffer over its bytes."""
-
-    _c_owner_kinds = ("managed",)
-
-    def __init__(self, context, pointer, size, owner=None, finalizer=None):
-        self.owned = owner
-        super().__init__(context, pointer, size, finalizer=finalizer)
-        self.handle = self.device_pointer
-        self._buffer_address = self.device_pointer
-
-    def own(self):
-        return MappedOwnedPointer(weakref.proxy(self))
-
-
-class OwnedPointer:
-    """One owner's hold on a pointer: the base's ``refct`` is raised while
-    this object lives, and the memory is freed when it drops to 0.
-
-    As in numba, the base is held only weakly: a plugin must keep the
-    pointer it made alive itself (numba's managers keep them in
-    ``self.allocations``).
-    """
-
-    def __init__(self, memptr, view=None):
-        self._mem = memptr
-        self._view = self._mem if view is None else view
-        mem = self._mem
-        mem.refct += 1
-
-        def deref():
-            try:
-                mem.refct -= 1
-                if mem.refct == 0:
-                    mem.free()
-            except ReferenceError:
-                pass
-
-        weakref.finalize(self, deref)
-        try:
-            # read often: an attribute of its own, as numba's
-            self.device_ctypes_pointer = self._view.device_ctypes_pointer
-        except AttributeError:
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self._view, name)
-
-
-class MappedOwnedPointer(OwnedPointer, _core._HostBuffer):
-    """An owned pointer over host-visible memory, usable as a buffer."""
-
-
-ManagedOwnedPointer = MappedOwnedPointer
 
 
 # ---------------------------------------------------------------------------
@@ -466,8 +263,6 @@ class GetIpcHandleMixin:
     can export (it finds the base allocation and the offset)."""
 
     def get_ipc_handle(self, memory):
-        from . import _ipc
-
         return _ipc.ipc_handle_of(self.context, memory)
 
 
@@ -502,25 +297,17 @@ class DefaultMemoryManager(GetIpcHandleMixin):
     def memhostalloc(self, size, mapped=False, portable=False, wc=False):
         """Allocate ``size`` bytes of page-locked host memory: a
         MappedMemory (owned proxy) when ``mapped``, else a PinnedMemory."""
-        from . import _lower
-
-        return _lower._builtin_memhostalloc(self.context, size, mapped,
-                                            portable, wc)
+        return _builtin_memhostalloc(self.context, size, mapped, portable,
+                                     wc)
 
     def mempin(self, owner, pointer, size, mapped=False):
         """Page-lock ``size`` bytes of existing host memory at
         ``pointer``."""
-        from . import _lower
-
-        return _lower._builtin_mempin(self.context, owner, pointer, size,
-                                      mapped)
+        return _builtin_mempin(self.context, owner, pointer, size, mapped)
 
     def memallocmanaged(self, size, attach_global=True):
         """Allocate ``size`` bytes of managed memory."""
-        from . import _lower
-
-        return _lower._builtin_memallocmanaged(self.context, size,
-                                               attach_global)
+        return _builtin_memallocmanaged(self.context, size, attach_global)
 
     def get_memory_info(self):
         """(free, total) bytes of device memory."""
@@ -652,10 +439,114 @@ class AsyncMemoryManager(PoolMemoryManager):
 
 
 # ---------------------------------------------------------------------------
+# The built-in managers' host memory
+# ---------------------------------------------------------------------------
+#
+# What DefaultMemoryManager's memhostalloc / mempin / memallocmanaged do,
+# and a context's own (cudamem._lower's Context methods) when no plugin
+# is assigned: cudamem's C host memory, tracked in the context's
+# ``allocations``.
+
+_ctx_allocations = weakref.WeakKeyDictionary()
+
+
+def _allocations(self):
+    """The pointer objects this context's own ``memhostalloc``,
+    ``mempin`` and ``memallocmanaged`` keep alive (numba's ``allocations``),
+    by address."""
+    d = _ctx_allocations.get(self)
+    if d is None:
+        d = _ctx_allocations[self] = _AllocationsDict()
+    return d
+
+
+@contextlib.contextmanager
+def _current(ctx):
+    """Make ``ctx`` current for the block (pushed, then popped)."""
+    ctx.push()
+    try:
+        yield
+    finally:
+        ctx.pop()
+
+
+def _tracked(ctx, cls, ptr, size, holder, owner=None):
+    """A ``cls`` pointer at ``ptr`` whose finalizer lets go of ``holder``
+    (a HostAllocation, whose memory then goes to the deferred queue), kept
+    in the context's ``allocations`` until then."""
+    allocs = _allocations(ctx)
+    keep = [holder]
+
+    def finalizer():
+        allocs.pop(ptr, None)
+        keep.clear()
+
+    mem = cls(ctx, ptr, size, owner=owner, finalizer=finalizer)
+    if cls is not PinnedMemory:
+        allocs[ptr] = mem
+    return mem
+
+
+def _builtin_memhostalloc(ctx, bytesize, mapped=False, portable=False,
+                          wc=False):
+    """The built-in managers' memhostalloc (cudamem's C host memory)."""
+    n = operator.index(bytesize)
+    with _direct(), _current(ctx):
+        if mapped or portable or wc:
+            ary = _core.mapped_array(n, np.uint8, portable=bool(portable),
+                                     wc=bool(wc))
+        else:
+            ary = _core.pinned_array(n, np.uint8)
+    holder = ary.base
+    if mapped:
+        return _tracked(ctx, MappedMemory, holder.host_pointer, n,
+                        holder).own()
+    return _tracked(ctx, PinnedMemory, holder.host_pointer, n, holder)
+
+
+def _builtin_mempin(ctx, owner, pointer, size, mapped=False):
+    """The built-in managers' mempin."""
+    ptr = _address(pointer)
+    n = operator.index(size)
+    with _direct(), _current(ctx):
+        _core._host_register(ptr, n,
+                             CU_MEMHOSTREGISTER_DEVICEMAP if mapped else 0)
+    allocs = _allocations(ctx)
+
+    def finalizer():
+        allocs.pop(ptr, None)
+        _core._host_unregister(ptr)
+
+    if mapped:
+        with _direct(), _current(ctx):
+            mem = MappedMemory(ctx, ptr, n, owner=owner,
+                               finalizer=finalizer)
+        allocs[ptr] = mem
+        return mem.own()
+    return PinnedMemory(ctx, ptr, n, owner=owner, finalizer=finalizer)
+
+
+def _builtin_memallocmanaged(ctx, bytesize, attach_global=True):
+    """The built-in managers' memallocmanaged."""
+    n = operator.index(bytesize)
+    with _direct(), _current(ctx):
+        ary = _core.managed_array(n, np.uint8,
+                                  attach_global=bool(attach_global))
+    holder = ary.base
+    return _tracked(ctx, ManagedMemory, holder.device_pointer, n,
+                    holder).own()
+
+
+# ---------------------------------------------------------------------------
 # Choosing the manager
 # ---------------------------------------------------------------------------
 
-_lock = threading.Lock()
+# Held by set_memory_manager and by _from_environment for all their work,
+# so that the explicit call wins whichever thread runs first and the
+# state (_plugin, _env_done, C's built-in kind) is never half of each.
+# Re-entrant: the environment's plugin goes through set_memory_manager,
+# and a plugin's constructor or module may call it too.
+_lock = threading.RLock()
 _plugin = None          # the plugin class, or None for a built-in manager
 _env_done = False       # the environment variable was consulted
 BUILTIN_MANAGERS = ("default", "pool", "async")
@@ -716,27 +607,28 @@ def set_memory_manager(mm_plugin: Any) -> None:
     ``ValueError``: it is numba's, not cudamem's.
     """
     global _plugin, _env_done
-    if mm_plugin is None:
-        mm_plugin = "default"
-    if isinstance(mm_plugin, str):
-        if mm_plugin not in BUILTIN_MANAGERS:
-            raise ValueError("unknown built-in memory manager %r (expected "
-                             "one of %s)" % (mm_plugin,
-                                             ", ".join(BUILTIN_MANAGERS)))
-        _core._set_builtin_manager(mm_plugin)
-        _plugin = None
+    with _lock:
+        if mm_plugin is None:
+            mm_plugin = "default"
+        if isinstance(mm_plugin, str):
+            if mm_plugin not in BUILTIN_MANAGERS:
+                raise ValueError("unknown built-in memory manager %r "
+                                 "(expected one of %s)"
+                                 % (mm_plugin, ", ".join(BUILTIN_MANAGERS)))
+            _core._set_builtin_manager(mm_plugin)
+            _plugin = None
+            _env_done = True
+            return
+        if _draws_from_cudamem(mm_plugin):
+            raise _refuse_loop(mm_plugin, "set_memory_manager")
+        dummy = mm_plugin(context=None)
+        iv = dummy.interface_version
+        if iv != 1:
+            raise RuntimeError("EMM Plugin interface has version %d - "
+                               "version 1 required" % iv)
+        _core._set_builtin_manager("default")
+        _plugin = mm_plugin
         _env_done = True
-        return
-    if _draws_from_cudamem(mm_plugin):
-        raise _refuse_loop(mm_plugin, "set_memory_manager")
-    dummy = mm_plugin(context=None)
-    iv = dummy.interface_version
-    if iv != 1:
-        raise RuntimeError("EMM Plugin interface has version %d - version "
-                           "1 required" % iv)
-    _core._set_builtin_manager("default")
-    _plugin = mm_plugin
-    _env_done = True
 
 
 #: The module NUMBA_CUDA_MEMORY_MANAGER names to make numba allocate from
@@ -757,30 +649,30 @@ def _from_environment():
         if _env_done:
             return
         _env_done = True
-    name = os.environ.get("CUDAMEM_MEMORY_MANAGER")
-    var = "CUDAMEM_MEMORY_MANAGER"
-    if not name:
-        name = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default"
-        var = "NUMBA_CUDA_MEMORY_MANAGER"
-        if name == NUMBA_PLUGIN_MODULE:
-            name = "default"
-    if name in BUILTIN_MANAGERS:
-        _core._set_builtin_manager(name)
-        return
-    try:
-        mod = importlib.import_module(name)
-        plugin = mod._numba_memory_manager
-        if _draws_from_cudamem(plugin):
-            if var == "NUMBA_CUDA_MEMORY_MANAGER":
-                # numba's plugin drawing from cudamem: numba's setting.
-                _core._set_builtin_manager("default")
-                return
-            raise _refuse_loop(plugin, "%s=%s" % (var, name))
-        set_memory_manager(plugin)
-    except Exception as e:
-        _env_done = False       # the next context raises again
-        raise RuntimeError("Failed to use memory manager from %s" % name) \
-            from e
+        name = os.environ.get("CUDAMEM_MEMORY_MANAGER")
+        var = "CUDAMEM_MEMORY_MANAGER"
+        if not name:
+            name = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") or "default"
+            var = "NUMBA_CUDA_MEMORY_MANAGER"
+            if name == NUMBA_PLUGIN_MODULE:
+                name = "default"
+        if name in BUILTIN_MANAGERS:
+            _core._set_builtin_manager(name)
+            return
+        try:
+            mod = importlib.import_module(name)
+            plugin = mod._numba_memory_manager
+            if _draws_from_cudamem(plugin):
+                if var == "NUMBA_CUDA_MEMORY_MANAGER":
+                    # numba's plugin drawing from cudamem: numba's setting.
+                    _core._set_builtin_manager("default")
+                    return
+                raise _refuse_loop(plugin, "%s=%s" % (var, name))
+            set_memory_manager(plugin)
+        except Exception as e:
+            _env_done = False       # the next context raises again
+            raise RuntimeError("Failed to use memory manager from %s"
+                               % name) from e
 
 
 def _manager_for(context):

@@ -55,7 +55,7 @@ import sys
 import numpy as np
 
 from . import _core
-from ._emm import MemoryPointer, _address
+from ._pointers import MemoryPointer, _address
 
 __all__ = ["IpcArrayHandle", "IpcHandle", "ipc_handle_of", "open_ipc_array"]
 

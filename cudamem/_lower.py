@@ -13,28 +13,23 @@ cudamem is imported; the hot paths (allocation, copies, arrays) stay in
 C and never look at these attributes.
 """
 
-import contextlib
 import ctypes
 import operator
 import weakref
 
-import numpy as np
-
 from . import _core
 from ._emm import (
-    MappedMemory,
-    ManagedMemory,
-    MemoryPointer,
-    OwnedPointer,
-    MappedOwnedPointer,
-    PinnedMemory,
-    _AllocationsDict,
-    _address,
+    DefaultMemoryManager,
+    _allocations,
+    _builtin_memallocmanaged,
+    _builtin_memhostalloc,
+    _builtin_mempin,
+    _current,
     _defer_cleanup,
-    _direct,
-    CU_MEMHOSTREGISTER_DEVICEMAP,
 )
 from ._errors import CudaDriverError
+from ._ipc import _handle_bytes
+from ._pointers import MappedOwnedPointer, MemoryPointer, OwnedPointer
 
 __all__ = []
 
@@ -156,54 +151,12 @@ HostAllocation.memset = _memset
 # Context methods
 # ---------------------------------------------------------------------------
 
-_ctx_allocations = weakref.WeakKeyDictionary()
-
-
-def _allocations(self):
-    """The pointer objects this context's own ``memhostalloc``,
-    ``mempin`` and ``memallocmanaged`` keep alive (numba's ``allocations``),
-    by address."""
-    d = _ctx_allocations.get(self)
-    if d is None:
-        d = _ctx_allocations[self] = _AllocationsDict()
-    return d
-
-
-@contextlib.contextmanager
-def _current(ctx):
-    """Make ``ctx`` current for the block (pushed, then popped)."""
-    ctx.push()
-    try:
-        yield
-    finally:
-        ctx.pop()
-
-
 def _builtin(ctx):
     """Whether ``ctx`` allocates with its built-in manager here: no EMM
     plugin is assigned, or one of the built-in manager's own methods is
     running on this thread (called by a plugin that wraps it)."""
-    from ._emm import DefaultMemoryManager
-
     return (isinstance(ctx.memory_manager, DefaultMemoryManager)
             or _core._mm_direct(0) > 0)
-
-
-def _tracked(ctx, cls, ptr, size, holder, owner=None):
-    """A ``cls`` pointer at ``ptr`` whose finalizer lets go of ``holder``
-    (a HostAllocation, whose memory then goes to the deferred queue), kept
-    in the context's ``allocations`` until then."""
-    allocs = _allocations(ctx)
-    keep = [holder]
-
-    def finalizer():
-        allocs.pop(ptr, None)
-        keep.clear()
-
-    mem = cls(ctx, ptr, size, owner=owner, finalizer=finalizer)
-    if cls is not PinnedMemory:
-        allocs[ptr] = mem
-    return mem
 
 
 def _ctx_memhostalloc(self, bytesize, mapped=False, portable=False,
@@ -215,23 +168,6 @@ def _ctx_memhostalloc(self, bytesize, mapped=False, portable=False,
         return self.memory_manager.memhostalloc(bytesize, mapped, portable,
                                                 wc)
     return _builtin_memhostalloc(self, bytesize, mapped, portable, wc)
-
-
-def _builtin_memhostalloc(ctx, bytesize, mapped=False, portable=False,
-                          wc=False):
-    """The built-in managers' memhostalloc (cudamem's C host memory)."""
-    n = operator.index(bytesize)
-    with _direct(), _current(ctx):
-        if mapped or portable or wc:
-            ary = _core.mapped_array(n, np.uint8, portable=bool(portable),
-                                     wc=bool(wc))
-        else:
-            ary = _core.pinned_array(n, np.uint8)
-    holder = ary.base
-    if mapped:
-        return _tracked(ctx, MappedMemory, holder.host_pointer, n,
-                        holder).own()
-    return _tracked(ctx, PinnedMemory, holder.host_pointer, n, holder)
 
 
 def _ctx_mempin(self, owner, pointer, size, mapped=False):
@@ -246,45 +182,12 @@ def _ctx_mempin(self, owner, pointer, size, mapped=False):
     return _builtin_mempin(self, owner, pointer, size, mapped)
 
 
-def _builtin_mempin(ctx, owner, pointer, size, mapped=False):
-    """The built-in managers' mempin."""
-    ptr = _address(pointer)
-    n = operator.index(size)
-    with _direct(), _current(ctx):
-        _core._host_register(ptr, n,
-                             CU_MEMHOSTREGISTER_DEVICEMAP if mapped else 0)
-    allocs = _allocations(ctx)
-
-    def finalizer():
-        allocs.pop(ptr, None)
-        _core._host_unregister(ptr)
-
-    if mapped:
-        with _direct(), _current(ctx):
-            mem = MappedMemory(ctx, ptr, n, owner=owner,
-                               finalizer=finalizer)
-        allocs[ptr] = mem
-        return mem.own()
-    return PinnedMemory(ctx, ptr, n, owner=owner, finalizer=finalizer)
-
-
 def _ctx_memallocmanaged(self, bytesize, attach_global=True):
     """Managed memory of ``bytesize`` bytes (cuMemAllocManaged): a
     ManagedMemory (owned proxy), a buffer over the bytes."""
     if not _builtin(self):
         return self.memory_manager.memallocmanaged(bytesize, attach_global)
     return _builtin_memallocmanaged(self, bytesize, attach_global)
-
-
-def _builtin_memallocmanaged(ctx, bytesize, attach_global=True):
-    """The built-in managers' memallocmanaged."""
-    n = operator.index(bytesize)
-    with _direct(), _current(ctx):
-        ary = _core.managed_array(n, np.uint8,
-                                  attach_global=bool(attach_global))
-    holder = ary.base
-    return _tracked(ctx, ManagedMemory, holder.device_pointer, n,
-                    holder).own()
 
 
 def _ctx_get_ipc_handle(self, memory):
@@ -297,8 +200,6 @@ def _ctx_open_ipc_handle(self, handle, size):
     """Map another process's memory (an IPC handle's bytes) of ``size``
     bytes into this context: a MemoryPointer, unmapped when its owner
     goes."""
-    from ._ipc import _handle_bytes
-
     mapping = _core._ipc_open(self, _handle_bytes(handle),
                               operator.index(size))
     return MemoryPointer(weakref.proxy(self), mapping.device_pointer, size,

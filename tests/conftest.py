@@ -3,14 +3,15 @@
 simulator), a clean context per test, and the ``impl`` switch that runs a
 test against cudamem and, where installed, numba.cuda.
 
-The backend is chosen before cudamem is imported: if CUDAMEM_SIMULATOR is
-unset and no driver initialises, the simulator is selected.
+The backend is chosen before anything uses a device
+(cudamem/tests/_backend.py, shared with the validation suite's
+conftest.py): if CUDAMEM_SIMULATOR is unset and no driver initialises,
+the simulator is selected.
 """
 
 import gc
 import multiprocessing
 import os
-import subprocess
 import sys
 import threading
 
@@ -22,24 +23,9 @@ _TESTS = os.path.dirname(os.path.abspath(__file__))
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+from cudamem.tests._backend import choose_backend  # noqa: E402
 
-def _driver_works():
-    """Whether the real driver initialises, probed in a subprocess so that
-    this process stays free to pick the simulator."""
-    code = "import cudamem, sys; sys.exit(0 if cudamem.is_available() else 1)"
-    env = dict(os.environ, CUDAMEM_SIMULATOR="0")
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-    try:
-        return subprocess.run([sys.executable, "-c", code], env=env,
-                              timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-if "CUDAMEM_SIMULATOR" not in os.environ:
-    os.environ["CUDAMEM_SIMULATOR"] = "0" if _driver_works() else "1"
-
-SIMULATOR = os.environ["CUDAMEM_SIMULATOR"] not in ("0", "", "false")
+SIMULATOR = choose_backend()
 
 import cudamem  # noqa: E402
 from helpers import ahead  # noqa: E402

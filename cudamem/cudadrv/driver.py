@@ -3,10 +3,12 @@
 
 from .._core import Context, Device, Event, Stream
 from .._emm import (
-    AutoFreePointer,
     BaseCUDAMemoryManager,
     GetIpcHandleMixin,
     HostOnlyCUDAMemoryManager,
+)
+from .._pointers import (
+    AutoFreePointer,
     ManagedMemory,
     MappedMemory,
     MemoryPointer,
@@ -28,9 +30,10 @@ from .._core import (
     as_cuda_array,
     event_elapsed_time,
 )
-from .._emm import ManagedOwnedPointer, MappedOwnedPointer, set_memory_manager
+from .._emm import set_memory_manager
 from .._errors import CudaAPIError, CudaDriverError, MemoryInfo
 from .._ipc import IpcHandle
+from .._pointers import ManagedOwnedPointer, MappedOwnedPointer
 
 __all__ = [
     "AutoFreePointer",

@@ -2,31 +2,11 @@
 """The validation suite's backend (the CUDA driver when one initialises,
 else the simulator), its markers and its report header."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-_PROBE = "import cudamem, sys; sys.exit(0 if cudamem.is_available() else 1)"
+from cudamem.tests._backend import choose_backend
 
-
-def _driver_works():
-    """Whether the real driver initialises, asked of a child process so
-    that this one stays free to choose the simulator."""
-    env = dict(os.environ, CUDAMEM_SIMULATOR="0")
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-    try:
-        return subprocess.run([sys.executable, "-c", _PROBE], env=env,
-                              timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-if "CUDAMEM_SIMULATOR" not in os.environ:
-    os.environ["CUDAMEM_SIMULATOR"] = "0" if _driver_works() else "1"
-
-SIMULATOR = os.environ["CUDAMEM_SIMULATOR"] not in ("0", "", "false")
+SIMULATOR = choose_backend()
 
 import cudamem  # noqa: E402
 from cudamem.tests._util import device_line  # noqa: E402

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * csim_check.h: what the simulator's standalone C tests share (test_sim.c,
- * test_vmm.c, test_graph.c): the driver table they call through, the
+ * test_sim_streams.c, test_vmm.c, test_graph.c): the driver table they call through, the
  * checks that count failures, and the runner that gives each group of
  * tests a child process of its own with the environment it asks for
  * (the simulator reads its environment once, at cuInit, and cannot be

@@ -19,6 +19,8 @@ tests/).
 - emm_plugin: EMM plugins written against numba's interface;
 - ipc_child: the importing side of the IPC tests (spawned processes);
 - robust_prelude: the adversarial objects of the robustness sweep;
+- robust_sweep: the robustness sweep's bad values, groups and ways to
+  add cases; robust_cases_arrays, robust_cases_runtime: its cases;
 - stream_model: the model-based stream test, run as a script;
 - torch_entry: PyTorch's entry points of the extension, typed for ctypes;
 - browser: a headless Chromium over the DevTools protocol's pipe, and a

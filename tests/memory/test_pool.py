@@ -168,6 +168,53 @@ def test_explicit_call_wins_over_the_environment():
     assert out.split() == ["default"]
 
 
+@pytest.mark.parametrize("env", ["async", "helpers.emm_plugin"])
+def test_explicit_call_racing_the_environment_wins(env):
+    # set_memory_manager in one thread while another makes the
+    # environment's choice (what the first context of a thread does):
+    # the explicit call wins whichever runs first, and the state is never
+    # half one and half the other (a plugin with a pool kind, or the
+    # environment's kind after the call).  The environment's plugin
+    # calls set_memory_manager itself, under the same lock.
+    rc, out = run_py("""
+        import sys, threading
+        import cudamem
+        from cudamem import _core, _emm
+        from helpers import emm_plugin
+
+        sys.setswitchinterval(1e-6)     # switch threads often
+        want = {"pool": ("pool", None),
+                emm_plugin.CountingManager: ("default",
+                                             emm_plugin.CountingManager)}
+        bad = []
+        for i in range(1500):
+            choice = list(want)[i % 2]
+            _emm._env_done = False      # the environment not read yet
+            go = threading.Barrier(2)
+
+            def explicit():
+                go.wait()
+                cudamem.set_memory_manager(choice)
+
+            def environment():
+                go.wait()
+                _emm._from_environment()
+
+            ts = [threading.Thread(target=f)
+                  for f in (explicit, environment)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            got = (_core._builtin_manager(), _emm._plugin)
+            if got != want[choice]:
+                bad.append((i, got))
+        print("bad", len(bad), bad[:3])
+        """, timeout=240, CUDAMEM_MEMORY_MANAGER=env)
+    assert rc == 0, out
+    assert out.split()[:2] == ["bad", "0"], out
+
+
 # ---------------------------------------------------------------------------
 # The pool
 # ---------------------------------------------------------------------------

@@ -178,7 +178,7 @@ cm_add_type(PyObject *mod, PyType_Spec *spec)
 
 /* A base class whose instances export a writable buffer over the host
  * bytes [self._buffer_address, + self.size): numba's PinnedMemory,
- * MappedMemory and ManagedMemory (cudamem/_emm.py) and their owned
+ * MappedMemory and ManagedMemory (cudamem/_pointers.py) and their owned
  * proxies derive from it, so that np.ndarray(buffer=ptr) and
  * memoryview(ptr) work on every supported Python (PEP 688's __buffer__
  * needs 3.12).  The object must keep the memory alive. */
