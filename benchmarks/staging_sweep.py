@@ -2,7 +2,8 @@
 """Sweep the staging pipeline's tunables on the GPU machine: cudamem's
 pageable HtoD / DtoH bandwidth per (threads, chunk, buffers), one fresh
 process per setting (the tunables are read from the environment), so the
-defaults in csrc/memory/staging/staging.c and the README can be chosen by measurement.
+defaults in csrc/memory/staging/staging.c and the README can be chosen by
+measurement.
 
     python benchmarks/staging_sweep.py [--sizes 16,64,256,1024] \
         [--threads 1,2,4,8,16] [--chunks 2,4,8,16] [--buffers 2,3,4] \

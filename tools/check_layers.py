@@ -52,7 +52,7 @@ ALLOWED_UP = {}
 
 
 def layer(rel):
-    """The layer of a path relative to csrc/ ("memory/pool/pool.c" -> memory)."""
+    """The layer of a path relative to csrc/ ("memory/limit.c" -> memory)."""
     return rel.split("/", 1)[0]
 
 

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: MIT
-"""The staged transfer pipeline (csrc/memory/staging/staging.c): large pageable copies
-between host and device go through page-locked chunk buffers filled and
-drained by worker threads.  Tiny thresholds and chunks make it run on
-small arrays here; every boundary, layout, dtype, the asynchronous forms,
-concurrent callers, injected failures and the switch-off are checked."""
+"""The staged transfer pipeline (csrc/memory/staging/staging.c): large
+pageable copies between host and device go through page-locked chunk
+buffers filled and drained by worker threads.  Tiny thresholds and
+chunks make it run on small arrays here; every boundary, layout, dtype,
+the asynchronous forms, concurrent callers, injected failures and the
+switch-off are checked."""
 
 import os
 import threading
@@ -509,7 +510,7 @@ def test_time_counters(staging):
 
 
 def _schedule(elems, full, min_el, ramp):
-    """The chunk boundaries csrc/memory/staging/staging.c cuts (a reference)."""
+    """The chunk boundaries memory/staging/staging.c cuts (a reference)."""
     sizes = []
     while (len(sizes) < min(ramp, 6) and (full >> (len(sizes) + 1)) >= min_el
            and (full >> (len(sizes) + 1)) > 0):
