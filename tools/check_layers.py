@@ -42,7 +42,8 @@ The rules, each failing with a message that names the files:
   repository (.c, .h, .py, .pyi, .js, .sh, and scripts without an
   extension that start with #!), listed by `git ls-files` (tracked, and
   untracked ones not ignored) in a git checkout, else found by walking
-  the tree past build/, .git and virtual environments.
+  the tree past build/, dist/, virtual environments and hidden folders
+  other than .ci/.
 - locks and the GIL said at the top: every .c file under csrc/ that
   takes a lock or gives up the GIL (a use of one of LOCK_PRIMITIVES,
   outside comments and strings) has, in its head comment (the first
@@ -99,10 +100,13 @@ MAX_LINES = 1500
 # What the line count reads: these suffixes, and files without one that
 # start with #! (the scripts of .ci/).
 SOURCE_SUFFIXES = (".c", ".h", ".py", ".pyi", ".js", ".sh")
-# Folders the walk (outside a git checkout) never enters; a folder that
-# holds a pyvenv.cfg (a virtual environment) is skipped too.
-SKIP_DIRS = {"build", "dist", ".git", ".gpu-work", ".venv", "venv",
-             "node_modules", "__pycache__", ".eggs", ".tox"}
+# Folders the walk (outside a git checkout) never enters, as .gitignore
+# has them: these names, *.egg-info, a folder that holds a pyvenv.cfg (a
+# virtual environment), and hidden ones (.git, .venv*, .gpu-work, the
+# caches) but for HIDDEN_KEPT.
+SKIP_DIRS = {"build", "dist", "venv", "node_modules", "__pycache__",
+             "artifacts"}
+HIDDEN_KEPT = {".ci", ".github"}
 
 # The project's ways to take a lock or to give up the GIL, as {name:
 # what it is}: a .c file under csrc/ whose code (comments and strings
@@ -406,6 +410,7 @@ def source_files(repo):
             dirs[:] = sorted(
                 d for d in dirs
                 if d not in SKIP_DIRS and not d.endswith(".egg-info")
+                and (not d.startswith(".") or d in HIDDEN_KEPT)
                 and not os.path.exists(os.path.join(top, d, "pyvenv.cfg")))
             paths += [pathlib.Path(top) / f for f in sorted(files)]
     for path in paths:

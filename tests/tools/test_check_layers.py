@@ -343,6 +343,8 @@ def test_a_source_file_over_1500_lines_fails(tmp_path):
         "build/gen.c": "int x;\n" * 2000,
         "venv1/pyvenv.cfg": "",
         "venv1/lib/site.py": "x = 1\n" * 2000,
+        ".venv-gpu/lib/site.py": "x = 1\n" * 2000,
+        ".old/memory.c": "int x;\n" * 2000,
     })
     assert sorted(cl.check_line_counts(tmp_path)) == [
         ".ci/run: 1501 lines, over 1500",
