@@ -1,10 +1,41 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/memory.h: the memory layer as the layers above see it: device
- * allocations and their owner (memory.c), the release queues, the pool
- * and async managers (pool.c), pinned / mapped / managed host memory
- * (hostmem.c), the staging pipeline (staging.c), allocations held by
- * other libraries (interop.c) and the memory history (history.c).
+ * memory/memory.h: the public header of the room memory/, the memory
+ * layer as the layers above see it.
+ * The room owns, lowest first:
+ * - layout.c: the layout math of strided views;
+ * - argparse.c: the parsing of fast-call arguments;
+ * - limit.c: the per-process device memory limit and what counts
+ *   against it;
+ * - clients.c: the bytes each library holds through cudamem's adapters;
+ * - history.c: the memory history (memory_history, memory_snapshot);
+ * - pool/: the pool and async managers, their segments on virtual memory
+ *   (pool/vmm/) and graph-private pools (pool/graph/), behind
+ *   memory/pool/pool.h;
+ * - release.c: deferred deallocation, the release queues and the
+ *   releases by context;
+ * - oom.c: the out-of-memory policy and its error;
+ * - default.c: the tables of the default manager and of a Python plugin;
+ * - host/: pinned, mapped and managed host memory, the registrations of
+ *   host arrays and the pinned pool, behind memory/host/host.h;
+ * - staging/: the staged copies between pageable host memory and the
+ *   device, behind memory/staging/staging.h;
+ * - memory.c: the allocation path, DeviceAllocation and the choice of
+ *   the built-in manager;
+ * - interop.c: other libraries' allocations (ClientAllocation, CuPy's
+ *   allocator, PyTorch's pluggable allocator).
+ *
+ * Locks and the GIL, in brief: everything here runs with the GIL held
+ * unless it says so, and the GIL guards the Python-facing state (owners,
+ * release queues, tunables, history).  The mutexes: each pool's mu
+ * and, on virtual memory, its vmu, taken before mu; the graph pools'
+ * list mutex, taken before any pool's; interop.c's cm_lane_mu; host/'s
+ * registry lock cm_reg_lock; staging/'s cm_stg_mu.
+ * None is held across a Python call; no other pair nests.  The GIL is
+ * given up around the driver calls that can wait (allocations, frees,
+ * flushes, synchronisations, mappings, the staging pipeline); releases,
+ * the pool manager's take and PyTorch's lane also run without it and
+ * touch no Python object.  Each file's head comment says the details.
  */
 #ifndef CM_MEMORY_H
 #define CM_MEMORY_H
