@@ -336,7 +336,7 @@ PyObject *cm_mm_plugin_alloc(cm_context *ctx, size_t size,
                              CUdeviceptr *out);
 
 /* ------------------------------------------------------------------ */
-/* staging.c: the staged pipeline for large pageable transfers        */
+/* staging/staging.c: the staged pipeline of large pageable copies    */
 /* ------------------------------------------------------------------ */
 
 /* A copy between host memory and one contiguous device range, walked in
@@ -362,26 +362,27 @@ typedef struct {
  * The context current, GIL held (released inside). */
 int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
 
-/* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
- * the driver (pinned() / mapped()).  Call without the GIL. */
+/* host/hostreg.c: whether [lo, hi) overlaps a range cudamem registered
+ * with the driver (pinned() / mapped()).  Call without the GIL. */
 int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
-/* hostmem.c: 1 if arr is a NumPy array over page-locked host memory of
- * cudamem's own for ctx (pinned_array, mapped_array: a pinned or mapped
- * allocation made in ctx or portable, not a plugin's, still in place),
- * else 0.  Never raises. */
+/* host/hostmem.c: 1 if arr is a NumPy array over page-locked host memory
+ * of cudamem's own for ctx (pinned_array, mapped_array: a pinned or
+ * mapped allocation made in ctx or portable, not a plugin's, still in
+ * place), else 0.  Never raises. */
 int cm_hostmem_page_locked(PyObject *arr, cm_context *ctx);
-/* hostmem.c: 1 if o is a HostRegistration (the gpu_data of mapped()'s
- * device arrays) that was closed, else 0.  Never raises. */
+/* host/hostreg.c: 1 if o is a HostRegistration (the gpu_data of
+ * mapped()'s device arrays) that was closed, else 0.  Never raises. */
 int cm_hostreg_closed(PyObject *o);
 
 /* ------------------------------------------------------------------ */
-/* hostmem.c: context close and reset                                 */
+/* host/hostclose.c: context close and reset                          */
 /* ------------------------------------------------------------------ */
 
 /* close() and Device.reset() keep the page-locked, mapped and managed
- * memory of ctx that arrays still point at (hostmem.c): _save before the
- * primary context is reset copies it aside, _restore after puts it back
- * at the same addresses as ordinary memory.  GIL held; never raise.
+ * memory of ctx that arrays still point at (host/hostclose.c): _save
+ * before the primary context is reset copies it aside, _restore after
+ * puts it back at the same addresses as ordinary memory.  GIL held;
+ * never raise.
  * _save returns 1 when memory was copied aside: the caller then keeps the
  * GIL until _restore, so that no Python thread writes the arrays while
  * their pages are gone (no add_callback of ctx is pending then, so the
@@ -438,10 +439,10 @@ cm_hist_note(int action, int kind, cm_context *ctx, uintptr_t stream,
 }
 
 int cm_history_init(PyObject *mod, cm_state *st);
-/* poolops.c: the segments of ctx's pool manager, a list of dicts (base,
- * size, small, blocks: a list of (address, size, state) with state
- * 'used', 'free' or 'pending'); an empty list for other managers.  A
- * new reference, or NULL with an exception. */
+/* pool/poolops.c: the segments of ctx's pool manager, a list of dicts
+ * (base, size, small, blocks: a list of (address, size, state) with
+ * state 'used', 'free' or 'pending'); an empty list for other managers.
+ * A new reference, or NULL with an exception. */
 PyObject *cm_pool_segments(cm_context *ctx);
 
 /* What an export of memory of the pool on virtual memory gives
