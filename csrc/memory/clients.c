@@ -6,7 +6,8 @@
  * those allocations add and remove their bytes; the out-of-memory path
  * (limit.c) and memory_stats() read them here.  No driver call.
  *
- * Locking: the GIL guards the counters.
+ * Locks and the GIL: no lock; the GIL guards the counters.  PyTorch's
+ * lane bytes, which interop.c counts without the GIL, are read atomically.
  */
 #include "memory/memory.h"
 #include "memory/clients.h"

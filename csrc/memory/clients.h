@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * memory/clients.h: the bytes other libraries hold through cudamem's
- * adapters, counted per device and per library (clients.c), as the
- * owner of those allocations (interop.c) counts them.  Private to
- * memory/.  Guarded by the GIL.
+ * adapters, counted per device and per library (clients.c).  Private to
+ * memory/: shared by clients.c and interop.c only (the owner of those
+ * allocations counts them).  Guarded by the GIL.
  */
 #ifndef CM_MEMORY_CLIENTS_H
 #define CM_MEMORY_CLIENTS_H

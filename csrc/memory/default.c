@@ -10,8 +10,12 @@
  * plugin that wraps it, allocate with the built-in manager
  * (cm_mm_direct).  See cm_mm_ops in memory/memory.h.
  *
- * Locking: none of its own; the allocation runs with the GIL released;
- * cm_mm_direct is per thread.
+ * Locks and the GIL: no lock of its own.  The default allocation gives
+ * up the GIL (CM_DRIVER_BEGIN_NOGIL) around cuMemAlloc only, after the
+ * limit counted the bytes (atomics: limit.c); its release runs with or
+ * without the GIL (the queue's flush, PyTorch's lane) and touches no
+ * Python object.  cm_mm_direct and the plugin call in progress are per
+ * thread (_Thread_local); the rest runs with the GIL held.
  */
 #include "memory/memory.h"
 #include "memory/pool/graph/graph.h"

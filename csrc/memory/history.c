@@ -15,9 +15,11 @@
  * - _allocation_info, which reads a DeviceAllocation's fields for the
  *   snapshot's list of live blocks.
  *
- * Locking: the GIL guards the flag, the ring and its counters.  Every
- * hook runs with the GIL held (deallocs on driver callback threads take
- * it first).
+ * Locks and the GIL: no lock; the GIL guards the flag, the ring and its
+ * counters.  Every hook runs with the GIL held (deallocs on driver
+ * callback threads take it first); PyTorch's lane, which runs without
+ * the GIL, stays off while the history records (interop.c reads the
+ * flag atomically).
  */
 #include "memory/memory.h"
 

@@ -18,13 +18,20 @@
  *   default visibility, and the table (address -> ClientAllocation) that
  *   the free entry point looks up.
  *
- * Locking: the GIL guards the counters, the table and the last PyTorch
- * error.  The PyTorch entry points take it with PyGILState_Ensure, since
- * PyTorch calls them from any thread, with or without it; they never
- * leave an exception set and do nothing once the interpreter finalises.
- * The type, table and error live in statics rather than the module state
- * because the entry points are called with no module at hand; the module
- * can be loaded once per process only.
+ * Locks and the GIL: cm_lane_mu (cm_mu_lock) guards the lanes' fields,
+ * cm_lanes, the address table and the contexts' lane_* counters; no
+ * driver or Python call is made and no other lock is taken while it is
+ * held.  The GIL guards the ClientAllocations, the client counters
+ * (clients.c) and the last PyTorch error.  The PyTorch entry points are
+ * called from any thread, with or without the GIL: the lane path runs
+ * without it and touches no Python object (the pool manager's take and
+ * release take the pool's mutex, cm_gpool_foreign the graph pools' list
+ * mutex, after cm_lane_mu is let go); else they take the GIL with
+ * PyGILState_Ensure, as does the drop of a retired lane's context, never
+ * leave an exception set, and do nothing once the interpreter finalises.
+ * The lanes and the table live in statics, not in the module state, since
+ * the entry points are called with no module at hand; the module can be
+ * loaded once per process only.
  */
 #include "memory/memory.h"
 #include "memory/clients.h"

@@ -20,12 +20,12 @@
  *
  * What happens when memory runs out is oom.c's.
  *
- * Locking: the limits and the counts are atomic, read and written with
- * or without the GIL (the pool's segments and the async manager's
- * memory are given back without it); a count goes up by compare and
- * swap, so that two threads cannot both pass the limit.  Which limit a
- * device has, and the records of the plugins' allocations, are decided
- * with the GIL held.
+ * Locks and the GIL: no lock; the limits and the counts are atomic, read
+ * and written with or without the GIL (the pool's segments and the async
+ * manager's memory are given back without it); a count goes up by
+ * compare and swap, so that two threads cannot both pass the limit.
+ * Which limit a device has, and the records of the plugins' allocations,
+ * are decided with the GIL held.
  */
 #include "memory/memory.h"
 #include "driver/bytesize.h"

@@ -18,6 +18,14 @@
  *   free is queued.  A context that was closed or reset frees nothing.
  * - which built-in manager contexts made from now on get
  *   (set_memory_manager("pool") tells C through _set_builtin_manager).
+ *
+ * Locks and the GIL: runs with the GIL held, which guards the owners; it
+ * takes no lock itself (the managers' functions it calls take their
+ * pools' mutexes and give up the GIL around their driver calls).  It
+ * gives up the GIL (CM_CU_NOGIL, CM_DRIVER_BEGIN_NOGIL) only in the bare
+ * driver helpers for tests and benchmarks (_host_alloc .. _alloc_free),
+ * around the one call; the copies' buffer views stay held until it is
+ * back.
  */
 #include "memory/memory.h"
 #include "memory/pool/graph/graph.h"

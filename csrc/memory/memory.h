@@ -1,10 +1,41 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/memory.h: the memory layer as the layers above see it: device
- * allocations and their owner (memory.c), the release queues, the pool
- * and async managers (pool.c), pinned / mapped / managed host memory
- * (hostmem.c), the staging pipeline (staging.c), allocations held by
- * other libraries (interop.c) and the memory history (history.c).
+ * memory/memory.h: the public header of the room memory/, the memory
+ * layer as the layers above see it.
+ * The room owns, lowest first:
+ * - layout.c: the layout math of strided views;
+ * - argparse.c: the parsing of fast-call arguments;
+ * - limit.c: the per-process device memory limit and what counts
+ *   against it;
+ * - clients.c: the bytes each library holds through cudamem's adapters;
+ * - history.c: the memory history (memory_history, memory_snapshot);
+ * - pool/: the pool and async managers, their segments on virtual memory
+ *   (pool/vmm/) and graph-private pools (pool/graph/), behind
+ *   memory/pool/pool.h;
+ * - release.c: deferred deallocation, the release queues and the
+ *   releases by context;
+ * - oom.c: the out-of-memory policy and its error;
+ * - default.c: the tables of the default manager and of a Python plugin;
+ * - host/: pinned, mapped and managed host memory, the registrations of
+ *   host arrays and the pinned pool, behind memory/host/host.h;
+ * - staging/: the staged copies between pageable host memory and the
+ *   device, behind memory/staging/staging.h;
+ * - memory.c: the allocation path, DeviceAllocation and the choice of
+ *   the built-in manager;
+ * - interop.c: other libraries' allocations (ClientAllocation, CuPy's
+ *   allocator, PyTorch's pluggable allocator).
+ *
+ * Locks and the GIL, in brief: everything here runs with the GIL held
+ * unless it says so, and the GIL guards the Python-facing state (owners,
+ * release queues, tunables, history).  The mutexes: each pool's mu
+ * and, on virtual memory, its vmu, taken before mu; the graph pools'
+ * list mutex, taken before any pool's; interop.c's cm_lane_mu; host/'s
+ * registry lock cm_reg_lock; staging/'s cm_stg_mu.
+ * None is held across a Python call; no other pair nests.  The GIL is
+ * given up around the driver calls that can wait (allocations, frees,
+ * flushes, synchronisations, mappings, the staging pipeline); releases,
+ * the pool manager's take and PyTorch's lane also run without it and
+ * touch no Python object.  Each file's head comment says the details.
  */
 #ifndef CM_MEMORY_H
 #define CM_MEMORY_H
@@ -305,7 +336,7 @@ PyObject *cm_mm_plugin_alloc(cm_context *ctx, size_t size,
                              CUdeviceptr *out);
 
 /* ------------------------------------------------------------------ */
-/* staging.c: the staged pipeline for large pageable transfers        */
+/* staging/staging.c: the staged pipeline of large pageable copies    */
 /* ------------------------------------------------------------------ */
 
 /* A copy between host memory and one contiguous device range, walked in
@@ -331,26 +362,27 @@ typedef struct {
  * The context current, GIL held (released inside). */
 int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
 
-/* hostmem.c: whether [lo, hi) overlaps a range cudamem registered with
- * the driver (pinned() / mapped()).  Call without the GIL. */
+/* host/hostreg.c: whether [lo, hi) overlaps a range cudamem registered
+ * with the driver (pinned() / mapped()).  Call without the GIL. */
 int cm_hostmem_registered(uintptr_t lo, uintptr_t hi);
-/* hostmem.c: 1 if arr is a NumPy array over page-locked host memory of
- * cudamem's own for ctx (pinned_array, mapped_array: a pinned or mapped
- * allocation made in ctx or portable, not a plugin's, still in place),
- * else 0.  Never raises. */
+/* host/hostmem.c: 1 if arr is a NumPy array over page-locked host memory
+ * of cudamem's own for ctx (pinned_array, mapped_array: a pinned or
+ * mapped allocation made in ctx or portable, not a plugin's, still in
+ * place), else 0.  Never raises. */
 int cm_hostmem_page_locked(PyObject *arr, cm_context *ctx);
-/* hostmem.c: 1 if o is a HostRegistration (the gpu_data of mapped()'s
- * device arrays) that was closed, else 0.  Never raises. */
+/* host/hostreg.c: 1 if o is a HostRegistration (the gpu_data of
+ * mapped()'s device arrays) that was closed, else 0.  Never raises. */
 int cm_hostreg_closed(PyObject *o);
 
 /* ------------------------------------------------------------------ */
-/* hostmem.c: context close and reset                                 */
+/* host/hostclose.c: context close and reset                          */
 /* ------------------------------------------------------------------ */
 
 /* close() and Device.reset() keep the page-locked, mapped and managed
- * memory of ctx that arrays still point at (hostmem.c): _save before the
- * primary context is reset copies it aside, _restore after puts it back
- * at the same addresses as ordinary memory.  GIL held; never raise.
+ * memory of ctx that arrays still point at (host/hostclose.c): _save
+ * before the primary context is reset copies it aside, _restore after
+ * puts it back at the same addresses as ordinary memory.  GIL held;
+ * never raise.
  * _save returns 1 when memory was copied aside: the caller then keeps the
  * GIL until _restore, so that no Python thread writes the arrays while
  * their pages are gone (no add_callback of ctx is pending then, so the
@@ -407,10 +439,10 @@ cm_hist_note(int action, int kind, cm_context *ctx, uintptr_t stream,
 }
 
 int cm_history_init(PyObject *mod, cm_state *st);
-/* poolops.c: the segments of ctx's pool manager, a list of dicts (base,
- * size, small, blocks: a list of (address, size, state) with state
- * 'used', 'free' or 'pending'); an empty list for other managers.  A
- * new reference, or NULL with an exception. */
+/* pool/poolops.c: the segments of ctx's pool manager, a list of dicts
+ * (base, size, small, blocks: a list of (address, size, state) with
+ * state 'used', 'free' or 'pending'); an empty list for other managers.
+ * A new reference, or NULL with an exception. */
 PyObject *cm_pool_segments(cm_context *ctx);
 
 /* What an export of memory of the pool on virtual memory gives

@@ -16,16 +16,22 @@
  *   where they may, and the context's allocation counters;
  * - _set_dealloc_config and the queues' settings from the environment.
  *
- * Locks and the GIL: the GIL guards the queues and the counters.  A
+ * Locks and the GIL: the GIL guards the queues; the contexts'
+ * allocation counters are written with it held, atomically, since
+ * PyTorch's lane (interop.c) reads them without it.  No lock of its
+ * own: the managers' releases it runs take their pools' mutexes.  A
  * flush takes the entries out of the queue first and runs the driver
- * calls with the GIL released, so other threads may queue more
- * meanwhile.  No flush runs on
- * a driver callback thread (the driver forbids API calls there): entries
- * simply wait for the next flush.  Nor while a CUDA graph capture
- * cudamem began forbids this thread the frees (cm_capture_restricted),
- * or, for the releases that synchronise the context, while any capture
- * is in progress: the entries stay queued, the queue is marked held, and
- * the end of the last capture flushes it (cm_ctx_flush_held).
+ * calls with the GIL given up (CM_DRIVER_BEGIN_NOGIL), as does a release
+ * made at once when the queue cannot grow, so other threads may queue
+ * more meanwhile; nothing of Python is touched until the GIL is back.
+ *
+ * No flush runs on a driver callback thread (the driver forbids API
+ * calls there): entries simply wait for the next flush.  Nor while a
+ * CUDA graph capture cudamem began forbids this thread the frees
+ * (cm_capture_restricted), or, for the releases that synchronise the
+ * context, while any capture is in progress: the entries stay queued,
+ * the queue is marked held, and the end of the last capture flushes it
+ * (cm_ctx_flush_held).
  */
 #include "memory/memory.h"
 #include "memory/pool/graph/graph.h"

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/release.h: a release queue's layout (release.c), which the
- * allocation path and memory_stats() (memory.c) read.  Private to
- * memory/.  Guarded by the GIL, as release.c says.
+ * memory/release.h: a release queue's layout (release.c).  Private to
+ * memory/: shared by release.c and memory.c only (the allocation path
+ * and memory_stats() read it).  Guarded by the GIL, as release.c says.
  */
 #ifndef CM_MEMORY_RELEASE_H
 #define CM_MEMORY_RELEASE_H

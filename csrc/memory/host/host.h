@@ -1,9 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/host/host.h: what the files of host memory share (hostmem.c,
- * hostclose.c, hostarray.c, registry.c, hostreg.c, managed.c, hostbuf.c:
- * the sections of one concept, kept in files of their own).  Private to
- * them: the rest of the folder and the layers above use memory/memory.h.
+ * memory/host/host.h: the public header of the room memory/host/,
+ * page-locked (pinned), mapped and managed host memory: what its files
+ * share, and what array/hostarray.c reads of it.  The rest of memory/
+ * and the other layers use memory/memory.h.
+ * The room owns, lowest first:
+ * - registry.c: the registry of the host ranges registered with the
+ *   driver, counted by their users;
+ * - hostmem.c: HostAllocation, its allocation, and the pinned pool;
+ * - hostreg.c: HostRegistration (pinned(), mapped()) and the registry's
+ *   queries;
+ * - hostclose.c: host memory across close() and Device.reset();
+ * - managed.c: managed memory's prefetch and advice;
+ * - hostbuf.c: the pinned pool's control, HostBuffer and the room's init.
+ *
+ * Locks and the GIL, in brief: the GIL guards the owners, the pinned pool
+ * and the statistics.  The registry's lock cm_reg_lock (a PyThread lock)
+ * guards the registered ranges; it is taken only with the GIL given up,
+ * held across cuMemHostRegister / cuMemHostUnregister, and nests with no
+ * other lock.  The GIL is given up around the allocations', frees' and
+ * registrations' driver calls.
  */
 #ifndef CM_HOSTMEM_H
 #define CM_HOSTMEM_H

@@ -3,6 +3,14 @@
  * memory/host/hostclose.c: page-locked, mapped and managed host memory across
  * close() and Device.reset(): copied aside before the primary context is
  * reset and put back at the same addresses after.
+ *
+ * Locks and the GIL: takes no lock; the GIL guards the list of live
+ * owners and the saved runs (cm_hr_pending).  The save gives up the GIL
+ * (CM_DRIVER_BEGIN_NOGIL) around cuCtxSynchronize only, repeated while
+ * Python callbacks are in flight, and lists the owners again after it.
+ * The fault handler (cm_hr_fault) runs on whatever thread faults, with or
+ * without the GIL, and touches only atomics, the published ranges and
+ * its thread's own last retry.
  */
 #include "memory/host/host.h"
 

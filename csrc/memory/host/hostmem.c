@@ -41,10 +41,13 @@
  *   reused only if a context-wide synchronize since its event's record
  *   tells that it completed.
  *
- * Locking: the GIL guards the owners, the pool and the statistics.  The
- * registry has its own lock, taken only with the GIL released; it is held
- * across cuMemHostRegister / cuMemHostUnregister, and nothing of Python
- * is touched while it is held.
+ * Locks and the GIL: takes no lock; the GIL guards the owners, the pinned
+ * pool and the statistics.  It gives up the GIL (CM_DRIVER_BEGIN_NOGIL,
+ * CM_CU_NOGIL) around cuMemHostAlloc / cuMemAllocManaged, and around the
+ * cuEventDestroy / cuMemFreeHost of a trim's blocks, already taken off
+ * the pool's lists and uncounted, so other threads may use the pool
+ * meanwhile; a context closed meanwhile is checked for after.  The
+ * registry and its lock (cm_reg_lock) are registry.c's and hostreg.c's.
  */
 #include "memory/host/host.h"
 

@@ -2,6 +2,15 @@
 /*
  * memory/host/hostreg.c: HostRegistration, what pinned() and mapped() hold
  * while a host range stays registered.
+ *
+ * Locks and the GIL: the registry's lock cm_reg_lock (a PyThread lock,
+ * registry.c) guards its pieces and their byte total.  It is taken only
+ * with the GIL given up (CM_DRIVER_BEGIN_NOGIL, Py_BEGIN_ALLOW_THREADS;
+ * cm_hostmem_registered's callers, the copy paths, have given it up) and
+ * is held across cuMemHostRegister / cuMemHostUnregister (registry.c's
+ * _locked functions); nothing of Python is touched and no other lock is
+ * taken while it is held.  A registration's own fields are guarded by
+ * the GIL.
  */
 #include "memory/host/host.h"
 

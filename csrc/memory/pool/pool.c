@@ -44,14 +44,20 @@
  * after its record has finished (cm_blk_event_done), and the pending
  * blocks are not looked at.
  *
- * Locking: each pool has its own mutex guarding its segments, blocks,
- * bins, events and counters.  It is never held across a Python call, a
- * GIL acquisition or a driver call that can wait (cuMemAlloc, cuMemFree,
- * synchronisation); only cuEventRecord / cuEventQuery / cuEventCreate run
- * under it.  Callers hold the GIL except in the queue's flush, which runs
- * releases without it.  A pool is destroyed (memory given back) under
- * the GIL when its context is closed; the struct is freed only with the
- * Context object, and an allocation that grew the pool with the GIL
+ * Locks and the GIL: each pool has its own mutex (mu, taken through
+ * cm_pool_lock: memory/pool/pool.h) guarding its segments, blocks, bins,
+ * events and counters; the functions here run with it held unless they
+ * say so, and take no lock themselves.  It is never held across a Python
+ * call, a GIL acquisition or a driver call that can wait (cuMemAlloc,
+ * cuMemFree, synchronisation): only the event calls (cuEventCreate,
+ * cuEventRecord, cuEventQuery, cuEventDestroy), cuStreamQuery (the quiet
+ * check of memory/pool/vmm/arena.c) and the async order's cuStreamCreate
+ * / cuStreamWaitEvent run under it.  A pool on virtual memory has a
+ * second mutex, vmu, taken before mu (arena.c).  Callers hold the GIL
+ * except in the queue's flush and PyTorch's lane (memory/interop.c),
+ * which run releases and takes without it.  A pool is destroyed (memory
+ * given back) when its context is closed; the struct is freed only with
+ * the Context object, and an allocation that grew the pool with the GIL
  * released checks whether it was destroyed meanwhile.  The async pool's
  * exported descriptor is guarded by the GIL.
  *

@@ -1,9 +1,29 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/pool/pool.h: what the files of the pool and async managers share
- * (pool.c, poolops.c, poolfuncs.c: the sections of one concept, kept in
- * files of their own).  Private to them: the rest of the folder and the
- * layers above use memory/memory.h.
+ * memory/pool/pool.h: the public header of the room memory/pool/, the
+ * pool and async managers: what its files and its sub-rooms share.  The
+ * rest of memory/ and the layers above reach the managers through
+ * memory/memory.h (cm_mm_pool, cm_mm_async), and graph pools through
+ * memory/pool/graph/graph.h.
+ * The room owns, lowest first:
+ * - pool.c: a pool's blocks, bins, segments and events;
+ * - vmm/: segments on virtual memory and the export of their pages
+ *   (memory/pool/vmm/vmm.h);
+ * - segment.c: giving a pool's segments back to the driver;
+ * - graph/: graph-private pools (memory/pool/graph/graph.h);
+ * - poolops.c: the managers' tables: create, allocate, release, order,
+ *   trim, export, statistics;
+ * - poolfuncs.c: the managers' module-level functions and their init.
+ *
+ * Locks and the GIL, in brief: each pool's mutex mu guards its state; it
+ * is taken through cm_pool_lock (below), which gives up the GIL first
+ * while Python stream callbacks are in flight, and is never held across
+ * a Python call or a driver call that can wait.  A pool on virtual memory
+ * has a second mutex, vmu, for its mapping calls, taken with the GIL
+ * given up and before mu; the graph pools' list mutex is taken before any
+ * pool's.  The GIL is given up, no mutex held, around cuMemAlloc,
+ * cuMemFree, synchronisations and the mapping calls; releases and takes
+ * also run without it.
  */
 #ifndef CM_POOL_H
 #define CM_POOL_H

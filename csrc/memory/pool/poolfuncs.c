@@ -2,6 +2,13 @@
 /*
  * memory/pool/poolfuncs.c: the module-level functions of the pool and async
  * managers and their init.
+ *
+ * Locks and the GIL: called with the GIL held.  Takes a pool's mutex
+ * (cm_pool_lock, which gives up the GIL first while Python stream
+ * callbacks are in flight) only to read or set its limit, its release
+ * threshold and its counters, with no driver or Python call under it.
+ * The async pool's attributes go through the driver with no lock held;
+ * trim gives up the GIL inside the manager's trim (poolops.c).
  */
 #include "memory/pool/pool.h"
 #include "memory/pool/graph/graph.h"

@@ -4,6 +4,20 @@
  * context.c call them, through their tables cm_mm_pool and cm_mm_async
  * (memory/memory.h): create, allocate, release, order a release after
  * other streams, trim, export, statistics.
+ *
+ * Locks and the GIL: a pool's mutex p->mu guards its state (pool.c says
+ * what).  It is taken through cm_pool_lock, which first gives up the GIL
+ * while Python stream callbacks are in flight, and is never held across
+ * a Python call or cuMemAlloc / cuMemFree: only pool.c's event calls and
+ * the async order's cuStreamCreate / cuStreamWaitEvent run under it.  The
+ * destroy takes the mapping mutex p->vmu (memory/pool/vmm/arena.c) before
+ * p->mu, with the GIL given up while it waits.  The GIL guards
+ * cm_pools_all and the exported descriptor, and is given up
+ * (CM_DRIVER_BEGIN_NOGIL, CM_CU_NOGIL, no mutex held) around cuMemAlloc /
+ * cuMemFree of segments, the async allocation, the exports and the
+ * destroy's and trims' driver calls; the pool is read again under its
+ * mutex after (dead: closed meanwhile).  Releases and takes also run
+ * without the GIL (the queue's flush, PyTorch's lane): no Python object.
  */
 #include "memory/pool/pool.h"
 #include "memory/pool/graph/graph.h"

@@ -5,9 +5,13 @@
  * staging_trim, its reset in a fork's child and its init.  The pipeline
  * itself is in staging.c; what they share is in memory/staging/staging.h.
  *
- * Locking: the tunables are guarded by the GIL; the counters and caches
- * are read and emptied under cm_stg_mu, with no Python or driver call
- * made while it is held.
+ * Locks and the GIL: the tunables are guarded by the GIL.  The statistics
+ * read the counters under cm_stg_mu with the GIL held (no holder waits
+ * for the GIL); staging_trim gives up the GIL (CM_DRIVER_BEGIN_NOGIL),
+ * empties the caches under cm_stg_mu and frees their buffers (cuEventDestroy,
+ * cuMemFreeHost) after letting it go: no Python or driver call is made
+ * while it is held.  A fork's child makes the mutex and the condition
+ * variables anew.
  */
 #include "memory/staging/staging.h"
 

@@ -33,10 +33,16 @@
  * registered with the driver, or cuMemHostAlloc's), each with its own
  * event.
  *
- * Locking: one mutex, cm_stg_mu, guards the queue, the caches and the
- * counters.  No Python or driver call is made while it is held.  The
- * tunables are guarded by the GIL and copied into each transfer before
- * the GIL is released.  Workers make no driver calls.
+ * Locks and the GIL: one mutex, cm_stg_mu (cm_mu_lock), guards the queue,
+ * the caches and the counters, with two condition variables (work for
+ * the workers, a batch's shares done).  No Python or driver call is made
+ * and no other lock is taken while it is held.  The tunables are guarded
+ * by the GIL and copied into each transfer before cm_staging_copy gives
+ * up the GIL (CM_DRIVER_BEGIN_NOGIL) for the whole pipeline; the workers
+ * are grown before, with it held.  The workers never hold the GIL and
+ * make no driver calls; they read the transfer and the copies cm_nt_on
+ * and cm_spin_ns.  The registry's lock (cm_stg_pinned) is taken without
+ * cm_stg_mu.
  */
 #include "memory/staging/staging.h"
 

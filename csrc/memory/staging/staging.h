@@ -1,12 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/staging/staging.h: what the files of the staging pipeline share
- * (staging.c: the host side, the buffers and the pipeline; stagecfg.c:
- * the tunables, statistics and init: the sections of one concept, kept
- * in files of their own).  Private to them; the layers above call
- * cm_staging_copy through memory/memory.h.  Locking as staging.c's
- * header comment says: cm_stg_mu guards the queue, the caches and the
- * counters; the GIL guards the tunables.
+ * memory/staging/staging.h: the public header of the room
+ * memory/staging/, the staged pipeline for large copies between pageable
+ * host memory and device memory: what its files share.  The layers above
+ * call cm_staging_copy through memory/memory.h.
+ * The room owns, lowest first:
+ * - staging.c: the host side and its workers, the staging buffers and
+ *   their caches, and the pipeline;
+ * - stagecfg.c: the tunables, statistics, staging_trim, the reset in a
+ *   fork's child and the init.
+ *
+ * Locks and the GIL, in brief: cm_stg_mu guards the workers' queue, the
+ * caches and the counters, with no Python or driver call and no other
+ * lock under it; the GIL guards the tunables, which a transfer copies
+ * before it gives the GIL up for the whole pipeline; the workers never
+ * hold the GIL.
  */
 #ifndef CM_STAGING_H
 #define CM_STAGING_H

@@ -36,13 +36,16 @@
  *   with the context); a dead pool's struct is freed once nothing
  *   refers to it.
  *
- * Locking: a graph pool's fields (live, orphan, its pool's state) are
- * guarded by its pool's mutex, taken plainly: a graph pool records no
- * events, so no holder makes a driver call or waits for the GIL.
- * cm_gpool_mu guards the list of every graph pool and the retirements
- * put off; it is taken before a pool's mutex, never after, and no driver
- * call runs under it.  The GIL is given up around cuMemAlloc and, where
- * the caller holds it, around the cuMemFree of a retirement.
+ * Locks and the GIL: a graph pool's fields (live, orphan, its pool's
+ * state) are guarded by its pool's mutex, taken plainly (cm_mu_lock), with
+ * or without the GIL: a graph pool records no events, so no holder makes
+ * a driver call or waits for the GIL.  cm_gpool_mu guards the list of
+ * every graph pool and the retirements put off; it is taken before a
+ * pool's mutex, never after, and no driver or Python call runs under it.
+ * The GIL is given up, no mutex held, around cuMemAlloc and a failed
+ * growth's cuMemFree (CM_DRIVER_BEGIN_NOGIL) and, where the caller holds
+ * it, around a retirement's cuMemFree (cm_gil_drop).  Releases may run
+ * without the GIL (the queue's flush, PyTorch's lane): no Python object.
  */
 #include "memory/pool/graph/graph.h"
 #include "memory/pool/pool.h"

@@ -1,13 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/pool/graph/graph.h: graph-private pools (gpool.c), as the memory
- * managers (memory/default.c, memory/pool/poolops.c) and the release queue
- * (memory/memory.c) call them.  Private to memory/.
+ * memory/pool/graph/graph.h: the public header of the room
+ * memory/pool/graph/, graph-private pools, as the memory managers
+ * (memory/default.c, memory/pool/poolops.c), the release queue
+ * (memory/release.c), the allocation path (memory/memory.c) and
+ * PyTorch's allocator (memory/interop.c) call them.
+ * The room owns one file:
+ * - gpool.c: graph pools, their capsules and their retirement.
  *
- * Locking: a graph pool's state is guarded by the mutex of its private
- * pool (taken through cm_pool_lock); the list of graph pools by a
- * process-wide mutex taken before any pool's, never after.  Every
- * function here may run with or without the GIL unless it says so.
+ * Locks and the GIL, in brief: a graph pool's state is guarded by the
+ * mutex of its private pool (taken plainly with cm_mu_lock: no holder
+ * makes a driver call or waits for the GIL); the list of graph pools by
+ * a process-wide mutex, cm_gpool_mu, taken before any pool's, never
+ * after.  Every function here may run with or without the GIL unless it
+ * says so.
  */
 #ifndef CM_GPOOL_H
 #define CM_GPOOL_H

@@ -41,15 +41,20 @@
  * cuMemFree does, and if it does it would wait for a callback that may
  * be waiting for the unmapping thread.
  *
- * Locking: the page tables (h, users) and idle_pages are guarded by the
- * pool's mutex (mu), which is never held across cuMemCreate, cuMemMap,
- * cuMemUnmap, cuMemRelease or cuMemSetAccess.  Those run under vmu,
- * taken with the GIL released and mu not held (vmu before mu), so one
- * thread at a time changes mappings.  A page whose memory is moving or
- * being made reads as unmapped (h == 0) under mu until its mapping is
- * complete; a thread that takes a block over it backs it after the mover
- * is done.  A quiet page is unmapped only after its work is done, so no
- * queued work reads memory that moves.
+ * Locks and the GIL: the page tables (h, users), idle_pages and the
+ * page counters are guarded by the pool's mutex (mu), which is never held
+ * across cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease
+ * or cuMemAddressReserve / cuMemAddressFree: only the quiet check's event
+ * calls and cuStreamQuery run under it.  The mapping calls run under vmu,
+ * so one thread at a time changes mappings: vmu before mu, never after (a
+ * release pass only tries vmu).  Both are taken with cm_mu_lock after the
+ * GIL is given up (cm_arena_gil_drop, where this thread holds it, until
+ * cm_gil_take), so no holder waits for the GIL and nothing of Python is
+ * touched meanwhile.  A page whose memory is moving or being made reads
+ * as unmapped (h == 0) under mu until its mapping is complete; a thread
+ * that takes a block over it backs it after the mover is done.  A quiet
+ * page is unmapped only after its work is done, so no queued work reads
+ * memory that moves.
  */
 #include "memory/pool/vmm/vmm.h"
 

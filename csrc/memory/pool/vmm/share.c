@@ -25,11 +25,13 @@
  * gave them back; as with every CUDA IPC handle, memory that the
  * exporter freed may serve its next allocation meanwhile.
  *
- * Locking: the table is guarded by the pool's mutex (mu).  An export
- * holds vmu (taken without the GIL, before mu, as arena.c's mappers do)
- * from its look at the pages to the end of its driver calls, so no page
- * it exports moves or is given back meanwhile; mu is never held across
- * cuMemExportToShareableHandle.
+ * Locks and the GIL: the table is guarded by the pool's mutex (mu).  An
+ * export gives up the GIL (cm_gil_drop), then holds vmu (before mu, as
+ * arena.c's mappers do) from its look at the pages to the end of its
+ * driver calls, so no page it exports moves or is given back meanwhile;
+ * mu is never held across cuMemExportToShareableHandle.  Nothing of
+ * Python is touched until the GIL is back (cm_gil_take).  The table's
+ * close takes no lock: the pool is dead.
  */
 #include "memory/pool/vmm/vmm.h"
 

@@ -1,8 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memory/pool/vmm/vmm.h: the pool manager's segments on virtual memory
- * (arena.c), as the pool's files (memory/pool/pool*.c) call them.  Private to
- * them and to this folder.
+ * memory/pool/vmm/vmm.h: the public header of the room memory/pool/vmm/,
+ * the pool manager's segments on virtual memory, as the files of
+ * memory/pool/ call them.
+ * The room owns, lowest first:
+ * - share.c: each pool's table of exported pages (IPC);
+ * - arena.c: arenas, their pages' physical memory and the release
+ *   threshold.
+ *
+ * Locks and the GIL, in brief: the page tables and the table of exported
+ * pages are guarded by the pool's mutex mu, never held across a mapping
+ * or export call; those run under the pool's vmu, taken with the GIL
+ * given up and before mu, so one thread at a time changes mappings.
  */
 #ifndef CM_ARENA_H
 #define CM_ARENA_H
