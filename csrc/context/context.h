@@ -8,18 +8,18 @@
  * the Stream and Event objects, stream arguments, the driver-thread test
  * and the capture checks.
  *
- * The folder owns devices and their primary contexts, streams, events,
- * host callbacks, stream capture and graphs.  Its files, lowest first,
- * each calling only files before it: device.c (devices, the registry),
- * context.c (primary contexts, making one current), argparse.c (keyword
- * binding, stream arguments), graph.c (the record of captures, capture
- * and graph launch), callbacks.c (driver threads, deferred releases, the
- * cache of idle streams, host callbacks, the asyncio completion path),
- * close.c (closing a device's context), ctxtypes.c (the Device and
- * Context types), ctxfuncs.c (their module functions), stream.c and
- * event.c (the Stream and Event types), rawfuncs.c (test helpers: raw
- * streams, events and a gate), streamfuncs.c (their module functions).  devctx.h and stream.h are private to the folder: what
- * the files of devices and contexts, and of streams and events, share.
+ * The folder owns devices and their primary contexts, streams, events, host
+ * callbacks, stream capture and graphs.  Its files, lowest first, each
+ * calling only files before it: device.c (devices, the registry), context.c
+ * (primary contexts, making one current), argparse.c (keyword binding, stream
+ * arguments), graph.c (the record of captures, capture and graph launch),
+ * callbacks.c (driver threads, deferred releases, the cache of idle streams,
+ * host callbacks, the asyncio completion path), close.c (closing a device's
+ * context), ctxtypes.c (the Device and Context types), ctxfuncs.c (their
+ * module functions), stream.c and event.c (the Stream and Event types),
+ * rawfuncs.c (test helpers: raw streams, events and a gate), streamfuncs.c
+ * (their module functions).  devctx.h and stream.h are private to the folder:
+ * what the files of devices and contexts, and of streams and events, share.
  * It reaches the memory managers and the IPC imports above it through
  * cm_ctx_up (below).
  *

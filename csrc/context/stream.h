@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * context/stream.h: what the files of streams and events share
- * (argparse.c, graph.c, callbacks.c, stream.c, event.c, rawfuncs.c,
- * streamfuncs.c, lowest first: the sections of one concept, kept in
- * files of their own).  Private to them: the rest of the folder and the layers above
- * use context/context.h.
+ * context/stream.h: what the files of streams and events share (argparse.c,
+ * graph.c, callbacks.c, stream.c, event.c, rawfuncs.c, streamfuncs.c, lowest
+ * first: the sections of one concept, kept in files of their own).  Private
+ * to them: the rest of the folder and the layers above use context/context.h.
  */
 #ifndef CM_STREAM_H
 #define CM_STREAM_H

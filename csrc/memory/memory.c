@@ -4,15 +4,15 @@
  * deferred deallocation, which they end on, is release.c's.
  *
  * Owns:
- * - DefaultMemoryManager, the manager every context gets unless a plugin
- *   or another built-in manager is set: cuMemAlloc, with the context's
- *   memory queue (release.c) as its free path (its table cm_mm_default is in default.c).  The
- *   allocation path calls the context's manager through its table
- *   (cm_mm_ops in memory/memory.h: default, plugin, and the pool and
+ * - DefaultMemoryManager, the manager every context gets unless a plugin or
+ *   another built-in manager is set: cuMemAlloc, with the context's memory
+ *   queue (release.c) as its free path (its table cm_mm_default is in
+ *   default.c).  The allocation path calls the context's manager through its
+ *   table (cm_mm_ops in memory/memory.h: default, plugin, and the pool and
  *   async managers of poolops.c), never the other way round, and every
- *   built-in manager shares one out-of-memory policy (oom.c): flush
- *   pending frees, trim pools, gc.collect() where a collection could
- *   make room, retry once, then CudaOutOfMemoryError with a snapshot.
+ *   built-in manager shares one out-of-memory policy (oom.c): flush pending
+ *   frees, trim pools, gc.collect() where a collection could make room, retry
+ *   once, then CudaOutOfMemoryError with a snapshot.
  * - DeviceAllocation, the reference-counted owner of one allocation.
  *   Arrays and views hold a strong reference; when the last one goes the
  *   free is queued.  A context that was closed or reset frees nothing.

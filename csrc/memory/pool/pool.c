@@ -33,7 +33,6 @@
  *   trims the driver's pool to 0.  The pool's shareable handle (a file
  *   descriptor) is exported on the first IPC export and kept, with the
  *   pool, until the context is closed.
- * - private helpers for tests: raw streams and a host-function gate.
  *
  * CUDA graph captures cudamem began (context/graph.c): no pool event is
  * recorded on a stream that captures (it would be a captured event,
