@@ -77,19 +77,6 @@ const char *const cm_pci_keys[3] = {
     "pci_domain_id", "pci_bus_id", "pci_device_id",
 };
 
-/* The Context argument of the module functions: borrowed, or NULL with
- * TypeError. */
-cm_context *
-cm_ipc_context_arg(PyObject *obj)
-{
-    if (!PyObject_TypeCheck(obj, cm_st->Context_type)) {
-        PyErr_Format(PyExc_TypeError, "expected a cudamem Context, got %.200s",
-                     Py_TYPE(obj)->tp_name);
-        return NULL;
-    }
-    return (cm_context *)obj;
-}
-
 /* ------------------------------------------------------------------ */
 /* Export                                                              */
 /* ------------------------------------------------------------------ */
@@ -310,55 +297,6 @@ cm_ipcmem_check_open(cm_ipcmem *m)
         return -1;
     }
     return 0;
-}
-
-/* The two non-negative sizes of an open: size, and offset (0 when
- * absent).  0, or -1 with an exception. */
-int
-cm_ipc_sizes(PyObject *size_arg, PyObject *off_arg, Py_ssize_t *size,
-             Py_ssize_t *off)
-{
-    *off = 0;
-    *size = PyNumber_AsSsize_t(size_arg, PyExc_OverflowError);
-    if (*size == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (off_arg != NULL) {
-        *off = PyNumber_AsSsize_t(off_arg, PyExc_OverflowError);
-        if (*off == -1 && PyErr_Occurred()) {
-            return -1;
-        }
-    }
-    if (*size < 0 || *off < 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "size and offset must not be negative, got %zd and %zd",
-                     *size, *off);
-        return -1;
-    }
-    return 0;
-}
-
-/* A new IpcMemory (an instance of cudamem._ipc._IpcPointer) over the
- * mapping at p of ctx, showing size bytes from p + off; imp as for the
- * field.  NULL with an exception (the mapping is then the caller's). */
-cm_ipcmem *
-cm_ipcmem_new(cm_context *ctx, CUdeviceptr p, Py_ssize_t off,
-              Py_ssize_t size, void *imp)
-{
-    PyTypeObject *tp = (PyTypeObject *)cm_st->IpcPointer;
-    /* tp_alloc zeroes the object and tracks it */
-    cm_ipcmem *m = (cm_ipcmem *)tp->tp_alloc(tp, 0);
-
-    if (m == NULL) {
-        return NULL;
-    }
-    m->ctx = (cm_context *)Py_NewRef(ctx);
-    m->ptr = p;
-    m->off = (size_t)off;
-    m->size = (size_t)size;
-    m->closed = 0;
-    m->imp = imp;
-    return m;
 }
 
 const char cm_ipc_open_doc[] = PyDoc_STR(

@@ -2,7 +2,10 @@
 /*
  * features/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
  * ipcvmm.c, ipchandle.c: the sections of one concept, kept in files of
- * their own).
+ * their own).  They stand in layers, each using only those below it:
+ * ipcbase.c (the shared helpers), ipcvmm.c (pool pages), ipcpool.c
+ * (memory-pool imports), ipc.c (export, IpcMemory), ipchandle.c (the
+ * handle objects, get_ipc_handle and the init).
  * Private to them: the rest of the folder and module.c use
  * features/features.h.
  */
