@@ -320,17 +320,8 @@ cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int err;
 
     (void)mod;
-    if (nargs != 3 && nargs != 4) {
-        PyErr_Format(PyExc_TypeError,
-                     "_ipc_open() takes 3 or 4 arguments (%zd given)",
-                     nargs);
-        return NULL;
-    }
-    ctx = cm_ipc_context_arg(args[0]);
-    if (ctx == NULL
-        || cm_ipc_sizes(args[2], nargs == 4 ? args[3] : NULL, &size, &off)
-               < 0
-        || cm_ipc_classes() < 0) {
+    ctx = cm_ipc_open_args("_ipc_open", args, nargs, 3, &size, &off);
+    if (ctx == NULL) {
         return NULL;
     }
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {

@@ -70,6 +70,33 @@ cm_ipc_sizes(PyObject *size_arg, PyObject *off_arg, Py_ssize_t *size,
     return 0;
 }
 
+/* The arguments every open shares: fname's nargs must be nmin, or nmin + 1
+ * with the offset last; args[0] the Context, args[2] the size.  Also
+ * checks the registered classes (cm_ipc_classes).  The Context
+ * (borrowed) with *size and *off, or NULL with an exception. */
+cm_context *
+cm_ipc_open_args(const char *fname, PyObject *const *args,
+                 Py_ssize_t nargs, Py_ssize_t nmin, Py_ssize_t *size,
+                 Py_ssize_t *off)
+{
+    cm_context *ctx;
+
+    if (nargs != nmin && nargs != nmin + 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes %zd or %zd arguments (%zd given)", fname,
+                     nmin, nmin + 1, nargs);
+        return NULL;
+    }
+    ctx = cm_ipc_context_arg(args[0]);
+    if (ctx == NULL
+        || cm_ipc_sizes(args[2], nargs == nmin + 1 ? args[nmin] : NULL,
+                        size, off) < 0
+        || cm_ipc_classes() < 0) {
+        return NULL;
+    }
+    return ctx;
+}
+
 /* A new IpcMemory (an instance of cudamem._ipc._IpcPointer) over the
  * mapping at p of ctx, showing size bytes from p + off; imp as for the
  * field.  NULL with an exception (the mapping is then the caller's). */

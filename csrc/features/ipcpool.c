@@ -374,17 +374,8 @@ cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     cm_ipcmem *m;
 
     (void)mod;
-    if (nargs != 5 && nargs != 6) {
-        PyErr_Format(PyExc_TypeError,
-                     "_ipc_open_pool() takes 5 or 6 arguments (%zd given)",
-                     nargs);
-        return NULL;
-    }
-    ctx = cm_ipc_context_arg(args[0]);
-    if (ctx == NULL
-        || cm_ipc_sizes(args[2], nargs == 6 ? args[5] : NULL, &size, &off)
-               < 0
-        || cm_ipc_classes() < 0) {
+    ctx = cm_ipc_open_args("_ipc_open_pool", args, nargs, 5, &size, &off);
+    if (ctx == NULL) {
         return NULL;
     }
     if (!PyTuple_Check(args[3])) {

@@ -430,17 +430,8 @@ cm_ipc_open_vmm(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int err;
 
     (void)mod;
-    if (nargs != 3 && nargs != 4) {
-        PyErr_Format(PyExc_TypeError,
-                     "_ipc_open_vmm() takes 3 or 4 arguments (%zd given)",
-                     nargs);
-        return NULL;
-    }
-    ctx = cm_ipc_context_arg(args[0]);
+    ctx = cm_ipc_open_args("_ipc_open_vmm", args, nargs, 3, &size, &off);
     if (ctx == NULL
-        || cm_ipc_sizes(args[2], nargs == 4 ? args[3] : NULL, &size, &off)
-               < 0
-        || cm_ipc_classes() < 0
         || cm_ipc_pages_arg(args[1], &pid, &page, &n, &fds, &ids) < 0) {
         return NULL;
     }
