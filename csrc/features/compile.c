@@ -4,7 +4,6 @@
  * synchronous copies for views of module globals.
  */
 #include "features/kernel.h"
-#include "array/convert.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -27,7 +27,6 @@
  * data only.
  */
 #include "features/kernel.h"
-#include "array/convert.h"
 
 #include <stdlib.h>
 #include <string.h>
