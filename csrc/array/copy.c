@@ -25,102 +25,116 @@ typedef struct {
     Py_ssize_t pieces;         /* product of the loop dimensions */
 } cm_plan;
 
-static int
-cm_joint_build(cm_joint *j, const cm_view *dst, const cm_view *src,
-               int key_is_dst)
+/* cm_joint_build's step: the extents of v that are not 1, and their
+ * strides, into shape[] and strides[]; their count.  Multiplies *count by
+ * every extent of v when count is not NULL. */
+static inline int
+cm_joint_squeeze(const cm_view *v, Py_ssize_t *shape, Py_ssize_t *strides,
+                 Py_ssize_t *count)
 {
-    Py_ssize_t dsh[NPY_MAXDIMS];
-    Py_ssize_t dst_[NPY_MAXDIMS];
-    Py_ssize_t ssh[NPY_MAXDIMS];
-    Py_ssize_t sst[NPY_MAXDIMS];
-    Py_ssize_t *ks;
-    Py_ssize_t *os;
-    int nd = 0;
-    int ns = 0;
+    int n = 0;
     int i;
-    int k;
 
-    j->itemsize = dst->itemsize;
-    j->dst = dst->addr;
-    j->src = src->addr;
-    j->dst_dev = dst->device;
-    j->src_dev = src->device;
-    j->count = 1;
-    for (i = 0; i < dst->ndim; i++) {
-        if (dst->shape[i] != 1) {
-            dsh[nd] = dst->shape[i];
-            dst_[nd++] = dst->strides[i];
+    for (i = 0; i < v->ndim; i++) {
+        if (v->shape[i] != 1) {
+            shape[n] = v->shape[i];
+            strides[n++] = v->strides[i];
         }
-        j->count *= dst->shape[i];
-    }
-    for (i = 0; i < src->ndim; i++) {
-        if (src->shape[i] != 1) {
-            ssh[ns] = src->shape[i];
-            sst[ns++] = src->strides[i];
+        if (count != NULL) {
+            *count *= v->shape[i];
         }
     }
-    if (nd != ns || memcmp(dsh, ssh, nd * sizeof(Py_ssize_t)) != 0
-        || dst->itemsize != src->itemsize) {
-        PyErr_SetString(PyExc_ValueError,
-                        "copy: the arrays differ in shape or itemsize");
-        return -1;
-    }
-    j->ndim = 0;
-    if (j->count == 0) {
-        return 0;
-    }
-    for (i = 0; i < nd; i++) {
-        if (dst_[i] == 0 && sst[i] == 0) {
+    return n;
+}
+
+/* cm_joint_build's step: the n squeezed dimensions into j, but for those
+ * where both sides stay put (zero strides).  0, or -1 with ValueError
+ * where only the destination stays put. */
+static inline int
+cm_joint_moving(cm_joint *j, int n, const Py_ssize_t *shape,
+                const Py_ssize_t *dst_strides, const Py_ssize_t *src_strides)
+{
+    int i;
+
+    for (i = 0; i < n; i++) {
+        if (dst_strides[i] == 0 && src_strides[i] == 0) {
             continue;
         }
-        if (dst_[i] == 0) {
+        if (dst_strides[i] == 0) {
             PyErr_SetString(PyExc_ValueError,
                             "copy: the destination has a zero stride "
                             "(a broadcast view) where the source has not; "
                             "it cannot be written element by element");
             return -1;
         }
-        j->shape[j->ndim] = dsh[i];
-        j->ds[j->ndim] = dst_[i];
-        j->ss[j->ndim] = sst[i];
+        j->shape[j->ndim] = shape[i];
+        j->ds[j->ndim] = dst_strides[i];
+        j->ss[j->ndim] = src_strides[i];
         j->ndim++;
     }
-    ks = key_is_dst ? j->ds : j->ss;
-    os = key_is_dst ? j->ss : j->ds;
-    /* Make the key side ascend in memory. */
+    return 0;
+}
+
+/* cm_joint_build's step: make the key side (the destination when
+ * key_is_dst, else the source) ascend in memory, both sides' first
+ * elements moved to the other end of each flipped dimension. */
+static inline void
+cm_joint_ascend(cm_joint *j, Py_ssize_t *key_strides,
+                Py_ssize_t *other_strides, int key_is_dst)
+{
+    int i;
+
     for (i = 0; i < j->ndim; i++) {
-        if (ks[i] < 0) {
+        if (key_strides[i] < 0) {
             Py_ssize_t n1 = j->shape[i] - 1;
 
             if (key_is_dst) {
-                j->dst += (uintptr_t)(n1 * ks[i]);
-                j->src += (uintptr_t)(n1 * os[i]);
+                j->dst += (uintptr_t)(n1 * key_strides[i]);
+                j->src += (uintptr_t)(n1 * other_strides[i]);
             }
             else {
-                j->src += (uintptr_t)(n1 * ks[i]);
-                j->dst += (uintptr_t)(n1 * os[i]);
+                j->src += (uintptr_t)(n1 * key_strides[i]);
+                j->dst += (uintptr_t)(n1 * other_strides[i]);
             }
-            ks[i] = -ks[i];
-            os[i] = -os[i];
+            key_strides[i] = -key_strides[i];
+            other_strides[i] = -other_strides[i];
         }
     }
-    /* Sort outermost first by the key side's stride (insertion, stable). */
+}
+
+/* cm_joint_build's step: sort the dimensions outermost first by the key
+ * side's stride (insertion, stable). */
+static inline void
+cm_joint_sort(cm_joint *j, Py_ssize_t *key_strides,
+              Py_ssize_t *other_strides)
+{
+    int i;
+    int k;
+
     for (i = 1; i < j->ndim; i++) {
         Py_ssize_t sh = j->shape[i];
-        Py_ssize_t a = ks[i];
-        Py_ssize_t b = os[i];
+        Py_ssize_t a = key_strides[i];
+        Py_ssize_t b = other_strides[i];
 
-        for (k = i; k > 0 && ks[k - 1] < a; k--) {
+        for (k = i; k > 0 && key_strides[k - 1] < a; k--) {
             j->shape[k] = j->shape[k - 1];
-            ks[k] = ks[k - 1];
-            os[k] = os[k - 1];
+            key_strides[k] = key_strides[k - 1];
+            other_strides[k] = other_strides[k - 1];
         }
         j->shape[k] = sh;
-        ks[k] = a;
-        os[k] = b;
+        key_strides[k] = a;
+        other_strides[k] = b;
     }
-    /* Merge an outer dimension into the inner one where both sides
-     * continue evenly. */
+}
+
+/* cm_joint_build's step: merge an outer dimension into the inner one
+ * where both sides continue evenly. */
+static inline void
+cm_joint_merge(cm_joint *j)
+{
+    int i;
+    int k;
+
     for (i = j->ndim - 2; i >= 0; i--) {
         if (j->ds[i] == j->shape[i + 1] * j->ds[i + 1]
             && j->ss[i] == j->shape[i + 1] * j->ss[i + 1]) {
@@ -135,6 +149,52 @@ cm_joint_build(cm_joint *j, const cm_view *dst, const cm_view *src,
             j->ndim--;
         }
     }
+}
+
+/* The joint layout of a copy from src to dst (same shape once size-1
+ * dimensions are dropped, same itemsize): the dimensions that move, the
+ * key side ascending, sorted outermost first, merged where both sides
+ * continue evenly.  0, or -1 with ValueError. */
+static int
+cm_joint_build(cm_joint *j, const cm_view *dst, const cm_view *src,
+               int key_is_dst)
+{
+    Py_ssize_t dst_shape[NPY_MAXDIMS];
+    Py_ssize_t dst_strides[NPY_MAXDIMS];
+    Py_ssize_t src_shape[NPY_MAXDIMS];
+    Py_ssize_t src_strides[NPY_MAXDIMS];
+    Py_ssize_t *key_strides;
+    Py_ssize_t *other_strides;
+    int nd;
+    int ns;
+
+    j->itemsize = dst->itemsize;
+    j->dst = dst->addr;
+    j->src = src->addr;
+    j->dst_dev = dst->device;
+    j->src_dev = src->device;
+    j->count = 1;
+    nd = cm_joint_squeeze(dst, dst_shape, dst_strides, &j->count);
+    ns = cm_joint_squeeze(src, src_shape, src_strides, NULL);
+    if (nd != ns
+        || memcmp(dst_shape, src_shape, nd * sizeof(Py_ssize_t)) != 0
+        || dst->itemsize != src->itemsize) {
+        PyErr_SetString(PyExc_ValueError,
+                        "copy: the arrays differ in shape or itemsize");
+        return -1;
+    }
+    j->ndim = 0;
+    if (j->count == 0) {
+        return 0;
+    }
+    if (cm_joint_moving(j, nd, dst_shape, dst_strides, src_strides) < 0) {
+        return -1;
+    }
+    key_strides = key_is_dst ? j->ds : j->ss;
+    other_strides = key_is_dst ? j->ss : j->ds;
+    cm_joint_ascend(j, key_strides, other_strides, key_is_dst);
+    cm_joint_sort(j, key_strides, other_strides);
+    cm_joint_merge(j);
     return 0;
 }
 
