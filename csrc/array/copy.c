@@ -603,6 +603,94 @@ cm_copy_keeps_gil(const cm_joint *j, const cm_plan *p, int host)
            && cm_keep_gil_auto_now();
 }
 
+/* The routes of a copy (cm_copy_impl), in the order they are tried. */
+enum cm_copy_route {
+    CM_ROUTE_NONE,       /* no element to copy */
+    CM_ROUTE_HOST,       /* host to host: memcpy (cm_host_copy) */
+    CM_ROUTE_PIPELINE,   /* between the host, not cudamem's page-locked
+                          * memory, and a device: offered to the staging
+                          * pipeline first, which may decline */
+    CM_ROUTE_KERNEL,     /* device to device in several pieces: the
+                          * internal kernel */
+    CM_ROUTE_STAGED,     /* several pieces otherwise: through a compact
+                          * host buffer (cm_copy_staged) */
+    CM_ROUTE_PAGEABLE,   /* a synchronous copy of one piece with a host
+                          * side that may be pageable: cm_copy_pageable */
+    CM_ROUTE_KEEP_GIL,   /* one asynchronous enqueue, the GIL kept */
+    CM_ROUTE_DIRECT      /* the driver copies, the GIL released */
+};
+
+/* The route of a copy over the joint layout j of dst and src (count
+ * known), with the plan of the routes past the pipeline made into *p.
+ * piped: the staging pipeline declined it already (CM_ROUTE_PIPELINE is
+ * not given again).  *mode: the direction's cm_sync_copy_call value, for
+ * CM_ROUTE_PAGEABLE. */
+static inline enum cm_copy_route
+cm_copy_route_of(const cm_view *dst, const cm_view *src, const cm_joint *j,
+                 cm_plan *p, int async, int may_stage, int host, int piped,
+                 int *mode)
+{
+    if (!piped) {
+        if (j->count == 0) {
+            return CM_ROUTE_NONE;
+        }
+        if (!dst->device && !src->device) {
+            return CM_ROUTE_HOST;
+        }
+        /* Large pageable transfers go through the staging pipeline;
+         * cudamem's own page-locked memory goes direct without asking
+         * (the pipeline's own check would find it page-locked, at the
+         * cost of a context query, a registry lookup, a pointer query
+         * and, on a stream, a capture query). */
+        if (dst->device != src->device && host != CM_HOST_LOCKED) {
+            return CM_ROUTE_PIPELINE;
+        }
+    }
+    cm_plan_make(j, p);
+    if (p->pieces > 1 && dst->device && src->device
+        && j->ndim <= CM_KMAXDIM) {
+        /* No 2-D / 3-D copy expresses it: the internal kernel does. */
+        return CM_ROUTE_KERNEL;
+    }
+    if (p->pieces > 1 && may_stage) {
+        /* Make the host side follow the device side's layout (or, past
+         * the kernel's dimension limit, stage a device-to-device copy
+         * through the host). */
+        return CM_ROUTE_STAGED;
+    }
+    if (!async && host == CM_HOST_UNKNOWN && p->pieces == 1 && !p->has_y
+        && dst->device != src->device
+        && (*mode = __atomic_load_n(
+                &cm_sync_copy_call[src->device ? CM_SYNC_DTOH : CM_SYNC_HTOD],
+                __ATOMIC_RELAXED)) != CM_SYNC_CALL) {
+        return CM_ROUTE_PAGEABLE;
+    }
+    if (async && p->pieces == 1 && dst->device != src->device
+        && cm_copy_keeps_gil(j, p, host)) {
+        return CM_ROUTE_KEEP_GIL;
+    }
+    return CM_ROUTE_DIRECT;
+}
+
+/* The driver copies of the plan, the GIL released; an asynchronous copy
+ * into host memory the caller could not place leaves stream in
+ * cm_done_hint (the thread's hint for the next completion wait). */
+static inline int
+cm_copy_direct(const cm_joint *j, const cm_plan *p, CUstream stream,
+               int async, int host, int dst_device)
+{
+    const char *fn = "cuMemcpy";
+    CUresult rc;
+
+    CM_DRIVER_BEGIN_NOGIL
+    rc = cm_pieces_run(j, p, stream, async, &fn);
+    CM_DRIVER_END_NOGIL
+    if (host == CM_HOST_UNKNOWN && async && !dst_device) {
+        cm_done_hint = stream;
+    }
+    return cm_cu_check(rc, fn);
+}
+
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
              int async, int may_stage, int host)
@@ -612,6 +700,9 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     const char *fn = "cuMemcpy";
     CUresult rc;
     int mode;
+    int t;
+    int r;
+    enum cm_copy_route route;
 
     if (!async && (dst->device || src->device)
         && cm_capture_refuse_sync("a synchronous copy") < 0) {
@@ -620,61 +711,40 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     if (cm_joint_build(&j, dst, src, dst->device || !src->device) < 0) {
         return -1;
     }
-    if (j.count == 0) {
-        return 0;
-    }
-    if (!dst->device && !src->device) {
-        cm_host_copy(&j);
-        return 0;
-    }
-    if (dst->device != src->device && host != CM_HOST_LOCKED) {
-        /* Large pageable transfers go through the staging pipeline;
-         * cudamem's own page-locked memory goes direct without asking
-         * (the pipeline's own check would find it page-locked, at the
-         * cost of a context query, a registry lookup, a pointer query
-         * and, on a stream, a capture query). */
-        int r = cm_copy_try_staging(&j, stream, async);
-
+    route = cm_copy_route_of(dst, src, &j, &p, async, may_stage, host, 0,
+                             &mode);
+    if (route == CM_ROUTE_PIPELINE) {
+        r = cm_copy_try_staging(&j, stream, async);
         if (r != 0) {
             return r < 0 ? -1 : 0;
         }
+        route = cm_copy_route_of(dst, src, &j, &p, async, may_stage, host,
+                                 1, &mode);
     }
-    cm_plan_make(&j, &p);
-    if (p.pieces > 1 && dst->device && src->device
-        && j.ndim <= CM_KMAXDIM) {
-        /* No 2-D / 3-D copy expresses it: the internal kernel does. */
-        int t = cm_raw_type(j.itemsize);
-
+    switch (route) {
+    case CM_ROUTE_NONE:
+    case CM_ROUTE_PIPELINE:    /* not given again once declined */
+        return 0;
+    case CM_ROUTE_HOST:
+        cm_host_copy(&j);
+        return 0;
+    case CM_ROUTE_KERNEL:
+        t = cm_raw_type(j.itemsize);
         return cm_copy_by_kernel(&j, t, t, stream, async);
-    }
-    if (p.pieces > 1 && may_stage) {
-        /* Make the host side follow the device side's layout (or, past
-         * the kernel's dimension limit, stage a device-to-device copy
-         * through the host). */
+    case CM_ROUTE_STAGED:
         return cm_copy_staged(dst, src, src->device ? src : dst, stream,
                               async);
-    }
-    if (!async && host == CM_HOST_UNKNOWN && p.pieces == 1 && !p.has_y
-        && dst->device != src->device
-        && (mode = __atomic_load_n(
-                &cm_sync_copy_call[src->device ? CM_SYNC_DTOH : CM_SYNC_HTOD],
-                __ATOMIC_RELAXED)) != CM_SYNC_CALL) {
+    case CM_ROUTE_PAGEABLE:
         return cm_copy_pageable(&j, &p, mode);
-    }
-    if (async && p.pieces == 1 && dst->device != src->device
-        && cm_copy_keeps_gil(&j, &p, host)) {
+    case CM_ROUTE_KEEP_GIL:
         /* One enqueue that returns at once: the GIL kept (CM_CU_RAW
          * still gives it up while callbacks are in flight). */
         rc = cm_pieces_run(&j, &p, stream, async, &fn);
         return cm_cu_check(rc, fn);
+    case CM_ROUTE_DIRECT:
+        break;
     }
-    CM_DRIVER_BEGIN_NOGIL
-    rc = cm_pieces_run(&j, &p, stream, async, &fn);
-    CM_DRIVER_END_NOGIL
-    if (host == CM_HOST_UNKNOWN && async && !dst->device) {
-        cm_done_hint = stream;
-    }
-    return cm_cu_check(rc, fn);
+    return cm_copy_direct(&j, &p, stream, async, host, dst->device);
 }
 
 int
