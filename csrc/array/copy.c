@@ -700,6 +700,7 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     const char *fn = "cuMemcpy";
     CUresult rc;
     int mode;
+    int piped;
     int t;
     int r;
     enum cm_copy_route route;
@@ -711,19 +712,21 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     if (cm_joint_build(&j, dst, src, dst->device || !src->device) < 0) {
         return -1;
     }
-    route = cm_copy_route_of(dst, src, &j, &p, async, may_stage, host, 0,
-                             &mode);
-    if (route == CM_ROUTE_PIPELINE) {
+    /* Once the pipeline declines, the route past it. */
+    for (piped = 0;; piped = 1) {
+        route = cm_copy_route_of(dst, src, &j, &p, async, may_stage, host,
+                                 piped, &mode);
+        if (route != CM_ROUTE_PIPELINE) {
+            break;
+        }
         r = cm_copy_try_staging(&j, stream, async);
         if (r != 0) {
             return r < 0 ? -1 : 0;
         }
-        route = cm_copy_route_of(dst, src, &j, &p, async, may_stage, host,
-                                 1, &mode);
     }
     switch (route) {
     case CM_ROUTE_NONE:
-    case CM_ROUTE_PIPELINE:    /* not given again once declined */
+    case CM_ROUTE_PIPELINE:    /* not left the loop with */
         return 0;
     case CM_ROUTE_HOST:
         cm_host_copy(&j);
