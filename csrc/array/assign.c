@@ -3,12 +3,17 @@
  * array/assign.c: assignment into device arrays: host values of
  * asynchronous assignments, kept alive until the copy has run.
  *
- * Locking: the GIL guards the table of page-locked buffers; a slot being
- * filled, or taken and not yet queued, is marked busy, since the driver
- * calls between may let go of the GIL.  While a CUDA graph capture
- * forbids this thread the event query (cm_capture_restricted), a buffer
- * is reused only if a context-wide synchronize tells it is free, and no
- * buffer is made.
+ * Locks and the GIL: no lock; the GIL guards the table of page-locked
+ * buffers (cm_hv).  A slot being filled, or taken and not yet queued, is
+ * marked busy, since the driver calls between may let go of the GIL:
+ * cm_hostval_fill and a buffer's replacement drop it
+ * (CM_DRIVER_BEGIN_NOGIL) around the allocation and free, touching only
+ * C locals, and an event query (CM_CU_RAW) may yield it; a query's
+ * answer is used only if the slot's use count did not move meanwhile.
+ * The synchronous memset and the broadcast's upload drop it too
+ * (CM_CU_NOGIL).  While a CUDA graph capture forbids this thread the
+ * event query (cm_capture_restricted), a buffer is reused only if a
+ * context-wide synchronize tells it is free, and no buffer is made.
  */
 #include "array/devicearray.h"
 

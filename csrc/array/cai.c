@@ -2,6 +2,10 @@
 /*
  * array/cai.c: the CUDA Array Interface import (foreign objects as
  * device arrays).
+ *
+ * Locks and the GIL: no lock; the GIL is held but around the
+ * synchronisation on the dict's stream (CM_CU_NOGIL, cm_cai_stream),
+ * which touches only the stream handle.
  */
 #include "array/devicearray.h"
 

@@ -3,6 +3,20 @@
  * array/copy.c: the copy engine: joins the two sides of a copy into one
  * layout and issues the fewest driver copies (1-D, 2-D or 3-D pieces), the
  * internal kernel, or host packing for a strided host side.
+ *
+ * Locks and the GIL: no lock of its own (cm_host_pageable takes the host
+ * registry's lock inside cm_hostmem_registered, alone and around no
+ * driver call).  Called with the GIL; this file decides where a copy's
+ * driver calls run without it: the direct route (cm_copy_direct) and
+ * cm_copy_pageable drop it (CM_DRIVER_BEGIN_NOGIL) around the pieces,
+ * touching only the joint layout and plan (C locals) and the copy's
+ * bytes, and cm_stream_wait drops it (CM_CU_NOGIL).  The keep-GIL route
+ * (cm_copy_keeps_gil: page-locked memory while cm_keep_gil_now, a short
+ * host-to-device copy while cm_keep_gil_auto_now) enqueues with it kept
+ * (CM_CU_RAW still yields it while Python callbacks are in flight).  A
+ * direct asynchronous copy into host memory the caller could not place
+ * writes the thread-local hint cm_done_hint (its stream).  The staging
+ * pipeline and the internal kernel handle the GIL themselves.
  */
 #include "array/devicearray.h"
 

@@ -16,8 +16,9 @@
  * (dlpack.c, the features layer) see one: cm_da_describe,
  * cm_da_bound_stream, cm_da_activate_ctx, cm_da_wrap.
  *
- * Locking: none of its own; the GIL is held except around driver calls
- * that can wait, which touch only C locals.
+ * Locks and the GIL: no lock; the GIL is held throughout (its one driver
+ * call, a context query, is CM_CU_RAW, which yields the GIL only while
+ * Python callbacks are in flight).
  */
 #include "array/devicearray.h"
 

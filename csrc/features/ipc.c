@@ -55,13 +55,15 @@
  *   page per importing context and export, counted by the opens that
  *   map it, released with the last, and freed with its context.
  *
- * Locking: the GIL guards the objects' fields.  The export, open and
- * close calls can wait (the simulator's export and close wait for queued
- * work), so they run with the GIL released, touching only C locals; an
- * IpcMemory is marked closed before its close is issued.  The import
- * records are also released from the memory queue without the GIL:
- * cm_imp_mu (ipcpool.c) and cm_vimp_mu (ipcvmm.c) guard their lists,
- * counts and flags, and are never held across a driver call.
+ * Locks and the GIL: this file takes no lock; the GIL guards the
+ * objects' fields.  The export, open and close calls can wait (the
+ * simulator's export and close wait for queued work), so they run with
+ * the GIL released (CM_CU_NOGIL, CM_DRIVER_BEGIN_NOGIL), touching only C
+ * locals; an IpcMemory is marked closed before its close is issued.  The
+ * import records are also released from the memory queue without the
+ * GIL: cm_imp_mu (ipcpool.c) and cm_vimp_mu (ipcvmm.c), taken inside the
+ * releases this file calls, guard their lists, counts and flags; neither
+ * is held across a driver call or with the other.
  */
 #include "features/ipc.h"
 

@@ -2,6 +2,15 @@
 /*
  * features/ipcpool.c: imports of allocations of other processes' memory
  * pools, and peer access for opened memory.
+ *
+ * Locks and the GIL: cm_imp_mu (cm_mu_lock) guards the two lists of
+ * imports and every refs, dead and access field; it nests in no other
+ * lock (a closing context's pages, ipcvmm.c, are freed before it is
+ * taken) and is never held across a driver call or a Python call.  The
+ * releases (cm_ipc_pool_release, _drop) run from the memory queue
+ * without the GIL.  The imports and a closing context's frees run
+ * without the GIL (CM_CU_NOGIL, CM_DRIVER_BEGIN_NOGIL), touching only C
+ * locals and the entries the caller holds a reference to.
  */
 #include "features/ipc.h"
 

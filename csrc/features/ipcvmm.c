@@ -28,10 +28,14 @@
  * context still maps is freed when it is closed.  The id tells apart two
  * exports of the exporter that reuse a descriptor number.
  *
- * Locking: cm_vimp_mu guards the two lists and every refs and dead
- * field; it is never held across a driver call or a Python call.  Driver
- * calls that can wait run without the GIL, touching only C locals and
- * the entries the caller holds a reference to.
+ * Locks and the GIL: cm_vimp_mu (cm_mu_lock) guards the two lists and
+ * every refs and dead field; it nests in no other lock (ipcpool.c's
+ * cm_ipc_context_closing calls cm_ipc_vmm_context_closing before it takes
+ * cm_imp_mu) and is never held across a driver call or a Python call.
+ * The releases run from the memory queue without the GIL.  Driver calls
+ * that can wait run without the GIL (CM_CU_NOGIL, CM_DRIVER_BEGIN_NOGIL),
+ * touching only C locals and the entries the caller holds a reference
+ * to.
  */
 #include "features/ipc.h"
 
