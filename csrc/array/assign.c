@@ -308,15 +308,17 @@ cm_assign_rhs(PyArray_Descr *dtype, PyObject *value)
 }
 
 /* cm_assign's step: rhs broadcast against lhs: its strides padded on the
- * left to lhs->ndim entries in rstrides[], 0 where it broadcasts, and the
- * padding in *pad.  0, or -1 with ValueError. */
+ * left to lhs->ndim entries in rstrides[], 0 where it broadcasts.  The
+ * padding (the dimensions lhs has in front of rhs's), or -1 with
+ * ValueError. */
 static int
 cm_assign_broadcast_strides(const cm_view *lhs, PyObject *rhs,
-                            Py_ssize_t *rstrides, int *pad)
+                            Py_ssize_t *rstrides)
 {
     const Py_ssize_t *rshape;
     const Py_ssize_t *rst;
     int rndim;
+    int pad;
     int i;
 
     if (cm_da_check(rhs)) {
@@ -334,9 +336,9 @@ cm_assign_broadcast_strides(const cm_view *lhs, PyObject *rhs,
                      rndim, lhs->ndim);
         return -1;
     }
-    *pad = lhs->ndim - rndim;
+    pad = lhs->ndim - rndim;
     for (i = 0; i < lhs->ndim; i++) {
-        Py_ssize_t r = i < *pad ? 1 : rshape[i - *pad];
+        Py_ssize_t r = i < pad ? 1 : rshape[i - pad];
 
         if (r != 1 && r != lhs->shape[i]) {
             PyErr_Format(PyExc_ValueError,
@@ -344,9 +346,9 @@ cm_assign_broadcast_strides(const cm_view *lhs, PyObject *rhs,
                          "%d with dimension %zd", r, i, lhs->shape[i]);
             return -1;
         }
-        rstrides[i] = (r == 1) ? 0 : rst[i - *pad];
+        rstrides[i] = (r == 1) ? 0 : rst[i - pad];
     }
-    return 0;
+    return pad;
 }
 
 /* cm_assign's step: the strides of host, the host copy of the right-hand
@@ -586,7 +588,8 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
     if (rhs == NULL) {
         return -1;
     }
-    if (cm_assign_broadcast_strides(lhs, rhs, rstrides, &pad) < 0) {
+    pad = cm_assign_broadcast_strides(lhs, rhs, rstrides);
+    if (pad < 0) {
         goto out_rhs;
     }
     if (size == 0) {
