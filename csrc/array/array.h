@@ -1,10 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * array/array.h: the array layer as the features above see it: the
- * internal copy-with-cast kernel (kernels.c, convert.h), the copy engine
- * over plain views, the device-array types and DLPack.  What the memory
- * layer below calls here it reaches through cm_mem_up
- * (memory/memory.h), which types.c fills.
+ * array/array.h: the array layer as the features above see it, and its
+ * public header (the folder's other headers, devicearray.h, convert.h,
+ * dlpack_abi.h and ixcode.h, are private to it).  The folder owns the
+ * device arrays (DeviceNDArrayBase, DeviceNDArray, DeviceRecord) and the
+ * host-backed arrays, their layouts, indexing and assignment, the copy
+ * engine over plain views (copy.c) and the copies to and from the host,
+ * the internal kernels (the copy-with-cast of kernels.c and convert.h,
+ * the indexing kernels of gather.c), the CUDA Array Interface and
+ * DLPack.  What the memory layer below calls here it reaches through
+ * cm_mem_up (memory/memory.h), which types.c fills; what it calls in the
+ * features layer above, through cm_array_up (below).
+ *
+ * Locks and the GIL: the folder has no lock of its own; the GIL guards
+ * its state (the loaded kernels' tables, the page-locked buffers of
+ * assignments).  The driver calls that can wait run without the GIL on C data only;
+ * copy.c decides where a copy keeps or releases it (cm_copy_host,
+ * CM_HOST_LOCKED) and leaves the thread-local cm_done_hint.  Each file
+ * that drops the GIL says where in its head comment.
  */
 #ifndef CM_ARRAY_H
 #define CM_ARRAY_H

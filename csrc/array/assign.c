@@ -3,12 +3,17 @@
  * array/assign.c: assignment into device arrays: host values of
  * asynchronous assignments, kept alive until the copy has run.
  *
- * Locking: the GIL guards the table of page-locked buffers; a slot being
- * filled, or taken and not yet queued, is marked busy, since the driver
- * calls between may let go of the GIL.  While a CUDA graph capture
- * forbids this thread the event query (cm_capture_restricted), a buffer
- * is reused only if a context-wide synchronize tells it is free, and no
- * buffer is made.
+ * Locks and the GIL: no lock; the GIL guards the table of page-locked
+ * buffers (cm_hv).  A slot being filled, or taken and not yet queued, is
+ * marked busy, since the driver calls between may let go of the GIL:
+ * cm_hostval_fill and a buffer's replacement drop it
+ * (CM_DRIVER_BEGIN_NOGIL) around the allocation and free, touching only
+ * C locals, and an event query (CM_CU_RAW) may yield it; a query's
+ * answer is used only if the slot's use count did not move meanwhile.
+ * The synchronous memset and the broadcast's upload drop it too
+ * (CM_CU_NOGIL).  While a CUDA graph capture forbids this thread the
+ * event query (cm_capture_restricted), a buffer is reused only if a
+ * context-wide synchronize tells it is free, and no buffer is made.
  */
 #include "array/devicearray.h"
 
@@ -273,29 +278,20 @@ cm_assign_broadcast(const cm_view *lhs, PyArrayObject *host,
     return rc;
 }
 
-static int
-cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
-          CUstream h, int async)
-{
-    Py_ssize_t rstrides[NPY_MAXDIMS];
-    PyObject *rhs = NULL;
-    PyArrayObject *host = NULL;
-    cm_view rv;
-    const Py_ssize_t *rshape;
-    const Py_ssize_t *rst;
-    Py_ssize_t size = 1;
-    int rndim;
-    int pad;
-    int i;
-    int rc = -1;
+static int cm_assign(const cm_view *lhs, PyArray_Descr *dtype,
+                     PyObject *value, CUstream h, int async);
 
-    for (i = 0; i < lhs->ndim; i++) {
-        size *= lhs->shape[i];
-    }
-    rhs = (PyObject *)cm_as_device_source(value);
+/* cm_assign's step: the right-hand side as an array: a device array (a
+ * cudamem one or a CAI view), a NumPy array, or value converted (to dtype
+ * when structured).  A new reference, or NULL with an exception. */
+static PyObject *
+cm_assign_rhs(PyArray_Descr *dtype, PyObject *value)
+{
+    PyObject *rhs = (PyObject *)cm_as_device_source(value);
+
     if (rhs == NULL) {
         if (PyErr_Occurred()) {
-            return -1;
+            return NULL;
         }
         if (PyArray_Check(value)) {
             rhs = Py_NewRef(value);
@@ -307,10 +303,24 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
         else {
             rhs = PyArray_FromAny(value, NULL, 0, 0, 0, NULL);
         }
-        if (rhs == NULL) {
-            return -1;
-        }
     }
+    return rhs;
+}
+
+/* cm_assign's step: rhs broadcast against lhs: its strides padded on the
+ * left to lhs->ndim entries in rstrides[], 0 where it broadcasts.  The
+ * padding (the dimensions lhs has in front of rhs's), or -1 with
+ * ValueError. */
+static int
+cm_assign_broadcast_strides(const cm_view *lhs, PyObject *rhs,
+                            Py_ssize_t *rstrides)
+{
+    const Py_ssize_t *rshape;
+    const Py_ssize_t *rst;
+    int rndim;
+    int pad;
+    int i;
+
     if (cm_da_check(rhs)) {
         rndim = ((cm_da *)rhs)->ndim;
         rshape = ((cm_da *)rhs)->shape;
@@ -324,7 +334,7 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
     if (rndim > lhs->ndim) {
         PyErr_Format(PyExc_ValueError, "Can't assign %d-D array to %d-D self",
                      rndim, lhs->ndim);
-        goto out_rhs;
+        return -1;
     }
     pad = lhs->ndim - rndim;
     for (i = 0; i < lhs->ndim; i++) {
@@ -334,142 +344,198 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
             PyErr_Format(PyExc_ValueError,
                          "Can't copy sequence with size %zd to array axis "
                          "%d with dimension %zd", r, i, lhs->shape[i]);
-            goto out_rhs;
+            return -1;
         }
         rstrides[i] = (r == 1) ? 0 : rst[i - pad];
     }
-    if (size == 0) {
-        rc = 0;
-        goto out_rhs;
-    }
-    if (cm_da_check(rhs)) {
-        cm_da *d = (cm_da *)rhs;
-        int eq = cm_da_alive(d) < 0
-                 ? -1 : PyObject_RichCompareBool((PyObject *)d->dtype,
-                                                 (PyObject *)dtype, Py_EQ);
-        /* another device's array that this one cannot map: via the host */
-        int far = 0;
-        cm_context *cur;
-        CUcontext prev;
+    return pad;
+}
 
-        if (eq < 0) {
-            goto out_rhs;
-        }
-        if (d->ctx != NULL) {
-            cur = cm_context_current();
-            if (cur == NULL) {
-                goto out_rhs;
-            }
-            if (cur != d->ctx) {
-                far = cm_context_can_access_peer(cur, d->ctx->device->id);
-                if (far < 0 || (far && (cm_context_enable_peer(cur, d->ctx)
-                                            < 0
-                                        || cm_wait_other_default(d->ctx, h)
-                                               < 0))) {
-                    goto out_rhs;
-                }
-                far = !far;
-            }
-        }
-        if (far) {
-            cm_da_view(d, &rv);
-            if (cm_context_enter(d->ctx, &prev) < 0) {
-                goto out_rhs;
-            }
-            host = cm_view_to_host(&rv, d->dtype, NULL, 0);
-            cm_context_leave(d->ctx, prev);
-            if (host == NULL) {
-                goto out_rhs;
-            }
-            Py_SETREF(rhs, (PyObject *)host);
-            host = NULL;
-            /* The host copy is gone when this returns: no async copy from
-             * it, but after the work already queued on h. */
-            if (async && cm_stream_wait(h) < 0) {
-                goto out_rhs;
-            }
-            rc = cm_assign(lhs, dtype, rhs, h, 0);
-            goto out_rhs;
-        }
-        if (eq) {
-            cm_da_view(d, &rv);
-            rv.ndim = lhs->ndim;
-            rv.shape = lhs->shape;
-            rv.strides = rstrides;
-            rc = cm_copy(lhs, &rv, h, async);
-            goto out_rhs;
-        }
-        /* Another numeric dtype: the kernel casts on the device. */
-        if (cm_elem_type_of(d->dtype) != CM_T_BYTES
-            && cm_elem_type_of(dtype) != CM_T_BYTES
-            && lhs->ndim <= CM_KMAXDIM) {
-            rc = cm_assign_by_kernel(lhs, cm_elem_type_of(dtype),
-                                     (CUdeviceptr)d->ptr, rstrides,
-                                     cm_elem_type_of(d->dtype), h, async);
-            goto out_rhs;
-        }
-        /* Anything else: cast on the host. */
-        cm_da_view(d, &rv);
-        host = cm_view_to_host(&rv, d->dtype, h, async);
-        if (host == NULL) {
-            goto out_rhs;
-        }
-        Py_SETREF(rhs, (PyObject *)host);
-        rst = PyArray_STRIDES(host);
-        for (i = pad; i < lhs->ndim; i++) {
-            if (rstrides[i] != 0) {
-                rstrides[i] = rst[i - pad];
-            }
-        }
-    }
-    Py_INCREF(dtype);
-    /* Steals the dtype reference. */
-    host = (PyArrayObject *)PyArray_FromArray(
-        (PyArrayObject *)rhs, dtype,
-        NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS);
-    if (host == NULL) {
-        goto out_rhs;
-    }
-    rst = PyArray_STRIDES(host);
-    for (i = pad; i < lhs->ndim; i++) {
+/* cm_assign's step: the strides of host, the host copy of the right-hand
+ * side, where rstrides[] does not broadcast. */
+static void
+cm_assign_restride(PyArrayObject *host, int pad, int ndim,
+                   Py_ssize_t *rstrides)
+{
+    const Py_ssize_t *rst = PyArray_STRIDES(host);
+    int i;
+
+    for (i = pad; i < ndim; i++) {
         if (rstrides[i] != 0) {
             rstrides[i] = rst[i - pad];
         }
     }
-    if (PyArray_SIZE(host) == 1) {
-        /* One value: a memset when all its bytes agree and lhs is one
-         * contiguous run. */
-        const unsigned char *b = PyArray_DATA(host);
-        Py_ssize_t lo;
-        Py_ssize_t span = cm_layout_span(lhs->ndim, lhs->shape,
-                                         lhs->strides, lhs->itemsize, &lo);
-        int c;
-        int f;
-        int same = 1;
+}
 
-        for (i = 1; i < lhs->itemsize; i++) {
-            same &= b[i] == b[0];
+/* cm_assign's step: whether the device array d is another device's that
+ * the current context cannot map (the assignment then goes via the host);
+ * where it can, peer access is enabled and h waits for d's context's
+ * default stream.  1, 0, or -1 with an exception. */
+static int
+cm_assign_is_far(cm_da *d, CUstream h)
+{
+    int far = 0;
+    cm_context *cur;
+
+    if (d->ctx != NULL) {
+        cur = cm_context_current();
+        if (cur == NULL) {
+            return -1;
         }
-        cm_layout_flags(lhs->ndim, lhs->shape, lhs->strides, lhs->itemsize,
-                        &c, &f);
-        if (same && (c || f)) {
-            CUdeviceptr p = (CUdeviceptr)lhs->addr + (CUdeviceptr)lo;
-            int err;
-
-            if (async) {
-                rc = CM_CU(MemsetD8Async, (p, b[0], (size_t)span, h));
+        if (cur != d->ctx) {
+            far = cm_context_can_access_peer(cur, d->ctx->device->id);
+            if (far < 0 || (far && (cm_context_enable_peer(cur, d->ctx)
+                                        < 0
+                                    || cm_wait_other_default(d->ctx, h)
+                                           < 0))) {
+                return -1;
             }
-            else {
-                CM_CU_NOGIL(err, MemsetD8, (p, b[0], (size_t)span));
-                rc = err;
-            }
-            goto out_host;
+            far = !far;
         }
     }
+    return far;
+}
+
+/* cm_assign's step for a device array d (*rhs) another device's context
+ * cannot map: *rhs replaced by its host copy, made in d's context, then
+ * assigned synchronously (after the work queued on h).  0 or -1. */
+static int
+cm_assign_via_host(const cm_view *lhs, PyArray_Descr *dtype,
+                   PyObject **rhs, CUstream h, int async)
+{
+    cm_da *d = (cm_da *)*rhs;
+    PyArrayObject *host;
+    CUcontext prev;
+    cm_view rv;
+
+    cm_da_view(d, &rv);
+    if (cm_context_enter(d->ctx, &prev) < 0) {
+        return -1;
+    }
+    host = cm_view_to_host(&rv, d->dtype, NULL, 0);
+    cm_context_leave(d->ctx, prev);
+    if (host == NULL) {
+        return -1;
+    }
+    Py_SETREF(*rhs, (PyObject *)host);
+    /* The host copy is gone when this returns: no async copy from
+     * it, but after the work already queued on h. */
+    if (async && cm_stream_wait(h) < 0) {
+        return -1;
+    }
+    return cm_assign(lhs, dtype, *rhs, h, 0);
+}
+
+/* What cm_assign_from_device returns when the assignment goes on from a
+ * host copy. */
+#define CM_ASSIGN_ON_HOST 1
+
+/* cm_assign's step for a device array on the right (*rhs): via the host
+ * when far, a copy when the dtypes are equal, the casting kernel for two
+ * numeric dtypes; 0 or -1 when done.  Else (a cast on the host)
+ * CM_ASSIGN_ON_HOST with *rhs replaced by its host copy and rstrides[]
+ * its strides. */
+static int
+cm_assign_from_device(const cm_view *lhs, PyArray_Descr *dtype,
+                      PyObject **rhs, Py_ssize_t *rstrides, int pad,
+                      CUstream h, int async)
+{
+    cm_da *d = (cm_da *)*rhs;
+    PyArrayObject *host;
+    cm_view rv;
+    int eq = cm_da_alive(d) < 0
+             ? -1 : PyObject_RichCompareBool((PyObject *)d->dtype,
+                                             (PyObject *)dtype, Py_EQ);
+    /* another device's array that this one cannot map: via the host */
+    int far;
+
+    if (eq < 0) {
+        return -1;
+    }
+    far = cm_assign_is_far(d, h);
+    if (far < 0) {
+        return -1;
+    }
+    if (far) {
+        return cm_assign_via_host(lhs, dtype, rhs, h, async);
+    }
+    if (eq) {
+        cm_da_view(d, &rv);
+        rv.ndim = lhs->ndim;
+        rv.shape = lhs->shape;
+        rv.strides = rstrides;
+        return cm_copy(lhs, &rv, h, async);
+    }
+    /* Another numeric dtype: the kernel casts on the device. */
+    if (cm_elem_type_of(d->dtype) != CM_T_BYTES
+        && cm_elem_type_of(dtype) != CM_T_BYTES
+        && lhs->ndim <= CM_KMAXDIM) {
+        return cm_assign_by_kernel(lhs, cm_elem_type_of(dtype),
+                                   (CUdeviceptr)d->ptr, rstrides,
+                                   cm_elem_type_of(d->dtype), h, async);
+    }
+    /* Anything else: cast on the host. */
+    cm_da_view(d, &rv);
+    host = cm_view_to_host(&rv, d->dtype, h, async);
+    if (host == NULL) {
+        return -1;
+    }
+    Py_SETREF(*rhs, (PyObject *)host);
+    cm_assign_restride(host, pad, lhs->ndim, rstrides);
+    return CM_ASSIGN_ON_HOST;
+}
+
+/* cm_assign's step for one host value (host, of dtype): a memset when
+ * all its bytes agree and lhs is one contiguous run.  1 with *rc the
+ * result when it did, else 0. */
+static int
+cm_assign_memset(const cm_view *lhs, PyArrayObject *host, CUstream h,
+                 int async, int *rc)
+{
+    const unsigned char *b = PyArray_DATA(host);
+    Py_ssize_t lo;
+    Py_ssize_t span = cm_layout_span(lhs->ndim, lhs->shape,
+                                     lhs->strides, lhs->itemsize, &lo);
+    int c;
+    int f;
+    int same = 1;
+    int i;
+
+    for (i = 1; i < lhs->itemsize; i++) {
+        same &= b[i] == b[0];
+    }
+    cm_layout_flags(lhs->ndim, lhs->shape, lhs->strides, lhs->itemsize,
+                    &c, &f);
+    if (same && (c || f)) {
+        CUdeviceptr p = (CUdeviceptr)lhs->addr + (CUdeviceptr)lo;
+        int err;
+
+        if (async) {
+            *rc = CM_CU(MemsetD8Async, (p, b[0], (size_t)span, h));
+        }
+        else {
+            CM_CU_NOGIL(err, MemsetD8, (p, b[0], (size_t)span));
+            *rc = err;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* cm_assign's step for a host value (host, of dtype, C-contiguous; size
+ * the elements of lhs): a broadcast by the kernel, or a copy, from a
+ * page-locked copy of the value when async.  0 or -1. */
+static int
+cm_assign_from_host(const cm_view *lhs, PyArrayObject *host,
+                    const Py_ssize_t *rstrides, Py_ssize_t size, CUstream h,
+                    int async)
+{
+    cm_view rv;
+    int rc;
+
     if (PyArray_SIZE(host) < size && lhs->ndim <= CM_KMAXDIM) {
         /* Broadcast: upload the value once, then the kernel spreads it. */
-        rc = cm_assign_broadcast(lhs, host, rstrides, h, async);
-        goto out_host;
+        return cm_assign_broadcast(lhs, host, rstrides, h, async);
     }
     cm_nd_view(host, &rv);
     rv.ndim = lhs->ndim;
@@ -484,7 +550,7 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
                                      (size_t)PyArray_NBYTES(host));
 
         if (ctx == NULL) {
-            goto out_host;
+            return -1;
         }
         if (slot >= 0) {
             rv.addr = (uintptr_t)cm_hv[slot].buf;
@@ -492,7 +558,7 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
             if (cm_hostval_queued(ctx, slot, h) < 0) {
                 rc = -1;
             }
-            goto out_host;
+            return rc;
         }
     }
     rc = cm_copy(lhs, &rv, h, async);
@@ -500,7 +566,57 @@ cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
     if (rc == 0 && async) {
         rc = cm_stream_wait(h);
     }
-out_host:
+    return rc;
+}
+
+static int
+cm_assign(const cm_view *lhs, PyArray_Descr *dtype, PyObject *value,
+          CUstream h, int async)
+{
+    Py_ssize_t rstrides[NPY_MAXDIMS];
+    PyObject *rhs;
+    PyArrayObject *host;
+    Py_ssize_t size = 1;
+    int pad;
+    int i;
+    int rc = -1;
+
+    for (i = 0; i < lhs->ndim; i++) {
+        size *= lhs->shape[i];
+    }
+    rhs = cm_assign_rhs(dtype, value);
+    if (rhs == NULL) {
+        return -1;
+    }
+    pad = cm_assign_broadcast_strides(lhs, rhs, rstrides);
+    if (pad < 0) {
+        goto out_rhs;
+    }
+    if (size == 0) {
+        rc = 0;
+        goto out_rhs;
+    }
+    if (cm_da_check(rhs)) {
+        rc = cm_assign_from_device(lhs, dtype, &rhs, rstrides, pad, h,
+                                   async);
+        if (rc != CM_ASSIGN_ON_HOST) {
+            goto out_rhs;
+        }
+        rc = -1;
+    }
+    Py_INCREF(dtype);
+    /* Steals the dtype reference. */
+    host = (PyArrayObject *)PyArray_FromArray(
+        (PyArrayObject *)rhs, dtype,
+        NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS);
+    if (host == NULL) {
+        goto out_rhs;
+    }
+    cm_assign_restride(host, pad, lhs->ndim, rstrides);
+    if (PyArray_SIZE(host) != 1
+        || !cm_assign_memset(lhs, host, h, async, &rc)) {
+        rc = cm_assign_from_host(lhs, host, rstrides, size, h, async);
+    }
     Py_DECREF(host);
 out_rhs:
     Py_DECREF(rhs);

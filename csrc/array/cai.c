@@ -2,6 +2,10 @@
 /*
  * array/cai.c: the CUDA Array Interface import (foreign objects as
  * device arrays).
+ *
+ * Locks and the GIL: no lock; the GIL is held but around the
+ * synchronisation on the dict's stream (CM_CU_NOGIL, cm_cai_stream),
+ * which touches only the stream handle.
  */
 #include "array/devicearray.h"
 
@@ -116,72 +120,59 @@ cm_check_extent(CUdeviceptr p, Py_ssize_t lo, size_t n, const char *what,
     return 0;
 }
 
-/* A DeviceNDArray view over the memory a CAI dict describes, owned by
- * owner (may be NULL).  Synchronises on the dict's stream when sync and
- * config.CUDA_ARRAY_INTERFACE_SYNC are both true. */
-PyObject *
-cm_from_cai(PyObject *desc, PyObject *owner, int sync)
+/* cm_from_cai's step: the dict's 'version' (0 to 3) and, from version 1,
+ * no 'mask'.  0, or -1 with an exception. */
+static int
+cm_cai_version(PyObject *desc)
 {
-    Py_ssize_t shape[NPY_MAXDIMS];
-    Py_ssize_t strides[NPY_MAXDIMS];
-    PyArray_Descr *dtype = NULL;
-    PyObject *bound = NULL;
-    PyObject *res = NULL;
     PyObject *v;
-    PyObject *d;
-    PyObject *data;
-    unsigned long long ptr;
     Py_ssize_t version;
-    Py_ssize_t lo;
-    Py_ssize_t span;
-    Py_ssize_t n;
-    CUstream h = NULL;
-    int ndim;
-    int i;
-    int err;
 
-    if (!PyDict_Check(desc)) {
-        PyErr_Format(PyExc_TypeError,
-                     "__cuda_array_interface__ must be a dict, not %.100s",
-                     Py_TYPE(desc)->tp_name);
-        return NULL;
-    }
-    if (cm_context_current() == NULL) {
-        return NULL;
-    }
     v = PyDict_GetItemWithError(desc, ST->str_version);
     if (v == NULL || v == Py_None) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError,
                             "__cuda_array_interface__ has no 'version'");
         }
-        return NULL;
+        return -1;
     }
     if (!PyLong_Check(v)) {
         PyErr_SetString(PyExc_TypeError,
                         "__cuda_array_interface__ 'version' must be an int");
-        return NULL;
+        return -1;
     }
     version = PyLong_AsSsize_t(v);
     if (version == -1 && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     if (version > 3 || version < 0) {
         PyErr_Format(PyExc_ValueError,
                      "__cuda_array_interface__ 'version' %zd is not "
                      "supported (0 to 3 are)", version);
-        return NULL;
+        return -1;
     }
     v = PyDict_GetItemWithError(desc, ST->str_mask);
     if (v == NULL && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     if (version >= 1 && v != NULL && v != Py_None) {
         PyErr_SetString(PyExc_NotImplementedError,
                         "Masked arrays are not supported");
-        return NULL;
+        return -1;
     }
-    /* shape */
+    return 0;
+}
+
+/* cm_from_cai's step: the dict's 'shape' into shape[] (NPY_MAXDIMS
+ * entries).  ndim, or -1 with an exception. */
+static int
+cm_cai_shape(PyObject *desc, Py_ssize_t *shape)
+{
+    PyObject *v;
+    Py_ssize_t n;
+    int ndim;
+    int i;
+
     v = PyDict_GetItemWithError(desc, ST->str_shape);
     if (v == NULL || !PyTuple_Check(v)) {
         if (!PyErr_Occurred()) {
@@ -189,28 +180,40 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
                             "__cuda_array_interface__ 'shape' must be a "
                             "tuple of ints");
         }
-        return NULL;
+        return -1;
     }
     n = PyTuple_GET_SIZE(v);
     if (n > NPY_MAXDIMS) {
         PyErr_SetString(PyExc_ValueError,
                         "__cuda_array_interface__ 'shape' has too many "
                         "dimensions");
-        return NULL;
+        return -1;
     }
     ndim = (int)n;
     for (i = 0; i < ndim; i++) {
         if (cm_as_ssize(PyTuple_GET_ITEM(v, i), &shape[i]) < 0) {
-            return NULL;
+            return -1;
         }
         if (shape[i] < 0) {
             PyErr_SetString(PyExc_ValueError,
                             "__cuda_array_interface__ 'shape' has a "
                             "negative dimension");
-            return NULL;
+            return -1;
         }
     }
-    /* typestr (descr for structured types) */
+    return ndim;
+}
+
+/* cm_from_cai's step: the dtype of the dict's 'typestr' ('descr' for
+ * structured types); no Python objects.  A new reference, or NULL with an
+ * exception. */
+static PyArray_Descr *
+cm_cai_dtype(PyObject *desc)
+{
+    PyArray_Descr *dtype = NULL;
+    PyObject *v;
+    PyObject *d;
+
     v = PyDict_GetItemWithError(desc, ST->str_typestr);
     if (v == NULL || !PyUnicode_Check(v)) {
         if (!PyErr_Occurred()) {
@@ -248,35 +251,61 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
         PyErr_SetString(PyExc_ValueError,
                         "__cuda_array_interface__ 'typestr' describes "
                         "Python objects");
-        goto out_dtype;
+        Py_DECREF(dtype);
+        return NULL;
     }
-    /* strides */
+    return dtype;
+}
+
+/* cm_from_cai's step: the dict's 'strides' into strides[] (compact when
+ * absent or None), then the layout's size and span checked.  0, or -1
+ * with an exception. */
+static int
+cm_cai_strides(PyObject *desc, int ndim, const Py_ssize_t *shape,
+               Py_ssize_t itemsize, Py_ssize_t *strides)
+{
+    PyObject *v;
+    int i;
+
     v = PyDict_GetItemWithError(desc, ST->str_strides);
     if (v == NULL && PyErr_Occurred()) {
-        goto out_dtype;
+        return -1;
     }
     if (v == NULL || v == Py_None) {
-        cm_layout_compact(ndim, shape, PyDataType_ELSIZE(dtype), 0, strides);
+        cm_layout_compact(ndim, shape, itemsize, 0, strides);
     }
     else {
         if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != ndim) {
             PyErr_SetString(PyExc_ValueError,
                             "__cuda_array_interface__ 'strides' must be "
                             "None or a tuple of ints as long as 'shape'");
-            goto out_dtype;
+            return -1;
         }
         for (i = 0; i < ndim; i++) {
             if (cm_as_ssize(PyTuple_GET_ITEM(v, i), &strides[i]) < 0) {
-                goto out_dtype;
+                return -1;
             }
         }
     }
-    if (cm_check_size(ndim, shape, PyDataType_ELSIZE(dtype)) < 0
-        || cm_check_span(ndim, shape, strides, PyDataType_ELSIZE(dtype))
-               < 0) {
-        goto out_dtype;
+    if (cm_check_size(ndim, shape, itemsize) < 0
+        || cm_check_span(ndim, shape, strides, itemsize) < 0) {
+        return -1;
     }
-    /* data */
+    return 0;
+}
+
+/* cm_from_cai's step: the pointer of the dict's 'data' into *ptr, and,
+ * when the layout spans bytes, the check that they lie in live memory
+ * the device can use.  0, or -1 with an exception. */
+static int
+cm_cai_data(PyObject *desc, int ndim, const Py_ssize_t *shape,
+            const Py_ssize_t *strides, Py_ssize_t itemsize,
+            unsigned long long *ptr)
+{
+    PyObject *data;
+    Py_ssize_t lo;
+    Py_ssize_t span;
+
     data = PyDict_GetItemWithError(desc, ST->str_data);
     if (data == NULL || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2
         || !PyLong_Check(PyTuple_GET_ITEM(data, 0))) {
@@ -285,39 +314,53 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
                             "__cuda_array_interface__ 'data' must be a "
                             "tuple (pointer: int, read_only: bool)");
         }
-        goto out_dtype;
+        return -1;
     }
-    ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
-    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) {
-        goto out_dtype;
+    *ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
+    if (*ptr == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
     }
-    span = cm_layout_span(ndim, shape, strides, PyDataType_ELSIZE(dtype), &lo);
+    span = cm_layout_span(ndim, shape, strides, itemsize, &lo);
     if (span > 0) {
-        if (ptr == 0) {
+        if (*ptr == 0) {
             PyErr_SetString(PyExc_ValueError,
                             "__cuda_array_interface__ 'data' is a NULL "
                             "pointer for a non-empty array");
-            goto out_dtype;
+            return -1;
         }
-        if ((unsigned long long)(-lo) > ptr
-            || ptr + (unsigned long long)(span + lo) < ptr) {
+        if ((unsigned long long)(-lo) > *ptr
+            || *ptr + (unsigned long long)(span + lo) < *ptr) {
             PyErr_SetString(PyExc_ValueError,
                             "__cuda_array_interface__ 'strides' reach "
                             "outside the address space");
-            goto out_dtype;
+            return -1;
         }
         /* The view must lie in live memory the device can use. */
-        if (cm_check_extent((CUdeviceptr)ptr, lo, (size_t)span,
+        if (cm_check_extent((CUdeviceptr)*ptr, lo, (size_t)span,
                             "__cuda_array_interface__ 'data'",
                             "__cuda_array_interface__ 'strides' reach")
                 < 0) {
-            goto out_dtype;
+            return -1;
         }
     }
-    /* stream */
+    return 0;
+}
+
+/* cm_from_cai's step: the dict's 'stream': *bound a new reference to the
+ * external stream object, or NULL when absent or None; synchronised when
+ * sync and config.CUDA_ARRAY_INTERFACE_SYNC are both true.  0, or -1 with
+ * an exception (*bound then NULL). */
+static int
+cm_cai_stream(PyObject *desc, int sync, PyObject **bound)
+{
+    PyObject *v;
+    CUstream h = NULL;
+    int err;
+
+    *bound = NULL;
     v = PyDict_GetItemWithError(desc, ST->str_stream);
     if (v == NULL && PyErr_Occurred()) {
-        goto out_dtype;
+        return -1;
     }
     if (v != NULL && v != Py_None) {
         void *hp;
@@ -327,27 +370,70 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
             PyErr_SetString(PyExc_TypeError,
                             "__cuda_array_interface__ 'stream' must be an "
                             "int or None");
-            goto out_dtype;
+            return -1;
         }
         hp = PyLong_AsVoidPtr(v);
         if (hp == NULL && PyErr_Occurred()) {
-            goto out_dtype;
+            return -1;
         }
         h = (CUstream)hp;
-        bound = cm_stream_external(h);
-        if (bound == NULL) {
-            goto out_dtype;
+        *bound = cm_stream_external(h);
+        if (*bound == NULL) {
+            return -1;
         }
         want = sync ? cm_config_cai_sync() : 0;
         if (want < 0) {
-            goto out_bound;
+            Py_CLEAR(*bound);
+            return -1;
         }
         if (want) {
             CM_CU_NOGIL(err, StreamSynchronize, (h));
             if (err < 0) {
-                goto out_bound;
+                Py_CLEAR(*bound);
+                return -1;
             }
         }
+    }
+    return 0;
+}
+
+/* A DeviceNDArray view over the memory a CAI dict describes, owned by
+ * owner (may be NULL).  Synchronises on the dict's stream when sync and
+ * config.CUDA_ARRAY_INTERFACE_SYNC are both true. */
+PyObject *
+cm_from_cai(PyObject *desc, PyObject *owner, int sync)
+{
+    Py_ssize_t shape[NPY_MAXDIMS];
+    Py_ssize_t strides[NPY_MAXDIMS];
+    PyArray_Descr *dtype;
+    PyObject *bound = NULL;
+    PyObject *res = NULL;
+    unsigned long long ptr;
+    int ndim;
+
+    if (!PyDict_Check(desc)) {
+        PyErr_Format(PyExc_TypeError,
+                     "__cuda_array_interface__ must be a dict, not %.100s",
+                     Py_TYPE(desc)->tp_name);
+        return NULL;
+    }
+    if (cm_context_current() == NULL || cm_cai_version(desc) < 0) {
+        return NULL;
+    }
+    ndim = cm_cai_shape(desc, shape);
+    if (ndim < 0) {
+        return NULL;
+    }
+    dtype = cm_cai_dtype(desc);
+    if (dtype == NULL) {
+        return NULL;
+    }
+    if (cm_cai_strides(desc, ndim, shape, PyDataType_ELSIZE(dtype), strides)
+            < 0
+        || cm_cai_data(desc, ndim, shape, strides, PyDataType_ELSIZE(dtype),
+                       &ptr) < 0
+        || cm_cai_stream(desc, sync, &bound) < 0) {
+        goto out_dtype;
     }
     res = cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dtype,
                      (CUdeviceptr)ptr, owner != NULL ? owner : Py_None,
@@ -356,7 +442,6 @@ cm_from_cai(PyObject *desc, PyObject *owner, int sync)
         /* gpu_data shows a MemoryPointer that the owner keeps alive. */
         ((cm_da *)res)->gpu_foreign = 1;
     }
-out_bound:
     Py_XDECREF(bound);
 out_dtype:
     Py_DECREF(dtype);

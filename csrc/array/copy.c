@@ -3,6 +3,20 @@
  * array/copy.c: the copy engine: joins the two sides of a copy into one
  * layout and issues the fewest driver copies (1-D, 2-D or 3-D pieces), the
  * internal kernel, or host packing for a strided host side.
+ *
+ * Locks and the GIL: no lock of its own (cm_host_pageable takes the host
+ * registry's lock inside cm_hostmem_registered, alone and around no
+ * driver call).  Called with the GIL; this file decides where a copy's
+ * driver calls run without it: the direct route (cm_copy_direct) and
+ * cm_copy_pageable drop it (CM_DRIVER_BEGIN_NOGIL) around the pieces,
+ * touching only the joint layout and plan (C locals) and the copy's
+ * bytes, and cm_stream_wait drops it (CM_CU_NOGIL).  The keep-GIL route
+ * (cm_copy_keeps_gil: page-locked memory while cm_keep_gil_now, a short
+ * host-to-device copy while cm_keep_gil_auto_now) enqueues with it kept
+ * (CM_CU_RAW still yields it while Python callbacks are in flight).  A
+ * direct asynchronous copy into host memory the caller could not place
+ * writes the thread-local hint cm_done_hint (its stream).  The staging
+ * pipeline and the internal kernel handle the GIL themselves.
  */
 #include "array/devicearray.h"
 
@@ -25,102 +39,116 @@ typedef struct {
     Py_ssize_t pieces;         /* product of the loop dimensions */
 } cm_plan;
 
-static int
-cm_joint_build(cm_joint *j, const cm_view *dst, const cm_view *src,
-               int key_is_dst)
+/* cm_joint_build's step: the extents of v that are not 1, and their
+ * strides, into shape[] and strides[]; their count.  Multiplies *count by
+ * every extent of v when count is not NULL. */
+static inline int
+cm_joint_squeeze(const cm_view *v, Py_ssize_t *shape, Py_ssize_t *strides,
+                 Py_ssize_t *count)
 {
-    Py_ssize_t dsh[NPY_MAXDIMS];
-    Py_ssize_t dst_[NPY_MAXDIMS];
-    Py_ssize_t ssh[NPY_MAXDIMS];
-    Py_ssize_t sst[NPY_MAXDIMS];
-    Py_ssize_t *ks;
-    Py_ssize_t *os;
-    int nd = 0;
-    int ns = 0;
+    int n = 0;
     int i;
-    int k;
 
-    j->itemsize = dst->itemsize;
-    j->dst = dst->addr;
-    j->src = src->addr;
-    j->dst_dev = dst->device;
-    j->src_dev = src->device;
-    j->count = 1;
-    for (i = 0; i < dst->ndim; i++) {
-        if (dst->shape[i] != 1) {
-            dsh[nd] = dst->shape[i];
-            dst_[nd++] = dst->strides[i];
+    for (i = 0; i < v->ndim; i++) {
+        if (v->shape[i] != 1) {
+            shape[n] = v->shape[i];
+            strides[n++] = v->strides[i];
         }
-        j->count *= dst->shape[i];
-    }
-    for (i = 0; i < src->ndim; i++) {
-        if (src->shape[i] != 1) {
-            ssh[ns] = src->shape[i];
-            sst[ns++] = src->strides[i];
+        if (count != NULL) {
+            *count *= v->shape[i];
         }
     }
-    if (nd != ns || memcmp(dsh, ssh, nd * sizeof(Py_ssize_t)) != 0
-        || dst->itemsize != src->itemsize) {
-        PyErr_SetString(PyExc_ValueError,
-                        "copy: the arrays differ in shape or itemsize");
-        return -1;
-    }
-    j->ndim = 0;
-    if (j->count == 0) {
-        return 0;
-    }
-    for (i = 0; i < nd; i++) {
-        if (dst_[i] == 0 && sst[i] == 0) {
+    return n;
+}
+
+/* cm_joint_build's step: the n squeezed dimensions into j, but for those
+ * where both sides stay put (zero strides).  0, or -1 with ValueError
+ * where only the destination stays put. */
+static inline int
+cm_joint_moving(cm_joint *j, int n, const Py_ssize_t *shape,
+                const Py_ssize_t *dst_strides, const Py_ssize_t *src_strides)
+{
+    int i;
+
+    for (i = 0; i < n; i++) {
+        if (dst_strides[i] == 0 && src_strides[i] == 0) {
             continue;
         }
-        if (dst_[i] == 0) {
+        if (dst_strides[i] == 0) {
             PyErr_SetString(PyExc_ValueError,
                             "copy: the destination has a zero stride "
                             "(a broadcast view) where the source has not; "
                             "it cannot be written element by element");
             return -1;
         }
-        j->shape[j->ndim] = dsh[i];
-        j->ds[j->ndim] = dst_[i];
-        j->ss[j->ndim] = sst[i];
+        j->shape[j->ndim] = shape[i];
+        j->ds[j->ndim] = dst_strides[i];
+        j->ss[j->ndim] = src_strides[i];
         j->ndim++;
     }
-    ks = key_is_dst ? j->ds : j->ss;
-    os = key_is_dst ? j->ss : j->ds;
-    /* Make the key side ascend in memory. */
+    return 0;
+}
+
+/* cm_joint_build's step: make the key side (the destination when
+ * key_is_dst, else the source) ascend in memory, both sides' first
+ * elements moved to the other end of each flipped dimension. */
+static inline void
+cm_joint_ascend(cm_joint *j, Py_ssize_t *key_strides,
+                Py_ssize_t *other_strides, int key_is_dst)
+{
+    int i;
+
     for (i = 0; i < j->ndim; i++) {
-        if (ks[i] < 0) {
+        if (key_strides[i] < 0) {
             Py_ssize_t n1 = j->shape[i] - 1;
 
             if (key_is_dst) {
-                j->dst += (uintptr_t)(n1 * ks[i]);
-                j->src += (uintptr_t)(n1 * os[i]);
+                j->dst += (uintptr_t)(n1 * key_strides[i]);
+                j->src += (uintptr_t)(n1 * other_strides[i]);
             }
             else {
-                j->src += (uintptr_t)(n1 * ks[i]);
-                j->dst += (uintptr_t)(n1 * os[i]);
+                j->src += (uintptr_t)(n1 * key_strides[i]);
+                j->dst += (uintptr_t)(n1 * other_strides[i]);
             }
-            ks[i] = -ks[i];
-            os[i] = -os[i];
+            key_strides[i] = -key_strides[i];
+            other_strides[i] = -other_strides[i];
         }
     }
-    /* Sort outermost first by the key side's stride (insertion, stable). */
+}
+
+/* cm_joint_build's step: sort the dimensions outermost first by the key
+ * side's stride (insertion, stable). */
+static inline void
+cm_joint_sort(cm_joint *j, Py_ssize_t *key_strides,
+              Py_ssize_t *other_strides)
+{
+    int i;
+    int k;
+
     for (i = 1; i < j->ndim; i++) {
         Py_ssize_t sh = j->shape[i];
-        Py_ssize_t a = ks[i];
-        Py_ssize_t b = os[i];
+        Py_ssize_t a = key_strides[i];
+        Py_ssize_t b = other_strides[i];
 
-        for (k = i; k > 0 && ks[k - 1] < a; k--) {
+        for (k = i; k > 0 && key_strides[k - 1] < a; k--) {
             j->shape[k] = j->shape[k - 1];
-            ks[k] = ks[k - 1];
-            os[k] = os[k - 1];
+            key_strides[k] = key_strides[k - 1];
+            other_strides[k] = other_strides[k - 1];
         }
         j->shape[k] = sh;
-        ks[k] = a;
-        os[k] = b;
+        key_strides[k] = a;
+        other_strides[k] = b;
     }
-    /* Merge an outer dimension into the inner one where both sides
-     * continue evenly. */
+}
+
+/* cm_joint_build's step: merge an outer dimension into the inner one
+ * where both sides continue evenly. */
+static inline void
+cm_joint_merge(cm_joint *j)
+{
+    int i;
+    int k;
+
     for (i = j->ndim - 2; i >= 0; i--) {
         if (j->ds[i] == j->shape[i + 1] * j->ds[i + 1]
             && j->ss[i] == j->shape[i + 1] * j->ss[i + 1]) {
@@ -135,6 +163,52 @@ cm_joint_build(cm_joint *j, const cm_view *dst, const cm_view *src,
             j->ndim--;
         }
     }
+}
+
+/* The joint layout of a copy from src to dst (same shape once size-1
+ * dimensions are dropped, same itemsize): the dimensions that move, the
+ * key side ascending, sorted outermost first, merged where both sides
+ * continue evenly.  0, or -1 with ValueError. */
+static int
+cm_joint_build(cm_joint *j, const cm_view *dst, const cm_view *src,
+               int key_is_dst)
+{
+    Py_ssize_t dst_shape[NPY_MAXDIMS];
+    Py_ssize_t dst_strides[NPY_MAXDIMS];
+    Py_ssize_t src_shape[NPY_MAXDIMS];
+    Py_ssize_t src_strides[NPY_MAXDIMS];
+    Py_ssize_t *key_strides;
+    Py_ssize_t *other_strides;
+    int nd;
+    int ns;
+
+    j->itemsize = dst->itemsize;
+    j->dst = dst->addr;
+    j->src = src->addr;
+    j->dst_dev = dst->device;
+    j->src_dev = src->device;
+    j->count = 1;
+    nd = cm_joint_squeeze(dst, dst_shape, dst_strides, &j->count);
+    ns = cm_joint_squeeze(src, src_shape, src_strides, NULL);
+    if (nd != ns
+        || memcmp(dst_shape, src_shape, nd * sizeof(Py_ssize_t)) != 0
+        || dst->itemsize != src->itemsize) {
+        PyErr_SetString(PyExc_ValueError,
+                        "copy: the arrays differ in shape or itemsize");
+        return -1;
+    }
+    j->ndim = 0;
+    if (j->count == 0) {
+        return 0;
+    }
+    if (cm_joint_moving(j, nd, dst_shape, dst_strides, src_strides) < 0) {
+        return -1;
+    }
+    key_strides = key_is_dst ? j->ds : j->ss;
+    other_strides = key_is_dst ? j->ss : j->ds;
+    cm_joint_ascend(j, key_strides, other_strides, key_is_dst);
+    cm_joint_sort(j, key_strides, other_strides);
+    cm_joint_merge(j);
     return 0;
 }
 
@@ -543,6 +617,94 @@ cm_copy_keeps_gil(const cm_joint *j, const cm_plan *p, int host)
            && cm_keep_gil_auto_now();
 }
 
+/* The routes of a copy (cm_copy_impl), in the order they are tried. */
+enum cm_copy_route {
+    CM_ROUTE_NONE,       /* no element to copy */
+    CM_ROUTE_HOST,       /* host to host: memcpy (cm_host_copy) */
+    CM_ROUTE_PIPELINE,   /* between the host, not cudamem's page-locked
+                          * memory, and a device: offered to the staging
+                          * pipeline first, which may decline */
+    CM_ROUTE_KERNEL,     /* device to device in several pieces: the
+                          * internal kernel */
+    CM_ROUTE_STAGED,     /* several pieces otherwise: through a compact
+                          * host buffer (cm_copy_staged) */
+    CM_ROUTE_PAGEABLE,   /* a synchronous copy of one piece with a host
+                          * side that may be pageable: cm_copy_pageable */
+    CM_ROUTE_KEEP_GIL,   /* one asynchronous enqueue, the GIL kept */
+    CM_ROUTE_DIRECT      /* the driver copies, the GIL released */
+};
+
+/* The route of a copy over the joint layout j of dst and src (count
+ * known), with the plan of the routes past the pipeline made into *p.
+ * piped: the staging pipeline declined it already (CM_ROUTE_PIPELINE is
+ * not given again).  *mode: the direction's cm_sync_copy_call value, for
+ * CM_ROUTE_PAGEABLE. */
+static inline enum cm_copy_route
+cm_copy_route_of(const cm_view *dst, const cm_view *src, const cm_joint *j,
+                 cm_plan *p, int async, int may_stage, int host, int piped,
+                 int *mode)
+{
+    if (!piped) {
+        if (j->count == 0) {
+            return CM_ROUTE_NONE;
+        }
+        if (!dst->device && !src->device) {
+            return CM_ROUTE_HOST;
+        }
+        /* Large pageable transfers go through the staging pipeline;
+         * cudamem's own page-locked memory goes direct without asking
+         * (the pipeline's own check would find it page-locked, at the
+         * cost of a context query, a registry lookup, a pointer query
+         * and, on a stream, a capture query). */
+        if (dst->device != src->device && host != CM_HOST_LOCKED) {
+            return CM_ROUTE_PIPELINE;
+        }
+    }
+    cm_plan_make(j, p);
+    if (p->pieces > 1 && dst->device && src->device
+        && j->ndim <= CM_KMAXDIM) {
+        /* No 2-D / 3-D copy expresses it: the internal kernel does. */
+        return CM_ROUTE_KERNEL;
+    }
+    if (p->pieces > 1 && may_stage) {
+        /* Make the host side follow the device side's layout (or, past
+         * the kernel's dimension limit, stage a device-to-device copy
+         * through the host). */
+        return CM_ROUTE_STAGED;
+    }
+    if (!async && host == CM_HOST_UNKNOWN && p->pieces == 1 && !p->has_y
+        && dst->device != src->device
+        && (*mode = __atomic_load_n(
+                &cm_sync_copy_call[src->device ? CM_SYNC_DTOH : CM_SYNC_HTOD],
+                __ATOMIC_RELAXED)) != CM_SYNC_CALL) {
+        return CM_ROUTE_PAGEABLE;
+    }
+    if (async && p->pieces == 1 && dst->device != src->device
+        && cm_copy_keeps_gil(j, p, host)) {
+        return CM_ROUTE_KEEP_GIL;
+    }
+    return CM_ROUTE_DIRECT;
+}
+
+/* The driver copies of the plan, the GIL released; an asynchronous copy
+ * into host memory the caller could not place leaves stream in
+ * cm_done_hint (the thread's hint for the next completion wait). */
+static inline int
+cm_copy_direct(const cm_joint *j, const cm_plan *p, CUstream stream,
+               int async, int host, int dst_device)
+{
+    const char *fn = "cuMemcpy";
+    CUresult rc;
+
+    CM_DRIVER_BEGIN_NOGIL
+    rc = cm_pieces_run(j, p, stream, async, &fn);
+    CM_DRIVER_END_NOGIL
+    if (host == CM_HOST_UNKNOWN && async && !dst_device) {
+        cm_done_hint = stream;
+    }
+    return cm_cu_check(rc, fn);
+}
+
 static int
 cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
              int async, int may_stage, int host)
@@ -552,6 +714,10 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     const char *fn = "cuMemcpy";
     CUresult rc;
     int mode;
+    int piped;
+    int t;
+    int r;
+    enum cm_copy_route route;
 
     if (!async && (dst->device || src->device)
         && cm_capture_refuse_sync("a synchronous copy") < 0) {
@@ -560,61 +726,42 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
     if (cm_joint_build(&j, dst, src, dst->device || !src->device) < 0) {
         return -1;
     }
-    if (j.count == 0) {
-        return 0;
-    }
-    if (!dst->device && !src->device) {
-        cm_host_copy(&j);
-        return 0;
-    }
-    if (dst->device != src->device && host != CM_HOST_LOCKED) {
-        /* Large pageable transfers go through the staging pipeline;
-         * cudamem's own page-locked memory goes direct without asking
-         * (the pipeline's own check would find it page-locked, at the
-         * cost of a context query, a registry lookup, a pointer query
-         * and, on a stream, a capture query). */
-        int r = cm_copy_try_staging(&j, stream, async);
-
+    /* Once the pipeline declines, the route past it. */
+    for (piped = 0;; piped = 1) {
+        route = cm_copy_route_of(dst, src, &j, &p, async, may_stage, host,
+                                 piped, &mode);
+        if (route != CM_ROUTE_PIPELINE) {
+            break;
+        }
+        r = cm_copy_try_staging(&j, stream, async);
         if (r != 0) {
             return r < 0 ? -1 : 0;
         }
     }
-    cm_plan_make(&j, &p);
-    if (p.pieces > 1 && dst->device && src->device
-        && j.ndim <= CM_KMAXDIM) {
-        /* No 2-D / 3-D copy expresses it: the internal kernel does. */
-        int t = cm_raw_type(j.itemsize);
-
+    switch (route) {
+    case CM_ROUTE_NONE:
+    case CM_ROUTE_PIPELINE:    /* not left the loop with */
+        return 0;
+    case CM_ROUTE_HOST:
+        cm_host_copy(&j);
+        return 0;
+    case CM_ROUTE_KERNEL:
+        t = cm_raw_type(j.itemsize);
         return cm_copy_by_kernel(&j, t, t, stream, async);
-    }
-    if (p.pieces > 1 && may_stage) {
-        /* Make the host side follow the device side's layout (or, past
-         * the kernel's dimension limit, stage a device-to-device copy
-         * through the host). */
+    case CM_ROUTE_STAGED:
         return cm_copy_staged(dst, src, src->device ? src : dst, stream,
                               async);
-    }
-    if (!async && host == CM_HOST_UNKNOWN && p.pieces == 1 && !p.has_y
-        && dst->device != src->device
-        && (mode = __atomic_load_n(
-                &cm_sync_copy_call[src->device ? CM_SYNC_DTOH : CM_SYNC_HTOD],
-                __ATOMIC_RELAXED)) != CM_SYNC_CALL) {
+    case CM_ROUTE_PAGEABLE:
         return cm_copy_pageable(&j, &p, mode);
-    }
-    if (async && p.pieces == 1 && dst->device != src->device
-        && cm_copy_keeps_gil(&j, &p, host)) {
+    case CM_ROUTE_KEEP_GIL:
         /* One enqueue that returns at once: the GIL kept (CM_CU_RAW
          * still gives it up while callbacks are in flight). */
         rc = cm_pieces_run(&j, &p, stream, async, &fn);
         return cm_cu_check(rc, fn);
+    case CM_ROUTE_DIRECT:
+        break;
     }
-    CM_DRIVER_BEGIN_NOGIL
-    rc = cm_pieces_run(&j, &p, stream, async, &fn);
-    CM_DRIVER_END_NOGIL
-    if (host == CM_HOST_UNKNOWN && async && !dst->device) {
-        cm_done_hint = stream;
-    }
-    return cm_cu_check(rc, fn);
+    return cm_copy_direct(&j, &p, stream, async, host, dst->device);
 }
 
 int

@@ -12,8 +12,13 @@
  * alive (gpu_data: an AutoFreePointer, or a foreign CAI object) and to its
  * bound stream; it never frees memory itself.
  *
- * Locking: none of its own; the GIL is held except around driver calls
- * that can wait, which touch only C locals.
+ * Also the hooks through which the files that extend device arrays
+ * (dlpack.c, the features layer) see one: cm_da_describe,
+ * cm_da_bound_stream, cm_da_activate_ctx, cm_da_wrap.
+ *
+ * Locks and the GIL: no lock; the GIL is held throughout (its one driver
+ * call, a context query, is CM_CU_RAW, which yields the GIL only while
+ * Python callbacks are in flight).
  */
 #include "array/devicearray.h"
 
@@ -526,4 +531,45 @@ cm_check_compatible(PyArray_Descr *d1, int n1, const Py_ssize_t *s1,
     Py_XDECREF(t1);
     Py_XDECREF(t2);
     return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Hooks for the files that extend device arrays                       */
+/* ------------------------------------------------------------------ */
+
+int
+cm_da_describe(PyObject *obj, cm_da_desc *d)
+{
+    cm_da *a = (cm_da *)obj;
+
+    if (!cm_da_check(obj)) {
+        return 0;
+    }
+    cm_da_view(a, &d->view);
+    d->dtype = a->dtype;
+    d->stream = a->stream;
+    d->gpu_data = a->gpu_data;
+    d->ctx = a->ctx;
+    return 1;
+}
+
+int
+cm_da_bound_stream(PyObject *obj, CUstream *h)
+{
+    return cm_effective_stream(NULL, ((cm_da *)obj)->stream, h);
+}
+
+int
+cm_da_activate_ctx(PyObject *obj)
+{
+    return cm_da_activate((cm_da *)obj);
+}
+
+PyObject *
+cm_da_wrap(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+           PyArray_Descr *dtype, CUdeviceptr ptr, PyObject *owner,
+           PyObject *stream)
+{
+    return cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dtype,
+                      ptr, owner, stream);
 }

@@ -20,8 +20,9 @@
  * zero (broadcast) strides are exported and imported as they are; byte
  * strides that are not a multiple of the itemsize cannot be described.
  *
- * Locking: none of its own; the GIL is held except inside a deleter
- * called by a consumer, which takes it before touching Python objects.
+ * Locks and the GIL: no lock of its own; the GIL is held except inside
+ * a deleter called by a consumer, which takes it before touching Python
+ * objects.
  */
 #include "array/array.h"
 #include "array/dlpack_abi.h"

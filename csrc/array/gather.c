@@ -21,8 +21,12 @@
  *   back: the one host synchronisation a device mask costs.
  *
  * Owns: a small table of loaded programs per context (GIL-guarded).
- * Locking: the GIL throughout; compilation and the first launch of a
- * program (lazy loading may wait for the device) run without it.
+ *
+ * Locks and the GIL: no lock; the GIL guards the table.  Compilation
+ * (kernels.c's cm_kernel_build), the first launch of a program (lazy
+ * loading may wait for the device) and the read-backs of the error flag
+ * and the mask's count (CM_CU_NOGIL) run without it, touching only C
+ * locals; the table is searched again after, as it may have moved.
  */
 #include "array/devicearray.h"
 

@@ -12,9 +12,13 @@
  * simulator the same conversion code (convert.h) runs as a host function
  * in stream order.
  *
- * Owns: a small in-memory table of loaded kernels per context.  Locking:
- * the GIL guards it; compilation runs with the GIL released on local data
- * only.
+ * Owns: a small in-memory table of loaded kernels per context.
+ *
+ * Locks and the GIL: no lock; the GIL guards the table.  NVRTC's
+ * compilation (Py_BEGIN_ALLOW_THREADS around cm_nvrtc_compile_nogil),
+ * the module's load and a kernel's first launch (lazy loading may wait
+ * for the device) run without it (CM_CU_NOGIL), on local data only; the
+ * table is searched again after, as it may have moved.
  */
 #include "array/array.h"
 #include "array/convert.h"

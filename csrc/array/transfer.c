@@ -2,6 +2,14 @@
 /*
  * array/transfer.c: copies between device arrays and the host
  * (copy_to_device, copy_to_host and their helpers).
+ *
+ * Locks and the GIL: no lock.  The GIL is held but around the driver
+ * calls that can wait: the pinned buffer of a copy between two devices'
+ * arrays is allocated and freed without it (CM_CU_NOGIL,
+ * CM_DRIVER_BEGIN_NOGIL), as is a synchronous peer copy; they touch only
+ * C locals.  The copies themselves go through cm_copy / cm_copy_host
+ * (copy.c), which decide the GIL; cm_host_side tells cm_copy_host
+ * whether the host side is cudamem's page-locked memory (CM_HOST_LOCKED).
  */
 #include "array/devicearray.h"
 

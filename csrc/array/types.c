@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * array/types.c: the type objects of the device arrays, their init, and
- * the hooks for the files that extend device arrays.
+ * array/types.c: the type objects of the device arrays and their init.
  */
 #include "array/devicearray.h"
 
@@ -224,47 +223,6 @@ static PyMethodDef cm_devicearray_functions[] = {
      cm_from_cai_doc},
     {NULL, NULL, 0, NULL},
 };
-
-/* ------------------------------------------------------------------ */
-/* Hooks for the files that extend device arrays                       */
-/* ------------------------------------------------------------------ */
-
-int
-cm_da_describe(PyObject *obj, cm_da_desc *d)
-{
-    cm_da *a = (cm_da *)obj;
-
-    if (!cm_da_check(obj)) {
-        return 0;
-    }
-    cm_da_view(a, &d->view);
-    d->dtype = a->dtype;
-    d->stream = a->stream;
-    d->gpu_data = a->gpu_data;
-    d->ctx = a->ctx;
-    return 1;
-}
-
-int
-cm_da_bound_stream(PyObject *obj, CUstream *h)
-{
-    return cm_effective_stream(NULL, ((cm_da *)obj)->stream, h);
-}
-
-int
-cm_da_activate_ctx(PyObject *obj)
-{
-    return cm_da_activate((cm_da *)obj);
-}
-
-PyObject *
-cm_da_wrap(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
-           PyArray_Descr *dtype, CUdeviceptr ptr, PyObject *owner,
-           PyObject *stream)
-{
-    return cm_da_make(ST->DeviceNDArray_type, ndim, shape, strides, dtype,
-                      ptr, owner, stream);
-}
 
 PyTypeObject *
 cm_make_type(PyObject *mod, PyType_Spec *spec, PyTypeObject *base)

@@ -2,9 +2,14 @@
 /*
  * features/compile.c: compile() through NVRTC and its disk cache, and the
  * synchronous copies for views of module globals.
+ *
+ * Locks and the GIL: no lock.  NVRTC's compilation (Py_BEGIN_ALLOW_THREADS
+ * around cm_nvrtc_compile_nogil), the module's load and the synchronous
+ * copies (CM_CU_NOGIL) run without the GIL; they read only C locals and
+ * the bytes of Python objects (source, names, arrays, buffers) the call
+ * holds references or buffer views to, and touch no Python object.
  */
 #include "features/kernel.h"
-#include "array/convert.h"
 
 #include <stdlib.h>
 #include <string.h>

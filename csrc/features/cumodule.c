@@ -4,7 +4,6 @@
  * (loaded images, their functions and globals).
  */
 #include "features/kernel.h"
-#include "array/convert.h"
 
 #include <stdlib.h>
 #include <string.h>

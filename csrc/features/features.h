@@ -1,9 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * features/features.h: the features layer as module.c sees it, and what
- * its concepts (IPC: ipc.c, ipcpool.c, ipchandle.c; user kernels:
- * cumodule.c, kernel.c, compile.c) share.  They combine the layers
- * below: contexts and streams, memory, device arrays.
+ * its concepts (IPC: ipcbase.c, ipcvmm.c, ipcpool.c, ipc.c, ipchandle.c;
+ * user kernels: cumodule.c, kernel.c, compile.c) share; its public
+ * header (ipc.h and kernel.h are private to the folder).  The folder
+ * owns sharing device memory between processes (the exports, the
+ * imports of this process, IpcMemory and the handle objects) and user
+ * kernels (compile(), Module, Kernel, launches).  They combine the
+ * layers below: contexts and streams, memory, device arrays.
+ *
+ * Locks and the GIL: two mutexes, cm_imp_mu (ipcpool.c: the memory-pool
+ * imports) and cm_vimp_mu (ipcvmm.c: the imported pool pages), each
+ * taken alone, never across a driver call or a Python call; the
+ * releases from the memory queue take them without the GIL.  Everything
+ * else is guarded by the GIL, which NVRTC, module loads, first launches
+ * and the IPC driver calls that can wait run without, on C data only.
  */
 #ifndef CM_FEATURES_H
 #define CM_FEATURES_H
@@ -14,7 +25,7 @@
 #include "array/array.h"
 
 /* ------------------------------------------------------------------ */
-/* ipc.c                                                              */
+/* IPC: ipcpool.c, ipchandle.c, ipc.c                                 */
 /* ------------------------------------------------------------------ */
 
 /* ctx is being closed (still alive, GIL held): free what it still

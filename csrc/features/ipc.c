@@ -55,13 +55,15 @@
  *   page per importing context and export, counted by the opens that
  *   map it, released with the last, and freed with its context.
  *
- * Locking: the GIL guards the objects' fields.  The export, open and
- * close calls can wait (the simulator's export and close wait for queued
- * work), so they run with the GIL released, touching only C locals; an
- * IpcMemory is marked closed before its close is issued.  The import
- * records are also released from the memory queue without the GIL:
- * cm_imp_mu (ipcpool.c) and cm_vimp_mu (ipcvmm.c) guard their lists,
- * counts and flags, and are never held across a driver call.
+ * Locks and the GIL: this file takes no lock; the GIL guards the
+ * objects' fields.  The export, open and close calls can wait (the
+ * simulator's export and close wait for queued work), so they run with
+ * the GIL released (CM_CU_NOGIL, CM_DRIVER_BEGIN_NOGIL), touching only C
+ * locals; an IpcMemory is marked closed before its close is issued.  The
+ * import records are also released from the memory queue without the
+ * GIL: cm_imp_mu (ipcpool.c) and cm_vimp_mu (ipcvmm.c), taken inside the
+ * releases this file calls, guard their lists, counts and flags; neither
+ * is held across a driver call or with the other.
  */
 #include "features/ipc.h"
 
@@ -76,19 +78,6 @@
 const char *const cm_pci_keys[3] = {
     "pci_domain_id", "pci_bus_id", "pci_device_id",
 };
-
-/* The Context argument of the module functions: borrowed, or NULL with
- * TypeError. */
-cm_context *
-cm_ipc_context_arg(PyObject *obj)
-{
-    if (!PyObject_TypeCheck(obj, cm_st->Context_type)) {
-        PyErr_Format(PyExc_TypeError, "expected a cudamem Context, got %.200s",
-                     Py_TYPE(obj)->tp_name);
-        return NULL;
-    }
-    return (cm_context *)obj;
-}
 
 /* ------------------------------------------------------------------ */
 /* Export                                                              */
@@ -312,55 +301,6 @@ cm_ipcmem_check_open(cm_ipcmem *m)
     return 0;
 }
 
-/* The two non-negative sizes of an open: size, and offset (0 when
- * absent).  0, or -1 with an exception. */
-int
-cm_ipc_sizes(PyObject *size_arg, PyObject *off_arg, Py_ssize_t *size,
-             Py_ssize_t *off)
-{
-    *off = 0;
-    *size = PyNumber_AsSsize_t(size_arg, PyExc_OverflowError);
-    if (*size == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (off_arg != NULL) {
-        *off = PyNumber_AsSsize_t(off_arg, PyExc_OverflowError);
-        if (*off == -1 && PyErr_Occurred()) {
-            return -1;
-        }
-    }
-    if (*size < 0 || *off < 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "size and offset must not be negative, got %zd and %zd",
-                     *size, *off);
-        return -1;
-    }
-    return 0;
-}
-
-/* A new IpcMemory (an instance of cudamem._ipc._IpcPointer) over the
- * mapping at p of ctx, showing size bytes from p + off; imp as for the
- * field.  NULL with an exception (the mapping is then the caller's). */
-cm_ipcmem *
-cm_ipcmem_new(cm_context *ctx, CUdeviceptr p, Py_ssize_t off,
-              Py_ssize_t size, void *imp)
-{
-    PyTypeObject *tp = (PyTypeObject *)cm_st->IpcPointer;
-    /* tp_alloc zeroes the object and tracks it */
-    cm_ipcmem *m = (cm_ipcmem *)tp->tp_alloc(tp, 0);
-
-    if (m == NULL) {
-        return NULL;
-    }
-    m->ctx = (cm_context *)Py_NewRef(ctx);
-    m->ptr = p;
-    m->off = (size_t)off;
-    m->size = (size_t)size;
-    m->closed = 0;
-    m->imp = imp;
-    return m;
-}
-
 const char cm_ipc_open_doc[] = PyDoc_STR(
 "_ipc_open(context, handle, size, offset=0, /)\n--\n\n"
 "Map the memory that handle (64 bytes from another process's\n"
@@ -382,17 +322,8 @@ cm_ipc_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int err;
 
     (void)mod;
-    if (nargs != 3 && nargs != 4) {
-        PyErr_Format(PyExc_TypeError,
-                     "_ipc_open() takes 3 or 4 arguments (%zd given)",
-                     nargs);
-        return NULL;
-    }
-    ctx = cm_ipc_context_arg(args[0]);
-    if (ctx == NULL
-        || cm_ipc_sizes(args[2], nargs == 4 ? args[3] : NULL, &size, &off)
-               < 0
-        || cm_ipc_classes() < 0) {
+    ctx = cm_ipc_open_args("_ipc_open", args, nargs, 3, &size, &off);
+    if (ctx == NULL) {
         return NULL;
     }
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {

@@ -2,7 +2,10 @@
 /*
  * features/ipc.h: what the files of IPC share (ipc.c, ipcpool.c,
  * ipcvmm.c, ipchandle.c: the sections of one concept, kept in files of
- * their own).
+ * their own).  They stand in layers, each using only those below it:
+ * ipcbase.c (the shared helpers), ipcvmm.c (pool pages), ipcpool.c
+ * (memory-pool imports), ipc.c (export, IpcMemory), ipchandle.c (the
+ * handle objects, get_ipc_handle and the init).
  * Private to them: the rest of the folder and module.c use
  * features/features.h.
  */
@@ -116,6 +119,14 @@ cm_ipc_export(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
  * absent).  0, or -1 with an exception. */
 int cm_ipc_sizes(PyObject *size_arg, PyObject *off_arg, Py_ssize_t *size,
                  Py_ssize_t *off);
+
+/* The arguments every open shares: fname's nargs must be nmin, or nmin + 1
+ * with the offset last; args[0] the Context, args[2] the size.  Also
+ * checks the registered classes (cm_ipc_classes).  The Context
+ * (borrowed) with *size and *off, or NULL with an exception. */
+cm_context *cm_ipc_open_args(const char *fname, PyObject *const *args,
+                             Py_ssize_t nargs, Py_ssize_t nmin,
+                             Py_ssize_t *size, Py_ssize_t *off);
 
 /* A new IpcMemory (an instance of cudamem._ipc._IpcPointer) over the
  * mapping at p of ctx, showing size bytes from p + off; imp as for the

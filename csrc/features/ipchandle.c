@@ -26,23 +26,6 @@ cm_ipc_no_attr(PyObject *self, const char *name)
     return NULL;
 }
 
-/* Check that the package registered what the export makes or calls in
- * Python (cm_state's IpcHandle ... MemoryPointer; _register checked
- * their bases).  0, or -1 with RuntimeError naming a missing one. */
-int
-cm_ipc_classes(void)
-{
-    if (CM_REGISTERED(MemoryPointer) == NULL
-        || CM_REGISTERED(IpcRawHandle) == NULL
-        || CM_REGISTERED(ipc_export_array) == NULL
-        || CM_REGISTERED(IpcPointer) == NULL
-        || CM_REGISTERED(IpcArrayHandle) == NULL
-        || CM_REGISTERED(IpcHandle) == NULL) {
-        return -1;
-    }
-    return 0;
-}
-
 /* ---- IpcHandle's state ---- */
 
 static PyObject *

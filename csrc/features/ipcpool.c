@@ -2,6 +2,15 @@
 /*
  * features/ipcpool.c: imports of allocations of other processes' memory
  * pools, and peer access for opened memory.
+ *
+ * Locks and the GIL: cm_imp_mu (cm_mu_lock) guards the two lists of
+ * imports and every refs, dead and access field; it nests in no other
+ * lock (a closing context's pages, ipcvmm.c, are freed before it is
+ * taken) and is never held across a driver call or a Python call.  The
+ * releases (cm_ipc_pool_release, _drop) run from the memory queue
+ * without the GIL.  The imports and a closing context's frees run
+ * without the GIL (CM_CU_NOGIL, CM_DRIVER_BEGIN_NOGIL), touching only C
+ * locals and the entries the caller holds a reference to.
  */
 #include "features/ipc.h"
 
@@ -206,95 +215,6 @@ cm_ipc_context_closing(cm_context *ctx)
     free(pools);
 }
 
-/* OSError(err, why) for a descriptor of kind (CM_IPC_FD_*) that could
- * not be taken from pid: a subclass where the errno has one
- * (ProcessLookupError, PermissionError).  -1. */
-static int
-cm_ipc_take_fd_error(int err, long pid, int fd, int kind)
-{
-    PyObject *msg;
-    PyObject *exc;
-
-    switch (err) {
-    case ESRCH:
-        msg = PyUnicode_FromFormat(
-            "cannot open the IPC handle: the exporting process (pid %ld) "
-            "has exited", pid);
-        break;
-    case EBADF:
-        msg = kind == CM_IPC_FD_PAGE
-              ? PyUnicode_FromFormat(
-                    "cannot open the IPC handle: process %ld no longer has "
-                    "the pool page's file descriptor %d (the exported "
-                    "array was freed and its page given back, the "
-                    "exporting context was closed, or the handle is not "
-                    "from that process)", pid, fd)
-              : PyUnicode_FromFormat(
-                    "cannot open the IPC handle: process %ld no longer has "
-                    "the memory pool's file descriptor %d (the exporting "
-                    "context was closed, or the handle is not from that "
-                    "process)", pid, fd);
-        break;
-    case EPERM:
-    case EACCES:
-        msg = PyUnicode_FromFormat(
-            "cannot open the IPC handle: not permitted to take file "
-            "descriptor %d of process %ld with pidfd_getfd, which needs "
-            "ptrace access to the exporting process (the same user and a "
-            "Yama ptrace_scope that allows it, or CAP_SYS_PTRACE)",
-            fd, pid);
-        break;
-    case ENOSYS:
-        msg = PyUnicode_FromFormat(
-            "cannot open the IPC handle: importing memory of the %s needs "
-            "pidfd_open and pidfd_getfd (Linux 5.6 or later)",
-            kind == CM_IPC_FD_PAGE
-                ? "pool manager on virtual memory"
-                : "async memory manager");
-        break;
-    default:
-        msg = PyUnicode_FromFormat(
-            "cannot open the IPC handle: taking file descriptor %d of "
-            "process %ld failed (%s)", fd, pid, strerror(err));
-        break;
-    }
-    if (msg == NULL) {
-        return -1;
-    }
-    exc = PyObject_CallFunction(PyExc_OSError, "iO", err, msg);
-    Py_DECREF(msg);
-    if (exc != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-    return -1;
-}
-
-int
-cm_ipc_take_fd(long pid, int fd, int kind)
-{
-    int pidfd = -1;
-    int got = -1;
-    int err = ENOSYS;
-
-#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-    pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (pidfd >= 0) {
-        got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
-    }
-    err = errno;
-    if (pidfd >= 0) {
-        close(pidfd);
-    }
-#else
-    (void)pidfd;
-#endif
-    if (got < 0) {
-        return cm_ipc_take_fd_error(err, pid, fd, kind);
-    }
-    return got;
-}
-
 /* Import, in ctx, the pool that process pid holds as descriptor fd: a
  * new entry, listed, with one reference; NULL with an exception. */
 static cm_ipool *
@@ -463,17 +383,8 @@ cm_ipc_open_pool(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     cm_ipcmem *m;
 
     (void)mod;
-    if (nargs != 5 && nargs != 6) {
-        PyErr_Format(PyExc_TypeError,
-                     "_ipc_open_pool() takes 5 or 6 arguments (%zd given)",
-                     nargs);
-        return NULL;
-    }
-    ctx = cm_ipc_context_arg(args[0]);
-    if (ctx == NULL
-        || cm_ipc_sizes(args[2], nargs == 6 ? args[5] : NULL, &size, &off)
-               < 0
-        || cm_ipc_classes() < 0) {
+    ctx = cm_ipc_open_args("_ipc_open_pool", args, nargs, 5, &size, &off);
+    if (ctx == NULL) {
         return NULL;
     }
     if (!PyTuple_Check(args[3])) {

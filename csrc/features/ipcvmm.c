@@ -28,10 +28,14 @@
  * context still maps is freed when it is closed.  The id tells apart two
  * exports of the exporter that reuse a descriptor number.
  *
- * Locking: cm_vimp_mu guards the two lists and every refs and dead
- * field; it is never held across a driver call or a Python call.  Driver
- * calls that can wait run without the GIL, touching only C locals and
- * the entries the caller holds a reference to.
+ * Locks and the GIL: cm_vimp_mu (cm_mu_lock) guards the two lists and
+ * every refs and dead field; it nests in no other lock (ipcpool.c's
+ * cm_ipc_context_closing calls cm_ipc_vmm_context_closing before it takes
+ * cm_imp_mu) and is never held across a driver call or a Python call.
+ * The releases run from the memory queue without the GIL.  Driver calls
+ * that can wait run without the GIL (CM_CU_NOGIL, CM_DRIVER_BEGIN_NOGIL),
+ * touching only C locals and the entries the caller holds a reference
+ * to.
  */
 #include "features/ipc.h"
 
@@ -430,17 +434,8 @@ cm_ipc_open_vmm(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int err;
 
     (void)mod;
-    if (nargs != 3 && nargs != 4) {
-        PyErr_Format(PyExc_TypeError,
-                     "_ipc_open_vmm() takes 3 or 4 arguments (%zd given)",
-                     nargs);
-        return NULL;
-    }
-    ctx = cm_ipc_context_arg(args[0]);
+    ctx = cm_ipc_open_args("_ipc_open_vmm", args, nargs, 3, &size, &off);
     if (ctx == NULL
-        || cm_ipc_sizes(args[2], nargs == 4 ? args[3] : NULL, &size, &off)
-               < 0
-        || cm_ipc_classes() < 0
         || cm_ipc_pages_arg(args[1], &pid, &page, &n, &fds, &ids) < 0) {
         return NULL;
     }

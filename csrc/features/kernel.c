@@ -22,12 +22,14 @@
  * objects are asked for __cuda_array_interface__ (one dict lookup).
  *
  * Owns: Module (a loaded CUmodule, unloaded through its context's release
- * queue), Kernel and the per-launch configuration object.  Locking: the
- * GIL throughout; NVRTC and module loading run with it released on local
- * data only.
+ * queue), Kernel and the per-launch configuration object.
+ *
+ * Locks and the GIL: no lock; the GIL is held throughout but around a
+ * kernel's first launch (CM_CU_NOGIL: lazy loading may wait for the
+ * device, and so for a host callback that needs the GIL), which touches
+ * only the launch's C locals and the packed arguments.
  */
 #include "features/kernel.h"
-#include "array/convert.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * features/ipcbase.c: what the IPC files (ipc.c, ipcpool.c, ipcvmm.c,
+ * ipchandle.c) share, beneath them all: the check of the classes the
+ * package registered, the Context and size arguments of the opens, the
+ * making of an IpcMemory, and taking a descriptor from another process
+ * (pidfd_open + pidfd_getfd).
+ */
+#include "features/ipc.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Check that the package registered what the export makes or calls in
+ * Python (cm_state's IpcHandle ... MemoryPointer; _register checked
+ * their bases).  0, or -1 with RuntimeError naming a missing one. */
+int
+cm_ipc_classes(void)
+{
+    if (CM_REGISTERED(MemoryPointer) == NULL
+        || CM_REGISTERED(IpcRawHandle) == NULL
+        || CM_REGISTERED(ipc_export_array) == NULL
+        || CM_REGISTERED(IpcPointer) == NULL
+        || CM_REGISTERED(IpcArrayHandle) == NULL
+        || CM_REGISTERED(IpcHandle) == NULL) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The Context argument of the module functions: borrowed, or NULL with
+ * TypeError. */
+cm_context *
+cm_ipc_context_arg(PyObject *obj)
+{
+    if (!PyObject_TypeCheck(obj, cm_st->Context_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a cudamem Context, got %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return (cm_context *)obj;
+}
+
+/* The two non-negative sizes of an open: size, and offset (0 when
+ * absent).  0, or -1 with an exception. */
+int
+cm_ipc_sizes(PyObject *size_arg, PyObject *off_arg, Py_ssize_t *size,
+             Py_ssize_t *off)
+{
+    *off = 0;
+    *size = PyNumber_AsSsize_t(size_arg, PyExc_OverflowError);
+    if (*size == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (off_arg != NULL) {
+        *off = PyNumber_AsSsize_t(off_arg, PyExc_OverflowError);
+        if (*off == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    if (*size < 0 || *off < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "size and offset must not be negative, got %zd and %zd",
+                     *size, *off);
+        return -1;
+    }
+    return 0;
+}
+
+/* The arguments every open shares: fname's nargs must be nmin, or nmin + 1
+ * with the offset last; args[0] the Context, args[2] the size.  Also
+ * checks the registered classes (cm_ipc_classes).  The Context
+ * (borrowed) with *size and *off, or NULL with an exception. */
+cm_context *
+cm_ipc_open_args(const char *fname, PyObject *const *args,
+                 Py_ssize_t nargs, Py_ssize_t nmin, Py_ssize_t *size,
+                 Py_ssize_t *off)
+{
+    cm_context *ctx;
+
+    if (nargs != nmin && nargs != nmin + 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes %zd or %zd arguments (%zd given)", fname,
+                     nmin, nmin + 1, nargs);
+        return NULL;
+    }
+    ctx = cm_ipc_context_arg(args[0]);
+    if (ctx == NULL
+        || cm_ipc_sizes(args[2], nargs == nmin + 1 ? args[nmin] : NULL,
+                        size, off) < 0
+        || cm_ipc_classes() < 0) {
+        return NULL;
+    }
+    return ctx;
+}
+
+/* A new IpcMemory (an instance of cudamem._ipc._IpcPointer) over the
+ * mapping at p of ctx, showing size bytes from p + off; imp as for the
+ * field.  NULL with an exception (the mapping is then the caller's). */
+cm_ipcmem *
+cm_ipcmem_new(cm_context *ctx, CUdeviceptr p, Py_ssize_t off,
+              Py_ssize_t size, void *imp)
+{
+    PyTypeObject *tp = (PyTypeObject *)cm_st->IpcPointer;
+    /* tp_alloc zeroes the object and tracks it */
+    cm_ipcmem *m = (cm_ipcmem *)tp->tp_alloc(tp, 0);
+
+    if (m == NULL) {
+        return NULL;
+    }
+    m->ctx = (cm_context *)Py_NewRef(ctx);
+    m->ptr = p;
+    m->off = (size_t)off;
+    m->size = (size_t)size;
+    m->closed = 0;
+    m->imp = imp;
+    return m;
+}
+
+/* OSError(err, why) for a descriptor of kind (CM_IPC_FD_*) that could
+ * not be taken from pid: a subclass where the errno has one
+ * (ProcessLookupError, PermissionError).  -1. */
+static int
+cm_ipc_take_fd_error(int err, long pid, int fd, int kind)
+{
+    PyObject *msg;
+    PyObject *exc;
+
+    switch (err) {
+    case ESRCH:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: the exporting process (pid %ld) "
+            "has exited", pid);
+        break;
+    case EBADF:
+        msg = kind == CM_IPC_FD_PAGE
+              ? PyUnicode_FromFormat(
+                    "cannot open the IPC handle: process %ld no longer has "
+                    "the pool page's file descriptor %d (the exported "
+                    "array was freed and its page given back, the "
+                    "exporting context was closed, or the handle is not "
+                    "from that process)", pid, fd)
+              : PyUnicode_FromFormat(
+                    "cannot open the IPC handle: process %ld no longer has "
+                    "the memory pool's file descriptor %d (the exporting "
+                    "context was closed, or the handle is not from that "
+                    "process)", pid, fd);
+        break;
+    case EPERM:
+    case EACCES:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: not permitted to take file "
+            "descriptor %d of process %ld with pidfd_getfd, which needs "
+            "ptrace access to the exporting process (the same user and a "
+            "Yama ptrace_scope that allows it, or CAP_SYS_PTRACE)",
+            fd, pid);
+        break;
+    case ENOSYS:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: importing memory of the %s needs "
+            "pidfd_open and pidfd_getfd (Linux 5.6 or later)",
+            kind == CM_IPC_FD_PAGE
+                ? "pool manager on virtual memory"
+                : "async memory manager");
+        break;
+    default:
+        msg = PyUnicode_FromFormat(
+            "cannot open the IPC handle: taking file descriptor %d of "
+            "process %ld failed (%s)", fd, pid, strerror(err));
+        break;
+    }
+    if (msg == NULL) {
+        return -1;
+    }
+    exc = PyObject_CallFunction(PyExc_OSError, "iO", err, msg);
+    Py_DECREF(msg);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return -1;
+}
+
+int
+cm_ipc_take_fd(long pid, int fd, int kind)
+{
+    int pidfd = -1;
+    int got = -1;
+    int err = ENOSYS;
+
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+    pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (pidfd >= 0) {
+        got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    }
+    err = errno;
+    if (pidfd >= 0) {
+        close(pidfd);
+    }
+#else
+    (void)pidfd;
+#endif
+    if (got < 0) {
+        return cm_ipc_take_fd_error(err, pid, fd, kind);
+    }
+    return got;
+}
