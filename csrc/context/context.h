@@ -83,7 +83,7 @@ enum {
     CM_REL_IPC,           /* cuIpcCloseMemHandle (an imported mapping) */
     CM_REL_POOL,          /* a block back to the context's pool */
     CM_REL_ASYNC,         /* cuMemFreeAsync on the allocation's stream */
-    CM_REL_IPC_POOL,      /* an imported pool allocation (ipc.c's record)
+    CM_REL_IPC_POOL,      /* an imported pool allocation (ipcpool.c's record)
                            * let go: cuMemFree once unused */
     CM_REL_POOL_SYNC,     /* a pool block whose streams could not be
                            * recorded (released on a driver callback
