@@ -596,6 +596,37 @@ def test_ipc_open_twice_and_close_twice(vmm_ctx, child):
     assert child.call("fds") == fds
 
 
+@pytest.mark.parametrize("exported", [False, True])
+def test_close_waits_for_the_work_on_the_pages(exported):
+    """close() gives the arenas' pages back with cuMemUnmap and
+    cuMemRelease, which, unlike cuMemFree, do not wait for the work
+    queued on the memory: a pageable copy's DMA can still be in flight
+    when to_device returns.  The context is waited for first, and every
+    page goes back (on the simulator: no page descriptor left open, and
+    no unmap of busy memory)."""
+    rc, out = run_py("""
+        import gc, sys
+        import numpy as np
+        import cudamem
+        from cudamem import _core
+        sys.path.insert(0, %r)
+        from helpers.ipc_child import sim_page_fds
+        cudamem.set_memory_manager("pool")
+        ctx = cudamem.current_context()
+        assert _core._pool_stats(ctx)["virtual_memory"]
+        a = cudamem.to_device(np.arange(1 << 16, dtype=np.float64))
+        h = a.get_ipc_handle() if %r else None
+        cudamem.close()
+        del a, h
+        gc.collect()
+        print("page descriptors left:", sim_page_fds())
+        """ % (str(TESTS), exported), CUDAMEM_POOL_VMM="1")
+    assert rc == 0, out
+    if SIMULATOR:
+        assert "page descriptors left: 0" in out, out
+        assert "cuMemUnmap" not in out, out
+
+
 def test_ipc_handle_of_an_exporter_that_exited(vmm_ctx, child):
     rc, out = run_py("""
         import pickle, numpy as np, cudamem as cuda

@@ -284,6 +284,12 @@ cm_pool_destroy(cm_context *ctx)
         || cur != ctx->handle) {
         pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
     }
+    if (p->vmm && all != NULL) {
+        /* cuMemUnmap and cuMemRelease do not wait for the work queued on
+         * the pages, as cuMemFree does (a pageable copy's DMA may still be
+         * in flight when the copy returned): the context first. */
+        (void)CM_CU_RAW(CtxSynchronize, ());
+    }
     (void)cm_segs_release(ctx, all);
     for (i = 0; i < nevents; i++) {
         (void)CM_CU_RAW(EventDestroy, (events[i]));
