@@ -29,14 +29,6 @@ from helpers.isolation import (SIMULATOR, manager_context,
 
 pytestmark = pytest.mark.exclusive
 
-# Nothing frozen here (tests/conftest.py): with the objects alive at the
-# module's start left out of the collector's view, the IPC tests that
-# count this process's page descriptors at times found one still open
-# after the pages were given back (test_ipc_pages_move_and_go_while_the_
-# child_maps_them, about one run in four of this module alone; not yet
-# explained: it may be a descriptor freed late in cudamem or the simulator).
-GC_NOT_FROZEN = "the IPC tests' page descriptors"
-
 KiB = 1 << 10
 MiB = 1 << 20
 
