@@ -605,7 +605,9 @@ def test_close_waits_for_the_work_on_the_pages(exported):
         from helpers.ipc_child import sim_page_fds
         cudamem.set_memory_manager("pool")
         ctx = cudamem.current_context()
-        assert _core._pool_stats(ctx)["virtual_memory"]
+        if not _core._pool_stats(ctx)["virtual_memory"]:
+            print("no virtual memory management")
+            raise SystemExit(0)
         a = cudamem.to_device(np.arange(1 << 16, dtype=np.float64))
         h = a.get_ipc_handle() if %r else None
         cudamem.close()
@@ -614,6 +616,8 @@ def test_close_waits_for_the_work_on_the_pages(exported):
         print("page descriptors left:", sim_page_fds())
         """ % (str(TESTS), exported), CUDAMEM_POOL_VMM="1")
     assert rc == 0, out
+    if "no virtual memory management" in out:
+        pytest.skip("the device has no virtual memory management")
     if SIMULATOR:
         assert "page descriptors left: 0" in out, out
         assert "cuMemUnmap" not in out, out
