@@ -181,8 +181,7 @@ def pytest_runtestloop(session):
 # collected) is moved out of the collector's view (gc.freeze()), and put
 # back at the next module's start: a collection inside a module walks
 # only what the module made, and everything is collected again at the
-# next module's start.  A module that sets GC_NOT_FROZEN (to why) runs
-# with nothing frozen.
+# next module's start.
 _FROZEN_AT = None
 
 
@@ -194,8 +193,7 @@ def pytest_runtest_setup(item):
         _FROZEN_AT = module
         gc.unfreeze()
         gc.collect()
-        if not getattr(module, "GC_NOT_FROZEN", None):
-            gc.freeze()
+        gc.freeze()
 
 
 @pytest.fixture(scope="session")
