@@ -464,10 +464,132 @@ cm_pool_find(cm_pool *p, cm_bins *bs, size_t size, uintptr_t s, int mapped)
     return NULL;
 }
 
+/* Pages without memory under [ptr, ptr + size) of arena a. */
+static size_t
+cm_arena_missing(const cm_pool *p, const cm_arena *a, CUdeviceptr ptr,
+                 size_t size)
+{
+    size_t i = (size_t)(ptr - a->base) >> p->gshift;
+    size_t e = (size_t)(ptr + size - 1 - a->base) >> p->gshift;
+    size_t n = 0;
+
+    for (; i <= e; i++) {
+        n += a->h[i] == 0;
+    }
+    return n;
+}
+
+/* Where in an arena size bytes (a page or more) usable on s need the
+ * fewest pages mapped: the free block, and in *off the offset in it (0,
+ * or where a page starts); NULL if none.  Each free block is looked at
+ * from its start and at every page boundary inside it, up to the highest
+ * page ever mapped (past it no page has memory); the first block in the
+ * best fit's order wins a tie.  An offset other than 0 leaves the
+ * block's head free, so it is only taken from a block whose free state
+ * has no event to share (cm_pool_take). */
+static cm_blk *
+cm_pool_window(cm_pool *p, cm_bins *bs, size_t size, uintptr_t s,
+               size_t *off)
+{
+    size_t gran = (size_t)1 << p->gshift;
+    size_t k = (size + gran - 1) >> p->gshift;
+    size_t best_n = (size_t)-1;
+    cm_blk *best = NULL;
+    cm_blk *b;
+    int i;
+
+    *off = 0;
+    for (i = cm_bin_next(bs, cm_bin_of(size)); i >= 0 && best_n > 0;
+         i = cm_bin_next(bs, i + 1)) {
+        for (b = bs->head[i]; b != NULL && best_n > 0; b = b->fnext) {
+            const cm_arena *a = b->seg->arena;
+            size_t n;
+            size_t j;
+            size_t jmax;
+            size_t rel;
+            size_t q;
+
+            if (b->size < size || a == NULL || !cm_blk_usable(p, b, s)) {
+                continue;
+            }
+            n = cm_arena_missing(p, a, b->ptr, size);
+            if (n < best_n) {
+                best_n = n;
+                best = b;
+                *off = 0;
+            }
+            if (b->event != NULL || b->size - size < gran) {
+                continue;
+            }
+            /* Windows of k pages from each page boundary in b. */
+            rel = (size_t)(b->ptr - a->base);
+            j = (rel + gran - 1) >> p->gshift;
+            jmax = (rel + b->size - size) >> p->gshift;
+            if (jmax > a->hi) {
+                jmax = a->hi;
+            }
+            if (j > jmax) {
+                continue;
+            }
+            n = 0;
+            for (q = j; q < j + k; q++) {
+                n += a->h[q] == 0;
+            }
+            for (;;) {
+                if (n < best_n) {
+                    best_n = n;
+                    best = b;
+                    *off = (j << p->gshift) - rel;
+                    if (n == 0) {
+                        break;
+                    }
+                }
+                if (++j > jmax) {
+                    break;
+                }
+                n += (a->h[j + k - 1] == 0) - (a->h[j - 1] == 0);
+            }
+        }
+    }
+    return best;
+}
+
+/* Free block b loses its first off bytes to a free block of their own,
+ * with b's stream (b's free state has no event); 0, or -1 when out of
+ * host memory (b unchanged). */
+static int
+cm_blk_split_front(cm_pool *p, cm_blk *b, size_t off)
+{
+    cm_blk *f = cm_blk_new(p);
+
+    if (f == NULL) {
+        return -1;
+    }
+    f->ptr = b->ptr;
+    f->size = off;
+    f->seg = b->seg;
+    f->prev = b->prev;
+    f->next = b;
+    if (f->prev != NULL) {
+        f->prev->next = f;
+    }
+    else {
+        b->seg->first = f;
+    }
+    b->prev = f;
+    b->ptr += off;
+    b->size -= off;
+    f->stream = b->stream;
+    f->seq = b->seq;
+    cm_bin_add(p, f);
+    return 0;
+}
+
 /* Take a free block of at least size bytes usable on stream key s, in
  * use, split; NULL if none.  In an arena, a block whose memory is mapped
- * is preferred to the best fit when that one would need pages mapped:
- * idle memory is used where it lies rather than moved. */
+ * is preferred to the best fit when that one would need pages mapped,
+ * and failing one, the place that needs the fewest pages mapped: idle
+ * memory is used where it lies rather than moved. */
 cm_blk *
 cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
 {
@@ -477,6 +599,7 @@ cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
     uintptr_t rs;
     CUevent re;
     uint64_t rseq;
+    size_t off = 0;
     int unbacked = 0;
 
     b = cm_pool_find(p, bs, size, s, 0);
@@ -491,8 +614,17 @@ cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
             b = m;
             unbacked = 0;
         }
+        else if (p->idle_pages > 0 && size >= ((size_t)1 << p->gshift)
+                 && (m = cm_pool_window(p, bs, size, s, &off)) != NULL) {
+            b = m;
+        }
     }
     cm_bin_del(p, b);
+    if (off > 0 && cm_blk_split_front(p, b, off) == 0) {
+        /* b now starts at the window (else, out of host memory for the
+         * head, it is taken from its start). */
+        unbacked = !cm_arena_range_backed(p, b->seg->arena, b->ptr, size);
+    }
     /* The rest keeps the free state; the block is now s's. */
     rs = b->stream;
     re = b->event;

@@ -14,6 +14,9 @@
  * in use covers it (users > 0); freed, it stays mapped (idle), so reuse
  * on the block's stream needs no driver call.
  *
+ * - A request is placed where its pages have memory when it can
+ *   (cm_pool_take: a free block mapped from its start, else the place in
+ *   a free block that needs the fewest pages mapped).
  * - A block taken whose pages lack memory is backed (cm_arena_back): an
  *   idle page elsewhere whose last users' work is done (quiet: its free
  *   block is usable on any stream, its event has completed, or its
@@ -28,8 +31,9 @@
  *   (CUDAMEM_POOL_RELEASE_INTERVAL, 0.1 s), run by a release or an
  *   allocation: a pass gives back what stayed idle since the previous
  *   one (the low-water mark of the idle pages), quiet pages only, so no
- *   stream is waited for and memory that cycles between uses stays; trim() and cudamem.empty_cache() wait for the context and
- *   give back every idle page.
+ *   stream is waited for and memory that cycles between uses stays;
+ *   trim() and cudamem.empty_cache() wait for the context and give back
+ *   every idle page.
  * - The per-process limit and the pool's limit count mapped memory.
  * - Pages are made with the POSIX file-descriptor handle type where the
  *   device supports it, so that IPC can export them (share.c); a page's
@@ -295,11 +299,14 @@ cm_page_quiet(cm_pool *p, const cm_arena *a, size_t i, cm_blk *b)
 }
 
 /* Take up to want idle quiet pages out of the tables into out (their
- * entries read unmapped from now on); how many. */
+ * entries read unmapped from now on); how many.  The small blocks' pages
+ * go first, then the large free blocks' from the smallest up: holes too
+ * small for a large request give their pages, and the large free ranges
+ * keep theirs for a request placed over them (cm_pool_take). */
 static size_t
 cm_arena_take_idle(cm_pool *p, cm_page *out, size_t want)
 {
-    cm_bins *sets[2] = {&p->large, &p->small};
+    cm_bins *sets[2] = {&p->small, &p->large};
     size_t got = 0;
     size_t i;
     size_t e;
@@ -309,17 +316,24 @@ cm_arena_take_idle(cm_pool *p, cm_page *out, size_t want)
     int k;
 
     for (s = 0; s < 2 && got < want && p->idle_pages > 0; s++) {
-        for (k = CM_POOL_NBINS - 1; k >= 0 && got < want; k--) {
+        for (k = 0; k < CM_POOL_NBINS && got < want; k++) {
             if (!(sets[s]->used[k / 64] & ((uint64_t)1 << (k % 64)))) {
                 continue;
             }
             for (b = sets[s]->head[k]; b != NULL && got < want;
                  b = b->fnext) {
-                if (b->seg->arena == NULL || !cm_blk_quiet(p, b)) {
+                if ((a = b->seg->arena) == NULL) {
                     continue;
                 }
-                a = b->seg->arena;
                 cm_arena_pages(p, b, &i, &e);
+                /* Only a block over an idle page is asked whether it is
+                 * quiet (which may query its stream). */
+                while (i <= e && (a->h[i] == 0 || a->users[i] != 0)) {
+                    i++;
+                }
+                if (i > e || !cm_blk_quiet(p, b)) {
+                    continue;
+                }
                 for (; i <= e && got < want; i++) {
                     if (a->h[i] != 0 && a->users[i] == 0
                         && cm_page_quiet(p, a, i, b)) {
@@ -651,6 +665,9 @@ undo:
     for (i = 0; i < nneed; i++) {
         /* The block is in use: its pages are not idle. */
         a->h[need[i]] = got[i];
+    }
+    if (nneed > 0 && need[nneed - 1] >= a->hi) {
+        a->hi = need[nneed - 1] + 1;
     }
     p->n_moved += nmoved;
 out_mu:

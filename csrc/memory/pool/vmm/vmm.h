@@ -28,6 +28,7 @@ struct cm_arena {
     CUmemGenericAllocationHandle *h;   /* the memory mapped at page i
                                         * (access granted), or 0 */
     uint32_t *users;      /* blocks in use or pending over page i */
+    size_t hi;            /* 1 + the highest page ever mapped */
 };
 
 /* CUDAMEM_POOL_VMM: pools made from now on put their segments on
