@@ -1,0 +1,176 @@
+"""What a graph of small copies costs per copy on this machine, built in
+several ways, straight through libcuda (ctypes, no cudamem): which way
+of recording 1 KiB pinned round trips replays fastest.  The graph
+benchmark (benchmarks/ops_graphs.py) found the driver's own graph of
+cuMemcpyHtoDAsync / cuMemcpyDtoHAsync nodes slower per copy than CuPy's
+graph of cudaMemcpyAsync nodes; each variant here changes one thing:
+
+- ``htod``: cuMemcpyHtoDAsync / cuMemcpyDtoHAsync (what cudamem records);
+- ``unified``: cuMemcpyAsync, the addresses' kinds left to the driver;
+- ``host-flags=N``: the host buffers from cuMemHostAlloc with flags N
+  (0; 1 portable; 2 device-mapped; 3 both), ``registered``: a page-aligned
+  malloc'd buffer pinned with cuMemHostRegister;
+- ``upload``: the graph instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+- ``runtime``: cudaMemcpyAsync through libcudart (when it loads), as CuPy
+  records them;
+- ``legacy-stream`` / ``blocking-stream``: the capture on a stream made
+  with flags 0 rather than non-blocking.
+
+Each row: median µs per copy of ``REPLAYS`` timed replays (cuGraphLaunch
+then cuStreamSynchronize; 200 copies a replay), and eager copies of the
+same (the ctypes calls' own cost included) for scale.
+
+    python tools/graph_probe.py [REPLAYS]
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+import statistics
+import sys
+import time
+
+REPLAYS = int(sys.argv[1]) if len(sys.argv) > 1 else 31
+NBYTES = 1024
+TRIPS = 100
+
+cu = ctypes.CDLL("libcuda.so.1")
+vp, sz, u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64
+pvp = ctypes.POINTER(vp)
+cu.cuMemcpyHtoDAsync_v2.argtypes = [u64, vp, sz, vp]
+cu.cuMemcpyDtoHAsync_v2.argtypes = [vp, u64, sz, vp]
+cu.cuMemcpyAsync.argtypes = [u64, u64, sz, vp]
+cu.cuStreamBeginCapture_v2.argtypes = [vp, ctypes.c_int]
+cu.cuStreamEndCapture.argtypes = [vp, pvp]
+cu.cuGraphInstantiateWithFlags.argtypes = [pvp, vp, ctypes.c_ulonglong]
+cu.cuGraphLaunch.argtypes = [vp, vp]
+cu.cuGraphUpload.argtypes = [vp, vp]
+cu.cuStreamSynchronize.argtypes = [vp]
+cu.cuStreamCreate.argtypes = [pvp, ctypes.c_uint]
+cu.cuMemHostAlloc.argtypes = [pvp, sz, ctypes.c_uint]
+cu.cuMemHostRegister_v2.argtypes = [vp, sz, ctypes.c_uint]
+cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), sz]
+
+
+def ck(rc, what):
+    if rc != 0:
+        raise SystemExit("%s failed: %d" % (what, rc))
+
+
+ck(cu.cuInit(0), "cuInit")
+dev = ctypes.c_int()
+ck(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+ctx = vp()
+ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
+ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+rt = None
+wheels = [f for d in sys.path if os.path.isdir(d)
+          for f in sorted(glob.glob(os.path.join(
+              d, "nvidia", "cu*", "lib", "libcudart.so*")))
+          + sorted(glob.glob(os.path.join(
+              d, "nvidia", "cuda_runtime", "lib", "libcudart.so*")))]
+for name in ["libcudart.so", "libcudart.so.13", "libcudart.so.12",
+             ctypes.util.find_library("cudart")] + wheels:
+    if not name:
+        continue
+    try:
+        rt = ctypes.CDLL(name)
+        break
+    except OSError:
+        continue
+if rt is not None:
+    print("runtime: %s" % rt._name)
+    rt.cudaMemcpyAsync.argtypes = [vp, vp, sz, ctypes.c_int, vp]
+
+
+def host_buffers(flags):
+    """Two pinned host buffers: (src, dst) addresses; src holds a pattern."""
+    out = []
+    for _ in range(2):
+        if flags == "registered":
+            raw = ctypes.create_string_buffer(NBYTES + 4096)
+            addr = (ctypes.addressof(raw) + 4095) // 4096 * 4096
+            ck(cu.cuMemHostRegister_v2(addr, NBYTES, 0), "cuMemHostRegister")
+            out.append((addr, raw))
+        else:
+            p = vp()
+            ck(cu.cuMemHostAlloc(ctypes.byref(p), NBYTES, flags),
+               "cuMemHostAlloc")
+            out.append((p.value, None))
+    pattern = bytes(i % 251 for i in range(NBYTES))
+    ctypes.memmove(out[0][0], pattern, NBYTES)
+    ctypes.memset(out[1][0], 0, NBYTES)
+    return out, pattern
+
+
+def stream(flags):
+    s = vp()
+    ck(cu.cuStreamCreate(ctypes.byref(s), flags), "cuStreamCreate")
+    return s
+
+
+def record(kind, s, h, o, d):
+    for _ in range(TRIPS):
+        if kind == "unified":
+            ck(cu.cuMemcpyAsync(d, h, NBYTES, s), "cuMemcpyAsync")
+            ck(cu.cuMemcpyAsync(o, d, NBYTES, s), "cuMemcpyAsync")
+        elif kind == "runtime":
+            ck(rt.cudaMemcpyAsync(d, h, NBYTES, 1, s), "cudaMemcpyAsync")
+            ck(rt.cudaMemcpyAsync(o, d, NBYTES, 2, s), "cudaMemcpyAsync")
+        else:
+            ck(cu.cuMemcpyHtoDAsync_v2(d, h, NBYTES, s), "HtoDAsync")
+            ck(cu.cuMemcpyDtoHAsync_v2(o, d, NBYTES, s), "DtoHAsync")
+
+
+def probe(name, kind="htod", hflags=0, sflags=1, iflags=0):
+    bufs, pattern = host_buffers(hflags)
+    h, o = bufs[0][0], bufs[1][0]
+    d = u64()
+    ck(cu.cuMemAlloc_v2(ctypes.byref(d), NBYTES), "cuMemAlloc")
+    d = d.value
+    s = stream(sflags)
+    ck(cu.cuStreamBeginCapture_v2(s, 0), "cuStreamBeginCapture")
+    try:
+        record(kind, s, h, o, d)
+    finally:
+        g = vp()
+        ck(cu.cuStreamEndCapture(s, ctypes.byref(g)), "cuStreamEndCapture")
+    x = vp()
+    ck(cu.cuGraphInstantiateWithFlags(ctypes.byref(x), g, iflags),
+       "cuGraphInstantiateWithFlags")
+    launch, sync = cu.cuGraphLaunch, cu.cuStreamSynchronize
+    launch(x, s)
+    sync(s)
+    if ctypes.string_at(o, NBYTES) != pattern:
+        raise SystemExit("%s: the bytes did not come back" % name)
+    times = []
+    for _ in range(REPLAYS):
+        t = time.perf_counter()
+        launch(x, s)
+        sync(s)
+        times.append(time.perf_counter() - t)
+    graph = statistics.median(times) / (2 * TRIPS) * 1e6
+    times = []
+    for _ in range(REPLAYS):
+        t = time.perf_counter()
+        record(kind, s, h, o, d)
+        sync(s)
+        times.append(time.perf_counter() - t)
+    eager = statistics.median(times) / (2 * TRIPS) * 1e6
+    print("%-22s graph %6.2f us/copy   eager (ctypes) %6.2f us/copy"
+          % (name, graph, eager), flush=True)
+
+
+probe("htod")
+probe("unified", kind="unified")
+for f in (1, 2, 3):
+    probe("host-flags=%d" % f, hflags=f)
+probe("registered", hflags="registered")
+probe("upload", iflags=2)
+probe("blocking-stream", sflags=0)
+if rt is not None:
+    probe("runtime", kind="runtime")
+else:
+    print("runtime               (no libcudart)")
+probe("htod again")
