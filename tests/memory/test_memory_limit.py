@@ -18,6 +18,7 @@ figures, marked ``exclusive``, runs in the parent, alone).
 import gc
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -102,20 +103,28 @@ def held():
 
 
 class Collections:
-    """Counts the garbage collections (automatic ones off meanwhile)."""
+    """Counts the garbage collections (automatic ones off meanwhile), and
+    times them (busy: seconds in each after the first) and the block
+    (wall)."""
 
     def __enter__(self):
         self.n = 0
+        self.busy = 0.0
         self.was = gc.isenabled()
         gc.disable()
         gc.callbacks.append(self._cb)
+        self.t0 = time.perf_counter()
         return self
 
     def _cb(self, phase, info):
         if phase == "start":
             self.n += 1
+            self.started = time.perf_counter()
+        elif self.n > 1:
+            self.busy += time.perf_counter() - self.started
 
     def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
         gc.callbacks.remove(self._cb)
         if self.was:
             gc.enable()
@@ -379,15 +388,22 @@ def test_no_collection_when_it_cannot_help(limited):
 def test_probing_under_the_limit_collects_once(limited):
     # A service that probes for room in a loop while its own live arrays
     # hold the limit: the first refusal collects (those arrays might be
-    # garbage), the next ones find no owner made since and ask nothing
-    # more; the queue and pools hold nothing to give back.
+    # garbage), the next ones find no owner made since and collect again
+    # only once 100 times the last collection's time has passed (an owner
+    # made before may have been dropped in a cycle since): at most 1 % of
+    # the loop's time.  The queue and pools hold nothing to give back.
+    # (On an H100, where a frozen heap collects in a few µs and a refusal
+    # takes longer than on the simulator, 200 refusals collected 9 and 14
+    # times: the rule is about time, not a count.)
     keep = device_bytes(LIMIT - 8 * MiB)
     before = settled(limited)
     with Collections() as c:
         for _ in range(200):
             with pytest.raises(cudamem.CudaOutOfMemoryError) as ei:
                 device_bytes(16 * MiB)
-    assert c.n == 1
+    assert c.n >= 1
+    assert c.busy <= 0.02 * c.wall, (c.n, c.busy, c.wall)
+    assert c.n <= 1 + 200 // 10, c.n
     e = ei.value
     # The error keeps its diagnostics.
     assert e.requested == 16 * MiB and e.limit == LIMIT
