@@ -136,6 +136,45 @@ def test_free_memory_serves_a_request_larger_than_any_hole(vmm_ctx):
         cudamem.set_memory_limit(None)
 
 
+@pytest.mark.parametrize("flags", [0, 1], ids=["blocking", "non_blocking"])
+def test_pages_move_while_another_library_captures(vmm_ctx, flags):
+    # Another library (raw driver calls here) captures its stream in
+    # global mode on this thread, which forbids other threads the
+    # potentially unsafe calls, cuStreamQuery and cuEventQuery among
+    # them.  Another thread allocates, and the pool must move idle pages
+    # whose blocks were last used on cudamem's streams: their quiet checks
+    # run in the relaxed capture mode, and the capture ends valid.
+    page = stats(vmm_ctx)["page_size"]
+    s1 = cudamem.stream()
+    limit = 40 * page
+    cudamem.set_memory_limit(limit)
+    h = _core._raw_stream_create(flags)
+    blocks = []
+    try:
+        for i in range(18):
+            blocks.append(cudamem.device_array(2 * page, np.uint8,
+                                               stream=s1 if i % 2 else 0))
+        del blocks[::2]
+        s1.synchronize()
+        gc.collect()
+        moved = stats(vmm_ctx)["pages"]["moved"]
+        ext = cudamem.external_stream(h)
+        _core._raw_begin_capture(h, 0)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as ex:
+                big = ex.submit(vmm_ctx.memalloc, 20 * page).result()
+        finally:
+            g = ext.end_capture()         # StreamCaptureError if invalidated
+        g.close()
+        assert stats(vmm_ctx)["pages"]["moved"] >= moved + 16
+        del big
+    finally:
+        del blocks
+        gc.collect()
+        cudamem.set_memory_limit(None)
+        _core._raw_stream_destroy(h)
+
+
 def test_idle_memory_past_the_threshold_goes_back(vmm_ctx):
     page = stats(vmm_ctx)["page_size"]
     # Passes not spaced (interval 0): what is idle goes at once.

@@ -39,6 +39,12 @@
  *   device supports it, so that IPC can export them (share.c); a page's
  *   exported descriptor is closed when its memory is given back.
  *
+ * Captures: the page work (cm_arena_back, cm_arena_release) runs with
+ * this thread's capture mode relaxed, whatever cudamem knows of
+ * captures, and a quiet check neither queries nor records an event on a
+ * stream that captures (cuStreamIsCapturing first): another library's
+ * global-mode capture on another thread stays valid while pages move.
+ *
  * No page is unmapped while Python host callbacks are in flight (new
  * memory is made instead, and releases wait for a later free): the
  * driver does not say whether cuMemUnmap waits for the device as
@@ -234,11 +240,46 @@ cm_arena_largest(const cm_pool *p)
     return best;
 }
 
+/* Whether stream h captures, or cannot say (the legacy stream while a
+ * blocking stream captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, which
+ * invalidates nothing): then it is neither queried nor given an event,
+ * which would be refused, invalidating a capture another library began,
+ * or be recorded into it. */
+static int
+cm_arena_stream_captures(CUstream h)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+
+    return cm_cu.StreamIsCapturing != NULL
+           && (CM_CU_RAW(StreamIsCapturing, (h, &st)) != CUDA_SUCCESS
+               || st != CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+/* This thread's capture mode made relaxed for the page work, whatever
+ * cudamem knows of captures: another library may capture in global mode
+ * on another thread, which would forbid this thread the quiet checks'
+ * queries (and the driver refuse them, invalidating that capture).  Two
+ * calls of a thread-local setting, on paths that map or unmap pages.
+ * *saved: the mode to give back with cm_capture_unrelax, or -1. */
+static void
+cm_arena_relax(int *saved)
+{
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+    *saved = -1;
+    if (cm_cu.ThreadExchangeStreamCaptureMode != NULL
+        && CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m))
+               == CUDA_SUCCESS) {
+        *saved = (int)m;
+    }
+}
+
 /* Whether free block b's last users' work is done, so that its memory
  * may move; records the event a later look can query when not yet.
  * While a capture forbids this thread the queries, only what a
- * context-wide synchronize tells (cm_blk_event_done); a stream cudamem
- * knows captures is not quiet. */
+ * context-wide synchronize tells (cm_blk_event_done); a stream that
+ * captures (one cudamem began, or another library's) is not quiet.
+ * Called with the thread's capture mode relaxed (cm_arena_relax). */
 static int
 cm_blk_quiet(cm_pool *p, cm_blk *b)
 {
@@ -258,8 +299,11 @@ cm_blk_quiet(cm_pool *p, cm_blk *b)
         return 1;
     }
     /* No event: the stream is alive (its end records one, pool.c). */
+    if (cm_capture_stream_known((CUstream)b->stream)
+        || cm_arena_stream_captures((CUstream)b->stream)) {
+        return 0;
+    }
     if (!cm_capture_restricted()
-        && !cm_capture_stream_known((CUstream)b->stream)
         && CM_CU_RAW(StreamQuery, ((CUstream)b->stream)) == CUDA_SUCCESS) {
         b->stream = CM_POOL_ANY;
         return 1;
@@ -560,9 +604,11 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
     size_t n;
     size_t i;
     int more = 0;
+    int relaxed;
     CUresult rc = CUDA_SUCCESS;
     cm_gil_saved g;
 
+    cm_arena_relax(&relaxed);
     cm_arena_gil_drop(&g);
     cm_mu_lock(&p->vmu);
     cm_mu_lock(&p->mu);
@@ -675,6 +721,7 @@ out_mu:
 out:
     cm_mu_unlock(&p->vmu);
     cm_gil_take(&g);
+    cm_capture_unrelax(relaxed);
     free(need);
     free(got);
     free(moved);
@@ -781,6 +828,7 @@ cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
     size_t low;
     size_t i;
     uint64_t now = 0;
+    int relaxed;
     CUresult rc = CUDA_SUCCESS;
     CUresult r;
     cm_gil_saved g;
@@ -794,12 +842,14 @@ cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
             return CUDA_SUCCESS;    /* not yet: the pass after */
         }
     }
+    cm_arena_relax(&relaxed);
     cm_arena_gil_drop(&g);
     if (wait) {
         cm_mu_lock(&p->vmu);
     }
     else if (pthread_mutex_trylock(&p->vmu) != 0) {
         cm_gil_take(&g);
+        cm_capture_unrelax(relaxed);
         return CUDA_SUCCESS;
     }
     else {
@@ -853,6 +903,7 @@ cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
     }
     cm_mu_unlock(&p->vmu);
     cm_gil_take(&g);
+    cm_capture_unrelax(relaxed);
     free(out);
     return rc;
 }
