@@ -4,12 +4,15 @@ cuMemMap, cuMemSetAccess and cuMemCreate wait for work queued on an
 unrelated stream (a host function holding it for HOLD seconds), and what
 each costs per 2 MiB page.  The pool on virtual memory (csrc/memory/pool/vmm/)
 relies on the answer: it unmaps only pages whose own work is done, and
-must not wait for, or be held by, other streams.
+must not wait for, or be held by, other streams.  Last, which of those
+calls the driver refuses on one thread while another captures in global
+mode, in the default interaction mode and in the relaxed one.
 
     python tools/vmm_probe.py [HOLD_SECONDS]
 """
 import ctypes
 import sys
+import threading
 import time
 
 HOLD = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
@@ -166,3 +169,61 @@ for k, v in res.items():
     print("while another stream is held for %.1f s: %s took %.3f s (%s)"
           % (HOLD, k, v, "WAITED" if v > HOLD / 2 else "did not wait"))
 ck(cu.cuStreamSynchronize(stream), "sync")
+
+# During a global-mode capture on another thread: which of the virtual
+# memory calls does the driver refuse (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+# 900, invalidating the capture), in this thread's default (global)
+# interaction mode and in the relaxed one?  The pool on virtual memory
+# does its page work in the relaxed mode; the simulator lets these calls
+# run in either.
+cu.cuStreamBeginCapture_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
+cu.cuStreamEndCapture.argtypes = [ctypes.c_void_p,
+                                  ctypes.POINTER(ctypes.c_void_p)]
+cu.cuThreadExchangeStreamCaptureMode.argtypes = [ctypes.POINTER(ctypes.c_int)]
+
+
+def vmm_calls(i):
+    """Each VMM call on page i (unmapped), its return code."""
+    out = {}
+    h = ctypes.c_ulonglong()
+    out["cuMemCreate"] = cu.cuMemCreate(
+        ctypes.byref(h), ctypes.c_size_t(G), ctypes.byref(prop),
+        ctypes.c_ulonglong(0))
+    if out["cuMemCreate"] != 0:
+        return out
+    out["cuMemMap"] = cu.cuMemMap(page(i), ctypes.c_size_t(G),
+                                  ctypes.c_size_t(0), h,
+                                  ctypes.c_ulonglong(0))
+    out["cuMemSetAccess"] = cu.cuMemSetAccess(
+        page(i), ctypes.c_size_t(G), ctypes.byref(acc), ctypes.c_size_t(1))
+    out["cuMemUnmap"] = cu.cuMemUnmap(page(i), ctypes.c_size_t(G))
+    out["cuMemRelease"] = cu.cuMemRelease(h)
+    return out
+
+
+def other(relaxed, got):
+    ck(cu.cuCtxSetCurrent(ctx), "set current")
+    if relaxed:
+        m = ctypes.c_int(2)                  # RELAXED
+        ck(cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(m)),
+           "exchange mode")
+    got.update(vmm_calls(50))
+
+
+for relaxed in (False, True):
+    cap = ctypes.c_void_p()
+    ck(cu.cuStreamCreate(ctypes.byref(cap), 1), "stream")
+    ck(cu.cuStreamBeginCapture_v2(cap, 0), "begin capture (global)")
+    got = {}
+    t = threading.Thread(target=other, args=(relaxed, got))
+    t.start()
+    t.join()
+    graph = ctypes.c_void_p()
+    end = cu.cuStreamEndCapture(cap, ctypes.byref(graph))
+    print("another thread's global capture, this thread %s: %s; the "
+          "capture's end: %d%s"
+          % ("relaxed" if relaxed else "global",
+             ", ".join("%s %d" % kv for kv in got.items()), end,
+             " (invalidated)" if end == 901 else ""))
+    if graph.value:
+        cu.cuGraphDestroy(graph)
