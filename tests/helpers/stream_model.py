@@ -18,9 +18,9 @@ first context is made):
 
     python tests/helpers/stream_model.py MANAGER PROGRAMS [FIRST_SEED]
 
-MANAGER is default, pool, pool-vmm (the pool on virtual memory; the
-test sets CUDAMEM_POOL_RELEASE_THRESHOLD and _INTERVAL to 0), async or
-plugin.  Gates are used only under pool, pool-vmm and async: under the
+MANAGER is default, pool, pool-vmm (the pool on virtual memory, with
+arrays of more than a page as well; the test sets
+CUDAMEM_POOL_RELEASE_THRESHOLD and _INTERVAL to 0), async or plugin.  Gates are used only under pool, pool-vmm and async: under the
 default manager and a plugin a release calls cuMemFree, which waits for
 the device and so for a held gate; there the simulator's
 CUDAMEM_SIM_DELAY_US keeps work pending instead.  Exit status 0 when
@@ -35,6 +35,10 @@ import threading
 import numpy as np
 
 SIZES = [1, 3, 512, 4096, 65536, 300000]
+# Under the pool on virtual memory also arrays of more than a page (2 MiB
+# on the simulator and an H200), across page boundaries: they are placed
+# over idle pages where they can, and pages move between them.
+SIZES_VMM = SIZES + [3 << 20, (5 << 20) + 512]
 GATE_TIMEOUT = 30.0
 
 
@@ -54,9 +58,9 @@ class Gate:
         self._open.set()
 
 
-def generate(seed, gates):
+def generate(seed, gates, sizes=SIZES):
     """A program: a list of op tuples.  Arrays are named by integers;
-    each op names the stream it runs on."""
+    each op names the stream it runs on; new arrays take one of sizes."""
     rnd = random.Random(seed)
     nstreams = rnd.randint(3, 6)
     ops = []
@@ -74,7 +78,7 @@ def generate(seed, gates):
             if freed_sizes and rnd.random() < 0.5:
                 size = rnd.choice(freed_sizes)
             else:
-                size = rnd.choice(SIZES)
+                size = rnd.choice(sizes)
             s = rnd.randrange(nstreams)
             ops.append(("alloc", next_name, size, s, rnd.randrange(1 << 30)))
             live[next_name] = (size, s)
@@ -298,7 +302,8 @@ def main(argv):
     install(cuda, manager)
     gates = manager in ("pool", "async", "pool-vmm")
     for seed in range(first, first + programs):
-        nstreams, ops = generate(seed, gates)
+        nstreams, ops = generate(
+            seed, gates, SIZES_VMM if manager == "pool-vmm" else SIZES)
         bad = run(cuda, nstreams, ops)
         if bad:
             small = shrink(cuda, nstreams, ops)

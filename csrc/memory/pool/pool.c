@@ -585,13 +585,9 @@ cm_blk_split_front(cm_pool *p, cm_blk *b, size_t off)
     return 0;
 }
 
-/* Take a free block of at least size bytes usable on stream key s, in
- * use, split; NULL if none.  In an arena, a block whose memory is mapped
- * is preferred to the best fit when that one would need pages mapped,
- * and failing one, the place that needs the fewest pages mapped: idle
- * memory is used where it lies rather than moved. */
-cm_blk *
-cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
+/* cm_pool_take; settle: whether the pending blocks may be settled. */
+static cm_blk *
+cm_pool_take_in(cm_pool *p, size_t size, uintptr_t s, int settle)
 {
     cm_bins *bs = size <= CM_POOL_SMALL_MAX ? &p->small : &p->large;
     cm_blk *b;
@@ -608,6 +604,14 @@ cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
     }
     if (b->seg->arena != NULL
         && !cm_arena_range_backed(p, b->seg->arena, b->ptr, size)) {
+        if (settle && p->pending != NULL) {
+            /* An arena always has free virtual memory for a request, so
+             * the blocks waiting for other streams are settled before
+             * memory is mapped for one: the pages of those whose streams
+             * are done may serve it. */
+            cm_pool_settle(p);
+            return cm_pool_take_in(p, size, s, 0);
+        }
         unbacked = 1;
         if (p->idle_pages > 0
             && (m = cm_pool_find(p, bs, size, s, 1)) != NULL) {
@@ -637,6 +641,20 @@ cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
         cm_arena_use(p, b);
     }
     return b;
+}
+
+/* Take a free block of at least size bytes usable on stream key s, in
+ * use, split; NULL if none.  In an arena, a block whose memory is mapped
+ * is preferred to the best fit when that one would need pages mapped,
+ * and failing one, the place that needs the fewest pages mapped: idle
+ * memory is used where it lies rather than moved.  Before any is chosen
+ * that needs pages mapped, the pending blocks are settled (else, blocks
+ * used on several streams stayed pending in an arena, their pages
+ * mapped, until an out-of-memory error synchronised the context). */
+cm_blk *
+cm_pool_take(cm_pool *p, size_t size, uintptr_t s)
+{
+    return cm_pool_take_in(p, size, s, 1);
 }
 
 /* Make a segment of segsize bytes at base into the pool, in use for
