@@ -20,7 +20,8 @@ first context is made):
 
 MANAGER is default, pool, pool-vmm (the pool on virtual memory, with
 arrays of more than a page as well; the test sets
-CUDAMEM_POOL_RELEASE_THRESHOLD and _INTERVAL to 0), async or plugin.  Gates are used only under pool, pool-vmm and async: under the
+CUDAMEM_POOL_RELEASE_THRESHOLD and _INTERVAL to 0), async or plugin.
+Gates are used only under pool, pool-vmm and async: under the
 default manager and a plugin a release calls cuMemFree, which waits for
 the device and so for a held gate; there the simulator's
 CUDAMEM_SIM_DELAY_US keeps work pending instead.  Exit status 0 when
