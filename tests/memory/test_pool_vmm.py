@@ -39,7 +39,6 @@ def _isolated_on_a_gpu(request):
 
 
 @pytest.mark.timeout(330)
-@pytest.mark.timeout(330)
 def test_vmm_module_in_a_child_process():
     # Verbose, each test under a limit of its own, and on a timeout the
     # output so far (the H200 once gave none in 200 s).
