@@ -392,9 +392,8 @@ def test_probing_under_the_limit_collects_once(limited):
     # only once 100 times the last collection's time has passed (an owner
     # made before may have been dropped in a cycle since): at most 1 % of
     # the loop's time.  The queue and pools hold nothing to give back.
-    # (On an H100, where a frozen heap collects in a few µs and a refusal
-    # takes longer than on the simulator, 200 refusals collected 9 and 14
-    # times: the rule is about time, not a count.)
+    # (On an H100, 200 refusals collected 9 and 14 times, under the rule:
+    # it is about time, not a count.  No more than one probe in ten.)
     keep = device_bytes(LIMIT - 8 * MiB)
     before = settled(limited)
     with Collections() as c:
