@@ -332,18 +332,9 @@ def check_cycles(objs):
     line per edge between them with a few of its symbols."""
     bad = []
     for folder, (nodes, edges) in sorted(folder_graphs(objs).items()):
-        succ = collections.defaultdict(set)
-        for a, b in edges:
-            succ[a].add(b)
-        for comp in check_py_imports.sccs(nodes, succ):
-            lines = ["%s: cycle between files: %s"
-                     % (folder_label(folder), ", ".join(comp))]
-            for a in comp:
-                for b in sorted(succ[a]):
-                    if b in comp:
-                        lines.append("    %s -> %s (%s)"
-                                     % (a, b, few(edges[a, b])))
-            bad.append("\n".join(lines))
+        head = folder_label(folder).replace("%", "%%")
+        bad += check_py_imports.cycle_messages(
+            nodes, edges, head + ": cycle between files: %s", few)
     return bad
 
 

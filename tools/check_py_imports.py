@@ -182,6 +182,25 @@ def _sites(sites):
                      for f, line, nested in sorted(set(sites)))
 
 
+def cycle_messages(nodes, edges, head, label):
+    """One message per cycle of the graph (edges: {(a, b): what}): head
+    (a format of the cycle's nodes, comma-separated), then one indented
+    line per edge between them, ``a -> b (label(what))``."""
+    succ = collections.defaultdict(set)
+    for a, b in edges:
+        succ[a].add(b)
+    bad = []
+    for comp in sccs(nodes, succ):
+        lines = [head % ", ".join(comp)]
+        for a in comp:
+            for b in sorted(succ[a]):
+                if b in comp:
+                    lines.append("    %s -> %s (%s)"
+                                 % (a, b, label(edges[a, b])))
+        bad.append("\n".join(lines))
+    return bad
+
+
 def check(pkgdir, repo=None):
     """The import cycles between the package's modules, as messages (a
     first line naming the modules, then one indented line per import
@@ -190,20 +209,10 @@ def check(pkgdir, repo=None):
     if not (pkgdir / "__init__.py").is_file():
         return []
     edges, mods = read_imports(pkgdir, repo)
-    succ = collections.defaultdict(set)
-    for a, b in edges:
-        succ[a].add(b)
-    bad = []
-    for comp in sccs(mods, succ):
-        lines = ["%s: import cycle between modules: %s"
-                 % (pkgdir.name, ", ".join(comp))]
-        for a in comp:
-            for b in sorted(succ[a]):
-                if b in comp:
-                    lines.append("    %s -> %s (%s)"
-                                 % (a, b, _sites(edges[a, b])))
-        bad.append("\n".join(lines))
-    return bad
+    return cycle_messages(mods, edges,
+                          pkgdir.name.replace("%", "%%")
+                          + ": import cycle between modules: %s",
+                          _sites)
 
 
 def graph(pkgdir, repo=None):
