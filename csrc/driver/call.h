@@ -38,6 +38,11 @@
  * driver function fn ("cuMemAlloc").  Always returns -1. */
 int cm_raise_cu(CUresult rc, const char *fn);
 
+/* Raise cls(code, msg) (an exception class whose first two arguments
+ * are a code and a message: OSError, CudaAPIError); msg is stolen (NULL:
+ * its error stands).  -1. */
+int cm_raise_code_msg(PyObject *cls, int code, PyObject *msg);
+
 /* Raise CudaAPIError(rc, msg), numba's own signature, with a message of
  * cudamem's own; msg is stolen (NULL: its error stands).  -1. */
 int cm_raise_api_msg(CUresult rc, PyObject *msg);

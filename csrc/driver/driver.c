@@ -400,21 +400,30 @@ cm_driver_per_thread(void)
 }
 
 int
-cm_raise_api_msg(CUresult rc, PyObject *msg)
+cm_raise_code_msg(PyObject *cls, int code, PyObject *msg)
 {
     PyObject *exc;
 
-    if (msg == NULL || CM_REGISTERED(CudaAPIError) == NULL) {
-        Py_XDECREF(msg);
+    if (msg == NULL) {
         return -1;
     }
-    exc = PyObject_CallFunction(cm_st->CudaAPIError, "iO", (int)rc, msg);
+    exc = PyObject_CallFunction(cls, "iO", code, msg);
     Py_DECREF(msg);
     if (exc != NULL) {
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
         Py_DECREF(exc);
     }
     return -1;
+}
+
+int
+cm_raise_api_msg(CUresult rc, PyObject *msg)
+{
+    if (msg == NULL || CM_REGISTERED(CudaAPIError) == NULL) {
+        Py_XDECREF(msg);
+        return -1;
+    }
+    return cm_raise_code_msg(cm_st->CudaAPIError, (int)rc, msg);
 }
 
 int

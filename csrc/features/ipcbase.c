@@ -127,7 +127,6 @@ static int
 cm_ipc_take_fd_error(int err, long pid, int fd, int kind)
 {
     PyObject *msg;
-    PyObject *exc;
 
     switch (err) {
     case ESRCH:
@@ -172,16 +171,7 @@ cm_ipc_take_fd_error(int err, long pid, int fd, int kind)
             "process %ld failed (%s)", fd, pid, strerror(err));
         break;
     }
-    if (msg == NULL) {
-        return -1;
-    }
-    exc = PyObject_CallFunction(PyExc_OSError, "iO", err, msg);
-    Py_DECREF(msg);
-    if (exc != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-    return -1;
+    return cm_raise_code_msg(PyExc_OSError, err, msg);
 }
 
 int
