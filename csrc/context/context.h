@@ -577,16 +577,28 @@ int cm_capture_restricted(void);
  * allocations and frees are relaxed too (graph.c). */
 extern _Thread_local int cm_capture_adapter_depth;
 
+/* This thread's capture mode made relaxed whatever cudamem knows of
+ * captures (another library's may forbid the call): two calls of a
+ * thread-local setting, for slow paths.  *saved as above. */
 static inline void
-cm_capture_relax(int *saved)
+cm_capture_relax_always(int *saved)
 {
     CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
 
     *saved = -1;
-    if ((cm_capture_adapter_depth > 0 || cm_capture_restricted())
+    if (cm_cu.ThreadExchangeStreamCaptureMode != NULL
         && CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m))
                == CUDA_SUCCESS) {
         *saved = (int)m;
+    }
+}
+
+static inline void
+cm_capture_relax(int *saved)
+{
+    *saved = -1;
+    if (cm_capture_adapter_depth > 0 || cm_capture_restricted()) {
+        cm_capture_relax_always(saved);
     }
 }
 

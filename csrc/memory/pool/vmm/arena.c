@@ -255,31 +255,13 @@ cm_arena_stream_captures(CUstream h)
                || st != CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
-/* This thread's capture mode made relaxed for the page work, whatever
- * cudamem knows of captures: another library may capture in global mode
- * on another thread, which would forbid this thread the quiet checks'
- * queries (and the driver refuse them, invalidating that capture).  Two
- * calls of a thread-local setting, on paths that map or unmap pages.
- * *saved: the mode to give back with cm_capture_unrelax, or -1. */
-static void
-cm_arena_relax(int *saved)
-{
-    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-
-    *saved = -1;
-    if (cm_cu.ThreadExchangeStreamCaptureMode != NULL
-        && CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m))
-               == CUDA_SUCCESS) {
-        *saved = (int)m;
-    }
-}
-
 /* Whether free block b's last users' work is done, so that its memory
  * may move; records the event a later look can query when not yet.
  * While a capture forbids this thread the queries, only what a
  * context-wide synchronize tells (cm_blk_event_done); a stream that
  * captures (one cudamem began, or another library's) is not quiet.
- * Called with the thread's capture mode relaxed (cm_arena_relax). */
+ * Called with the thread's capture mode relaxed (cm_capture_relax_always:
+ * another library may capture in global mode on another thread). */
 static int
 cm_blk_quiet(cm_pool *p, cm_blk *b)
 {
@@ -608,7 +590,7 @@ cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b)
     CUresult rc = CUDA_SUCCESS;
     cm_gil_saved g;
 
-    cm_arena_relax(&relaxed);
+    cm_capture_relax_always(&relaxed);
     cm_arena_gil_drop(&g);
     cm_mu_lock(&p->vmu);
     cm_mu_lock(&p->mu);
@@ -842,7 +824,7 @@ cm_arena_release(cm_context *ctx, cm_pool *p, size_t keep, int wait)
             return CUDA_SUCCESS;    /* not yet: the pass after */
         }
     }
-    cm_arena_relax(&relaxed);
+    cm_capture_relax_always(&relaxed);
     cm_arena_gil_drop(&g);
     if (wait) {
         cm_mu_lock(&p->vmu);
