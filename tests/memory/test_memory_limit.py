@@ -392,8 +392,11 @@ def test_probing_under_the_limit_collects_once(limited):
     # only once 100 times the last collection's time has passed (an owner
     # made before may have been dropped in a cycle since): at most 1 % of
     # the loop's time.  The queue and pools hold nothing to give back.
-    # (On an H100, 200 refusals collected 9 and 14 times, under the rule:
-    # it is about time, not a count.  No more than one probe in ten.)
+    # The rule is about time, not a count: how many probes pass between
+    # two collections depends on how long a refused probe takes against a
+    # collection.  200 refusals collected 9 and 14 times on an idle H100,
+    # 26 and 36 times on an H200 running the suite in 8 processes; most
+    # probes still must not collect (at most one in four).
     keep = device_bytes(LIMIT - 8 * MiB)
     before = settled(limited)
     with Collections() as c:
@@ -402,7 +405,7 @@ def test_probing_under_the_limit_collects_once(limited):
                 device_bytes(16 * MiB)
     assert c.n >= 1
     assert c.busy <= 0.02 * c.wall, (c.n, c.busy, c.wall)
-    assert c.n <= 1 + 200 // 10, c.n
+    assert c.n <= 200 // 4, c.n
     e = ei.value
     # The error keeps its diagnostics.
     assert e.requested == 16 * MiB and e.limit == LIMIT
