@@ -455,27 +455,9 @@ def _segments_svg(dev, live, records, snames):
         else:
             parts.append('<text x="4" y="%d">0x%x %s</text>'
                          % (y + 14, s["base"], _e(_fmt_bytes(s["size"]))))
-        for addr, size, state in s["blocks"]:
-            if addr >= end:
-                continue
-            size = min(size, end - addr)
-            bx = left + (addr - s["base"]) * scale
-            bw = max(size * scale, 1.0)
-            tip = "block 0x%x: %s, %s" % (addr, _fmt_bytes(size), state)
-            ref = ""
-            b = live.get((dev["device"], addr)) if state == "used" else None
-            if b is not None:
-                head = [tip, "allocation: %s of %s memory, device %d, %s"
-                        % (_fmt_bytes(b["size"]), b["kind"], b["device"],
-                           _stream_name(b.get("stream"), snames))]
-                ref = ' data-alloc="%d"' % records.add(
-                    head, b.get("stack"), "allocated at")
-            parts.append(
-                '<rect class="block %s" x="%.1f" y="%d" width="%.1f" '
-                'height="%d" fill="%s" stroke="#fff" stroke-width="0.5" '
-                'data-tip="%s"%s/>'
-                % (state, bx, y, bw, row - 6, colors.get(state, "#999"),
-                   _e(tip), ref))
+        for r in _block_rects(s["blocks"], s["base"], end, left, scale):
+            parts.append(_block_rect(r, dev, live, records, snames, y,
+                                     row, colors))
     parts.append("</svg>")
     legend = "".join('<span><i class="sw" style="background:%s"></i>%s'
                      '</span>' % (c, s) for s, c in colors.items())
@@ -485,6 +467,83 @@ def _segments_svg(dev, live, records, snames):
                    'its blocks; drawn up to its last mapped page or block '
                    'in use)</span>' % MAPPED_COLOR)
     return "".join(parts) + '<div class="legend">%s</div>' % legend
+
+
+def _block_rects(blocks, base, end, left, scale):
+    """The rectangles of a segment's blocks up to end, in address order:
+    (x, width, [(addr, size, state), ...]).  None is narrower than a
+    pixel and none overlaps the next, so that the mouse finds the block
+    it points at: a block that would end inside the pixels already drawn
+    joins the rectangle before it (drawn as one, a cluster), one that
+    would be narrower than a pixel starts at the end of the last and is a
+    pixel wide."""
+    rects = []
+    cursor = None
+    for addr, size, state in blocks:
+        if addr >= end:
+            continue
+        size = min(size, end - addr)
+        x0 = left + (addr - base) * scale
+        x1 = left + (addr + size - base) * scale
+        if rects and x1 <= cursor + 1e-6:
+            rects[-1][2].append((addr, size, state))
+            continue
+        x = x0 if cursor is None or x0 >= cursor else cursor
+        w = max(x1 - x, 1.0)
+        rects.append([x, w, [(addr, size, state)]])
+        cursor = x + w
+    return rects
+
+
+def _block_rect(r, dev, live, records, snames, y, row, colors):
+    """One rectangle of _block_rects: a block, with its live allocation's
+    record when it is used; or a cluster of blocks too small to draw one
+    by one, coloured by the state holding most of its bytes, with the
+    record of its largest used block."""
+    x, w, members = r
+    addr, size, state = members[0]
+    extra = ""
+    if len(members) == 1:
+        tip = "block 0x%x: %s, %s" % (addr, _fmt_bytes(size), state)
+        used = [members[0]] if state == "used" else []
+        cls = state
+    else:
+        by = {}
+        for _, n, st in members:
+            c, b = by.get(st, (0, 0))
+            by[st] = (c + 1, b + n)
+        last = members[-1]
+        tip = "%d blocks at 0x%x-0x%x, too small to draw one by one: %s" % (
+            len(members), addr, last[0] + last[1], ", ".join(
+                "%s %s in %d" % (st, _fmt_bytes(b), c)
+                for st, (c, b) in sorted(by.items())))
+        state = max(by, key=lambda st: by[st][1])
+        used = sorted((m for m in members if m[2] == "used"),
+                      key=lambda m: -m[1])
+        cls = "cluster " + state + (" used" if used and state != "used"
+                                    else "")
+        extra = ' data-n="%d"' % len(members)
+    ref = ""
+    for a, n, _ in used:
+        b = live.get((dev["device"], a))
+        if b is None:
+            continue
+        head = [tip]
+        if len(members) > 1:
+            head.append("its largest block in use: 0x%x, %s"
+                        % (a, _fmt_bytes(n)))
+        head.append("allocation: %s of %s memory, device %d, %s"
+                    % (_fmt_bytes(b["size"]), b["kind"], b["device"],
+                       _stream_name(b.get("stream"), snames)))
+        ref = ' data-alloc="%d"' % records.add(head, b.get("stack"),
+                                               "allocated at")
+        break
+    return ('<rect class="block %s" x="%.1f" y="%d" width="%.1f" '
+            'height="%d" fill="%s" stroke="#fff" stroke-width="0.5" '
+            'data-tip="%s"%s%s/>'
+            % (cls, round(x, 1), y, round(x + w, 1) - round(x, 1), row - 6,
+               colors.get(state, "#999"), _e(tip),
+               extra, ref))
 
 
 def _span(seg):
