@@ -190,7 +190,7 @@ def _no_overlap(rects):
         rows.setdefault(y, []).append((x, w))
     for row in rows.values():
         row.sort()
-        for (x, w), (nx, _) in zip(row, row[1:]):
+        for (x, w), (nx, _) in zip(row, row[1:], strict=False):
             assert x + w <= nx + 0.05, (x, w, nx)
 
 
