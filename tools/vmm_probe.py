@@ -2,11 +2,13 @@
 through libcuda (ctypes, no cudamem): whether cuMemUnmap, cuMemRelease,
 cuMemMap, cuMemSetAccess and cuMemCreate wait for work queued on an
 unrelated stream (a host function holding it for HOLD seconds), and what
-each costs per 2 MiB page.  The pool on virtual memory (csrc/memory/pool/vmm/)
-relies on the answer: it unmaps only pages whose own work is done, and
-must not wait for, or be held by, other streams.  Last, which of those
-calls the driver refuses on one thread while another captures in global
-mode, in the default interaction mode and in the relaxed one.
+each costs per 2 MiB page.  The pool on virtual memory
+(csrc/memory/pool/vmm/) relies on the answer: it unmaps only pages whose
+own work is done, and must not wait for, or be held by, other streams.
+Then what one handle of 16 pages costs per page, and what a page's move
+costs between addresses used before.  Last, which of those calls the
+driver refuses on one thread while another captures in global mode, in
+the default interaction mode and in the relaxed one.
 
     python tools/vmm_probe.py [HOLD_SECONDS]
 """
@@ -132,6 +134,52 @@ for i, h in enumerate(hs):
     if rc != 0:
         ck(cu.cuMemUnmap(page(i), ctypes.c_size_t(G)), "unmap")
     ck(cu.cuMemRelease(h), "release")
+
+# One handle of 16 pages: whether the calls cost per page or per call.
+h = ctypes.c_ulonglong()
+t0 = time.perf_counter()
+ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(16 * G),
+                  ctypes.byref(prop), ctypes.c_ulonglong(0)), "create 16")
+t1 = time.perf_counter()
+ck(cu.cuMemMap(page(0), ctypes.c_size_t(16 * G), ctypes.c_size_t(0), h,
+               ctypes.c_ulonglong(0)), "map 16")
+t2 = time.perf_counter()
+ck(cu.cuMemSetAccess(page(0), ctypes.c_size_t(16 * G), ctypes.byref(acc),
+                     ctypes.c_size_t(1)), "access 16")
+t3 = time.perf_counter()
+ck(cu.cuMemUnmap(page(0), ctypes.c_size_t(16 * G)), "unmap 16")
+t4 = time.perf_counter()
+ck(cu.cuMemRelease(h), "release 16")
+t5 = time.perf_counter()
+print("one handle of 16 pages, us per page: create %.1f map %.1f access "
+      "%.1f unmap %.1f release %.1f"
+      % tuple((b - a) * 1e6 / 16 for a, b in
+              ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))))
+# A page moved (unmapped, mapped elsewhere, access granted) between two
+# addresses used before, as the pool moves idle pages: the cost of each
+# step once the addresses' page tables exist.
+h, _ = make(0)
+steps = []
+at = 0
+for k in range(33):
+    to = 1 if at == 0 else 0
+    t0 = time.perf_counter()
+    ck(cu.cuMemUnmap(page(at), ctypes.c_size_t(G)), "unmap")
+    t1 = time.perf_counter()
+    ck(cu.cuMemMap(page(to), ctypes.c_size_t(G), ctypes.c_size_t(0), h,
+                   ctypes.c_ulonglong(0)), "map")
+    t2 = time.perf_counter()
+    ck(cu.cuMemSetAccess(page(to), ctypes.c_size_t(G), ctypes.byref(acc),
+                         ctypes.c_size_t(1)), "access")
+    t3 = time.perf_counter()
+    if k:
+        steps.append((t1 - t0, t2 - t1, t3 - t2))
+    at = to
+drop(at, h)
+print("a page moved between two addresses used before, median us: unmap "
+      "%s map %s access %s"
+      % (us([x[0] for x in steps]), us([x[1] for x in steps]),
+         us([x[2] for x in steps])))
 
 # Does a call wait for another stream, held by a host function?
 HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
