@@ -30,9 +30,13 @@ access to the exporter: the same user and a Yama ``ptrace_scope`` that
 allows it, or ``CAP_SYS_PTRACE``), imports the pool and then the
 allocation.  The exporter keeps the descriptor open until its context is
 closed; a handle opened after that, or after the exporting process
-exited, raises ``OSError`` saying so.  Where the device cannot make a
-shareable pool, the async manager uses the device's default pool and its
-exports raise ``CudaAPIError`` saying why.
+exited, raises ``OSError`` saying so.  Where ``pidfd_getfd`` is refused
+(no ptrace access), the importer asks the exporter for the descriptor
+over a Unix socket the exporting process serves (a process of the same
+user; ``CUDAMEM_IPC_FD`` = ``auto``, ``pidfd`` or ``socket`` picks).
+Where the device cannot make a shareable pool, the async manager uses
+the device's default pool and its exports raise ``CudaAPIError`` saying
+why.
 
 Memory of the pool manager on virtual memory (``CUDAMEM_POOL_VMM=1``) is
 made of ``cuMemCreate`` pages, which ``cuIpcGetMemHandle`` does not

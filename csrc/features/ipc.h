@@ -152,9 +152,12 @@ enum {
 };
 
 /* A descriptor of this process for descriptor fd of process pid (it is
- * close-on-exec), or -1 with OSError saying why not; kind: CM_IPC_FD_*.
- * GIL held. */
-int cm_ipc_take_fd(long pid, int fd, int kind);
+ * close-on-exec), or -1 with OSError saying why not; kind: CM_IPC_FD_*,
+ * check the value the handle carries beside fd (the pool's token, the
+ * page's id), which the exporter's socket checks.  By pidfd_getfd, then,
+ * where that is refused, over the exporter's socket (memory/fdserve.c);
+ * CUDAMEM_IPC_FD ("auto", "pidfd", "socket") picks.  GIL held. */
+int cm_ipc_take_fd(long pid, int fd, uint64_t check, int kind);
 
 PyObject *cm_ipc_can_access_peer(PyObject *mod, PyObject *const *args,
                                  Py_ssize_t nargs);

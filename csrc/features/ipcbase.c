@@ -4,7 +4,11 @@
  * ipchandle.c) share, beneath them all: the check of the classes the
  * package registered, the Context and size arguments of the opens, the
  * making of an IpcMemory, and taking a descriptor from another process
- * (pidfd_open + pidfd_getfd).
+ * (pidfd_open + pidfd_getfd, or the exporter's socket: memory/fdserve.c).
+ *
+ * Locks and the GIL: no lock of its own; the GIL is held throughout but
+ * for the wait on the exporter's socket (cm_fd_fetch, which touches
+ * nothing of Python).
  */
 #include "features/ipc.h"
 
@@ -152,10 +156,11 @@ cm_ipc_take_fd_error(int err, long pid, int fd, int kind)
     case EACCES:
         msg = PyUnicode_FromFormat(
             "cannot open the IPC handle: not permitted to take file "
-            "descriptor %d of process %ld with pidfd_getfd, which needs "
-            "ptrace access to the exporting process (the same user and a "
-            "Yama ptrace_scope that allows it, or CAP_SYS_PTRACE)",
-            fd, pid);
+            "descriptor %d of process %ld: pidfd_getfd needs ptrace "
+            "access to the exporting process (the same user and a Yama "
+            "ptrace_scope that allows it, or CAP_SYS_PTRACE), and the "
+            "process's cudamem socket did not hand it over (a process of "
+            "another user, or a socket not the exporter's)", fd, pid);
         break;
     case ENOSYS:
         msg = PyUnicode_FromFormat(
@@ -174,27 +179,71 @@ cm_ipc_take_fd_error(int err, long pid, int fd, int kind)
     return cm_raise_code_msg(PyExc_OSError, err, msg);
 }
 
+/* CUDAMEM_IPC_FD: 0 auto, 1 pidfd_getfd only, 2 the socket only; -1
+ * with ValueError for another value. */
+static int
+cm_ipc_fd_way(void)
+{
+    const char *v = getenv("CUDAMEM_IPC_FD");
+
+    if (v == NULL || *v == '\0' || strcmp(v, "auto") == 0) {
+        return 0;
+    }
+    if (strcmp(v, "pidfd") == 0) {
+        return 1;
+    }
+    if (strcmp(v, "socket") == 0) {
+        return 2;
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "CUDAMEM_IPC_FD must be auto, pidfd or socket, not %.100s",
+                 v);
+    return -1;
+}
+
 int
-cm_ipc_take_fd(long pid, int fd, int kind)
+cm_ipc_take_fd(long pid, int fd, uint64_t check, int kind)
 {
     int pidfd = -1;
     int got = -1;
     int err = ENOSYS;
+    int serr = 0;
+    int way = cm_ipc_fd_way();
 
+    if (way < 0) {
+        return -1;
+    }
+    if (way != 2) {
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-    pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (pidfd >= 0) {
-        got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
-    }
-    err = errno;
-    if (pidfd >= 0) {
-        close(pidfd);
-    }
+        pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+        if (pidfd >= 0) {
+            got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+        }
+        err = errno;
+        if (pidfd >= 0) {
+            close(pidfd);
+        }
 #else
-    (void)pidfd;
+        (void)pidfd;
 #endif
-    if (got < 0) {
-        return cm_ipc_take_fd_error(err, pid, fd, kind);
+        if (got >= 0) {
+            return got;
+        }
     }
-    return got;
+    /* Refused (ptrace access), or not there: ask the exporter's socket,
+     * which checks check as well.  A process gone or serving none keeps
+     * pidfd_getfd's reason. */
+    if (way == 2 || (way == 0 && (err == EPERM || err == EACCES
+                                  || err == ENOSYS))) {
+        Py_BEGIN_ALLOW_THREADS
+        got = cm_fd_fetch(pid, fd, check, &serr);
+        Py_END_ALLOW_THREADS
+        if (got >= 0) {
+            return got;
+        }
+        if (way == 2 || serr == EBADF) {
+            err = serr == ECONNREFUSED ? ESRCH : serr;
+        }
+    }
+    return cm_ipc_take_fd_error(err, pid, fd, kind);
 }

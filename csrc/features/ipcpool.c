@@ -225,7 +225,7 @@ cm_ipool_import(cm_context *ctx, long pid, int fd, uint64_t token)
     int got;
     int err;
 
-    got = cm_ipc_take_fd(pid, fd, CM_IPC_FD_POOL);
+    got = cm_ipc_take_fd(pid, fd, token, CM_IPC_FD_POOL);
     if (got < 0) {
         return NULL;
     }

@@ -274,7 +274,7 @@ cm_ipage_get(cm_context *ctx, long pid, int fd, uint64_t id)
     if (ip != NULL) {
         return ip;
     }
-    got = cm_ipc_take_fd(pid, fd, CM_IPC_FD_PAGE);
+    got = cm_ipc_take_fd(pid, fd, id, CM_IPC_FD_PAGE);
     if (got < 0) {
         return NULL;
     }

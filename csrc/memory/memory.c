@@ -989,7 +989,7 @@ cm_memory_init(PyObject *mod, cm_state *st)
                                  (PyObject *)st->Mem_type) < 0) {
         return -1;
     }
-    if (cm_release_init(mod, st) < 0) {
+    if (cm_release_init(mod, st) < 0 || cm_fdserve_init() < 0) {
         return -1;
     }
     return PyModule_AddFunctions(mod, cm_memory_functions);

@@ -470,6 +470,22 @@ typedef struct {
 int cm_pool_export_pages(cm_context *ctx, CUdeviceptr addr, size_t span,
                          cm_vmm_pages *out);
 
+/* fdserve.c: descriptors offered to importing processes over a Unix
+ * socket, where pidfd_getfd is refused them.  cm_fd_offer puts fd, with
+ * the value its IPC handle carries beside it (a pool's token, a page's
+ * id), on offer and starts this process's server if it has none: 0, or
+ * -1 with errno (nothing offered; pidfd_getfd may still serve).
+ * cm_fd_withdraw takes fd off before it is closed.  cm_fd_fetch asks
+ * process pid for (fd, check): a new descriptor, or -1 with *err (EBADF:
+ * not on offer; ECONNREFUSED: pid serves none; EPERM: the socket is not
+ * pid's).  Any thread, GIL or not. */
+int cm_fd_offer(int fd, uint64_t check);
+void cm_fd_withdraw(int fd);
+int cm_fd_fetch(long pid, int fd, uint64_t check, int *err);
+/* Its part of module init (the fork handler); 0, or -1 with an
+ * exception. */
+int cm_fdserve_init(void);
+
 /* ------------------------------------------------------------------ */
 /* init functions of the memory layer                                 */
 /* ------------------------------------------------------------------ */

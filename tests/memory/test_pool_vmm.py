@@ -627,6 +627,46 @@ def test_ipc_child_reads_and_writes(vmm_ctx, child, where):
     np.testing.assert_array_equal(seen, (host + 1)[:4])
 
 
+def test_ipc_pages_over_the_exporters_socket(vmm_ctx, monkeypatch):
+    """An importer that takes the pages' descriptors over the exporter's
+    socket (CUDAMEM_IPC_FD=socket, what an importer refused pidfd_getfd
+    falls back to) reads and writes them as through pidfd_getfd; a
+    handle naming a page with another id gets nothing, and says so; the
+    descriptors of pages given back are no longer handed over."""
+    page = stats(vmm_ctx)["page_size"]
+    n = (2 * page + page // 2) // 8
+    d = cudamem.to_device(np.arange(n, dtype=np.float64))
+    host = d.copy_to_host()
+    h = d.get_ipc_handle()
+    ih = h.ipc_handle
+    assert len(ih.pages[2]) >= 3
+    monkeypatch.setenv("CUDAMEM_IPC_FD", "socket")
+    c = Child()
+    try:
+        np.testing.assert_array_equal(c.call("read", h), host)
+        assert c.call("add", h, 1) is None
+        cudamem.synchronize()
+        np.testing.assert_array_equal(d.copy_to_host(), host + 1)
+        pid, size, entries = ih.pages
+        fd, pid_id = entries[1]
+        bad = cudamem.IpcHandle(None, bytes(64), 64, offset=0,
+                                pages=(pid, size, [(fd, pid_id ^ 1)]))
+        expect_failure(c.call("raw", bad, (8,), np.float64, None, 0),
+                       "OSError", "no longer has the pool page")
+        # The array freed and its pages given back: their descriptors
+        # are withdrawn with their close.
+        del d, h
+        ih.base = None
+        cudamem.synchronize()
+        vmm_ctx.memory_manager.trim()
+        stale = cudamem.IpcHandle(None, bytes(64), 64, offset=0,
+                                  pages=(pid, size, [entries[0]]))
+        expect_failure(c.call("raw", stale, (8,), np.float64, None, 0),
+                       "OSError", "no longer has the pool page")
+    finally:
+        c.stop()
+
+
 def test_ipc_pages_move_and_go_while_the_child_maps_them(vmm_ctx, child):
     """The exporter frees its array; its pool moves the pages, then gives
     them back: the child's imports and mappings keep the memory (the

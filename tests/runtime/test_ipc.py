@@ -922,9 +922,17 @@ def test_async_open_after_the_exporter_exited(async_ctx, child):
                    "has exited")
 
 
-def test_async_open_without_ptrace_permission(async_ctx):
+@pytest.mark.parametrize("way", ["auto", "pidfd", "socket", "tampered",
+                                 "bogus"])
+def test_async_open_without_ptrace_permission(async_ctx, monkeypatch, way):
     """pidfd_getfd needs ptrace access to the exporter: a process that
-    is not dumpable refuses an importer without CAP_SYS_PTRACE."""
+    is not dumpable refuses an importer without CAP_SYS_PTRACE.  The
+    importer then asks the exporter's socket, which hands the pool's
+    descriptor to a process of the same user ("auto", the default, and
+    "socket"); with CUDAMEM_IPC_FD=pidfd the refusal stands, saying why.
+    The socket hands over only what was exported: a handle whose token
+    does not match gets nothing.  Another value of CUDAMEM_IPC_FD is a
+    ValueError naming it."""
     if os.geteuid() != 0:
         pytest.skip("needs root (to drop CAP_SYS_PTRACE in the child)")
     code = """
@@ -940,13 +948,26 @@ def test_async_open_without_ptrace_permission(async_ctx):
     p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
                          env=env, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
+    monkeypatch.setenv("CUDAMEM_IPC_FD",
+                       "socket" if way == "tampered" else way)
     c = Child()
     try:
         h = pickle.loads(bytes.fromhex(p.stdout.readline().strip()))
         assert c.call("drop_ptrace") is None
-        r = c.call("open", h)
-        expect_failure(r, "PermissionError", "pidfd_getfd")
-        assert "ptrace" in r.message
+        if way == "tampered":
+            ih = h.ipc_handle
+            pid, fd, token = ih.pool
+            ih.pool = (pid, fd, token ^ 1)
+        r = c.call("read", h)
+        if way in ("auto", "socket"):
+            np.testing.assert_array_equal(r, np.arange(6.0))
+        elif way == "pidfd":
+            expect_failure(r, "PermissionError", "pidfd_getfd")
+            assert "ptrace" in r.message
+        elif way == "bogus":
+            expect_failure(r, "ValueError", "CUDAMEM_IPC_FD")
+        else:
+            expect_failure(r, "OSError", "no longer has the memory pool")
     finally:
         c.stop()
         p.communicate("\n", timeout=60)

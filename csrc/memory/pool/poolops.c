@@ -262,6 +262,7 @@ cm_pool_destroy(cm_context *ctx)
     }
     if (p->export_fd >= 0) {
         /* Importers can no longer take it; what they imported stays. */
+        cm_fd_withdraw(p->export_fd);
         close(p->export_fd);
         p->export_fd = -1;
     }
@@ -332,6 +333,7 @@ cm_pool_free(cm_context *ctx)
         p->all_next->all_prev = p->all_prev;
     }
     if (p->export_fd >= 0) {
+        cm_fd_withdraw(p->export_fd);
         close(p->export_fd);
     }
     cm_vshare_close(p);
@@ -1089,6 +1091,9 @@ cm_async_export(cm_context *ctx, CUdeviceptr base,
         }
         else {
             p->export_fd = got;
+            /* Also over this process's socket, where an importer may
+             * not take it with pidfd_getfd (memory/fdserve.c). */
+            (void)cm_fd_offer(got, p->token);
         }
         if (p->dead) {
             PyErr_SetString(PyExc_ValueError,

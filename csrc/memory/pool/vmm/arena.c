@@ -522,6 +522,7 @@ cm_page_drop(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle h)
     fd = cm_vshare_take(p, h);
     cm_mu_unlock(&p->mu);
     if (fd >= 0) {
+        cm_fd_withdraw(fd);
         close(fd);
     }
     (void)CM_CU_RAW(MemRelease, (h));

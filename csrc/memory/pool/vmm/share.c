@@ -193,6 +193,7 @@ cm_vshare_close(cm_pool *p)
     p->shares = NULL;
     for (i = 0; i < t->cap; i++) {
         if (t->slot[i].h != 0) {
+            cm_fd_withdraw(t->slot[i].fd);
             close(t->slot[i].fd);
         }
     }
@@ -324,6 +325,8 @@ cm_pool_export_pages(cm_context *ctx, CUdeviceptr addr, size_t span,
         made.id = t->next_id++;
         cm_vshare_put(t, &made);
         cm_mu_unlock(&p->mu);
+        /* Also over this process's socket (memory/fdserve.c). */
+        (void)cm_fd_offer(got, made.id);
         fds[i] = got;
         ids[i] = made.id;
     }
