@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * features/compile.c: compile() through NVRTC and its disk cache, and the
- * synchronous copies for views of module globals.
+ * features/compile.c: compile() through NVRTC and its disk cache (the
+ * views of module globals copy with memory.c's _memcpy_htod/_dtoh).
  *
  * Locks and the GIL: no lock.  NVRTC's compilation (Py_BEGIN_ALLOW_THREADS
- * around cm_nvrtc_compile_nogil), the module's load and the synchronous
- * copies (CM_CU_NOGIL) run without the GIL; they read only C locals and
- * the bytes of Python objects (source, names, arrays, buffers) the call
- * holds references or buffer views to, and touch no Python object.
+ * around cm_nvrtc_compile_nogil), the module's load and the copies of
+ * its constants' initial values (CM_CU_NOGIL) run without the GIL; they
+ * read only C locals and the bytes of Python objects (source, names,
+ * arrays) the call holds references to, and touch no Python object.
  */
 #include "features/kernel.h"
 
@@ -450,73 +450,9 @@ out:
     return r;
 }
 
-/* ------------------------------------------------------------------ */
-/* Synchronous copies for views of module globals                      */
-/* ------------------------------------------------------------------ */
-
-PyDoc_STRVAR(cm_memcpy_htod_doc,
-"_memcpy_htod(dptr, src, /)\n--\n\n"
-"Copy the bytes of a buffer to a device address in the current context, "
-"synchronously.");
-
-static PyObject *
-cm_memcpy_htod_fn(PyObject *mod, PyObject *args)
-{
-    unsigned long long dptr;
-    Py_buffer view;
-    int err;
-
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "Ky*:_memcpy_htod", &dptr, &view)) {
-        return NULL;
-    }
-    if (cm_context_current() == NULL) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    CM_CU_NOGIL(err, MemcpyHtoD, ((CUdeviceptr)dptr, view.buf,
-                                  (size_t)view.len));
-    PyBuffer_Release(&view);
-    if (err < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(cm_memcpy_dtoh_doc,
-"_memcpy_dtoh(dst, dptr, /)\n--\n\n"
-"Fill a writable buffer from a device address in the current context, "
-"synchronously.");
-
-static PyObject *
-cm_memcpy_dtoh_fn(PyObject *mod, PyObject *args)
-{
-    unsigned long long dptr;
-    Py_buffer view;
-    int err;
-
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "w*K:_memcpy_dtoh", &view, &dptr)) {
-        return NULL;
-    }
-    if (cm_context_current() == NULL) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    CM_CU_NOGIL(err, MemcpyDtoH, (view.buf, (CUdeviceptr)dptr,
-                                  (size_t)view.len));
-    PyBuffer_Release(&view);
-    if (err < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef cm_kernel_functions[] = {
     {"compile", (PyCFunction)(void (*)(void))cm_compile_fn,
      METH_VARARGS | METH_KEYWORDS, cm_compile_doc},
-    {"_memcpy_htod", cm_memcpy_htod_fn, METH_VARARGS, cm_memcpy_htod_doc},
-    {"_memcpy_dtoh", cm_memcpy_dtoh_fn, METH_VARARGS, cm_memcpy_dtoh_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -780,7 +780,7 @@ cm_memset_fn(PyObject *mod, PyObject *args)
 }
 
 PyDoc_STRVAR(cm_memcpy_htod_doc,
-"_memcpy_htod(dptr, buffer)\n--\n\n"
+"_memcpy_htod(dptr, src, /)\n--\n\n"
 "cuMemcpyHtoD of a whole contiguous buffer: the bare driver call, for "
 "benchmarks and tests.");
 
@@ -793,12 +793,18 @@ cm_memcpy_htod_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
     (void)mod;
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "_memcpy_htod(dptr, buffer)");
+        PyErr_SetString(PyExc_TypeError, "_memcpy_htod(dptr, src)");
         return NULL;
     }
     d = PyLong_AsUnsignedLongLong(args[0]);
     if ((d == (unsigned long long)-1 && PyErr_Occurred())
         || PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    /* The current context, made current on this thread if it is not
+     * (a thread of its own, as the bidirectional benchmark's). */
+    if (cm_context_current() == NULL) {
+        PyBuffer_Release(&view);
         return NULL;
     }
     CM_CU_NOGIL(err, MemcpyHtoD, ((CUdeviceptr)d, view.buf,
@@ -808,7 +814,7 @@ cm_memcpy_htod_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(cm_memcpy_dtoh_doc,
-"_memcpy_dtoh(buffer, dptr)\n--\n\n"
+"_memcpy_dtoh(dst, dptr, /)\n--\n\n"
 "cuMemcpyDtoH into a whole writable contiguous buffer: the bare driver "
 "call, for benchmarks and tests.");
 
@@ -821,13 +827,17 @@ cm_memcpy_dtoh_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
     (void)mod;
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "_memcpy_dtoh(buffer, dptr)");
+        PyErr_SetString(PyExc_TypeError, "_memcpy_dtoh(dst, dptr)");
         return NULL;
     }
     d = PyLong_AsUnsignedLongLong(args[1]);
     if ((d == (unsigned long long)-1 && PyErr_Occurred())
         || PyObject_GetBuffer(args[0], &view,
                               PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    if (cm_context_current() == NULL) {
+        PyBuffer_Release(&view);
         return NULL;
     }
     CM_CU_NOGIL(err, MemcpyDtoH, (view.buf, (CUdeviceptr)d,
