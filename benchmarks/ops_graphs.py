@@ -9,6 +9,8 @@ call replays it and synchronizes: cudamem (``cudamem.graph()``), CuPy
 (``torch.cuda.graph``, pinned tensors, ``non_blocking`` copies) and the
 bare driver (``cuStreamBeginCapture`` ... ``cuGraphLaunch`` through
 ctypes: two calls a replay, so ctypes' cost hardly shows).
+``[graph]`` of "registered": cudamem's graph with NumPy host memory
+registered (``cudamem.pinned``) instead of its page-locked arrays.
 ``[eager]``: the same 200 copies issued one by one, then the
 synchronize (no driver column: ctypes' cost per call would be most of
 it).  Both rows read per copy: each time is the timed call's divided by
@@ -65,6 +67,31 @@ def _graph_cm(cm):
         s.synchronize()
     run.keep = (g, h, out, d)
     return _checked(run, out)
+
+
+def _graph_cm_registered(cm):
+    # The same graph, its host side NumPy memory registered with the
+    # driver (cudamem.pinned: cuMemHostRegister) rather than cudamem's
+    # page-locked allocations (cuMemHostAlloc): on the H200 a probe of
+    # the driver's own graphs (tools/graph_probe.py) replayed copies of
+    # registered memory faster.
+    h = np.zeros(2 * 4096, np.uint8)
+    h = h[-h.ctypes.data % 4096:][:4096]     # a page of its own
+    out = np.zeros(2 * 4096, np.uint8)
+    out = out[-out.ctypes.data % 4096:][:4096]
+    h[:NBYTES] = PATTERN
+    reg = cm.pinned(h, out)
+    reg.__enter__()
+    d = cm.device_array(NBYTES, np.uint8)
+    with cm.graph() as g:
+        _trips(h[:NBYTES], out[:NBYTES], d, g.stream)
+    s = g.stream
+
+    def run():
+        g.replay(s)
+        s.synchronize()
+    run.keep = (g, h, out, d, reg)
+    return _checked(run, out[:NBYTES])
 
 
 def _eager(cuda):
@@ -212,6 +239,8 @@ OPS = [
     {"name": "copy 1K pinned, 100 round trips [graph]", "per": COPIES,
      "impls": {"cudamem": _graph_cm, "cupy": _graph_cupy,
                "torch": _graph_torch, "driver": _graph_driver}},
+    {"name": "copy 1K registered, 100 round trips [graph]",
+     "per": COPIES, "impls": {"cudamem": _graph_cm_registered}},
     {"name": "copy 1K pinned, 100 round trips [eager]", "per": COPIES,
      "impls": {"cudamem": _eager, "numba": _eager, "cupy": _eager_cupy,
                "torch": _eager_torch}},
