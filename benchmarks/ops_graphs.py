@@ -92,7 +92,7 @@ def _graph_cm_registered(cm):
         g.replay(s)
         s.synchronize()
     run.keep = (g, h, out, d)
-    # Unregistered once the row is done with (the graph goes first).
+    # Unregistered once the row is done with (no replay follows).
     weakref.finalize(run, reg.__exit__, None, None, None)
     return _checked(run, out[:NBYTES])
 
