@@ -1,0 +1,87 @@
+"""Synchronous copies of 64 KiB, 1 MiB and 16 MiB, pinned and pageable,
+both directions: cudamem's ``copy_to_device`` / ``copy_to_host`` against
+the bare driver call (``_core._memcpy_htod`` / ``_memcpy_dtoh``: one
+cuMemcpyHtoD / DtoH) and CuPy's ``runtime.memcpy`` when it is installed,
+on the same host and device buffers, interleaved call by call (the order
+reversed every other round), so that a difference between the columns is
+not the order the libraries were timed in or the link warming up.
+
+Where the side-by-side benchmark shows cudamem behind the driver on a
+row, this says whether the gap is cudamem's or the timing's.
+
+    python tools/copy_probe.py [ROUNDS]
+
+Prints, per size and host memory, the median GB/s of each column.
+"""
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import cudamem
+from cudamem import _core
+
+try:
+    import cupy
+except ImportError:
+    cupy = None
+
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+SIZES = (64 << 10, 1 << 20, 16 << 20)
+
+
+def columns(n, pinned):
+    """{name: callable} over one host buffer and one device buffer."""
+    if pinned:
+        h = cudamem.pinned_array(n, np.uint8)
+    else:
+        h = np.empty(n, np.uint8)
+    h[:] = 1
+    d = cudamem.device_array(n, np.uint8)
+    p = d.device_ctypes_pointer.value
+    cols = {"cudamem htod": lambda: d.copy_to_device(h),
+            "driver htod": lambda: _core._memcpy_htod(p, h),
+            "cudamem dtoh": lambda: d.copy_to_host(h),
+            "driver dtoh": lambda: _core._memcpy_dtoh(h, p)}
+    if cupy is not None:
+        rt = cupy.cuda.runtime
+        hp = h.ctypes.data
+        cols["cupy htod"] = lambda: rt.memcpy(p, hp, n,
+                                              rt.memcpyHostToDevice)
+        cols["cupy dtoh"] = lambda: rt.memcpy(hp, p, n,
+                                              rt.memcpyDeviceToHost)
+    return cols
+
+
+def main():
+    name = cudamem.get_current_device().name
+    if isinstance(name, bytes):
+        name = name.decode()
+    print("cudamem %s on %s" % (cudamem.__version__, name))
+    if os.environ.get("CUDAMEM_SIMULATOR") == "1":
+        print("(the simulator: its figures are not a GPU's)")
+    for n in SIZES:
+        rounds = ROUNDS if n < (16 << 20) else max(ROUNDS // 4, 20)
+        for pinned in (True, False):
+            cols = columns(n, pinned)
+            names = list(cols)
+            for f in cols.values():
+                for _ in range(5):
+                    f()
+            times = {k: [] for k in names}
+            for r in range(rounds):
+                for k in (names if r % 2 else names[::-1]):
+                    t = time.perf_counter()
+                    cols[k]()
+                    times[k].append(time.perf_counter() - t)
+            print("%6d KiB %-8s " % (n >> 10, "pinned" if pinned
+                                      else "pageable")
+                  + "  ".join("%s %.2f" % (k, n / statistics.median(v) / 1e9)
+                              for k, v in times.items()) + "  (GB/s)",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
