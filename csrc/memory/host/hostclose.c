@@ -48,7 +48,8 @@ static Py_ssize_t cm_hr_npending;
  * restore the runs are read-only, then unmapped by the reset: a thread
  * that faults on one meanwhile waits in cm_hr_fault until the restore has
  * put the pages back, then its access is retried.  A fault taken during
- * the window whose handler runs only after it closed is retried once.
+ * a window whose handler runs only after it closed, even after later
+ * windows opened, is retried once.
  * Any other fault goes to the handler that was there before.  The
  * handler touches atomics, the published ranges and its thread's own
  * last retry only. */
@@ -59,6 +60,13 @@ typedef struct {
 } cm_hr_ranges;
 
 static cm_hr_ranges *cm_hr_win;       /* the last window's runs */
+/* The runs of the windows before it, the latest CM_HR_KEEP: a thread
+ * that faulted during one may run its handler only after later windows
+ * replaced cm_hr_win (descheduled between its fault and its handler,
+ * under load; seen on the simulator, 2 cores, three suites at once). */
+#define CM_HR_KEEP 64
+static cm_hr_ranges *cm_hr_past[CM_HR_KEEP];
+static unsigned cm_hr_next;           /* the slot the next one takes */
 static int cm_hr_window;              /* 1 from save to restore */
 static unsigned long cm_hr_serial;    /* windows opened so far */
 static int cm_hr_in_fault;            /* threads inside cm_hr_fault */
@@ -77,6 +85,21 @@ cm_hr_in_ranges(const cm_hr_ranges *w, uintptr_t p)
 
     for (k = 0; w != NULL && k < w->n; k++) {
         if (p >= w->start[k] && p - w->start[k] < w->len[k]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether p is in the runs of one of the earlier windows kept. */
+static int
+cm_hr_in_past(uintptr_t p)
+{
+    int k;
+
+    for (k = 0; k < CM_HR_KEEP; k++) {
+        if (cm_hr_in_ranges(__atomic_load_n(&cm_hr_past[k], __ATOMIC_SEQ_CST),
+                            p)) {
             return 1;
         }
     }
@@ -109,6 +132,13 @@ cm_hr_fault(int sig, siginfo_t *si, void *uc)
             retry = cm_hr_retried_addr != p
                     || cm_hr_retried_serial != serial;
         }
+        cm_hr_retried_addr = p;
+        cm_hr_retried_serial = serial;
+    }
+    else if (si != NULL && si->si_code > 0 && cm_hr_in_past(p)) {
+        /* A fault of an earlier window whose handler runs only now: its
+         * pages were put back since; the access runs again, once. */
+        retry = cm_hr_retried_addr != p || cm_hr_retried_serial != serial;
         cm_hr_retried_addr = p;
         cm_hr_retried_serial = serial;
     }
@@ -204,9 +234,13 @@ cm_hr_open_window(const cm_hspan *sp, Py_ssize_t n)
     }
     cm_hr_install();
     old = __atomic_exchange_n(&cm_hr_win, w, __ATOMIC_SEQ_CST);
+    /* The last window's runs join the earlier ones kept; the oldest of
+     * those goes. */
+    old = __atomic_exchange_n(&cm_hr_past[cm_hr_next++ % CM_HR_KEEP], old,
+                              __ATOMIC_SEQ_CST);
     (void)__atomic_fetch_add(&cm_hr_serial, 1, __ATOMIC_SEQ_CST);
-    /* A handler still reading the old ranges is done before they go (and
-     * none waits while the window is shut). */
+    /* A handler still reading the ranges that go is done before they go
+     * (and none waits while the window is shut). */
     cm_hr_drain_faults();
     __atomic_store_n(&cm_hr_window, 1, __ATOMIC_SEQ_CST);
     if (old != NULL) {
