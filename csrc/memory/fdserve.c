@@ -56,6 +56,40 @@ struct cm_fd_rep {
     int32_t err;
 };
 
+/* A reply as sent and received: the errno, and room for one descriptor
+ * (SCM_RIGHTS). */
+typedef struct {
+    struct cm_fd_rep r;
+    struct msghdr m;
+    struct iovec v;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+} cm_fd_msg;
+
+static void
+cm_fd_msg_init(cm_fd_msg *x)
+{
+    memset(x, 0, sizeof(*x));
+    x->v.iov_base = &x->r;
+    x->v.iov_len = sizeof(x->r);
+    x->m.msg_iov = &x->v;
+    x->m.msg_iovlen = 1;
+    x->m.msg_control = x->u.buf;
+    x->m.msg_controllen = sizeof(x->u.buf);
+}
+
+/* Sends and receives on c give up after seconds. */
+static void
+cm_fd_timeouts(int c, long seconds)
+{
+    struct timeval tv = {seconds, 0};
+
+    (void)setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    (void)setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 struct cm_fd_offer_e {
     int fd;
     uint64_t check;
@@ -103,21 +137,13 @@ static void
 cm_fd_answer(int c)
 {
     struct cm_fd_req q;
-    struct cm_fd_rep r;
     struct ucred cr;
     socklen_t cl = sizeof(cr);
-    struct msghdr m;
-    struct iovec v;
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
+    cm_fd_msg x;
     struct cmsghdr *h;
-    struct timeval tv = {1, 0};
     ssize_t got;
 
-    (void)setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    (void)setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    cm_fd_timeouts(c, 1);
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0
         || (cr.uid != geteuid() && cr.uid != 0)) {
         return;
@@ -126,28 +152,22 @@ cm_fd_answer(int c)
     if (got != (ssize_t)sizeof(q)) {
         return;
     }
-    memset(&m, 0, sizeof(m));
-    memset(&u, 0, sizeof(u));
-    r.err = 0;
-    v.iov_base = &r;
-    v.iov_len = sizeof(r);
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
+    cm_fd_msg_init(&x);
     pthread_mutex_lock(&cm_fds.mu);
     if (cm_fd_on_offer(q.fd, q.check)) {
-        m.msg_control = u.buf;
-        m.msg_controllen = sizeof(u.buf);
-        h = CMSG_FIRSTHDR(&m);
+        h = CMSG_FIRSTHDR(&x.m);
         h->cmsg_level = SOL_SOCKET;
         h->cmsg_type = SCM_RIGHTS;
         h->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(h), &q.fd, sizeof(int));
     }
     else {
-        r.err = EBADF;
+        x.r.err = EBADF;
+        x.m.msg_control = NULL;
+        x.m.msg_controllen = 0;
     }
     /* Held while a descriptor is sent: its withdrawal and close wait. */
-    (void)sendmsg(c, &m, MSG_NOSIGNAL);
+    (void)sendmsg(c, &x.m, MSG_NOSIGNAL);
     pthread_mutex_unlock(&cm_fds.mu);
 }
 
@@ -292,17 +312,10 @@ cm_fd_fetch(long pid, int fd, uint64_t check, int *err)
     struct sockaddr_un a;
     socklen_t al = cm_fd_addr(&a, pid);
     struct cm_fd_req q;
-    struct cm_fd_rep r;
     struct ucred cr;
     socklen_t cl = sizeof(cr);
-    struct msghdr m;
-    struct iovec v;
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
+    cm_fd_msg x;
     struct cmsghdr *h;
-    struct timeval tv = {5, 0};
     ssize_t got;
     int c;
     int out = -1;
@@ -313,8 +326,7 @@ cm_fd_fetch(long pid, int fd, uint64_t check, int *err)
         *err = errno;
         return -1;
     }
-    (void)setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    (void)setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    cm_fd_timeouts(c, 5);
     if (connect(c, (struct sockaddr *)&a, al) != 0) {
         *err = errno;
         goto done;
@@ -333,31 +345,24 @@ cm_fd_fetch(long pid, int fd, uint64_t check, int *err)
         *err = errno ? errno : EIO;
         goto done;
     }
-    memset(&m, 0, sizeof(m));
-    memset(&u, 0, sizeof(u));
-    v.iov_base = &r;
-    v.iov_len = sizeof(r);
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    m.msg_control = u.buf;
-    m.msg_controllen = sizeof(u.buf);
-    got = recvmsg(c, &m, MSG_CMSG_CLOEXEC);
-    if (got != (ssize_t)sizeof(r)) {
+    cm_fd_msg_init(&x);
+    got = recvmsg(c, &x.m, MSG_CMSG_CLOEXEC);
+    if (got != (ssize_t)sizeof(x.r)) {
         *err = got < 0 ? errno : EIO;
         goto done;
     }
-    for (h = CMSG_FIRSTHDR(&m); h != NULL; h = CMSG_NXTHDR(&m, h)) {
+    for (h = CMSG_FIRSTHDR(&x.m); h != NULL; h = CMSG_NXTHDR(&x.m, h)) {
         if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS
             && h->cmsg_len == CMSG_LEN(sizeof(int))) {
             memcpy(&out, CMSG_DATA(h), sizeof(int));
         }
     }
-    if (r.err != 0 || out < 0) {
+    if (x.r.err != 0 || out < 0) {
         if (out >= 0) {
             close(out);
             out = -1;
         }
-        *err = r.err != 0 ? r.err : EIO;
+        *err = x.r.err != 0 ? x.r.err : EIO;
     }
 done:
     close(c);
