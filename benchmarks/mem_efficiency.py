@@ -32,8 +32,9 @@ GPU, 192 MiB on the simulator, whose device has 1 GiB, CUDAMEM_SIM_MEMORY):
    batch size (and so every activation's size) drawn anew each step.
 
 Allocators (each skipped with a note when absent): cudamem under
-``default``, ``pool``, ``pool`` on virtual memory (``cudamem-pool-vmm``:
-``CUDAMEM_POOL_VMM=1``) and ``async`` (``cudamem.device_array(n,
+``default``, ``pool`` on cuMemAlloc'd segments (``cudamem-pool``:
+``CUDAMEM_POOL_VMM=0``), ``pool`` on virtual memory (``cudamem-pool-vmm``:
+the default, ``CUDAMEM_POOL_VMM=1``) and ``async`` (``cudamem.device_array(n,
 np.uint8)``, dropped); CuPy (``cupy.cuda.alloc(n)``, its default pool);
 PyTorch (``torch.empty(n, dtype=torch.uint8, device="cuda")``) without and
 with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``; RMM

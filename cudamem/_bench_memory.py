@@ -89,8 +89,9 @@ CUDAMEM = ("cudamem-default", "cudamem-pool", "cudamem-pool-vmm",
 PEERS = ("cupy", "torch", "torch-expandable", "rmm", "cuda.core")
 ALLOCATORS = CUDAMEM + PEERS
 LABELS = {"cudamem-default": "cudamem `default`",
-          "cudamem-pool": "cudamem `pool`",
-          "cudamem-pool-vmm": "cudamem `pool`, `CUDAMEM_POOL_VMM=1`",
+          "cudamem-pool": "cudamem `pool`, `CUDAMEM_POOL_VMM=0`",
+          "cudamem-pool-vmm": "cudamem `pool` (on virtual memory, the "
+                              "default)",
           "cudamem-async": "cudamem `async` (driver's pool)",
           "cupy": "CuPy (its default pool)",
           "torch": "PyTorch",
@@ -505,8 +506,9 @@ def _child_env(allocator):
     env.pop("CUDAMEM_POOL_VMM", None)
     if allocator in CUDAMEM:
         env["CUDAMEM_MEMORY_MANAGER"] = allocator.split("-")[1]
-        if allocator.endswith("-vmm"):
-            env["CUDAMEM_POOL_VMM"] = "1"
+        if allocator.startswith("cudamem-pool"):
+            env["CUDAMEM_POOL_VMM"] = "1" if allocator.endswith("-vmm") \
+                else "0"
     else:
         env.pop("CUDAMEM_MEMORY_MANAGER", None)
     env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)

@@ -376,10 +376,12 @@ class PoolMemoryManager(DefaultMemoryManager):
 
     def stats(self):
         """A dict: reserved_bytes, free_bytes, largest_free_block,
-        segments, limit, virtual_memory; on virtual memory
-        (``CUDAMEM_POOL_VMM=1``) reserved_bytes are the mapped bytes and
-        page_size, idle_bytes, release_threshold and pages (made, moved,
-        released) follow."""
+        segments, limit, virtual_memory; on virtual memory (the default;
+        ``CUDAMEM_POOL_VMM=0`` turns it off) reserved_bytes are the mapped
+        bytes plus the peers' pool's (the cuMemAlloc'd segments that
+        serve other libraries through cudamem's adapters), and page_size,
+        idle_bytes, release_threshold, pages (made, moved, released) and
+        peers_reserved_bytes follow."""
         return _core._pool_stats(self.context)
 
     def reset(self):
@@ -580,7 +582,7 @@ def empty_cache() -> None:
     """Give the memory that the current context's manager caches back to
     the device: the pending frees run first, then the built-in ``pool``
     manager gives back every wholly free segment and, on virtual memory
-    (``CUDAMEM_POOL_VMM=1``), every idle page, after waiting for the
+    (the default), every idle page, after waiting for the
     context; the ``async`` manager trims the driver's pool to 0; the
     ``default`` manager caches nothing.  A plugin manager's memory is its
     own: only the pending frees run.  The name PyTorch and CuPy users

@@ -38,7 +38,7 @@ Where the device cannot make a shareable pool, the async manager uses
 the device's default pool and its exports raise ``CudaAPIError`` saying
 why.
 
-Memory of the pool manager on virtual memory (``CUDAMEM_POOL_VMM=1``) is
+Memory of the pool manager on virtual memory (the default) is
 made of ``cuMemCreate`` pages, which ``cuIpcGetMemHandle`` does not
 accept either: it is exported as *pool pages*, the exporter's POSIX
 descriptors of the pages under the exported bytes, ``pages = (pid,

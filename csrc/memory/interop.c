@@ -198,7 +198,11 @@ cm_client_alloc(cm_context *ctx, size_t size, CUstream stream, int client)
     int id;
 
     id = ctx->device->id;
+    /* From the peers' pool where the pool is on virtual memory: the
+     * library may export it with cuIpcGetMemHandle. */
+    cm_mm_for_peer++;
     mem = cm_mem_alloc_on(ctx, size, stream, &p);
+    cm_mm_for_peer--;
     if (mem == NULL) {
         return NULL;
     }
@@ -797,7 +801,9 @@ cm_torch_alloc_lane(size_t size, int device, CUstream stream, void **out)
         cm_lane_release(lane, 0);
         return 0;
     }
+    cm_mm_for_peer++;
     rc = ctx->mm_builtin->take(ctx, size, stream, &p, &h);
+    cm_mm_for_peer--;
     if (rc == CUDA_SUCCESS) {
         e.ptr = (uintptr_t)p;
         e.size = size;
@@ -887,7 +893,9 @@ cm_torch_alloc_gil(size_t size, int device, CUstream stream)
     /* During PyTorch's own capture of the stream: the capture's graph
      * pool (memory/pool/graph/gpool.c). */
     cm_gpool_force(cm_gpool_foreign(ctx, stream));
+    cm_mm_for_peer++;
     CM_IN_CONTEXT(ctx, r, -1, cm_mem_alloc_raw(ctx, size, stream, &p, &h));
+    cm_mm_for_peer--;
     cm_gpool_force(NULL);
     if (r < 0) {
         cm_lane_release(lane, 1);

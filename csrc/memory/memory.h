@@ -317,6 +317,12 @@ const cm_mm_ops *cm_mm_builtin(void);
  * (_core._mm_direct): what they allocate goes to the context's built-in
  * manager even while a plugin that wraps them is assigned. */
 extern _Thread_local int cm_mm_direct;
+/* Nonzero while an adapter (interop.c) allocates on this thread for
+ * another library (numba's plugin, CuPy, PyTorch): the pool manager on
+ * virtual memory serves it from its peers' pool, whose cuMemAlloc'd
+ * segments that library's own IPC can export with cuIpcGetMemHandle
+ * (pool/poolops.c; docs/design.md, "Memory for the peers"). */
+extern _Thread_local int cm_mm_for_peer;
 /* Whether ctx's allocations on this thread go to its plugin (a plugin is
  * assigned and no built-in manager method is running here). */
 int cm_mm_uses_plugin(const cm_context *ctx);
@@ -439,9 +445,11 @@ cm_hist_note(int action, int kind, cm_context *ctx, uintptr_t stream,
 }
 
 int cm_history_init(PyObject *mod, cm_state *st);
-/* pool/poolops.c: the segments of ctx's pool manager, a list of dicts
+/* pool/poolview.c: the segments of ctx's pool manager, a list of dicts
  * (base, size, small, blocks: a list of (address, size, state) with
- * state 'used', 'free' or 'pending'); an empty list for other managers.
+ * state 'used', 'free' or 'pending'; peers: whether it is of the peers'
+ * pool beside a pool on virtual memory; on virtual memory mapped and
+ * page_size); an empty list for other managers.
  * A new reference, or NULL with an exception. */
 PyObject *cm_pool_segments(cm_context *ctx);
 

@@ -290,6 +290,10 @@ def install(cuda, manager):
     elif manager == "plugin":
         import emm_plugin
         cuda.set_memory_manager(emm_plugin.DeferringManager)
+    elif manager == "pool":
+        # The pool on cuMemAlloc'd segments (pool-vmm: on virtual memory).
+        cuda._core._pool_vmm(False)
+        cuda.set_memory_manager("pool")
     else:
         cuda.set_memory_manager(manager)
 

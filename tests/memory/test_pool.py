@@ -32,9 +32,10 @@ MiB = 1 << 20
 # own (test_pool_module_in_a_child_process) and is skipped here.
 
 
-# Run again with CUDAMEM_POOL_VMM=1 by test_pool_vmm.py: the tests of
-# cuMemAlloc'd segments' layout are skipped there (it has its own).
-VMM = os.environ.get("CUDAMEM_POOL_VMM") == "1"
+# The pool is on virtual memory unless CUDAMEM_POOL_VMM=0, under which
+# test_pool_vmm.py runs the module again: the tests of cuMemAlloc'd
+# segments' layout run there (test_pool_vmm.py tests the arenas').
+VMM = os.environ.get("CUDAMEM_POOL_VMM", "1") != "0"
 cumemalloc_segments = pytest.mark.skipif(
     VMM, reason="the layout of cuMemAlloc'd segments (test_pool_vmm.py "
     "tests the arenas of virtual memory)")

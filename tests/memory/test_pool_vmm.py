@@ -445,7 +445,7 @@ def test_the_variables_are_checked():
     assert out.split()[-2:] == ["True", str(3 * MiB)]
 
 
-# The modules test_pool_tests_pass_on_virtual_memory runs again, in two
+# The modules test_pool_tests_pass_on_cumemalloc_segments runs again, in two
 # children (each a pytest session of its own): test_pool.py in one, the
 # others in the other, about as long.  On the simulator the two run side
 # by side; on a GPU one after the other (side by side they would share
@@ -455,12 +455,13 @@ VMM_AGAIN = [["test_pool.py"],
 
 
 @pytest.mark.timeout(330)
-def test_pool_tests_pass_on_virtual_memory():
-    """test_pool.py, the PyTorch lane's tests (streams held by host
-    functions while the pool maps and unmaps), the other libraries'
+def test_pool_tests_pass_on_cumemalloc_segments():
+    """test_pool.py, the PyTorch lane's tests, the other libraries'
     adapters (CuPy, PyTorch, numba on cudamem's memory) and the
-    snapshot's again, every pool made on virtual memory."""
-    env = dict(os.environ, CUDAMEM_POOL_VMM="1", CUDAMEM_TEST_ISOLATED="1")
+    snapshot's again, under CUDAMEM_POOL_VMM=0: every pool on cuMemAlloc'd
+    segments, as on a device without virtual memory management (the
+    suite runs them on virtual memory, the default)."""
+    env = dict(os.environ, CUDAMEM_POOL_VMM="0", CUDAMEM_TEST_ISOLATED="1")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(TESTS), str(ROOT)]
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -628,6 +629,78 @@ def test_ipc_child_reads_and_writes(vmm_ctx, child, where):
     # counts from the first page.
     seen = child.call("raw", ih, (4,), d.dtype, None, ih.offset)
     np.testing.assert_array_equal(seen, (host + 1)[:4])
+
+
+def _segment_of(ctx, ptr):
+    for g in _core._pool_segments(ctx):
+        if g["base"] <= ptr < g["base"] + g["size"]:
+            return g
+    raise AssertionError("no segment holds %#x" % ptr)
+
+
+def test_other_libraries_memory_comes_from_the_peers_pool(vmm_ctx, child):
+    """What the adapters allocate for other libraries (numba's plugin,
+    CuPy, PyTorch through its lane and with the GIL) comes from the peers'
+    pool beside the pool on virtual memory: cuMemAlloc'd segments, which
+    those libraries' own IPC exports with cuIpcGetMemHandle (the driver
+    refuses that call on virtual memory).  cudamem's own arrays stay on
+    virtual memory; the statistics, the segments, trim and the pool's
+    limit count both pools."""
+    from cudamem import interop
+    from helpers.torch_entry import entry_points
+
+    page = stats(vmm_ctx)["page_size"]
+    dev = vmm_ctx.device.id
+    own = cudamem.to_device(np.arange(1000, dtype=np.float64))
+    g = _segment_of(vmm_ctx, own.device_ctypes_pointer.value)
+    assert g["peers"] is False and "mapped" in g
+    assert stats(vmm_ctx)["peers_reserved_bytes"] == 0
+    held = {name: interop.client_alloc(64 * KiB, name)
+            for name in ("numba", "cupy", "torch")}
+    lib = entry_points()
+    lane = [lib.cudamem_torch_alloc(4 * KiB, dev, None) for _ in range(4)]
+    for ptr in [c.ptr for c in held.values()] + lane:
+        g = _segment_of(vmm_ctx, ptr)
+        assert g["peers"] is True and "mapped" not in g, g
+    st = stats(vmm_ctx)
+    assert st["peers_reserved_bytes"] >= 2 * MiB
+    assert st["reserved_bytes"] >= st["peers_reserved_bytes"] + page
+    # Their memory exports as the driver's IPC handle, which another
+    # process opens and reads (CuPy's and numba's IPC take such handles).
+    host = np.arange(8192, dtype=np.float64)
+    c = held["cupy"]
+    view = cudamem.from_cuda_array_interface(
+        {"shape": host.shape, "typestr": "<f8", "data": (c.ptr, False),
+         "version": 3, "strides": None}, owner=c)
+    view.copy_to_device(host)
+    h = view.get_ipc_handle()
+    assert h.ipc_handle.kind == "ipc"
+    np.testing.assert_array_equal(child.call("read", h), host)
+    raw, base, nbytes, pool, pages = _core._ipc_export(vmm_ctx, c.ptr)
+    assert pages is None and pool is None and raw != bytes(64)
+    assert own.get_ipc_handle().ipc_handle.kind == "vmm"
+    del h, view
+    # Dropped by one library, taken by another: the peers share their pool.
+    p0 = held["cupy"].ptr
+    del held["cupy"], c
+    again = interop.client_alloc(64 * KiB, "numba")
+    assert again.ptr == p0
+    # The pool's limit counts both pools.
+    limit = _core._pool_limit(vmm_ctx)
+    try:
+        _core._pool_limit(vmm_ctx, st["reserved_bytes"])
+        with pytest.raises(cudamem.CudaOutOfMemoryError):
+            interop.client_alloc(8 * MiB, "cupy")
+    finally:
+        _core._pool_limit(vmm_ctx, limit)
+    # Given back, the peers' segments go with trim().
+    for p in lane:
+        lib.cudamem_torch_free(p, 4 * KiB, dev, None)
+    del held, again, own
+    gc.collect()
+    _core._pool_trim(vmm_ctx)
+    assert stats(vmm_ctx)["peers_reserved_bytes"] == 0
+    assert not any(g["peers"] for g in _core._pool_segments(vmm_ctx))
 
 
 def test_ipc_pages_over_the_exporters_socket(vmm_ctx, monkeypatch):

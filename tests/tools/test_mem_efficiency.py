@@ -120,4 +120,5 @@ def test_cli_memory(tmp_path):
     assert res["allocators"] == list(mem.CUDAMEM)
     assert {c["allocator"] for c in res["results"]} == set(mem.CUDAMEM)
     assert all(c["ratio"] >= 1.0 for c in res["results"])
-    assert "| cudamem `pool` | " in p.stdout
+    assert "| cudamem `pool`, `CUDAMEM_POOL_VMM=0` | " in p.stdout
+    assert "| cudamem `pool` (on virtual memory, the default) | " in p.stdout

@@ -681,7 +681,7 @@ cm_pool_add_seg(cm_pool *p, CUdeviceptr base, size_t segsize, int small,
         p->segs->prev = g;
     }
     p->segs = g;
-    p->reserved += segsize;
+    __atomic_store_n(&p->reserved, p->reserved + segsize, __ATOMIC_RELAXED);
     b->ptr = base;
     b->size = segsize;
     b->seg = g;
@@ -870,7 +870,8 @@ cm_pool_collect_free_segs(cm_pool *p, cm_seg **out)
         if (g->next != NULL) {
             g->next->prev = g->prev;
         }
-        p->reserved -= g->size;
+        __atomic_store_n(&p->reserved, p->reserved - g->size,
+                         __ATOMIC_RELAXED);
         g->first = NULL;
         g->prev = NULL;
         g->next = *out;

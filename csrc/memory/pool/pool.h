@@ -12,7 +12,10 @@
  * - segment.c: giving a pool's segments back to the driver;
  * - graph/: graph-private pools (memory/pool/graph/graph.h);
  * - poolops.c: the managers' tables: create, allocate, release, order,
- *   trim, export, statistics;
+ *   trim, export, statistics; the pool manager on virtual memory keeps
+ *   a second pool beside it, on cuMemAlloc'd segments, for what the
+ *   adapters allocate for other libraries (cm_mm_for_peer);
+ * - poolview.c: the segments of both as Python sees them;
  * - poolfuncs.c: the managers' module-level functions and their init.
  *
  * Locks and the GIL, in brief: each pool's mutex mu guards its state; it
@@ -128,7 +131,9 @@ struct cm_pool {
     cm_bins large;        /* free large blocks */
     cm_seg *segs;         /* every segment */
     size_t reserved;      /* bytes of device memory held: cuMemAlloc'd
-                           * segments and pages mapped in arenas */
+                           * segments and pages mapped in arenas
+                           * (written atomically: the twin reads it
+                           * without the mutex) */
     size_t free_bytes;    /* bytes in free blocks */
     size_t limit;         /* the most reserved may be; 0: no limit */
     uintptr_t first_stream;  /* the first stream key served */
@@ -166,6 +171,13 @@ struct cm_pool {
                            * first need, never blocking) on which the
                            * frees of memory that several streams used
                            * wait for all of them; NULL until then */
+    /* the pool manager on virtual memory: the peers' pool beside it */
+    cm_pool *peers;       /* the pool whose cuMemAlloc'd segments serve
+                           * what the adapters allocate for other
+                           * libraries (cm_mm_for_peer), or NULL: those
+                           * come from this pool */
+    cm_pool *twin;        /* the other pool of that pair (the limit
+                           * counts both), or NULL */
     cm_pool *all_next;    /* NOTE: GIL; the list of every pool */
     cm_pool *all_prev;
     /* virtual memory (memory/pool/vmm/arena.c) */
@@ -205,6 +217,21 @@ struct cm_pool {
                            * last trim); trim() has nothing to give back
                            * while 0.  Atomic. */
 };
+
+/* What the handle of a block of a peers' pool carries (poolops.c; a
+ * graph pool's carry CM_GPOOL_TAG). */
+#define CM_PEER_TAG ((uintptr_t)2)
+
+/* The bytes pool p and its twin hold: what the pool's limit counts (p's
+ * mutex held; the twin's figure read without its mutex, a hint). */
+static inline size_t
+cm_pool_held(const cm_pool *p)
+{
+    return p->reserved
+           + (p->twin != NULL
+                  ? __atomic_load_n(&p->twin->reserved, __ATOMIC_RELAXED)
+                  : 0);
+}
 
 /* In a fork's child: every pool dead, with a fresh mutex (poolops.c). */
 void cm_pool_atfork_child(void);

@@ -81,7 +81,8 @@ cm_pool_trim_fn(PyObject *mod, PyObject *arg)
 PyDoc_STRVAR(cm_pool_limit_doc,
 "_pool_limit(ctx, limit=None)\n--\n\n"
 "The most bytes ctx's pool may hold (the async manager: may have "
-"allocated); 0 means no limit.  With limit, set it first.");
+"allocated; a pool on virtual memory: with its peers' pool); 0 means no "
+"limit.  With limit, set it first.");
 
 static PyObject *
 cm_pool_limit_fn(PyObject *mod, PyObject *args)
@@ -106,6 +107,11 @@ cm_pool_limit_fn(PyObject *mod, PyObject *args)
         cm_pool_lock(p, &gd);
         p->limit = n;
         cm_pool_unlock(p, &gd);
+        if (p->peers != NULL) {
+            cm_pool_lock(p->peers, &gd);
+            p->peers->limit = n;
+            cm_pool_unlock(p->peers, &gd);
+        }
     }
     return PyLong_FromSize_t(p->limit);
 }
@@ -182,7 +188,9 @@ PyDoc_STRVAR(cm_pool_stats_doc,
 "segments are arenas of virtual memory), page_size, idle_bytes (mapped "
 "pages no block uses) and release_threshold (0 without virtual "
 "memory); on virtual memory, pages: counts of pages made, moved and "
-"released so far.");
+"released so far, and peers_reserved_bytes: what the peers' pool "
+"beside it holds (cuMemAlloc'd segments for the memory other libraries "
+"take through cudamem's adapters), counted in reserved_bytes too.");
 
 static PyObject *
 cm_pool_stats_fn(PyObject *mod, PyObject *arg)
@@ -197,6 +205,7 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
     size_t made;
     size_t moved;
     size_t released;
+    size_t peers = 0;
     cm_seg *g;
     PyObject *lg;
     PyObject *r;
@@ -207,6 +216,14 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
         return NULL;
     }
     c->mm_builtin->stats(c, &reserved, &free_b, &largest);
+    if (p->peers != NULL) {
+        cm_pool_lock(p->peers, &gd);
+        for (g = p->peers->segs; g != NULL; g = g->next) {
+            nseg++;
+        }
+        peers = p->peers->reserved;
+        cm_pool_unlock(p->peers, &gd);
+    }
     cm_pool_lock(p, &gd);
     for (g = p->segs; g != NULL; g = g->next) {
         nseg++;
@@ -235,11 +252,15 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
         PyObject *c = Py_BuildValue("{snsnsn}", "made", (Py_ssize_t)made,
                                     "moved", (Py_ssize_t)moved,
                                     "released", (Py_ssize_t)released);
+        PyObject *pb = PyLong_FromSize_t(peers);
 
-        if (c == NULL || PyDict_SetItemString(r, "pages", c) < 0) {
+        if (c == NULL || pb == NULL
+            || PyDict_SetItemString(r, "pages", c) < 0
+            || PyDict_SetItemString(r, "peers_reserved_bytes", pb) < 0) {
             Py_CLEAR(r);
         }
         Py_XDECREF(c);
+        Py_XDECREF(pb);
     }
     Py_DECREF(lg);
     return r;

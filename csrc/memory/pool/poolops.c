@@ -112,17 +112,21 @@ cm_pool_atfork_child(void)
     }
 }
 
-/* Give ctx the state of manager kind (CM_MM_POOL or CM_MM_ASYNC); 0, or
- * -1 with an exception. */
-static int
-cm_pool_make(cm_context *ctx, int kind)
+_Thread_local int cm_mm_for_peer;
+
+/* A new pool of manager kind (CM_MM_POOL or CM_MM_ASYNC) for ctx, on the
+ * list of every pool; a pool of the pool manager on virtual memory where
+ * vmm allows it and CUDAMEM_POOL_VMM and the device do.  NULL with an
+ * exception. */
+static cm_pool *
+cm_pool_new(cm_context *ctx, int kind, int vmm)
 {
     cm_pool *p = calloc(1, sizeof(*p));
     int err;
 
     if (p == NULL) {
         PyErr_NoMemory();
-        return -1;
+        return NULL;
     }
     p->kind = kind;
     p->ctx = ctx;
@@ -132,14 +136,14 @@ cm_pool_make(cm_context *ctx, int kind)
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
         free(p);
         PyErr_NoMemory();
-        return -1;
+        return NULL;
     }
     p->export_fd = -1;
     p->untrimmed = 1;
-    if (kind == CM_MM_POOL && cm_arena_setup(ctx, p) < 0) {
+    if (kind == CM_MM_POOL && vmm && cm_arena_setup(ctx, p) < 0) {
         pthread_mutex_destroy(&p->mu);
         free(p);
-        return -1;
+        return NULL;
     }
     if (kind == CM_MM_ASYNC) {
         cuuint64_t t = cm_async_threshold;
@@ -166,34 +170,92 @@ cm_pool_make(cm_context *ctx, int kind)
         if (err < 0) {
             pthread_mutex_destroy(&p->mu);
             free(p);
-            return -1;
+            return NULL;
         }
     }
-    ctx->pool = p;
     p->all_next = cm_pools_all;
     if (cm_pools_all != NULL) {
         cm_pools_all->all_prev = p;
     }
     cm_pools_all = p;
-    return 0;
+    return p;
 }
 
+static void cm_pool_free_one(cm_pool *p);
+
+/* The pool manager's state: its pool, and where that pool is on virtual
+ * memory, the peers' pool beside it (cuMemAlloc'd segments: the memory
+ * other libraries take through cudamem's adapters, which their own IPC
+ * exports with cuIpcGetMemHandle). */
 static int
 cm_pool_create(cm_context *ctx)
 {
-    return cm_pool_make(ctx, CM_MM_POOL);
+    cm_pool *p = cm_pool_new(ctx, CM_MM_POOL, 1);
+    cm_pool *q;
+
+    if (p == NULL) {
+        return -1;
+    }
+    if (p->vmm) {
+        q = cm_pool_new(ctx, CM_MM_POOL, 0);
+        if (q == NULL) {
+            cm_pool_free_one(p);
+            return -1;
+        }
+        p->peers = q;
+        q->twin = p;
+        p->twin = q;
+    }
+    ctx->pool = p;
+    return 0;
 }
 
 static int
 cm_async_create(cm_context *ctx)
 {
-    return cm_pool_make(ctx, CM_MM_ASYNC);
+    cm_pool *p = cm_pool_new(ctx, CM_MM_ASYNC, 0);
+
+    if (p == NULL) {
+        return -1;
+    }
+    ctx->pool = p;
+    return 0;
 }
 
-static void
-cm_pool_destroy(cm_context *ctx)
+/* The pool an allocation on this thread comes from: the peers' pool
+ * while an adapter allocates for another library (cm_mm_for_peer) and
+ * ctx's pool has one, else ctx's pool; *tag: what its handles carry. */
+static inline cm_pool *
+cm_pool_pick(cm_context *ctx, uintptr_t *tag)
 {
     cm_pool *p = ctx->pool;
+
+    if (cm_mm_for_peer && p != NULL && p->peers != NULL) {
+        *tag = CM_PEER_TAG;
+        return p->peers;
+    }
+    *tag = 0;
+    return p;
+}
+
+/* The pool of an allocation's handle (not a graph pool's) and its
+ * block. */
+static inline cm_pool *
+cm_pool_of(cm_context *ctx, uintptr_t handle, cm_blk **b)
+{
+    cm_pool *p = ctx->pool;
+
+    *b = (cm_blk *)(handle & ~CM_PEER_TAG);
+    if ((handle & CM_PEER_TAG) && p != NULL) {
+        return p->peers;
+    }
+    return p;
+}
+
+/* Give everything pool p of ctx holds back to the driver. */
+static void
+cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
+{
     cm_seg *all;
     cm_seg *g;
     cm_blk *b;
@@ -247,7 +309,7 @@ cm_pool_destroy(cm_context *ctx)
     memset(&p->large, 0, sizeof(p->large));
     p->pending = NULL;
     p->pending_bytes = 0;
-    p->reserved = 0;
+    __atomic_store_n(&p->reserved, 0, __ATOMIC_RELAXED);
     p->free_bytes = 0;
     events = p->events;
     nevents = p->nevents;
@@ -314,15 +376,22 @@ cm_pool_destroy(cm_context *ctx)
 }
 
 static void
-cm_pool_free(cm_context *ctx)
+cm_pool_destroy(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
+
+    if (p != NULL && p->peers != NULL) {
+        cm_pool_destroy_one(ctx, p->peers);
+    }
+    cm_pool_destroy_one(ctx, p);
+}
+
+/* Free the C state of pool p, off the list of every pool. */
+static void
+cm_pool_free_one(cm_pool *p)
+{
     size_t i;
 
-    if (p == NULL) {
-        return;
-    }
-    ctx->pool = NULL;
     if (p->all_prev != NULL) {
         p->all_prev->all_next = p->all_next;
     }
@@ -346,6 +415,21 @@ cm_pool_free(cm_context *ctx)
     }
     pthread_mutex_destroy(&p->mu);
     free(p);
+}
+
+static void
+cm_pool_free(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+
+    if (p == NULL) {
+        return;
+    }
+    ctx->pool = NULL;
+    if (p->peers != NULL) {
+        cm_pool_free_one(p->peers);
+    }
+    cm_pool_free_one(p);
 }
 
 /* Grow the pool by one segment for size bytes on s and take the block;
@@ -392,7 +476,7 @@ cm_pool_grow(cm_context *ctx, cm_pool *p, size_t size, uintptr_t s,
         want = size < CM_POOL_LARGE_OWN ? CM_POOL_LARGE_SEG : exact;
     }
     cm_pool_lock(p, &gd);
-    reserved = p->reserved;
+    reserved = cm_pool_held(p);
     limit = p->limit;
     cm_pool_unlock(p, &gd);
     if (limit != 0 && want > limit - (reserved < limit ? reserved : limit)) {
@@ -550,7 +634,8 @@ static CUresult
 cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
               CUdeviceptr *ptr, uintptr_t *handle)
 {
-    cm_pool *p = ctx->pool;
+    uintptr_t tag;
+    cm_pool *p = cm_pool_pick(ctx, &tag);
     uintptr_t s = cm_stream_key(stream);
     cm_blk *b;
     CUdeviceptr at = 0;
@@ -610,7 +695,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         cm_pool_unlock(p, &gd);
     }
     *ptr = at;
-    *handle = (uintptr_t)b;
+    *handle = (uintptr_t)b | tag;
     if (p->vmm && __atomic_load_n(&p->release_due, __ATOMIC_RELAXED)
         && !cm_capture_restricted()) {
         /* A pass may be due (the idle memory stays past a failure). */
@@ -634,7 +719,8 @@ static CUresult
 cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
                   CUdeviceptr *ptr, uintptr_t *handle)
 {
-    cm_pool *p = ctx->pool;
+    uintptr_t tag;
+    cm_pool *p = cm_pool_pick(ctx, &tag);
     uintptr_t s = cm_stream_key(stream);
     CUdeviceptr at = 0;
     size_t n = 0;
@@ -672,7 +758,7 @@ cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_NOT_READY;
     }
     *ptr = at;
-    *handle = (uintptr_t)b;
+    *handle = (uintptr_t)b | tag;
     return p->poison >= 0 ? cm_pool_poison_fill(p, b, at, n, stream)
                           : CUDA_SUCCESS;
 }
@@ -718,8 +804,8 @@ static CUresult
 cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
                 CUstream stream)
 {
-    cm_pool *p = ctx->pool;
-    cm_blk *b = (cm_blk *)handle;
+    cm_pool *p;
+    cm_blk *b;
     CUresult rc;
     cm_gil_saved gd;
 
@@ -728,6 +814,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     if (cm_gpool_handle(handle)) {
         return cm_gpool_release(ctx, handle, kind == CM_REL_POOL_SYNC);
     }
+    p = cm_pool_of(ctx, handle, &b);
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
@@ -783,8 +870,8 @@ static CUresult
 cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
               const CUstream *streams, int n, CUstream *on)
 {
-    cm_pool *p = ctx->pool;
-    cm_blk *b = (cm_blk *)handle;
+    cm_pool *p;
+    cm_blk *b;
     CUevent e;
     int i;
     cm_gil_saved gd;
@@ -794,6 +881,7 @@ cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
         /* A graph pool records no events: released after the context. */
         return CUDA_ERROR_NOT_SUPPORTED;
     }
+    p = cm_pool_of(ctx, handle, &b);
     if (p == NULL) {
         return CUDA_SUCCESS;
     }
@@ -876,19 +964,21 @@ cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
 static void
 cm_pool_foreign_free(cm_context *ctx, uintptr_t handle)
 {
-    cm_pool *p = ctx->pool;
+    cm_pool *p;
+    cm_blk *b;
     cm_gil_saved gd;
 
     if (cm_gpool_handle(handle)) {
         cm_gpool_foreign_free(ctx, handle);
         return;
     }
+    p = cm_pool_of(ctx, handle, &b);
     if (p == NULL) {
         return;
     }
     cm_pool_lock(p, &gd);
     if (!p->dead) {
-        ((cm_blk *)handle)->record_now = 1;
+        b->record_now = 1;
     }
     cm_pool_unlock(p, &gd);
 }
@@ -906,9 +996,8 @@ cm_async_foreign_free(cm_context *ctx, uintptr_t handle)
 /* The pool manager's stream_gone: free blocks that wait for stream h
  * to reach their release get an event recorded on it now. */
 static void
-cm_pool_stream_gone(cm_context *ctx, CUstream h)
+cm_pool_stream_gone_one(cm_pool *p, CUstream h)
 {
-    cm_pool *p = ctx->pool;
     uintptr_t s = cm_stream_key(h);
     cm_seg *g;
     cm_blk *b;
@@ -929,6 +1018,17 @@ cm_pool_stream_gone(cm_context *ctx, CUstream h)
         }
     }
     cm_pool_unlock(p, &gd);
+}
+
+static void
+cm_pool_stream_gone(cm_context *ctx, CUstream h)
+{
+    cm_pool *p = ctx->pool;
+
+    if (p != NULL && p->peers != NULL) {
+        cm_pool_stream_gone_one(p->peers, h);
+    }
+    cm_pool_stream_gone_one(p, h);
 }
 
 /* ------------------------------------------------------------------ */
@@ -974,9 +1074,8 @@ cm_async_trim(cm_context *ctx)
 /* The pool manager's trim: every wholly free segment back to the
  * driver (after the device, when blocks wait for other streams). */
 static int
-cm_pool_trim(cm_context *ctx)
+cm_pool_trim_one(cm_context *ctx, cm_pool *p)
 {
-    cm_pool *p = ctx->pool;
     cm_gil_saved gd;
     cm_seg *segs = NULL;
     CUresult rc = CUDA_SUCCESS;
@@ -1020,6 +1119,17 @@ cm_pool_trim(cm_context *ctx)
         fn = "cuMemUnmap";
     }
     return cm_cu_check(rc, fn);
+}
+
+static int
+cm_pool_trim(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+
+    if (p != NULL && p->peers != NULL && cm_pool_trim_one(ctx, p->peers) < 0) {
+        return -1;
+    }
+    return cm_pool_trim_one(ctx, p);
 }
 
 static const char *
@@ -1165,233 +1275,56 @@ cm_async_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
     *free_b = __atomic_load_n(&p->astat_free, __ATOMIC_RELAXED);
 }
 
-/* The pool manager's statistics, largest free block included (0 with
- * no pool while it allocates; unknown while a plugin does). */
+/* Add pool p's figures to the statistics. */
+static void
+cm_pool_stats_one(cm_pool *p, size_t *reserved, size_t *free_b,
+                  long long *largest)
+{
+    size_t a;
+    size_t b;
+    cm_gil_saved gd;
+
+    if (p == NULL || p->dead) {
+        return;
+    }
+    cm_pool_lock(p, &gd);
+    *reserved += p->reserved;
+    if (p->vmm) {
+        /* Free: mapped memory no block uses.  Any request up to the
+         * idle pages' size is served by moving them, wherever they lie. */
+        *free_b += p->reserved > p->arena_used
+                       ? p->reserved - p->arena_used : 0;
+        a = cm_arena_largest(p);
+        b = 0;
+    }
+    else {
+        *free_b += p->free_bytes;
+        a = cm_bins_largest(&p->small);
+        b = cm_bins_largest(&p->large);
+    }
+    a = a > b ? a : b;
+    if ((long long)a > *largest) {
+        *largest = (long long)a;
+    }
+    cm_pool_unlock(p, &gd);
+}
+
+/* The pool manager's statistics, its peers' pool included, largest free
+ * block included (0 with no pool while it allocates; unknown while a
+ * plugin does). */
 static void
 cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
               long long *largest)
 {
     cm_pool *p = ctx->pool;
-    size_t a;
-    size_t b;
-    cm_gil_saved gd;
 
     *reserved = 0;
     *free_b = 0;
     *largest = ctx->mm == &cm_mm_pool ? 0 : -1;
-    if (p == NULL || p->dead) {
-        return;
+    cm_pool_stats_one(p, reserved, free_b, largest);
+    if (p != NULL && p->peers != NULL) {
+        cm_pool_stats_one(p->peers, reserved, free_b, largest);
     }
-    cm_pool_lock(p, &gd);
-    *reserved = p->reserved;
-    if (p->vmm) {
-        /* Free: mapped memory no block uses.  Any request up to the
-         * idle pages' size is served by moving them, wherever they lie. */
-        *free_b = p->reserved > p->arena_used
-                      ? p->reserved - p->arena_used : 0;
-        *largest = (long long)cm_arena_largest(p);
-    }
-    else {
-        *free_b = p->free_bytes;
-        a = cm_bins_largest(&p->small);
-        b = cm_bins_largest(&p->large);
-        *largest = (long long)(a > b ? a : b);
-    }
-    cm_pool_unlock(p, &gd);
-}
-
-/* One block as cm_pool_segments copies it out (mutex held). */
-typedef struct {
-    int seg;              /* index of its segment */
-    CUdeviceptr ptr;
-    size_t size;
-    int state;            /* 0 used, 1 free, 2 pending */
-} cm_blk_view;
-
-/* The runs of pages of arena a with memory mapped, as [lo, hi) address
- * pairs in a malloc'd array (*out, NULL when none or out of memory;
- * mutex held). */
-static void
-cm_pool_mapped_runs(const cm_pool *p, const cm_arena *a, CUdeviceptr **out,
-                    size_t *n)
-{
-    CUdeviceptr *r = NULL;
-    CUdeviceptr *t;
-    size_t cap = 0;
-    size_t i = 0;
-    size_t j;
-
-    *out = NULL;
-    *n = 0;
-    while (i < a->npages) {
-        if (a->h[i] == 0) {
-            i++;
-            continue;
-        }
-        for (j = i; j < a->npages && a->h[j] != 0; j++) {
-        }
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 8;
-            t = realloc(r, 2 * cap * sizeof(*r));
-            if (t == NULL) {
-                free(r);
-                *n = 0;
-                return;
-            }
-            r = t;
-        }
-        r[2 * *n] = a->base + ((CUdeviceptr)i << p->gshift);
-        r[2 * *n + 1] = a->base + ((CUdeviceptr)j << p->gshift);
-        (*n)++;
-        i = j;
-    }
-    *out = r;
-}
-
-static void
-cm_segs_view_free(cm_blk_view *v, CUdeviceptr *base, size_t *size,
-                  int *small, CUdeviceptr **runs, size_t *nruns, size_t ns)
-{
-    size_t i;
-
-    for (i = 0; runs != NULL && i < ns; i++) {
-        free(runs[i]);
-    }
-    free(runs);
-    free(nruns);
-    free(v);
-    free(base);
-    free(size);
-    free(small);
-}
-
-PyObject *
-cm_pool_segments(cm_context *ctx)
-{
-    static const char *const states[] = {"used", "free", "pending"};
-    cm_pool *p = ctx->pool;
-    cm_blk_view *v = NULL;
-    CUdeviceptr *base = NULL;
-    size_t *size = NULL;
-    int *small = NULL;
-    CUdeviceptr **runs = NULL;   /* per arena segment: mapped [lo, hi) */
-    size_t *nruns = NULL;
-    size_t nb = 0;
-    size_t nt;
-    size_t ns = 0;
-    size_t i;
-    cm_seg *g;
-    cm_blk *b;
-    PyObject *list;
-    PyObject *blocks = NULL;
-    cm_gil_saved gd;
-
-    list = PyList_New(0);
-    if (list == NULL || p == NULL || p->dead || p->kind != CM_MM_POOL) {
-        return list;
-    }
-    /* Copied out under the mutex, turned into objects after it. */
-    cm_pool_lock(p, &gd);
-    for (g = p->segs; g != NULL; g = g->next) {
-        ns++;
-        for (b = g->first; b != NULL; b = b->next) {
-            nb++;
-        }
-    }
-    v = malloc((nb > 0 ? nb : 1) * sizeof(*v));
-    base = malloc((ns > 0 ? ns : 1) * sizeof(*base));
-    size = malloc((ns > 0 ? ns : 1) * sizeof(*size));
-    small = malloc((ns > 0 ? ns : 1) * sizeof(*small));
-    runs = calloc(ns > 0 ? ns : 1, sizeof(*runs));
-    nruns = calloc(ns > 0 ? ns : 1, sizeof(*nruns));
-    if (v != NULL && base != NULL && size != NULL && small != NULL
-        && runs != NULL && nruns != NULL) {
-        nb = 0;
-        ns = 0;
-        for (g = p->segs; g != NULL; g = g->next, ns++) {
-            base[ns] = g->base;
-            size[ns] = g->size;
-            small[ns] = g->small;
-            if (g->arena != NULL) {
-                cm_pool_mapped_runs(p, g->arena, &runs[ns], &nruns[ns]);
-            }
-            for (b = g->first; b != NULL; b = b->next, nb++) {
-                v[nb].seg = (int)ns;
-                v[nb].ptr = b->ptr;
-                v[nb].size = b->size;
-                v[nb].state = b->free ? 1 : b->pending ? 2 : 0;
-            }
-        }
-    }
-    cm_pool_unlock(p, &gd);
-    if (v == NULL || base == NULL || size == NULL || small == NULL
-        || runs == NULL || nruns == NULL) {
-        PyErr_NoMemory();
-        goto err_free;
-    }
-    nt = nb;
-    for (i = 0, nb = 0; i < ns; i++) {
-        PyObject *d;
-        int r;
-
-        blocks = PyList_New(0);
-        if (blocks == NULL) {
-            goto err_free;
-        }
-        for (; nb < nt && v[nb].seg == (int)i; nb++) {
-            PyObject *t = Py_BuildValue("(Kns)",
-                                        (unsigned long long)v[nb].ptr,
-                                        (Py_ssize_t)v[nb].size,
-                                        states[v[nb].state]);
-
-            if (t == NULL || PyList_Append(blocks, t) < 0) {
-                Py_XDECREF(t);
-                goto err_free;
-            }
-            Py_DECREF(t);
-        }
-        d = Py_BuildValue("{sKsnsOsO}", "base", (unsigned long long)base[i],
-                          "size", (Py_ssize_t)size[i], "small",
-                          small[i] ? Py_True : Py_False, "blocks", blocks);
-        Py_CLEAR(blocks);
-        if (d != NULL && p->vmm) {
-            /* An arena: the runs of pages with memory mapped. */
-            PyObject *m = PyList_New(0);
-            size_t k;
-
-            for (k = 0; m != NULL && k < nruns[i]; k++) {
-                PyObject *t = Py_BuildValue(
-                    "(KK)", (unsigned long long)runs[i][2 * k],
-                    (unsigned long long)runs[i][2 * k + 1]);
-
-                if (t == NULL || PyList_Append(m, t) < 0) {
-                    Py_CLEAR(m);
-                }
-                Py_XDECREF(t);
-            }
-            PyObject *ps = PyLong_FromSize_t((size_t)1 << p->gshift);
-
-            if (m == NULL || ps == NULL
-                || PyDict_SetItemString(d, "mapped", m) < 0
-                || PyDict_SetItemString(d, "page_size", ps) < 0) {
-                Py_CLEAR(d);
-            }
-            Py_XDECREF(m);
-            Py_XDECREF(ps);
-        }
-        r = d == NULL ? -1 : PyList_Append(list, d);
-        Py_XDECREF(d);
-        if (r < 0) {
-            goto err_free;
-        }
-    }
-    cm_segs_view_free(v, base, size, small, runs, nruns, ns);
-    return list;
-err_free:
-    Py_XDECREF(blocks);
-    Py_DECREF(list);
-    cm_segs_view_free(v, base, size, small, runs, nruns, ns);
-    return NULL;
 }
 
 /* ------------------------------------------------------------------ */

@@ -94,8 +94,9 @@ static uint64_t cm_release_ns = 100000000;
 #define CM_ARENA_HEADROOM_SHIFT 5
 
 /* CUDAMEM_POOL_VMM, read at import (_pool_vmm changes it): pools made
- * from now on put their segments on virtual memory. */
-int cm_vmm_env;
+ * from now on put their segments on virtual memory (the default; 0 keeps
+ * them cuMemAlloc'd). */
+int cm_vmm_env = 1;
 
 /* Read CUDAMEM_POOL_VMM and CUDAMEM_POOL_RELEASE_THRESHOLD; 0, or -1
  * with ValueError naming the variable. */
@@ -109,7 +110,7 @@ cm_arena_env(void)
     char *end;
     double f;
 
-    cm_vmm_env = 0;
+    cm_vmm_env = 1;
     if (v != NULL && v[0] != '\0') {
         if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
             PyErr_Format(PyExc_ValueError,
@@ -419,7 +420,8 @@ cm_arena_room(cm_context *ctx, const cm_pool *p)
     }
 
     if (p->limit != 0) {
-        size_t r = p->limit > p->reserved ? p->limit - p->reserved : 0;
+        size_t held = cm_pool_held(p);
+        size_t r = p->limit > held ? p->limit - held : 0;
 
         room = r < room ? r : room;
     }
@@ -472,12 +474,12 @@ cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
     CUresult rc;
 
     cm_mu_lock(&p->mu);
-    held = p->reserved;
+    held = cm_pool_held(p);
     if (p->limit != 0 && (held > p->limit || gran > p->limit - held)) {
         cm_mu_unlock(&p->mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    p->reserved += gran;
+    __atomic_store_n(&p->reserved, p->reserved + gran, __ATOMIC_RELAXED);
     if (p->reserved > p->peak_reserved) {
         p->peak_reserved = p->reserved;
     }
@@ -501,7 +503,8 @@ cm_page_make(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle *h)
     }
     if (rc != CUDA_SUCCESS) {
         cm_mu_lock(&p->mu);
-        p->reserved -= gran;
+        __atomic_store_n(&p->reserved, p->reserved - gran,
+                         __ATOMIC_RELAXED);
         p->n_made--;
         cm_mu_unlock(&p->mu);
     }
@@ -528,7 +531,7 @@ cm_page_drop(cm_context *ctx, cm_pool *p, CUmemGenericAllocationHandle h)
     (void)CM_CU_RAW(MemRelease, (h));
     cm_limit_give(ctx, gran);
     cm_mu_lock(&p->mu);
-    p->reserved -= gran;
+    __atomic_store_n(&p->reserved, p->reserved - gran, __ATOMIC_RELAXED);
     p->n_released++;
     cm_mu_unlock(&p->mu);
 }
