@@ -11,7 +11,15 @@ row, this says whether the gap is cudamem's or the timing's.
 
     python tools/copy_probe.py [ROUNDS]
 
-Prints, per size and host memory, the median GB/s of each column.
+Prints, per size and host memory, the median GB/s of each column.  Then
+the sizes where the asynchronous call gains for a synchronous copy of
+pageable memory to the device (1 KiB to 1 MiB): cudamem's copy with
+``_sync_copy_call`` 'async' (``cuMemcpyHtoDAsync`` on the default
+stream, after its pointer query) and 'sync' (``cuMemcpyHtoD``), the bare
+``cuMemcpyHtoD``, and CuPy's ``memcpyAsync`` on the legacy stream (the
+bare asynchronous call); the mode is set outside the timed call.  Where
+'sync' overtakes 'async' is the limit to give
+``CUDAMEM_SYNC_ASYNC_MAX``.
 """
 import os
 import statistics
@@ -83,5 +91,52 @@ def main():
                   flush=True)
 
 
+CROSS_SIZES = (1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+
+
+def cross_columns(n):
+    """{name: (mode or None, callable)} over one pageable host buffer and
+    one device buffer of n bytes."""
+    h = np.ones(n, np.uint8)
+    d = cudamem.device_array(n, np.uint8)
+    p = d.device_ctypes_pointer.value
+    cols = {"cudamem async": ("async/sync", lambda: d.copy_to_device(h)),
+            "cudamem sync": ("sync", lambda: d.copy_to_device(h)),
+            "driver sync": (None, lambda: _core._memcpy_htod(p, h))}
+    if cupy is not None:
+        rt = cupy.cuda.runtime
+        hp = h.ctypes.data
+        cols["cupy async"] = (None, lambda: rt.memcpyAsync(
+            p, hp, n, rt.memcpyHostToDevice, 0))
+    return cols
+
+
+def crossover():
+    """Pageable host to device: the asynchronous call against the
+    synchronous one, per size."""
+    old = _core._sync_copy_call()
+    try:
+        for n in CROSS_SIZES:
+            cols = cross_columns(n)
+            names = list(cols)
+            times = {k: [] for k in names}
+            for r in range(ROUNDS):
+                for k in (names if r % 2 else names[::-1]):
+                    mode, f = cols[k]
+                    if mode is not None:
+                        _core._sync_copy_call(mode)
+                    t = time.perf_counter()
+                    f()
+                    times[k].append(time.perf_counter() - t)
+            cudamem.synchronize()
+            print("%6d KiB pageable htod, the call: " % (n >> 10)
+                  + "  ".join("%s %.2f" % (k, statistics.median(v) * 1e6)
+                              for k, v in times.items()) + "  (us)",
+                  flush=True)
+    finally:
+        _core._sync_copy_call(old)
+
+
 if __name__ == "__main__":
     main()
+    crossover()

@@ -674,6 +674,8 @@ cm_copy_route_of(const cm_view *dst, const cm_view *src, const cm_joint *j,
     }
     if (!async && host == CM_HOST_UNKNOWN && p->pieces == 1 && !p->has_y
         && dst->device != src->device
+        && (size_t)p->width <= __atomic_load_n(&cm_sync_async_max,
+                                               __ATOMIC_RELAXED)
         && (*mode = __atomic_load_n(
                 &cm_sync_copy_call[src->device ? CM_SYNC_DTOH : CM_SYNC_HTOD],
                 __ATOMIC_RELAXED)) != CM_SYNC_CALL) {

@@ -172,6 +172,11 @@ extern int cm_gil_probe_on;
 enum { CM_SYNC_CALL, CM_SYNC_ASYNC, CM_SYNC_ASYNC_WAIT };
 enum { CM_SYNC_HTOD, CM_SYNC_DTOH };
 extern int cm_sync_copy_call[2];
+/* The largest such copy (bytes) the ...Async modes apply to; a larger
+ * one gets the synchronous call.  SIZE_MAX: no limit (the default).  Set
+ * by the test aid _core._sync_async_max and CUDAMEM_SYNC_ASYNC_MAX, for
+ * an A/B of the sizes where the asynchronous call gains. */
+extern size_t cm_sync_async_max;
 uint64_t cm_gil_probe_clock(void);
 void cm_gil_probe_note(int kind, uint64_t t0, uint64_t t1);
 

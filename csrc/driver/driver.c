@@ -18,6 +18,7 @@
  * GIL.
  */
 #include "driver/driver.h"
+#include "driver/bytesize.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -738,6 +739,7 @@ int cm_gil_probe_on;
 int cm_copy_keep_gil = CM_KEEP_GIL_AUTO;
 _Thread_local CUstream cm_done_hint;
 int cm_sync_copy_call[2] = {CM_SYNC_ASYNC, CM_SYNC_CALL};
+size_t cm_sync_async_max = SIZE_MAX;
 
 /* NOTE: guarded by the GIL: noted by a thread that took it back. */
 static struct {
@@ -1009,11 +1011,61 @@ cm_sync_copy_call_fn(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                                 cm_sync_copy_names[d]);
 }
 
+PyDoc_STRVAR(cm_sync_async_max_doc,
+"_sync_async_max(nbytes=None, /)\n--\n\n"
+"A test aid for the benchmarks: the largest synchronous copy of pageable\n"
+"memory that _sync_copy_call's 'async' and 'async_wait' modes make with\n"
+"the ...Async call; a larger one gets the synchronous call.  None: no\n"
+"limit (the default).  Sets it when given; returns the previous one.  A\n"
+"new process reads it from CUDAMEM_SYNC_ASYNC_MAX (bytes, with an\n"
+"optional K, M or G) when it is set.");
+
+static PyObject *
+cm_size_or_none(size_t n)
+{
+    return n == SIZE_MAX ? Py_NewRef(Py_None) : PyLong_FromSize_t(n);
+}
+
+static PyObject *
+cm_sync_async_max_fn(PyObject *mod, PyObject *const *args,
+                     Py_ssize_t nargs)
+{
+    size_t old = __atomic_load_n(&cm_sync_async_max, __ATOMIC_RELAXED);
+    size_t n;
+
+    (void)mod;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_sync_async_max takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        if (args[0] == Py_None) {
+            n = SIZE_MAX;
+        }
+        else {
+            n = PyLong_AsSize_t(args[0]);
+            if (n == (size_t)-1 && PyErr_Occurred()) {
+                if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                    PyErr_SetString(PyExc_ValueError,
+                                    "_sync_async_max: nbytes must be None "
+                                    "or an int from 0 to 2**64-1");
+                }
+                return NULL;
+            }
+        }
+        __atomic_store_n(&cm_sync_async_max, n, __ATOMIC_RELAXED);
+    }
+    return cm_size_or_none(old);
+}
+
 static PyMethodDef cm_driver_methods[] = {
     {"_copy_keep_gil", (PyCFunction)(void (*)(void))cm_copy_keep_gil_fn,
      METH_FASTCALL, cm_copy_keep_gil_doc},
     {"_sync_copy_call", (PyCFunction)(void (*)(void))cm_sync_copy_call_fn,
      METH_FASTCALL, cm_sync_copy_call_doc},
+    {"_sync_async_max", (PyCFunction)(void (*)(void))cm_sync_async_max_fn,
+     METH_FASTCALL, cm_sync_async_max_doc},
     {"_gil_probe", cm_gil_probe_fn, METH_O, cm_gil_probe_doc},
     {"_gil_probe_stats", cm_gil_probe_stats_fn, METH_NOARGS,
      cm_gil_probe_stats_doc},
@@ -1057,6 +1109,18 @@ cm_driver_init(PyObject *mod, cm_state *st)
                          __ATOMIC_RELAXED);
         __atomic_store_n(&cm_sync_copy_call[CM_SYNC_DTOH], nd,
                          __ATOMIC_RELAXED);
+    }
+    v = getenv("CUDAMEM_SYNC_ASYNC_MAX");
+    if (v != NULL && v[0] != '\0') {
+        unsigned long long m;
+
+        if (cm_parse_bytes(v, (unsigned long long)(SIZE_MAX - 1), &m) < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "CUDAMEM_SYNC_ASYNC_MAX=%.100s: a byte count "
+                         "(digits, then an optional K, M or G)", v);
+            return -1;
+        }
+        __atomic_store_n(&cm_sync_async_max, (size_t)m, __ATOMIC_RELAXED);
     }
     if (!atfork_done) {
         if (pthread_atfork(NULL, NULL, cm_atfork_child) != 0) {

@@ -185,6 +185,71 @@ def test_async_call_only_for_pageable_memory(mode, host, kind):
     s.synchronize()
 
 
+def test_the_size_limit_switch():
+    old = _core._sync_async_max()
+    try:
+        assert _core._sync_async_max(16 << 10) == old
+        assert _core._sync_async_max(0) == 16 << 10
+        assert _core._sync_async_max(None) == 0
+        assert _core._sync_async_max() is None
+        for bad in (-1, 2 ** 64):
+            with pytest.raises(ValueError, match="None or an int"):
+                _core._sync_async_max(bad)
+        with pytest.raises(TypeError):
+            _core._sync_async_max("1K")
+        with pytest.raises(TypeError, match="at most one"):
+            _core._sync_async_max(1, 2)
+        assert _core._sync_async_max() is None
+    finally:
+        _core._sync_async_max(old)
+
+
+@pytest.mark.sim
+def test_async_call_only_up_to_the_size_limit(ctx):
+    """_sync_async_max bounds the copies the asynchronous modes take: a
+    larger one of pageable memory gets the synchronous call, in both
+    directions; at the limit, the asynchronous one."""
+    old = _core._sync_copy_call("async")
+    try:
+        d = cuda.device_array(N, np.float32)
+        src = np.ones(N, np.float32)
+        out = np.zeros(N, np.float32)
+        for limit, want in ((4 * N - 1, "sync"), (4 * N, "async"),
+                            (0, "sync"), (None, "async")):
+            was = _core._sync_async_max(limit)
+            try:
+                assert _which_call(lambda: d.copy_to_device(src),
+                                   "htod") == want, limit
+                assert _which_call(lambda: d.copy_to_host(out),
+                                   "dtoh") == want, limit
+            finally:
+                _core._sync_async_max(was)
+        np.testing.assert_array_equal(d.copy_to_host(), src)
+    finally:
+        _core._sync_copy_call(old)
+
+
+@pytest.mark.parametrize("value, limit", [("16K", 16 << 10),
+                                          ("1048576", 1 << 20),
+                                          ("", None)])
+def test_size_limit_from_the_environment(value, limit):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDAMEM_SYNC_ASYNC_MAX=value)
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "from cudamem import _core; print(_core._sync_async_max())"],
+        capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == [str(limit)]
+    env["CUDAMEM_SYNC_ASYNC_MAX"] = "lots"
+    p = subprocess.run([sys.executable, "-c", "import cudamem"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode != 0
+    assert "CUDAMEM_SYNC_ASYNC_MAX=lots" in p.stderr
+
+
 @pytest.mark.sim
 def test_device_side_not_plain_device_memory_keeps_the_sync_call(mode, ctx):
     """A device array over managed memory (here: the CUDA Array Interface
