@@ -15,7 +15,12 @@ graph of cudaMemcpyAsync nodes; each variant here changes one thing:
 - ``runtime``: cudaMemcpyAsync through libcudart (when it loads), as CuPy
   records them;
 - ``blocking-stream``: the capture on a stream made with flags 0 rather
-  than non-blocking.
+  than non-blocking;
+- ``kernel``: no copy node at all: a kernel of one block (256 threads, 4
+  bytes each, from PTX the driver compiles) reads the device-mapped
+  pinned source and writes the device buffer, and another reads it back
+  into the mapped destination (kernel nodes, for whether a graph of
+  small copies made as kernels replays faster than copy nodes).
 
 Each variant runs twice, in turn.  Each row: median µs per copy of
 ``REPLAYS`` timed replays (cuGraphLaunch then cuStreamSynchronize; 200
@@ -53,6 +58,39 @@ cu.cuStreamCreate.argtypes = [pvp, ctypes.c_uint]
 cu.cuMemHostAlloc.argtypes = [pvp, sz, ctypes.c_uint]
 cu.cuMemHostRegister_v2.argtypes = [vp, sz, ctypes.c_uint]
 cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), sz]
+cu.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(u64), vp,
+                                            ctypes.c_uint]
+cu.cuModuleLoadData.argtypes = [pvp, ctypes.c_char_p]
+cu.cuModuleGetFunction.argtypes = [pvp, vp, ctypes.c_char_p]
+cu.cuLaunchKernel.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, pvp, pvp]
+
+# A copy of n 4-byte words, one thread a word (one block): generic loads
+# and stores, so a device-mapped host address works on either side.
+COPY_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry cm_probe_copy4(.param .u64 dst, .param .u64 src,
+                               .param .u32 n)
+{
+    .reg .pred %p;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [dst];
+    ld.param.u64 %rd2, [src];
+    ld.param.u32 %r1, [n];
+    mov.u32 %r2, %tid.x;
+    setp.ge.u32 %p, %r2, %r1;
+    @%p bra DONE;
+    mul.wide.u32 %rd3, %r2, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.volatile.u32 %r3, [%rd4];
+    add.s64 %rd5, %rd1, %rd3;
+    st.volatile.u32 [%rd5], %r3;
+DONE:
+    ret;
+}
+"""
 
 
 def ck(rc, what):
@@ -107,6 +145,36 @@ def host_buffers(flags):
     return out, pattern
 
 
+KERNEL = None
+
+
+def copy_kernel():
+    """The copy kernel's CUfunction, loaded on first use."""
+    global KERNEL
+    if KERNEL is None:
+        mod, fn = vp(), vp()
+        ck(cu.cuModuleLoadData(ctypes.byref(mod), COPY_PTX),
+           "cuModuleLoadData")
+        ck(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"cm_probe_copy4"),
+           "cuModuleGetFunction")
+        KERNEL = fn
+    return KERNEL
+
+
+def launch_copy(dst, src, s):
+    a = [u64(dst), u64(src), ctypes.c_uint(NBYTES // 4)]
+    params = (vp * 3)(*[ctypes.addressof(x) for x in a])
+    ck(cu.cuLaunchKernel(copy_kernel(), 1, 1, 1, NBYTES // 4, 1, 1, 0, s,
+                         params, None), "cuLaunchKernel")
+
+
+def device_pointer(host):
+    p = u64()
+    ck(cu.cuMemHostGetDevicePointer_v2(ctypes.byref(p), host, 0),
+       "cuMemHostGetDevicePointer")
+    return p.value
+
+
 def stream(flags):
     s = vp()
     ck(cu.cuStreamCreate(ctypes.byref(s), flags), "cuStreamCreate")
@@ -118,6 +186,9 @@ def record(kind, s, h, o, d):
         if kind == "unified":
             ck(cu.cuMemcpyAsync(d, h, NBYTES, s), "cuMemcpyAsync")
             ck(cu.cuMemcpyAsync(o, d, NBYTES, s), "cuMemcpyAsync")
+        elif kind == "kernel":
+            launch_copy(d, h, s)
+            launch_copy(o, d, s)
         elif kind == "runtime":
             ck(rt.cudaMemcpyAsync(d, h, NBYTES, 1, s), "cudaMemcpyAsync")
             ck(rt.cudaMemcpyAsync(o, d, NBYTES, 2, s), "cudaMemcpyAsync")
@@ -133,9 +204,13 @@ def probe(name, kind="htod", hflags=0, sflags=1, upload=False):
     ck(cu.cuMemAlloc_v2(ctypes.byref(d), NBYTES), "cuMemAlloc")
     d = d.value
     s = stream(sflags)
+    # What the copies name: a kernel reads and writes the host buffers
+    # through their device addresses.
+    hs, os_ = ((device_pointer(h), device_pointer(o)) if kind == "kernel"
+               else (h, o))
     ck(cu.cuStreamBeginCapture_v2(s, 0), "cuStreamBeginCapture")
     try:
-        record(kind, s, h, o, d)
+        record(kind, s, hs, os_, d)
     finally:
         g = vp()
         ck(cu.cuStreamEndCapture(s, ctypes.byref(g)), "cuStreamEndCapture")
@@ -159,7 +234,7 @@ def probe(name, kind="htod", hflags=0, sflags=1, upload=False):
     times = []
     for _ in range(REPLAYS):
         t = time.perf_counter()
-        record(kind, s, h, o, d)
+        record(kind, s, hs, os_, d)
         sync(s)
         times.append(time.perf_counter() - t)
     eager = statistics.median(times) / (2 * TRIPS) * 1e6
@@ -171,7 +246,8 @@ VARIANTS = [("htod", {}), ("unified", {"kind": "unified"})]
 VARIANTS += [("host-flags=%d" % f, {"hflags": f}) for f in (1, 2, 3)]
 VARIANTS += [("registered", {"hflags": "registered"}),
              ("upload", {"upload": True}),
-             ("blocking-stream", {"sflags": 0})]
+             ("blocking-stream", {"sflags": 0}),
+             ("kernel", {"kind": "kernel", "hflags": 2})]
 if rt is not None:
     VARIANTS.append(("runtime", {"kind": "runtime"}))
 else:
