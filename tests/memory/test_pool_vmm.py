@@ -703,6 +703,49 @@ def test_other_libraries_memory_comes_from_the_peers_pool(vmm_ctx, child):
     assert not any(g["peers"] for g in _core._pool_segments(vmm_ctx))
 
 
+@pytest.mark.parametrize("which", ["pool", "process"])
+def test_either_pools_free_memory_serves_the_other_under_the_limit(
+        vmm_ctx, which):
+    """The pool's limit and the process's (set_memory_limit) count the
+    pool on virtual memory and the peers' pool together; memory free in
+    one of them does not stand in the way of a request to the other:
+    before refusing, the out-of-memory policy gives back the idle pages
+    and the wholly free segments, and the request is served."""
+    from cudamem import interop
+
+    page = stats(vmm_ctx)["page_size"]
+    mm = vmm_ctx.memory_manager
+    # No release pass meanwhile: the idle pages stay until the refusal.
+    _core._pool_release_threshold(vmm_ctx, None, 3600.0)
+    if which == "pool":
+        mm.limit = 4 * page
+    else:
+        used = cudamem.memory_stats()["limit_used_bytes"]
+        cudamem.set_memory_limit(used + 4 * page)
+    try:
+        a = vmm_ctx.memalloc(3 * page)
+        del a
+        gc.collect()
+        assert stats(vmm_ctx)["idle_bytes"] == 3 * page
+        # CuPy's request finds 3 idle pages of cudamem's in the limit.
+        c = interop.client_alloc(3 * page, "cupy")
+        st = stats(vmm_ctx)
+        assert st["peers_reserved_bytes"] >= 3 * page
+        assert st["idle_bytes"] == 0
+        assert st["reserved_bytes"] <= 4 * page
+        del c
+        gc.collect()
+        # cudamem's request finds the peers' free segment in the limit.
+        b = vmm_ctx.memalloc(3 * page)
+        st = stats(vmm_ctx)
+        assert st["peers_reserved_bytes"] == 0
+        assert st["reserved_bytes"] <= 4 * page
+        del b
+    finally:
+        mm.limit = 0
+        cudamem.set_memory_limit(None)
+
+
 def test_ipc_pages_over_the_exporters_socket(vmm_ctx, monkeypatch):
     """An importer that takes the pages' descriptors over the exporter's
     socket (CUDAMEM_IPC_FD=socket, what an importer refused pidfd_getfd
