@@ -1021,12 +1021,6 @@ PyDoc_STRVAR(cm_sync_async_max_doc,
 "optional K, M or G) when it is set.");
 
 static PyObject *
-cm_size_or_none(size_t n)
-{
-    return n == SIZE_MAX ? Py_NewRef(Py_None) : PyLong_FromSize_t(n);
-}
-
-static PyObject *
 cm_sync_async_max_fn(PyObject *mod, PyObject *const *args,
                      Py_ssize_t nargs)
 {
@@ -1056,7 +1050,7 @@ cm_sync_async_max_fn(PyObject *mod, PyObject *const *args,
         }
         __atomic_store_n(&cm_sync_async_max, n, __ATOMIC_RELAXED);
     }
-    return cm_size_or_none(old);
+    return old == SIZE_MAX ? Py_NewRef(Py_None) : PyLong_FromSize_t(old);
 }
 
 static PyMethodDef cm_driver_methods[] = {
