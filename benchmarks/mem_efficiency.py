@@ -46,8 +46,9 @@ simulator only cudamem's managers run.
 Method: every (allocator, workload) runs twice, each in a fresh child
 process.  The sampling pass reads the driver's memory in use (total -
 free of ``cudamem.current_context().get_memory_info()``: the same device
-and primary context) after every operation, less a baseline taken after
-the library's first tiny allocation; its peak over the workload's peak
+and primary context) after every operation, less a baseline read before
+the library's first tiny allocation (so what that allocation takes is
+counted); its peak over the workload's peak
 live bytes is the ratio.  The timing pass runs the same operations without
 sampling: its wall time (gc off, one synchronise at the end) over the
 operations is the µs per operation.  On a GPU the children run one at a

@@ -49,17 +49,16 @@ child process.  The sampling pass reads the device's memory in use from
 the driver after every operation (``cuMemGetInfo`` through
 ``cudamem.current_context().get_memory_info()``: total - free, of the
 same device and primary context the library allocates from), less a
-baseline taken after the library's first tiny allocation (256 B, kept
-live to the end), so the context, the libraries' handles and other
-processes' memory stay out of it; peak used / peak live bytes is its
-result (lower is better, 1.0 the floor; the driver's view counts what
-an allocator caches, its rounding and the driver's own granularity).
-Memory is read between operations, not inside one; and the spare room
-of the segment that served the first allocation (2 MiB for the caching
-allocators) can serve the workload uncounted, 0.1 % of the default cap;
-the table says what each library's first allocation took from the
-device (``first_allocation`` in the JSON: memory in use before it less
-before the workload), so a ratio under 1.0 can be read against it.
+baseline read before the library's first allocation (256 B, kept live
+to the end), so the context, the libraries' handles and other
+processes' memory stay out of it and everything the library takes from
+the device, its first allocation included, is in; peak used / peak live
+bytes is its result (lower is better, 1.0 the floor; the driver's view
+counts what an allocator caches, its rounding and the driver's own
+granularity).  Memory is read between operations, not inside one.  The
+table also says what each library's first allocation took from the
+device (``first_allocation`` in the JSON): a caching allocator's first
+segment or a driver pool's first chunk, which the workload then uses.
 The timing pass runs the same operations without sampling: wall time
 over the number of operations, gc off, one synchronise at the end
 included.  The sampling passes read device-wide memory, so on a GPU no
@@ -107,8 +106,9 @@ DEFAULT_BUDGET_S = 240.0
 CHILD_LIMIT_S = 150.0
 METHOD = ("peak used = max over a sampling pass of the driver's memory in "
           "use (total - free from cuMemGetInfo after every operation) "
-          "less a baseline taken after the library's first tiny "
-          "allocation (kept live); peak live = the most bytes requested "
+          "less a baseline read before the library's first "
+          "allocation (256 B, kept live), so that everything the library "
+          "takes is counted; peak live = the most bytes requested "
           "and not yet freed; us/op = wall time of a separate pass "
           "without sampling (one synchronise at its end) over the "
           "operations; each pass in a fresh process")
@@ -414,18 +414,15 @@ def _child(spec):
     sync = cudamem.synchronize
     f, total = info()
     before = total - f
-    # The library's first allocation, live to the end: the baseline after
-    # it holds the library's own device memory (and the granule this
-    # allocation took) but none of the workload's.
+    # The baseline is read before the library's first allocation (256 B,
+    # live to the end), so that what it takes (a caching allocator's
+    # first segment, a driver pool's first chunk: room the workload then
+    # uses) is counted as the rest is.
+    out["baseline"] = before
     tiny = alloc(256)
     sync()
     f, total = info()
-    base = total - f
-    out["baseline"] = base
-    # What that first allocation took from the device: the room in it that
-    # may serve the workload uncounted (a caching allocator's first
-    # segment, a driver pool's first chunk).
-    out["first_allocation"] = max(0, base - before)
+    out["first_allocation"] = max(0, total - f - before)
     out["total"] = total
     sizes, slots = seq.sizes, seq.slots
     live = [None] * (max(slots) + 1 if slots else 0)
@@ -472,7 +469,7 @@ def _child(spec):
     finally:
         gc.enable()
     if spec["mode"] == "sample":
-        out["peak_used"] = max(0, peak - base)
+        out["peak_used"] = max(0, peak - before)
         if wall is not None:
             if free is not None:
                 for b in live:
@@ -481,7 +478,7 @@ def _child(spec):
             live = None
             sync()
             f, t = info()
-            out["held_after"] = max(0, t - f - base)
+            out["held_after"] = max(0, t - f - before)
     elif wall is not None:
         out["seconds"] = wall
         out["us_per_op"] = wall / len(sizes) * 1e6
@@ -741,7 +738,7 @@ def _cell(c):
     if "not_run" in c:
         return "not run"
     us = c.get("us_per_op")
-    return "%.2f (%s)" % (c["ratio"], "%.1f µs" % us if us is not None
+    return "%.3f (%s)" % (c["ratio"], "%.1f µs" % us if us is not None
                           else "no time")
 
 
@@ -776,8 +773,8 @@ def format_table(res):
         lines.append("| %s | %s |" % (LABELS[a], " | ".join(cells)))
     lines.append("| peak live | %s |" % " | ".join(
         "%s in %d ops" % (_fmt_bytes(w["peak_live"]), w["ops"]) for w in wl))
-    # The room each library's first (256 B) allocation took, before the
-    # baseline: what of it the workload uses goes uncounted.
+    # What each library's first (256 B) allocation took, counted in its
+    # peak like the rest.
     first = {}
     for c in res["results"]:
         if "first_allocation" in c:
@@ -785,8 +782,8 @@ def format_table(res):
             first[a] = max(first.get(a, 0), c["first_allocation"])
     if first:
         lines.append("")
-        lines.append("Taken by the first allocation, before the baseline "
-                     "(the most over the workloads): " + "; ".join(
+        lines.append("Of the peak, taken by the first allocation (the "
+                     "most over the workloads): " + "; ".join(
                          "%s %s" % (LABELS[a], _fmt_bytes(first[a]))
                          for a in res["allocators"] if a in first) + ".")
     extra = []
