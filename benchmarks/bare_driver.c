@@ -32,7 +32,10 @@
  *       of CU_STREAM_LEGACY), and query-async, query-async-wait (the
  *       same preceded by cuPointerGetAttribute(MEMORY_TYPE) of the host
  *       address, the check a library makes to learn that the memory is
- *       pageable: the driver must answer CUDA_ERROR_INVALID_VALUE).
+ *       pageable: the driver must answer CUDA_ERROR_INVALID_VALUE), and
+ *       pinned (the sync call, the host buffer from cuMemHostAlloc
+ *       instead: synchronous for the host in both directions; htod and
+ *       dtoh only).
  *
  * Prints one line, "ok" and per sample the seconds per operation (per
  * round trip of all threads together, per allocate-and-free, per
@@ -493,6 +496,7 @@ enum { BD_HTOD, BD_DTOH, BD_DTOH_NEW };
 #define BD_ASYNC 1              /* the ...Async call on CU_STREAM_LEGACY */
 #define BD_WAIT 2               /* then cuStreamSynchronize of it */
 #define BD_QUERY 4              /* first cuPointerGetAttribute */
+#define BD_PINNED 8             /* the host buffer page-locked */
 
 /* One copy of the copy rows; 0, or -1 with the error kept. */
 static int
@@ -558,7 +562,7 @@ bd_copy(int dir, int call, size_t bytes, int samples, long ms)
         fprintf(stderr, "bare_driver: %s\n", bd_err);
         return 1;
     }
-    host = bd_host_alloc(bytes, 0);
+    host = bd_host_alloc(bytes, (call & BD_PINNED) != 0);
     if (host == NULL) {
         rc = -1;
     }
@@ -581,7 +585,7 @@ bd_copy(int dir, int call, size_t bytes, int samples, long ms)
             per[k] = (t1 - t0) / (double)n;
         }
     }
-    free(host);
+    bd_host_free(host, (call & BD_PINNED) != 0);
     (void)cu.MemFree(d);
     return bd_report(rc, per, samples);
 }
@@ -594,7 +598,7 @@ bd_usage(void)
             "SAMPLES MS\n"
             "       bare_driver churn plain|deferred COUNT SAMPLES MS\n"
             "       bare_driver copy htod|dtoh|dtoh-new "
-            "sync|async|async-wait|query-async|query-async-wait "
+            "sync|async|async-wait|query-async|query-async-wait|pinned "
             "BYTES SAMPLES MS\n");
     return 2;
 }
@@ -652,7 +656,11 @@ main(int argc, char **argv)
                : strcmp(argv[3], "async-wait") == 0 ? BD_ASYNC | BD_WAIT
                : strcmp(argv[3], "query-async") == 0 ? BD_QUERY | BD_ASYNC
                : strcmp(argv[3], "query-async-wait") == 0
-                 ? BD_QUERY | BD_ASYNC | BD_WAIT : -1;
+                 ? BD_QUERY | BD_ASYNC | BD_WAIT
+               : strcmp(argv[3], "pinned") == 0 ? BD_PINNED : -1;
+        if (call == BD_PINNED && mode == BD_DTOH_NEW) {
+            call = -1;          /* a new buffer each copy is pageable */
+        }
         a = 0;
         b = bd_arg(argv[4], 1, 1L << 30);
         samples = bd_arg(argv[5], 1, BD_MAX_SAMPLES);

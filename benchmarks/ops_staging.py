@@ -7,7 +7,7 @@ cudamem copies large pageable arrays through its staging pipeline
 run time
 (``_core._staging_config(enabled=False)``) so the two paths are compared
 in one run.  The peers (numba-cuda, CuPy, PyTorch) and the bare driver
-(``_core._memcpy_htod`` / ``_memcpy_dtoh``, one cuMemcpyHtoD / DtoH) all
+(bare_driver.c's copy loop in C: one cuMemcpyHtoD / DtoH a copy) all
 take the driver's pageable path.  Every copy is synchronous.
 
 Rows with a "bytes" key are reported as GB/s.  The pipeline's tunables
@@ -22,6 +22,8 @@ an A/B of either setting with the same tree twice:
 """
 
 import numpy as np
+
+import bare_driver
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -80,20 +82,16 @@ def _torch(size, h2d):
     return factory
 
 
+# bare_driver.c's copy loop in C: one cuMemcpyHtoD / cuMemcpyDtoH of a
+# malloc'd, touched buffer a copy, no Python in the way.
+C_SAMPLES = 31
+C_MS = 2
+
+
 def _driver(size, h2d):
     def factory(core):
-        import weakref
-
-        host = _host(size)
-        dev = core._device_alloc(size)
-        if h2d:
-            def fn():
-                core._memcpy_htod(dev, host)
-        else:
-            def fn():
-                core._memcpy_dtoh(host, dev)
-        weakref.finalize(fn, core._device_free, dev)
-        return fn
+        return bare_driver.run("copy", "htod" if h2d else "dtoh", "sync",
+                               size, C_SAMPLES, C_MS)
     return factory
 
 

@@ -18,7 +18,8 @@
  *
  * The counts also tell the calls apart: synchronous copies (scopies),
  * copies on CU_STREAM_LEGACY (legacy), synchronizations of
- * CU_STREAM_LEGACY (legacy_syncs) and pointer queries (queries).
+ * CU_STREAM_LEGACY (legacy_syncs) and pointer queries (queries); and the
+ * page-locked host buffers made and freed (host_allocs, host_frees).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -77,6 +78,8 @@ static long fake_scopies;
 static long fake_legacy;
 static long fake_legacy_syncs;
 static long fake_queries;
+static long fake_host_allocs;
+static long fake_host_frees;
 
 static CUresult
 fake_ready(void)
@@ -259,13 +262,22 @@ cuMemHostAlloc(void **p, size_t size, unsigned int flags)
     }
     (void)flags;
     *p = malloc(size);
-    return *p == NULL ? 2 : OK;
+    if (*p == NULL) {
+        return 2;
+    }
+    pthread_mutex_lock(&fake_mu);
+    fake_host_allocs++;
+    pthread_mutex_unlock(&fake_mu);
+    return OK;
 }
 
 CUresult
 cuMemFreeHost(void *p)
 {
     free(p);
+    pthread_mutex_lock(&fake_mu);
+    fake_host_frees++;
+    pthread_mutex_unlock(&fake_mu);
     return OK;
 }
 
@@ -386,8 +398,9 @@ fake_report(void)
     fprintf(stderr,
             "fake_cuda: allocs=%ld frees=%ld max_live=%ld live=%ld "
             "streams=%ld copies=%ld syncs=%ld scopies=%ld legacy=%ld "
-            "legacy_syncs=%ld queries=%ld\n",
+            "legacy_syncs=%ld queries=%ld host_allocs=%ld host_frees=%ld\n",
             fake_allocs, fake_frees, fake_max_live, fake_nlive, fake_streams,
             fake_copies, fake_syncs, fake_scopies, fake_legacy,
-            fake_legacy_syncs, fake_queries);
+            fake_legacy_syncs, fake_queries, fake_host_allocs,
+            fake_host_frees);
 }

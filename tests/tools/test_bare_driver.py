@@ -130,14 +130,18 @@ COPY_CALLS = {
     "async-wait": (0, 1, 1, 0),
     "query-async": (0, 1, 0, 1),
     "query-async-wait": (0, 1, 1, 1),
+    "pinned": (1, 0, 0, 0),
 }
 
 
-@pytest.mark.parametrize("call", sorted(COPY_CALLS))
-@pytest.mark.parametrize("direction", ["htod", "dtoh", "dtoh-new"])
+# (a new buffer each copy, dtoh-new, is pageable: no pinned call there)
+@pytest.mark.parametrize("direction,call", [
+    (d, c) for d in ("htod", "dtoh", "dtoh-new") for c in sorted(COPY_CALLS)
+    if not (d == "dtoh-new" and c == "pinned")])
 def test_copy_rows_make_the_calls_they_name(prog, fake, direction, call):
-    """The single-copy rows of issue 32: per copy exactly the driver calls
-    CALL names (the fake counts them), one device buffer, released."""
+    """The single-copy rows: per copy exactly the driver calls CALL names
+    (the fake counts them), one device buffer, released; the host buffer
+    page-locked (cuMemHostAlloc, then freed) for ``pinned`` alone."""
     p = run(prog, "copy", direction, call, 1024, 4, 2, fake=fake)
     assert p.returncode == 0, p.stderr
     samples(p, 4)
@@ -149,6 +153,8 @@ def test_copy_rows_make_the_calls_they_name(prog, fake, direction, call):
     assert (s["scopies"], s["legacy"], s["legacy_syncs"], s["queries"]) \
         == (sync * n, legacy * n, legacy_syncs * n, queries * n)
     assert s["streams"] == 0 and s["syncs"] == s["legacy_syncs"]
+    pinned = int(call == "pinned")
+    assert s["host_allocs"] == s["host_frees"] == pinned
 
 
 def test_copy_query_refuses_page_locked_memory(prog, fake):
@@ -197,7 +203,8 @@ def test_no_driver(prog, tmp_path):
     ("churn", "plain", 10, 1, 1, 1), ("frobnicate", 1, 1, 1, 1),
     ("copy", "htod", "sync", 1024, 1), ("copy", "up", "sync", 1024, 1, 1),
     ("copy", "htod", "later", 1024, 1, 1),
-    ("copy", "dtoh", "async", 0, 1, 1)])
+    ("copy", "dtoh", "async", 0, 1, 1),
+    ("copy", "dtoh-new", "pinned", 1024, 1, 1)])
 def test_usage(prog, args):
     p = run(prog, *args, fake="/nonexistent")
     assert p.returncode == 2
