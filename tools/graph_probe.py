@@ -20,7 +20,12 @@ graph of cudaMemcpyAsync nodes; each variant here changes one thing:
   bytes each, from PTX the driver compiles) reads the device-mapped
   pinned source and writes the device buffer, and another reads it back
   into the mapped destination (kernel nodes, for whether a graph of
-  small copies made as kernels replays faster than copy nodes).
+  small copies made as kernels replays faster than copy nodes);
+- ``kernel-one``: the whole 100 round trips in one kernel node (one
+  block: each trip reads the mapped source into the device buffer,
+  waits for the block, writes it back to the mapped destination, fences
+  it for the host, waits again): the floor of any graph of these copies,
+  one node's launch and the bus's own latency per copy.
 
 Each variant runs twice, in turn.  Each row: median µs per copy of
 ``REPLAYS`` timed replays (cuGraphLaunch then cuStreamSynchronize; 200
@@ -90,6 +95,43 @@ COPY_PTX = b"""
 DONE:
     ret;
 }
+
+// trips round trips of n words in one block: src -> dst (device),
+// then dst -> out, each step after the whole block's previous one.
+.visible .entry cm_probe_trips(.param .u64 dst, .param .u64 src,
+                               .param .u64 out, .param .u32 n,
+                               .param .u32 trips)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [dst];
+    ld.param.u64 %rd2, [src];
+    ld.param.u64 %rd3, [out];
+    ld.param.u32 %r1, [n];
+    ld.param.u32 %r2, [trips];
+    mov.u32 %r3, %tid.x;
+    setp.lt.u32 %p1, %r3, %r1;
+    mul.wide.u32 %rd4, %r3, 4;
+    add.s64 %rd5, %rd2, %rd4;
+    add.s64 %rd6, %rd1, %rd4;
+    add.s64 %rd7, %rd3, %rd4;
+    mov.u32 %r4, 0;
+LOOP:
+    setp.ge.u32 %p2, %r4, %r2;
+    @%p2 bra END;
+    @%p1 ld.volatile.u32 %r5, [%rd5];
+    @%p1 st.volatile.u32 [%rd6], %r5;
+    bar.sync 0;
+    @%p1 ld.volatile.u32 %r5, [%rd6];
+    @%p1 st.volatile.u32 [%rd7], %r5;
+    membar.sys;
+    bar.sync 0;
+    add.u32 %r4, %r4, 1;
+    bra LOOP;
+END:
+    ret;
+}
 """
 
 
@@ -145,27 +187,37 @@ def host_buffers(flags):
     return out, pattern
 
 
-KERNEL = None
+KERNELS = {}
 
 
-def copy_kernel():
-    """The copy kernel's CUfunction, loaded on first use."""
-    global KERNEL
-    if KERNEL is None:
-        mod, fn = vp(), vp()
+def kernel(name=b"cm_probe_copy4"):
+    """A CUfunction of COPY_PTX, the module loaded on first use."""
+    if "module" not in KERNELS:
+        mod = vp()
         ck(cu.cuModuleLoadData(ctypes.byref(mod), COPY_PTX),
            "cuModuleLoadData")
-        ck(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"cm_probe_copy4"),
+        KERNELS["module"] = mod
+    if name not in KERNELS:
+        fn = vp()
+        ck(cu.cuModuleGetFunction(ctypes.byref(fn), KERNELS["module"], name),
            "cuModuleGetFunction")
-        KERNEL = fn
-    return KERNEL
+        KERNELS[name] = fn
+    return KERNELS[name]
 
 
 def launch_copy(dst, src, s):
     a = [u64(dst), u64(src), ctypes.c_uint(NBYTES // 4)]
     params = (vp * 3)(*[ctypes.addressof(x) for x in a])
-    ck(cu.cuLaunchKernel(copy_kernel(), 1, 1, 1, NBYTES // 4, 1, 1, 0, s,
+    ck(cu.cuLaunchKernel(kernel(), 1, 1, 1, NBYTES // 4, 1, 1, 0, s,
                          params, None), "cuLaunchKernel")
+
+
+def launch_trips(d, h, o, s):
+    a = [u64(d), u64(h), u64(o), ctypes.c_uint(NBYTES // 4),
+         ctypes.c_uint(TRIPS)]
+    params = (vp * 5)(*[ctypes.addressof(x) for x in a])
+    ck(cu.cuLaunchKernel(kernel(b"cm_probe_trips"), 1, 1, 1, NBYTES // 4,
+                         1, 1, 0, s, params, None), "cuLaunchKernel")
 
 
 def device_pointer(host):
@@ -182,6 +234,9 @@ def stream(flags):
 
 
 def record(kind, s, h, o, d):
+    if kind == "kernel-one":
+        launch_trips(d, h, o, s)
+        return
     for _ in range(TRIPS):
         if kind == "unified":
             ck(cu.cuMemcpyAsync(d, h, NBYTES, s), "cuMemcpyAsync")
@@ -206,8 +261,8 @@ def probe(name, kind="htod", hflags=0, sflags=1, upload=False):
     s = stream(sflags)
     # What the copies name: a kernel reads and writes the host buffers
     # through their device addresses.
-    hs, os_ = ((device_pointer(h), device_pointer(o)) if kind == "kernel"
-               else (h, o))
+    hs, os_ = ((device_pointer(h), device_pointer(o))
+               if kind.startswith("kernel") else (h, o))
     ck(cu.cuStreamBeginCapture_v2(s, 0), "cuStreamBeginCapture")
     try:
         record(kind, s, hs, os_, d)
@@ -247,7 +302,8 @@ VARIANTS += [("host-flags=%d" % f, {"hflags": f}) for f in (1, 2, 3)]
 VARIANTS += [("registered", {"hflags": "registered"}),
              ("upload", {"upload": True}),
              ("blocking-stream", {"sflags": 0}),
-             ("kernel", {"kind": "kernel", "hflags": 2})]
+             ("kernel", {"kind": "kernel", "hflags": 2}),
+             ("kernel-one", {"kind": "kernel-one", "hflags": 2})]
 if rt is not None:
     VARIANTS.append(("runtime", {"kind": "runtime"}))
 else:
