@@ -380,8 +380,9 @@ class PoolMemoryManager(DefaultMemoryManager):
         ``CUDAMEM_POOL_VMM=0`` turns it off) reserved_bytes are the mapped
         bytes plus the peers' pool's (the cuMemAlloc'd segments that
         serve other libraries through cudamem's adapters), and page_size,
-        idle_bytes, release_threshold, pages (made, moved, released) and
-        peers_reserved_bytes follow."""
+        idle_bytes, release_threshold, pages (made, moved, released),
+        peers_reserved_bytes and borrowed_from_peers (requests that could
+        map no memory, served by the peers' pool's free blocks) follow."""
         return _core._pool_stats(self.context)
 
     def reset(self):

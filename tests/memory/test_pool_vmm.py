@@ -709,8 +709,10 @@ def test_either_pools_free_memory_serves_the_other_under_the_limit(
     """The pool's limit and the process's (set_memory_limit) count the
     pool on virtual memory and the peers' pool together; memory free in
     one of them does not stand in the way of a request to the other:
-    before refusing, the out-of-memory policy gives back the idle pages
-    and the wholly free segments, and the request is served."""
+    a request of the peers' pool past the limit is served once the
+    out-of-memory policy gave back the idle pages; one of the pool on
+    virtual memory that can map no page is served by the peers' free
+    blocks (borrowed, without waiting for the context)."""
     from cudamem import interop
 
     page = stats(vmm_ctx)["page_size"]
@@ -738,12 +740,77 @@ def test_either_pools_free_memory_serves_the_other_under_the_limit(
         # cudamem's request finds the peers' free segment in the limit.
         b = vmm_ctx.memalloc(3 * page)
         st = stats(vmm_ctx)
-        assert st["peers_reserved_bytes"] == 0
+        assert _segment_of(vmm_ctx, b.device_ctypes_pointer.value)["peers"]
+        assert st["borrowed_from_peers"] == 1
         assert st["reserved_bytes"] <= 4 * page
         del b
+        gc.collect()
+        # Given back, a trim leaves nothing: the borrowed block was the
+        # peers' pool's again.
+        mm.trim()
+        st = stats(vmm_ctx)
+        assert st["peers_reserved_bytes"] == 0 and st["reserved_bytes"] == 0
     finally:
         mm.limit = 0
         cudamem.set_memory_limit(None)
+
+
+@pytest.mark.parametrize("which", ["pool", "process"])
+def test_free_bytes_of_a_peers_segment_in_use_serve_cudamem_under_the_limit(
+        vmm_ctx, child, which):
+    """A segment of the peers' pool that another library still uses in
+    part cannot be given back; when the pool on virtual memory can map no
+    memory under the limit, a request that fits in such a segment's free
+    bytes is served there rather than refused (borrowed_from_peers
+    counts it), works as any array, exports as the driver's IPC handle,
+    and goes back to the peers' pool when freed."""
+    from cudamem import interop
+
+    page = stats(vmm_ctx)["page_size"]
+    mm = vmm_ctx.memory_manager
+    _core._pool_release_threshold(vmm_ctx, None, 3600.0)
+    held = interop.client_alloc(4 * KiB, "cupy")     # a peers' segment
+    seg = _segment_of(vmm_ctx, held.ptr)
+    assert seg["peers"] is True and seg["size"] >= 64 * KiB
+    big = vmm_ctx.memalloc(3 * page)                 # the large arena
+    st = stats(vmm_ctx)
+    if which == "pool":
+        mm.limit = st["reserved_bytes"]
+    else:
+        cudamem.set_memory_limit(cudamem.memory_stats()["limit_used_bytes"])
+    try:
+        # A small block needs a page of the small arena mapped: refused
+        # by the limit, it is served by the peers' segment in use.
+        host = fill(32 * KiB, 7)
+        d = cudamem.to_device(host)
+        ptr = d.device_ctypes_pointer.value
+        assert _segment_of(vmm_ctx, ptr)["base"] == seg["base"]
+        st2 = stats(vmm_ctx)
+        assert st2["borrowed_from_peers"] == st["borrowed_from_peers"] + 1
+        assert st2["reserved_bytes"] == st["reserved_bytes"]
+        np.testing.assert_array_equal(d.copy_to_host(), host)
+        h = d.get_ipc_handle()
+        assert h.ipc_handle.kind == "ipc"
+        np.testing.assert_array_equal(child.call("read", h), host)
+        del h
+        # More than the segment's free bytes: refused as before.
+        with pytest.raises(cudamem.CudaOutOfMemoryError):
+            vmm_ctx.memalloc(seg["size"])
+        # Freed, the block is the peers' again: CuPy's next request of
+        # that size lands where it was.
+        del d
+        gc.collect()
+        cudamem.synchronize()
+        again = interop.client_alloc(32 * KiB, "cupy")
+        assert again.ptr == ptr
+        del again
+        gc.collect()
+        assert stats(vmm_ctx)["borrowed_from_peers"] \
+            == st["borrowed_from_peers"] + 1
+    finally:
+        mm.limit = 0
+        cudamem.set_memory_limit(None)
+    del big, held
 
 
 def test_ipc_pages_over_the_exporters_socket(vmm_ctx, monkeypatch):

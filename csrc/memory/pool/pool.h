@@ -178,6 +178,9 @@ struct cm_pool {
                            * come from this pool */
     cm_pool *twin;        /* the other pool of that pair (the limit
                            * counts both), or NULL */
+    size_t borrowed;      /* a peers' pool: the blocks it gave its twin
+                           * on virtual memory when that one could map
+                           * no memory (cm_pool_borrow_peers) */
     cm_pool *all_next;    /* NOTE: GIL; the list of every pool */
     cm_pool *all_prev;
     /* virtual memory (memory/pool/vmm/arena.c) */

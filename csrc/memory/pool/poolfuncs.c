@@ -190,7 +190,9 @@ PyDoc_STRVAR(cm_pool_stats_doc,
 "memory); on virtual memory, pages: counts of pages made, moved and "
 "released so far, and peers_reserved_bytes: what the peers' pool "
 "beside it holds (cuMemAlloc'd segments for the memory other libraries "
-"take through cudamem's adapters), counted in reserved_bytes too.");
+"take through cudamem's adapters), counted in reserved_bytes too, and "
+"borrowed_from_peers: how many of this pool's requests, finding no "
+"memory to map, were served by free blocks of the peers' pool.");
 
 static PyObject *
 cm_pool_stats_fn(PyObject *mod, PyObject *arg)
@@ -206,6 +208,7 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
     size_t moved;
     size_t released;
     size_t peers = 0;
+    size_t borrowed = 0;
     cm_seg *g;
     PyObject *lg;
     PyObject *r;
@@ -222,6 +225,7 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
             nseg++;
         }
         peers = p->peers->reserved;
+        borrowed = p->peers->borrowed;
         cm_pool_unlock(p->peers, &gd);
     }
     cm_pool_lock(p, &gd);
@@ -253,14 +257,17 @@ cm_pool_stats_fn(PyObject *mod, PyObject *arg)
                                     "moved", (Py_ssize_t)moved,
                                     "released", (Py_ssize_t)released);
         PyObject *pb = PyLong_FromSize_t(peers);
+        PyObject *bw = PyLong_FromSize_t(borrowed);
 
-        if (c == NULL || pb == NULL
+        if (c == NULL || pb == NULL || bw == NULL
             || PyDict_SetItemString(r, "pages", c) < 0
-            || PyDict_SetItemString(r, "peers_reserved_bytes", pb) < 0) {
+            || PyDict_SetItemString(r, "peers_reserved_bytes", pb) < 0
+            || PyDict_SetItemString(r, "borrowed_from_peers", bw) < 0) {
             Py_CLEAR(r);
         }
         Py_XDECREF(c);
         Py_XDECREF(pb);
+        Py_XDECREF(bw);
     }
     Py_DECREF(lg);
     return r;

@@ -628,6 +628,51 @@ cm_pool_poison_fill(cm_pool *p, cm_blk *b, CUdeviceptr ptr, size_t n,
     return rc;
 }
 
+/* A free block of the peers' pool of p (the pool on virtual memory),
+ * for a request p could not map memory for: the bytes free in the
+ * peers' segments serve it rather than an out-of-memory error.  No new
+ * segment is made.  CUDA_ERROR_OUT_OF_MEMORY when none fits.  The other
+ * way round is not taken: the peers' pool serves memory that other
+ * libraries export with cuIpcGetMemHandle, which pages refuse. */
+static CUresult
+cm_pool_borrow_peers(cm_pool *p, size_t size, uintptr_t s,
+                     CUstream stream, CUdeviceptr *ptr, uintptr_t *handle)
+{
+    cm_pool *q = p->peers;
+    cm_blk *b = NULL;
+    CUdeviceptr at = 0;
+    size_t n = 0;
+    cm_gil_saved gd;
+
+    if (q == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    cm_pool_lock(q, &gd);
+    if (!q->dead) {
+        b = cm_pool_take_for(q, size, s);
+    }
+    if (b != NULL) {
+        at = b->ptr;
+        n = b->size;
+        q->borrowed++;
+    }
+    cm_pool_unlock(q, &gd);
+    if (b == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ptr = at;
+    *handle = (uintptr_t)b | CM_PEER_TAG;
+    if (q->poison >= 0) {
+        CUresult rc;
+
+        CM_DRIVER_BEGIN_NOGIL
+        rc = cm_pool_poison_fill(q, b, at, n, stream);
+        CM_DRIVER_END_NOGIL
+        return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
 /* The pool manager's allocation: a block for stream from the bins, or
  * from a new segment; the handle its release takes is the block. */
 static CUresult
@@ -664,7 +709,10 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
     if (b == NULL) {
         rc = cm_pool_grow(ctx, p, size, s, &b);
         if (rc != CUDA_SUCCESS) {
-            return rc;
+            return rc == CUDA_ERROR_OUT_OF_MEMORY
+                       ? cm_pool_borrow_peers(p, size, s, stream, ptr,
+                                              handle)
+                       : rc;
         }
         backed = 0;
     }
@@ -687,7 +735,10 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         if (rc != CUDA_SUCCESS) {
             cm_pool_put(p, b);
             cm_pool_unlock(p, &gd);
-            return rc;
+            return rc == CUDA_ERROR_OUT_OF_MEMORY
+                       ? cm_pool_borrow_peers(p, size, s, stream, ptr,
+                                              handle)
+                       : rc;
         }
         b->unbacked = 0;
         at = b->ptr;
