@@ -4,7 +4,10 @@ the bare driver call (``_core._memcpy_htod`` / ``_memcpy_dtoh``: one
 cuMemcpyHtoD / DtoH) and CuPy's ``runtime.memcpy`` when it is installed,
 on the same host and device buffers, interleaved call by call (the order
 reversed every other round), so that a difference between the columns is
-not the order the libraries were timed in or the link warming up.
+not the order the libraries were timed in or the link warming up.  Each
+call is timed with a ``cudamem.synchronize()`` after it, the context
+synchronised before: a copy from pageable memory returns before its
+bytes land, and back to back the next call would pay for them.
 
 Where the side-by-side benchmark shows cudamem behind the driver on a
 row, this says whether the gap is cudamem's or the timing's.
@@ -17,9 +20,11 @@ pageable memory to the device (1 KiB to 1 MiB): cudamem's copy with
 ``_sync_copy_call`` 'async' (``cuMemcpyHtoDAsync`` on the default
 stream, after its pointer query) and 'sync' (``cuMemcpyHtoD``), the bare
 ``cuMemcpyHtoD``, and CuPy's ``memcpyAsync`` on the legacy stream (the
-bare asynchronous call); the mode is set outside the timed call.  Where
-'sync' overtakes 'async' is the limit to give
-``CUDAMEM_SYNC_ASYNC_MAX``.
+bare asynchronous call); the mode is set outside the timed call, and
+the context synchronised before it.  Twice: the call alone, then the
+call and a synchronize (the bytes landed): back to back, what one call
+leaves in flight would be paid by the next.  Where 'sync' overtakes
+'async' is the limit to give ``CUDAMEM_SYNC_ASYNC_MAX``.
 """
 import os
 import statistics
@@ -79,10 +84,13 @@ def main():
                 for _ in range(5):
                     f()
             times = {k: [] for k in names}
+            sync = cudamem.synchronize
             for r in range(rounds):
                 for k in (names if r % 2 else names[::-1]):
+                    sync()
                     t = time.perf_counter()
                     cols[k]()
+                    sync()
                     times[k].append(time.perf_counter() - t)
             print("%6d KiB %-8s " % (n >> 10, "pinned" if pinned
                                       else "pageable")
@@ -111,10 +119,17 @@ def cross_columns(n):
     return cols
 
 
-def crossover():
+def crossover(landed):
     """Pageable host to device: the asynchronous call against the
-    synchronous one, per size."""
+    synchronous one, per size.  Both return before the bytes land (the
+    driver stages pageable memory and returns), and the synchronous one
+    first waits for the stream's earlier work: timed back to back, what
+    one column leaves in flight is paid by the next.  So each column is
+    timed twice over: the call alone, the context synchronised before it
+    (untimed), and with landed, the call and cudamem.synchronize() after
+    it (the bytes on the device)."""
     old = _core._sync_copy_call()
+    sync = cudamem.synchronize
     try:
         for n in CROSS_SIZES:
             cols = cross_columns(n)
@@ -125,11 +140,16 @@ def crossover():
                     mode, f = cols[k]
                     if mode is not None:
                         _core._sync_copy_call(mode)
+                    sync()
                     t = time.perf_counter()
                     f()
+                    if landed:
+                        sync()
                     times[k].append(time.perf_counter() - t)
-            cudamem.synchronize()
-            print("%6d KiB pageable htod, the call: " % (n >> 10)
+            sync()
+            print("%6d KiB pageable htod, %s: " % (
+                      n >> 10, "the call and a synchronize" if landed
+                      else "the call")
                   + "  ".join("%s %.2f" % (k, statistics.median(v) * 1e6)
                               for k, v in times.items()) + "  (us)",
                   flush=True)
@@ -139,4 +159,5 @@ def crossover():
 
 if __name__ == "__main__":
     main()
-    crossover()
+    crossover(False)
+    crossover(True)
