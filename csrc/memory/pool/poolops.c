@@ -628,6 +628,23 @@ cm_pool_poison_fill(cm_pool *p, cm_blk *b, CUdeviceptr ptr, size_t n,
     return rc;
 }
 
+/* The poison fill of a block b just taken from p, the GIL released
+ * around it; CUDA_SUCCESS at once when p has no poison byte. */
+static CUresult
+cm_pool_poison_nogil(cm_pool *p, cm_blk *b, CUdeviceptr ptr, size_t n,
+                     CUstream stream)
+{
+    CUresult rc;
+
+    if (p->poison < 0) {
+        return CUDA_SUCCESS;
+    }
+    CM_DRIVER_BEGIN_NOGIL
+    rc = cm_pool_poison_fill(p, b, ptr, n, stream);
+    CM_DRIVER_END_NOGIL
+    return rc;
+}
+
 /* A free block of the peers' pool of p (the pool on virtual memory),
  * for a request p could not map memory for: the bytes free in the
  * peers' segments serve it rather than an out-of-memory error.  No new
@@ -662,15 +679,7 @@ cm_pool_borrow_peers(cm_pool *p, size_t size, uintptr_t s,
     }
     *ptr = at;
     *handle = (uintptr_t)b | CM_PEER_TAG;
-    if (q->poison >= 0) {
-        CUresult rc;
-
-        CM_DRIVER_BEGIN_NOGIL
-        rc = cm_pool_poison_fill(q, b, at, n, stream);
-        CM_DRIVER_END_NOGIL
-        return rc;
-    }
-    return CUDA_SUCCESS;
+    return cm_pool_poison_nogil(q, b, at, n, stream);
 }
 
 /* The pool manager's allocation: a block for stream from the bins, or
@@ -752,15 +761,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         /* A pass may be due (the idle memory stays past a failure). */
         (void)cm_arena_release(ctx, p, p->keep, 0);
     }
-    if (p->poison >= 0) {
-        CUresult prc;
-
-        CM_DRIVER_BEGIN_NOGIL
-        prc = cm_pool_poison_fill(p, b, at, n, stream);
-        CM_DRIVER_END_NOGIL
-        return prc;
-    }
-    return CUDA_SUCCESS;
+    return cm_pool_poison_nogil(p, b, at, n, stream);
 }
 
 /* The pool manager's take: a block from the bins only.  The block's
