@@ -184,6 +184,12 @@ typedef struct {
      * by the release queue's flush. */
     unsigned long sync_begun;
     unsigned long sync_done;
+    /* The small copy kernel (context/kcopy.c): its CUfunction, loaded
+     * when a capture began in this context, and the gen it was looked
+     * for in (0: not yet; a NULL kcopy then: unavailable).  NOTE:
+     * guarded by the GIL */
+    void *kcopy;
+    unsigned long kcopy_gen;
     PyObject *weakreflist;
 } cm_context;
 
@@ -616,6 +622,23 @@ cm_capture_unrelax(int saved)
  * event recorded on h would be captured, and a query of h refused.  No
  * driver call.  Any thread. */
 int cm_capture_stream_known(CUstream h);
+
+/* Small copies recorded as kernel nodes while cudamem captures
+ * (context/kcopy.c).  cm_kcopy_max: the largest such copy, bytes (0:
+ * off; CUDAMEM_CAPTURE_KERNEL_COPY_MAX).  cm_kcopy_prepare: load the
+ * kernel into ctx (current) before a capture begins there, where the
+ * switch is on; only on a thread that may make calls a capture forbids
+ * (cm_capture_restricted); never raises (a failure leaves copy nodes).
+ * cm_kcopy_record: record dst <- src, n bytes, on h (a stream cudamem
+ * captures: cm_capture_stream_known) as the kernel when n is within the
+ * switch and the kernel is loaded; a side marked host is cudamem's page-locked memory, whose
+ * device address the driver gives.  1 when recorded, 0 when the caller
+ * makes the copy node, -1 with an exception.  GIL held. */
+size_t cm_kcopy_max(void);
+void cm_kcopy_prepare(cm_context *ctx);
+int cm_kcopy_record(cm_context *ctx, CUdeviceptr dst, int dst_host,
+                    CUdeviceptr src, int src_host, size_t n, CUstream h);
+int cm_kcopy_init(PyObject *mod);
 
 /* Whether cudamem began a capture of ctx's stream h that is in progress
  * (ctx alive): the check of a stream that goes.  No driver call; GIL. */

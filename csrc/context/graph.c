@@ -279,6 +279,12 @@ cm_begin_capture_run(cm_stream *s, int mode, PyObject *pool)
                      (PyObject *)s);
         return NULL;
     }
+    /* Before the capture is claimed and counted, and only where this
+     * thread may make such calls: the kernel's load is a call a capture
+     * would forbid, and it gives up the GIL. */
+    if (!cm_capture_restricted()) {
+        cm_kcopy_prepare(s->ctx);
+    }
     for (slot = 0; slot < CM_CAP_SLOTS; slot++) {
         uintptr_t zero = 0;
 

@@ -379,6 +379,9 @@ cm_stream_register_atexit(PyObject *mod)
 int
 cm_stream_init(PyObject *mod, cm_state *st)
 {
+    if (cm_kcopy_init(mod) < 0) {
+        return -1;
+    }
     st->Stream_type = (PyTypeObject *)PyType_FromModuleAndSpec(
         mod, &cm_stream_spec, NULL);
     if (st->Stream_type == NULL
