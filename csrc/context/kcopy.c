@@ -34,9 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* CUDAMEM_CAPTURE_KERNEL_COPY_MAX, bytes (0: off); _capture_kernel_copy
- * changes it. */
-static _Atomic size_t cm_kcopy_max_bytes;
+/* CUDAMEM_CAPTURE_KERNEL_COPY_MAX, bytes (0: off; 4 KiB by default);
+ * _capture_kernel_copy changes it. */
+static _Atomic size_t cm_kcopy_max_bytes = 4096;
 
 /* Copies recorded as kernels since import. */
 static atomic_size_t cm_kcopy_count;
@@ -217,8 +217,18 @@ cm_kcopy_record(cm_context *ctx, CUdeviceptr dst, int dst_host,
     void *params[3];
     unsigned int blocks;
     CUresult rc;
+    int ord = -1;
 
     if (n == 0 || n > cm_kcopy_max() || ctx->kcopy_gen != ctx->gen) {
+        return 0;
+    }
+    /* The device side must be memory of this context's device (a kernel
+     * reaching another device's memory without peer access would fault
+     * the context; a copy node has no such limit). */
+    if (CM_CU_RAW(PointerGetAttribute,
+                  (&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                   dst_host ? src : dst)) != CUDA_SUCCESS
+        || ord != ctx->device->id) {
         return 0;
     }
     if (dst_host && (dst = cm_kcopy_device_address((uintptr_t)dst)) == 0) {

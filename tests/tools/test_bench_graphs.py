@@ -24,22 +24,22 @@ def test_rows_are_listed(bench):
     assert "ops_graphs" in bench_run.MODULES
     names = [op["name"] for op in ops_graphs.OPS]
     assert names == ["copy 1K pinned, 100 round trips [graph]",
-                     "copy 1K pinned, 100 trips [kernel graph]",
+                     "copy 1K pinned, 100 trips [copy nodes]",
                      "copy 1K registered, 100 trips [graph]",
                      "copy 1K pinned, 100 round trips [eager]"]
     assert max(len(n) for n in names) <= 40
     for op in ops_graphs.OPS:
         assert op["per"] == 2 * ops_graphs.TRIPS == 200
-        # The registered and kernel rows are cudamem's alone (its host
+        # The registered and copy-node rows are cudamem's alone (its host
         # memory, or how it records the copies, is the one thing each
         # changes).
         want = ({"cudamem"} if "registered" in op["name"]
-                or "kernel" in op["name"] else {"cudamem", "cupy", "torch"})
+                or "nodes" in op["name"] else {"cudamem", "cupy", "torch"})
         assert want <= set(op["impls"])
         assert set(op["impls"]) <= set(harness.LIBS)
 
 
-@pytest.mark.parametrize("factory", ["_graph_cm", "_graph_cm_kernel",
+@pytest.mark.parametrize("factory", ["_graph_cm", "_graph_cm_nodes",
                                      "_graph_cm_registered", "_eager"])
 def test_cudamem_columns_round_trip(bench, factory):
     _, ops_graphs, _ = bench
