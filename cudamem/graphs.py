@@ -54,10 +54,12 @@ class Graph:
 
     Made by ``Stream.end_capture()`` or filled by ``with
     cudamem.graph() as g``.  The pointers and values of the captured work
-    are fixed: a replay reads and writes the same memory, so keep the
-    arrays the capture used alive, and change their contents between
-    replays.  ``close()`` destroys it (idempotent); a closed graph, or
-    one whose context was closed or reset, raises ValueError.  Launches
+    are fixed: a replay reads and writes the same memory, so the graph
+    keeps what the capture used through cudamem (the device memory of
+    its arrays, the host arrays of its copies) until it is closed; change
+    their contents between replays.  ``close()`` destroys it
+    (idempotent); a closed graph, or one whose context was closed or
+    reset, raises ValueError.  Launches
     and ``close()`` from several threads are serialised by the graph's
     lock, so that a graph is never destroyed while a launch of it is in
     the driver (the driver orders launches of one graph anyway).
@@ -65,13 +67,17 @@ class Graph:
     closed).
     """
 
-    def __init__(self, _exec=None, _ctx=None, _gen=0, _pool=None):
+    def __init__(self, _exec=None, _ctx=None, _gen=0, _pool=None,
+                 _held=None):
         self._lock = threading.Lock()
         self._exec = _exec
         self._ctx = _ctx
         self._gen = _gen
         self._closed = False
         self.pool = _pool
+        # What the capture used (memory owners, host arrays), kept while
+        # the graph may be replayed.
+        self._held = _held
         # graph(): the side stream made for the block; None otherwise.
         self.stream = None
 
@@ -109,8 +115,10 @@ class Graph:
             x, self._exec = self._exec, None
             if x is not None:
                 _core._graph_destroy(x, self._ctx, self._gen)
-            # The pool's memory may go back once no graph holds it.
+            # The pool's memory may go back once no graph holds it, and
+            # what the capture used once nothing else holds it.
             self.pool = None
+            self._held = None
 
     @property
     def closed(self):
@@ -122,8 +130,10 @@ class Graph:
             self._exec, self._ctx, self._gen = (other._exec, other._ctx,
                                                 other._gen)
             self.pool = other.pool
+            self._held = other._held
             other._exec = None
             other.pool = None
+            other._held = None
             other._closed = True
 
     def __del__(self):

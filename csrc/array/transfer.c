@@ -253,6 +253,11 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     rc = cm_copy_host(&dv, &sv, h, async,
                       cm_da_check(src) ? CM_HOST_OTHER
                                        : cm_host_side(src, self));
+    /* A capture's graph keeps the host memory it copies from. */
+    if (rc == 0 && async && !cm_da_check(src)
+        && cm_capture_keep(h, src) < 0) {
+        rc = -1;
+    }
     if (cm_da_used_on(self, async, h, sobj) < 0
         || (cm_da_check(src)
             && cm_da_used_on((cm_da *)src, async, h, sobj) < 0)) {
@@ -301,7 +306,8 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
         if (self->size > 0) {
             cm_nd_view(res, &dv);
             cm_da_view(self, &sv);
-            if (cm_copy(&dv, &sv, h, async) < 0) {
+            if (cm_copy(&dv, &sv, h, async) < 0
+                || (async && cm_capture_keep(h, (PyObject *)res) < 0)) {
                 Py_DECREF(res);
                 return NULL;
             }
@@ -339,7 +345,8 @@ cm_da_to_new_host(cm_da *self, CUstream h, int async)
     sv.addr = (uintptr_t)self->ptr;
     sv.device = 1;
     if (cm_copy_host(&dv, &sv, h, async,
-                     cm_host_side((PyObject *)res, self)) < 0) {
+                     cm_host_side((PyObject *)res, self)) < 0
+        || (async && cm_capture_keep(h, (PyObject *)res) < 0)) {
         Py_DECREF(res);
         return NULL;
     }
@@ -382,7 +389,8 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
         dv.itemsize = PyDataType_ELSIZE(self->dtype);
         dv.device = 0;
         cm_da_view(self, &sv);
-        if (cm_copy(&dv, &sv, h, async) < 0) {
+        if (cm_copy(&dv, &sv, h, async) < 0
+            || (async && cm_capture_keep(h, ary) < 0)) {
             return NULL;
         }
         return Py_NewRef(ary);
@@ -409,7 +417,8 @@ cm_da_copy_to_host_impl_run(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_nd_view(dst, &dv);
     cm_da_view(self, &sv);
-    if (cm_copy_host(&dv, &sv, h, async, cm_host_side(ary, self)) < 0) {
+    if (cm_copy_host(&dv, &sv, h, async, cm_host_side(ary, self)) < 0
+        || (async && cm_capture_keep(h, ary) < 0)) {
         return NULL;
     }
     return Py_NewRef(ary);

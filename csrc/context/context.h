@@ -623,6 +623,13 @@ cm_capture_unrelax(int saved)
  * driver call.  Any thread. */
 int cm_capture_stream_known(CUstream h);
 
+/* While cudamem captures h (a stream it began capturing): keep o (an
+ * owner of memory work just recorded on h uses) with the capture, so
+ * that the Graph end_capture makes holds it until closed; a no-op for
+ * other streams (one relaxed atomic load when nothing captures).  0, or
+ * -1 with an exception.  GIL held. */
+int cm_capture_keep(CUstream h, PyObject *o);
+
 /* Small copies recorded as kernel nodes while cudamem captures
  * (context/kcopy.c).  cm_kcopy_max: the largest such copy, bytes (0:
  * off; CUDAMEM_CAPTURE_KERNEL_COPY_MAX).  cm_kcopy_prepare: load the

@@ -4,7 +4,8 @@
  * process-wide record of the captures cudamem began (a count, a count of
  * the global-mode ones, the capturing stream handles and each capture's
  * graph pool, opaque here: memory/pool/graph/gpool.c's, in atomics:
- * no lock, read without a driver call on every synchronous path), the
+ * no lock, read without a driver call on every synchronous path; and
+ * what each keeps for its Graph, cm_capture_keep, under the GIL), the
  * Stream methods begin_capture / end_capture / is_capturing, the
  * private functions the Python Graph class (cudamem/graphs.py) calls,
  * and the checks that refuse, with StreamCaptureError and before any
@@ -51,6 +52,12 @@ static void *_Atomic cm_cap_pool[CM_CAP_SLOTS];
 
 static PyObject *cm_cap_pyref[CM_CAP_SLOTS];
 
+/* What each capture used that a replay will touch (cm_capture_keep): a
+ * dict from the object's address to the object (strong; GIL), or NULL;
+ * handed to the Graph at end_capture, dropped when the capture is
+ * forgotten otherwise. */
+static PyObject *cm_cap_held[CM_CAP_SLOTS];
+
 /* How many times each slot was taken, which tells a capture from a
  * later one in the same slot. */
 static atomic_uint cm_cap_use[CM_CAP_SLOTS];
@@ -94,6 +101,31 @@ cm_cap_find(CUstream h)
         }
     }
     return -1;
+}
+
+int
+cm_capture_keep(CUstream h, PyObject *o)
+{
+    PyObject *key;
+    int slot;
+    int r;
+
+    if (o == NULL || o == Py_None || !cm_capture_any()
+        || cm_stream_handle_is_default(h)
+        || (slot = cm_cap_find(h)) < 0) {
+        return 0;
+    }
+    if (cm_cap_held[slot] == NULL
+        && (cm_cap_held[slot] = PyDict_New()) == NULL) {
+        return -1;
+    }
+    key = PyLong_FromVoidPtr(o);
+    if (key == NULL) {
+        return -1;
+    }
+    r = PyDict_SetItem(cm_cap_held[slot], key, o);
+    Py_DECREF(key);
+    return r;
 }
 
 int
@@ -359,9 +391,10 @@ cm_stream_begin_capture(PyObject *self, PyObject *const *args,
 }
 
 /* End s's capture and instantiate its graph: a (exec handle) int, or
- * NULL.  Forgets the capture whatever the driver answers. */
+ * NULL.  Forgets the capture whatever the driver answers; *pool and
+ * *held (new references or NULL): its GraphPool and what it used. */
 static PyObject *
-cm_end_capture_run(cm_stream *s, PyObject **pool)
+cm_end_capture_run(cm_stream *s, PyObject **pool, PyObject **held)
 {
     CUgraph g = NULL;
     CUgraphExec x = NULL;
@@ -372,6 +405,8 @@ cm_end_capture_run(cm_stream *s, PyObject **pool)
     rc = CM_CU_RAW(StreamEndCapture, (s->handle, &g));
     if (slot >= 0 && rc != CUDA_ERROR_ILLEGAL_STATE
         && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+        *held = cm_cap_held[slot];
+        cm_cap_held[slot] = NULL;
         *pool = cm_cap_forget(slot);
         cm_capture_release_held();
     }
@@ -401,24 +436,30 @@ cm_stream_end_capture(PyObject *self, PyObject *unused)
     PyObject *x;
     PyObject *r;
     PyObject *pool = NULL;
+    PyObject *held = NULL;
 
     (void)unused;
     cls = CM_REGISTERED(Graph);
     if (cls == NULL) {
         return NULL;
     }
-    CM_IN_CONTEXT(s->ctx, x, NULL, cm_end_capture_run(s, &pool));
+    CM_IN_CONTEXT(s->ctx, x, NULL, cm_end_capture_run(s, &pool, &held));
     if (!cm_capture_any()) {
         /* Graph pools retired meanwhile give their memory back now. */
         cm_ctx_up.graph_pools_tidy();
     }
     if (x == NULL) {
         Py_XDECREF(pool);
+        Py_XDECREF(held);
         return NULL;
     }
-    r = PyObject_CallFunction(cls, "OOkO", x, (PyObject *)s->ctx,
-                              s->ctx->gen, pool != NULL ? pool : Py_None);
+    /* The graph keeps what its capture used: the memory a replay reads
+     * and writes stays the program's until the graph is closed. */
+    r = PyObject_CallFunction(cls, "OOkOO", x, (PyObject *)s->ctx,
+                              s->ctx->gen, pool != NULL ? pool : Py_None,
+                              held != NULL ? held : Py_None);
     Py_XDECREF(pool);
+    Py_XDECREF(held);
     if (r == NULL) {
         /* The executable graph would be lost: destroy it. */
         PyObject *et, *ev, *tb;
@@ -633,17 +674,20 @@ cm_cap_forget(int slot)
     uintptr_t owner = atomic_load(&cm_cap_owner[slot]);
     int mode = cm_cap_mode[slot];
     PyObject *pool = cm_cap_pyref[slot];
+    PyObject *held = cm_cap_held[slot];
 
     if (h == 0) {
         return NULL;
     }
     atomic_store(&cm_cap_owner[slot], 0);
     cm_cap_pyref[slot] = NULL;
+    cm_cap_held[slot] = NULL;
     atomic_store(&cm_cap_pool[slot], NULL);
     if (cm_cap_thread_slot == slot) {
         cm_cap_thread_slot = -1;
     }
     if (!atomic_compare_exchange_strong(&cm_cap_handle[slot], &h, 0)) {
+        Py_XDECREF(held);
         return pool;
     }
     if (owner == (uintptr_t)&cm_cap_mine && cm_cap_mine > 0) {
@@ -653,6 +697,9 @@ cm_cap_forget(int slot)
         atomic_fetch_sub(&cm_cap_global, 1);
     }
     atomic_fetch_sub(&cm_cap_count, 1);
+    /* Let go of last, the slot consistent: the objects' deallocation
+     * may call back into cudamem. */
+    Py_XDECREF(held);
     return pool;
 }
 

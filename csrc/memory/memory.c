@@ -178,15 +178,25 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
     cm_mem *m;
     cm_uses *u;
     int i;
+    PyObject *given = owner;
 
     if (owner == NULL || !Py_IS_TYPE(owner, cm_st->Mem_type)) {
         /* A view of another device array (as_cuda_array of one). */
         if (owner == NULL || !cm_mem_up.devicearray_owner(owner, &owner)
             || owner == NULL || !Py_IS_TYPE(owner, cm_st->Mem_type)) {
-            return 0;
+            /* Memory cudamem does not manage: a capture's graph keeps
+             * its owner all the same. */
+            return cm_capture_keep(h, given);
         }
     }
     m = (cm_mem *)owner;
+    /* Work recorded in a capture cudamem began: its graph keeps the
+     * memory (a relaxed atomic load when nothing captures), but for a
+     * block of a graph pool, which stays the graphs' while the pool
+     * lives, and once freed serves a later capture sharing the pool. */
+    if (!cm_gpool_handle(m->handle) && cm_capture_keep(h, given) < 0) {
+        return -1;
+    }
     if (!m->mm->ordered || m->freed
         || h == m->stream) {
         return 0;

@@ -161,7 +161,9 @@ typedef struct cm_uses {
  * array's gpu_data: a DeviceAllocation, a device array it views, or
  * anything else) keeps alive.  Only allocations of the pool and async
  * managers made for another stream record it; the others return at
- * once.  GIL held.  0, or -1 with MemoryError. */
+ * once.  While cudamem captures h, the capture keeps owner too
+ * (cm_capture_keep), unless it is a graph pool's block.  GIL held.  0,
+ * or -1 with MemoryError. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
 /* The kinds of queued release (CM_REL_*) are in context/context.h. */

@@ -233,3 +233,59 @@ def test_environment_variable():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "CUDAMEM_CAPTURE_KERNEL_COPY_MAX=lots" in out.stderr
+
+
+@pytest.mark.parametrize("kcopy", [0, MAX])
+def test_graph_keeps_what_its_capture_used(kernel_copies, kcopy):
+    """Arrays dropped after the capture stay the graph's (kernel copies
+    or copy nodes): the pinned pool's trim gives back no block a replay
+    reads or writes, the device memory is not handed to other arrays, and
+    the replays touch nothing else; closing the graph lets them go."""
+    import gc
+    import weakref
+
+    _core._capture_kernel_copy(kcopy)
+    s = cudamem.stream()
+    hin = cudamem.pinned_array(256, np.uint8)
+    hin[:] = 3
+    hout = cudamem.pinned_array(256, np.uint8)
+    d = cudamem.device_array(256, np.uint8)
+    with cudamem.graph(stream=s) as g:
+        d.copy_to_device(hin, stream=s)
+        d.copy_to_host(hout, stream=s)
+    refs = [weakref.ref(x) for x in (hin, hout, d.gpu_data)]
+    del hin, hout, d
+    gc.collect()
+    assert all(r() is not None for r in refs)
+    cudamem.pinned_pool_trim()
+    other = [cudamem.device_array(256, np.uint8) for _ in range(8)]
+    pins = [cudamem.pinned_array(256, np.uint8) for _ in range(8)]
+    for o, p in zip(other, pins, strict=True):
+        o.copy_to_device(np.full(256, 7, np.uint8))
+        p[:] = 9
+    for _ in range(3):
+        g.replay(s)
+        s.synchronize()
+    assert (refs[1]() == 3).all()
+    for o, p in zip(other, pins, strict=True):
+        assert (o.copy_to_host() == 7).all()
+        assert (p == 9).all()
+    g.close()
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_a_failed_capture_lets_go(kernel_copies):
+    import gc
+    import weakref
+
+    s = cudamem.stream()
+    h = cudamem.pinned_array(64, np.uint8)
+    d = cudamem.device_array(64, np.uint8)
+    ref = weakref.ref(d.gpu_data)
+    s.begin_capture()
+    d.copy_to_device(h, stream=s)
+    s.end_capture().close()
+    del d
+    gc.collect()
+    assert ref() is None
