@@ -289,3 +289,37 @@ def test_a_failed_capture_lets_go(kernel_copies):
     del d
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.multi_gpu
+def test_kernel_copies_on_the_second_device(kernel_copies):
+    """A capture on device 1 records its small copies as kernels in
+    device 1's context (the kernel loaded there; the device side's
+    ordinal is 1), and pinned memory made on device 0 (not portable)
+    keeps copy nodes there, both replaying right."""
+    with cudamem.gpus[0]:
+        h0 = cudamem.pinned_array(64, np.uint8)
+    with cudamem.gpus[1]:
+        s = cudamem.stream()
+        h = cudamem.pinned_array(64, np.uint8)
+        out = cudamem.pinned_array(64, np.uint8)
+        d = cudamem.device_array(64, np.uint8)
+        before = _count()
+        with cudamem.graph(stream=s) as g:
+            d.copy_to_device(h, stream=s)
+            d.copy_to_host(out, stream=s)
+        assert _count() - before == 2
+        with cudamem.graph(stream=s) as g0:
+            d.copy_to_device(h0, stream=s)
+        assert _count() - before == 2
+        for k in range(3):
+            h[:] = k + 1
+            g.replay(s)
+            s.synchronize()
+            assert (out == k + 1).all()
+        h0[:] = 42
+        g0.replay(s)
+        s.synchronize()
+        assert (d.copy_to_host() == 42).all()
+        g.close()
+        g0.close()
