@@ -86,18 +86,9 @@ def _graph_cm_nodes(cm):
     # CUDAMEM_CAPTURE_KERNEL_COPY_MAX off for this capture only).
     old, _ = cm._core._capture_kernel_copy(0)
     try:
-        h, out, d = _buffers(cm)
-        with cm.graph() as g:
-            _trips(h, out, d, g.stream)
+        return _graph_cm(cm)
     finally:
         cm._core._capture_kernel_copy(old)
-    s = g.stream
-
-    def run():
-        g.replay(s)
-        s.synchronize()
-    run.keep = (g, h, out, d)
-    return _checked(run, out)
 
 
 def _graph_cm_registered(cm):
