@@ -4,10 +4,12 @@ an A/B that does not depend on the machine's noise.
 Each tree's statement runs under valgrind's callgrind twice, N0 and N1
 times, on the simulator (by default) and with one BLAS thread; the
 difference of the two runs over N1 - N0 is the cost of one call, start-up
-and set-up taken out.  Printed per call: the whole program, cudamem's C
-(the self cost of every function in the extension) and the inclusive cost
-of each of cudamem's functions (``cm_*``) that either tree spends at
-least --min instructions a call in, with B - A.
+and set-up taken out.  Every run has the hash seed 0 (``--env
+PYTHONHASHSEED=...`` sets another), so that start-up is the same in both.
+Printed per call: the whole program, cudamem's C (the self cost of every
+function in the extension) and the inclusive cost of each of cudamem's
+functions (``cm_*``) that either tree spends at least --min instructions
+a call in, with B - A.
 
     python tools/ab_instr.py .ab-base . \\
         --setup "import numpy as np; f = np.float32" \\
@@ -120,7 +122,11 @@ def profile(tree, setup, stmt, n, env, work):
 def start(tree, a, pool, work):
     """Tree's two runs (N0 and N1 calls), handed to pool; their files
     go to the folder work."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    # One hash seed for every run: with Python's random one, the start-up
+    # and set-up of two runs differ by up to a few hundred thousand
+    # instructions, more than 200 calls of a small statement cost.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONHASHSEED="0")
     if a.simulator:
         env["CUDAMEM_SIMULATOR"] = "1"
     else:

@@ -45,7 +45,11 @@ def test_a_tree_against_itself():
     # is part of them.
     a, b, d = rows["cudamem's C (self)"]
     assert a > 100 and abs(d) <= 0.02 * a
-    assert rows["the whole program"][0] > a
+    # The whole program: more than the extension, and the same in both
+    # runs (one hash seed for all of them; with Python's random seed the
+    # start-up alone differed by more than 200 calls cost).
+    w, wb, wd = rows["the whole program"]
+    assert w > a and abs(wd) <= 0.02 * w
     # Its functions, by name where the build keeps their symbols (the
     # installed wheel's is stripped: the tool says so).
     if "stripped" in p.stdout.splitlines()[-1]:
