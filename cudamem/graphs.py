@@ -49,6 +49,27 @@ class GraphPool:
             st["reserved_bytes"], st["live_blocks"])
 
 
+# Graphs closed while a capture forbade their thread to wait for their
+# last launch: (event, context, generation, what they kept), settled by
+# the next Graph made (each capture's end makes one) or closed.
+_unsettled = []
+_unsettled_lock = threading.Lock()
+
+
+def _settle_unsettled():
+    with _unsettled_lock:
+        left = []
+        for u in _unsettled:
+            try:
+                if not _core._graph_settle(u[0], u[1], u[2], True):
+                    left.append(u)
+            except Exception:
+                # The context's work failed (an error the context keeps):
+                # nothing of it runs any more, so nothing to wait for.
+                pass
+        _unsettled[:] = left
+
+
 class Graph:
     """An instantiated CUDA graph, ready to launch.
 
@@ -56,19 +77,25 @@ class Graph:
     cudamem.graph() as g``.  The pointers and values of the captured work
     are fixed: a replay reads and writes the same memory, so the graph
     keeps what the capture used through cudamem (the device memory of
-    its arrays, the host arrays of its copies) until it is closed; change
-    their contents between replays.  ``close()`` destroys it
-    (idempotent); a closed graph, or one whose context was closed or
-    reset, raises ValueError.  Launches
-    and ``close()`` from several threads are serialised by the graph's
+    its arrays, the host arrays of its copies, its graph pool) until it
+    is closed; change their contents between replays.  ``close()``
+    waits for the graph's last launch to finish, then destroys it and
+    lets go of that memory (idempotent); where a capture forbids the
+    calling thread to wait, the memory is let go once a later graph is
+    made or closed after the capture.  A closed graph, or one whose
+    context was closed or reset, raises ValueError.  Launches and
+    ``close()`` from several threads are serialised by the graph's
     lock, so that a graph is never destroyed while a launch of it is in
-    the driver (the driver orders launches of one graph anyway).
-    ``pool`` is the ``GraphPool`` its capture allocated from (None once
-    closed).
+    the driver (the driver orders launches of one graph anyway).  A
+    launch into a stream cudamem captures is kept by that capture's
+    graph.  ``pool`` is the ``GraphPool`` its capture allocated from
+    (None once closed).
     """
 
     def __init__(self, _exec=None, _ctx=None, _gen=0, _pool=None,
-                 _held=None):
+                 _held=None, _done=None):
+        if _unsettled:
+            _settle_unsettled()
         self._lock = threading.Lock()
         self._exec = _exec
         self._ctx = _ctx
@@ -78,6 +105,12 @@ class Graph:
         # What the capture used (memory owners, host arrays), kept while
         # the graph may be replayed.
         self._held = _held
+        # What a capture the graph is launched into keeps, and the event
+        # each launch records after itself (close() waits for it, if one
+        # was: not for launches recorded into a capture).
+        self._keep = (_held, _pool)
+        self._done = _done
+        self._launched = False
         # graph(): the side stream made for the block; None otherwise.
         self.stream = None
 
@@ -92,8 +125,9 @@ class Graph:
         """Launch the graph on ``stream`` (None: the default stream)."""
         with self._lock:
             self._check()
-            _core._graph_launch(self._exec, self._ctx, self._gen, stream,
-                                False)
+            if _core._graph_launch(self._exec, self._ctx, self._gen,
+                                   stream, False, self._done, self._keep):
+                self._launched = True
 
     def replay(self, stream=None):
         """Alias of ``launch``, as PyTorch names it."""
@@ -104,21 +138,34 @@ class Graph:
         with self._lock:
             self._check()
             _core._graph_launch(self._exec, self._ctx, self._gen, stream,
-                                True)
+                                True, self._done, self._keep)
 
     def close(self):
-        """Destroy the graph; later uses raise ValueError."""
+        """Wait for the graph's last launch, destroy the graph and let go
+        of what it kept; later uses raise ValueError."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             x, self._exec = self._exec, None
-            if x is not None:
-                _core._graph_destroy(x, self._ctx, self._gen)
-            # The pool's memory may go back once no graph holds it, and
-            # what the capture used once nothing else holds it.
-            self.pool = None
-            self._held = None
+            done, self._done = self._done, None
+            # What the pool and the capture's objects must outlive: the
+            # launches.  The pool's memory may go back once no graph
+            # holds it, and what the capture used once nothing else does.
+            kept = (self._keep, self.pool, self._held)
+            self._keep = self.pool = self._held = None
+            try:
+                if done is not None and not _core._graph_settle(
+                        done, self._ctx, self._gen, self._launched):
+                    with _unsettled_lock:
+                        _unsettled.append((done, self._ctx, self._gen,
+                                           kept))
+            finally:
+                if x is not None:
+                    _core._graph_destroy(x, self._ctx, self._gen)
+        del kept
+        if _unsettled:
+            _settle_unsettled()
 
     @property
     def closed(self):
@@ -131,9 +178,14 @@ class Graph:
                                                 other._gen)
             self.pool = other.pool
             self._held = other._held
+            self._keep = other._keep
+            self._done = other._done
+            self._launched = other._launched
             other._exec = None
             other.pool = None
             other._held = None
+            other._keep = None
+            other._done = None
             other._closed = True
 
     def __del__(self):

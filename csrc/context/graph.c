@@ -23,9 +23,10 @@
  * without).  Which thread began a capture is kept per slot, and a count
  * of its own in a thread-local variable.  The GIL is released around
  * cuGraphInstantiateWithFlags (the capture already forgotten),
- * cuGraphUpload and cuGraphLaunch (CM_CU_NOGIL), which touch no Python
- * object and no slot, and around any driver call while Python callbacks
- * are in flight (CM_CU, CM_CU_RAW).
+ * cuGraphUpload, cuGraphLaunch and the wait of close() for the last
+ * launch's event (CM_CU_NOGIL), which touch no Python object and no
+ * slot, and around any driver call while Python callbacks are in flight
+ * (CM_CU, CM_CU_RAW).
  */
 #include "context/stream.h"
 
@@ -390,14 +391,17 @@ cm_stream_begin_capture(PyObject *self, PyObject *const *args,
     return r;
 }
 
-/* End s's capture and instantiate its graph: a (exec handle) int, or
- * NULL.  Forgets the capture whatever the driver answers; *pool and
- * *held (new references or NULL): its GraphPool and what it used. */
+/* End s's capture and instantiate its graph: (exec handle, event
+ * handle) ints, or NULL.  Forgets the capture whatever the driver
+ * answers; *pool and *held (new references or NULL): its GraphPool and
+ * what it used. */
 static PyObject *
 cm_end_capture_run(cm_stream *s, PyObject **pool, PyObject **held)
 {
     CUgraph g = NULL;
     CUgraphExec x = NULL;
+    CUevent done = NULL;
+    PyObject *r;
     CUresult rc;
     int slot = cm_cap_find(s->handle);
     int err;
@@ -425,7 +429,19 @@ cm_end_capture_run(cm_stream *s, PyObject **pool, PyObject **held)
     if (err < 0) {
         return NULL;
     }
-    return PyLong_FromVoidPtr((void *)x);
+    /* The event each launch records after itself, which close() waits
+     * for (cm_graph_settle). */
+    if (CM_CU(EventCreate, (&done, CU_EVENT_DISABLE_TIMING)) < 0) {
+        (void)CM_CU_RAW(GraphExecDestroy, (x));
+        return NULL;
+    }
+    r = Py_BuildValue("NN", PyLong_FromVoidPtr((void *)x),
+                      PyLong_FromVoidPtr((void *)done));
+    if (r == NULL) {
+        (void)CM_CU_RAW(GraphExecDestroy, (x));
+        (void)CM_CU_RAW(EventDestroy, (done));
+    }
+    return r;
 }
 
 PyObject *
@@ -455,20 +471,27 @@ cm_stream_end_capture(PyObject *self, PyObject *unused)
     }
     /* The graph keeps what its capture used: the memory a replay reads
      * and writes stays the program's until the graph is closed. */
-    r = PyObject_CallFunction(cls, "OOkOO", x, (PyObject *)s->ctx,
-                              s->ctx->gen, pool != NULL ? pool : Py_None,
-                              held != NULL ? held : Py_None);
+    r = PyObject_CallFunction(cls, "OOkOOO", PyTuple_GET_ITEM(x, 0),
+                              (PyObject *)s->ctx, s->ctx->gen,
+                              pool != NULL ? pool : Py_None,
+                              held != NULL ? held : Py_None,
+                              PyTuple_GET_ITEM(x, 1));
     Py_XDECREF(pool);
     Py_XDECREF(held);
     if (r == NULL) {
         /* The executable graph would be lost: destroy it. */
         PyObject *et, *ev, *tb;
         CUgraphExec h;
+        CUevent e;
 
         PyErr_Fetch(&et, &ev, &tb);
-        h = (CUgraphExec)PyLong_AsVoidPtr(x);
+        h = (CUgraphExec)PyLong_AsVoidPtr(PyTuple_GET_ITEM(x, 0));
+        e = (CUevent)PyLong_AsVoidPtr(PyTuple_GET_ITEM(x, 1));
         if (h != NULL) {
             (void)CM_CU_RAW(GraphExecDestroy, (h));
+        }
+        if (e != NULL) {
+            (void)CM_CU_RAW(EventDestroy, (e));
         }
         PyErr_Clear();
         PyErr_Restore(et, ev, tb);
@@ -540,36 +563,97 @@ cm_graph_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
     return 0;
 }
 
+/* Whether a launch on h (of stream object obj) is recorded into a
+ * capture: a capture cudamem began (its slot in *slot), or, on an
+ * external stream or the per-thread default stream, one another library
+ * began (a driver call, on those streams only, as is_capturing() asks).
+ * -1 on error. */
+static int
+cm_graph_launch_captured(PyObject *obj, CUstream h, int *slot)
+{
+    CUstreamCaptureStatus st;
+
+    *slot = cm_capture_any() ? cm_cap_find(h) : -1;
+    if (*slot >= 0) {
+        return 1;
+    }
+    if (h == NULL || h == CU_STREAM_LEGACY) {
+        return 0;                    /* the legacy stream never captures */
+    }
+    if (cm_stream_check(obj)
+        && ((cm_stream *)obj)->kind != CM_STREAM_EXTERNAL
+        && !cm_stream_handle_is_default(h)) {
+        return 0;                    /* one of cudamem's: the slots say */
+    }
+    if (CM_CU(StreamIsCapturing, (h, &st)) < 0) {
+        return -1;
+    }
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static PyObject *
-cm_graph_launch_run(CUgraphExec x, CUstream h, int upload)
+cm_graph_launch_run(CUgraphExec x, CUstream h, int upload, CUevent done,
+                    PyObject *obj, PyObject *keep)
 {
     int err;
+    int captured;
+    int slot;
 
     if (upload) {
         CM_CU_NOGIL(err, GraphUpload, (x, h));
+        if (err < 0) {
+            return NULL;
+        }
+        Py_RETURN_FALSE;
     }
-    else {
-        CM_CU_NOGIL(err, GraphLaunch, (x, h));
+    captured = cm_graph_launch_captured(obj, h, &slot);
+    if (captured < 0) {
+        return NULL;
     }
+    CM_CU_NOGIL(err, GraphLaunch, (x, h));
     if (err < 0) {
         return NULL;
     }
-    Py_RETURN_NONE;
+    if (captured) {
+        /* A capture records the launch as a copy of the graph: the
+         * capture keeps what the graph keeps (its Graph then holds them
+         * past this graph's close()); no event, which would join the
+         * capture. */
+        if (slot >= 0 && cm_capture_keep(h, keep) < 0) {
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    /* After the launch, for close() to wait on (launches of one graph
+     * run one after another: the last one's end is all of theirs). */
+    if (CM_CU(EventRecord, (done, h)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_TRUE;
 }
 
-/* _graph_launch(exec, ctx, gen, stream, upload) */
+/* _graph_launch(exec, ctx, gen, stream, upload, done, keep): whether
+ * the event done was recorded after the launch. */
 PyObject *
 cm_graph_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     CUgraphExec x;
     cm_context *ctx;
     CUstream h = NULL;
+    CUevent done;
     PyObject *r;
     int upload;
 
     (void)mod;
-    if (cm_graph_args(args, nargs, 5, &x, &ctx) < 0
+    if (cm_graph_args(args, nargs, 7, &x, &ctx) < 0
         || (upload = PyObject_IsTrue(args[4])) < 0) {
+        return NULL;
+    }
+    done = (CUevent)PyLong_AsVoidPtr(args[5]);
+    if (done == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "the graph has no event");
+        }
         return NULL;
     }
     if (args[3] != Py_None) {
@@ -590,7 +674,65 @@ cm_graph_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                < 0) {
         return NULL;
     }
-    CM_IN_CONTEXT(ctx, r, NULL, cm_graph_launch_run(x, h, upload));
+    CM_IN_CONTEXT(ctx, r, NULL,
+                  cm_graph_launch_run(x, h, upload, done, args[3],
+                                      args[6]));
+    return r;
+}
+
+static PyObject *
+cm_graph_settle_run(CUevent done, int launched)
+{
+    int err;
+    int relaxed;
+
+    if (launched) {
+        if (cm_capture_restricted()) {
+            /* A capture cudamem began forbids this thread the wait:
+             * later. */
+            Py_RETURN_FALSE;
+        }
+        /* In the relaxed mode: a global-mode capture another library
+         * began, which cudamem does not know of, is not invalidated by
+         * a wait for an event it has nothing to do with. */
+        cm_capture_relax_always(&relaxed);
+        CM_CU_NOGIL(err, EventSynchronize, (done));
+        cm_capture_unrelax(relaxed);
+        if (err < 0) {
+            return NULL;
+        }
+    }
+    if (CM_CU(EventDestroy, (done)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* _graph_settle(done, ctx, gen, launched): wait for the graph's last
+ * launch (if launched) and destroy its event.  False, doing nothing,
+ * where a capture forbids this thread the wait; True once done, or when
+ * the context is gone (its work and events with it). */
+PyObject *
+cm_graph_settle(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    CUgraphExec done;
+    cm_context *ctx;
+    PyObject *r;
+    int launched;
+
+    (void)mod;
+    if (cm_graph_args(args, nargs, 4, &done, &ctx) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+            PyErr_Clear();
+            Py_RETURN_TRUE;
+        }
+        return NULL;
+    }
+    if ((launched = PyObject_IsTrue(args[3])) < 0) {
+        return NULL;
+    }
+    CM_IN_CONTEXT(ctx, r, NULL,
+                  cm_graph_settle_run((CUevent)done, launched));
     return r;
 }
 
@@ -601,8 +743,10 @@ cm_graph_destroy_run(CUgraphExec x)
     int relaxed;
 
     /* The H200 refuses it while a capture forbids unsafe calls: made in
-     * the relaxed capture mode then (it joins no capture). */
-    cm_capture_relax(&relaxed);
+     * the relaxed capture mode (it joins no capture), always, since a
+     * capture another library began in global mode forbids it too and
+     * cudamem does not know of that one. */
+    cm_capture_relax_always(&relaxed);
     rc = CM_CU_RAW(GraphExecDestroy, (x));
     cm_capture_unrelax(relaxed);
     if (cm_cu_check(rc, "cuGraphExecDestroy") < 0) {

@@ -158,6 +158,9 @@ PyObject *cm_graph_launch(PyObject *mod, PyObject *const *args,
 PyObject *cm_graph_destroy(PyObject *mod, PyObject *const *args,
                            Py_ssize_t nargs);
 
+PyObject *cm_graph_settle(PyObject *mod, PyObject *const *args,
+                          Py_ssize_t nargs);
+
 PyObject *cm_capture_counts(PyObject *mod, PyObject *unused);
 
 /* Docstrings of functions whose tables live in another file. */

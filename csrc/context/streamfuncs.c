@@ -331,13 +331,22 @@ static PyMethodDef cm_stream_functions[] = {
      cm_set_stream_cache_size_doc},
     {"_graph_launch", (PyCFunction)(void (*)(void))cm_graph_launch,
      METH_FASTCALL,
-     "_graph_launch(exec, ctx, gen, stream, upload, /)\n--\n\n"
+     "_graph_launch(exec, ctx, gen, stream, upload, done, keep, /)\n"
+     "--\n\n"
      "cuGraphLaunch (or cuGraphUpload) of exec on stream (None: the "
-     "default stream); for cudamem.Graph."},
+     "default stream), then the event done recorded after it (True), or, "
+     "on a stream a capture records, not (False; a cudamem capture keeps "
+     "keep); for cudamem.Graph."},
     {"_graph_destroy", (PyCFunction)(void (*)(void))cm_graph_destroy,
      METH_FASTCALL,
      "_graph_destroy(exec, ctx, gen, /)\n--\n\n"
      "cuGraphExecDestroy, unless the context is gone; for cudamem.Graph."},
+    {"_graph_settle", (PyCFunction)(void (*)(void))cm_graph_settle,
+     METH_FASTCALL,
+     "_graph_settle(done, ctx, gen, launched, /)\n--\n\n"
+     "Wait for the event done (if launched) and destroy it: False, doing "
+     "nothing, where a capture forbids this thread the wait; for "
+     "cudamem.Graph."},
     {"_capture_counts", cm_capture_counts, METH_NOARGS,
      "_capture_counts($module, /)\n--\n\n"
      "(captures, global-mode captures) cudamem began and has not ended "

@@ -161,6 +161,128 @@ def test_memory_goes_back_once_nothing_holds_the_pool(mctx):
     assert reserved() == before
 
 
+def _gated(stream, seconds):
+    """Hold stream's later work back until a timer opens the gate after
+    seconds (a host function waits for it); the timer, to join."""
+    import threading
+
+    gate = threading.Event()
+    stream.add_callback(lambda s, status, arg: gate.wait(30), None)
+    timer = threading.Timer(seconds, gate.set)
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("where", ["arrays", "graph pool"])
+def test_close_waits_for_a_launch_still_running(mctx, where):
+    """close() right after a launch on another stream than the capture's,
+    the launch held back: close() returns once the launch has run, so
+    the memory the graph writes (its arrays', its graph pool's) goes to
+    other work only then, and new arrays keep what they were given."""
+    s, s2, s3 = cudamem.stream(), cudamem.stream(), cudamem.stream()
+    hin = cudamem.pinned_array(N, np.float32)
+    hin[:] = 3
+    hout = cudamem.pinned_array(N, np.float32)
+    hout[:] = 0
+    d = None
+    if where == "arrays":
+        d = cudamem.device_array(N, np.float32, stream=s2)
+    with cudamem.graph(stream=s) as g:
+        if d is None:
+            d = cudamem.device_array(N, np.float32, stream=s)
+        d.copy_to_device(hin, stream=s)
+        d.copy_to_host(hout, stream=s)
+    timer = _gated(s3, 0.3)
+    g.launch(s3)
+    g.close()
+    # No synchronisation: close() waited for the launch.
+    assert not timer.is_alive()
+    assert (hout == 3).all()
+    del d, g
+    flush(mctx)
+    news = [cudamem.device_array(N, np.float32, stream=s2)
+            for _ in range(16)]
+    for e in news:
+        e.copy_to_device(np.full(N, 7, np.float32), stream=s2)
+    s2.synchronize()
+    s3.synchronize()
+    for e in news:
+        assert (e.copy_to_host() == 7).all()
+
+
+def test_close_of_a_graph_never_launched_does_not_wait(mctx):
+    """A graph never launched has nothing to wait for: close() returns
+    while its capture stream is still held back."""
+    s = cudamem.stream()
+    h = cudamem.pinned_array(N, np.float32)
+    d = cudamem.device_array(N, np.float32)
+    with cudamem.graph(stream=s) as g:
+        d.copy_to_device(h, stream=s)
+    timer = _gated(s, 0.3)
+    g.close()
+    assert timer.is_alive()
+    timer.join()
+    s.synchronize()
+
+
+def test_close_during_a_capture_lets_go_after_it(mctx):
+    """A graph closed, its launch still held back, while a global-mode
+    capture forbids the thread to wait: what it kept stays held through
+    the capture, and goes once the capture has ended (the next graph
+    made waits for the launch then)."""
+    import weakref
+
+    s, s3 = cudamem.stream(), cudamem.stream()
+    h = cudamem.pinned_array(N, np.float32)
+    d = cudamem.device_array(N, np.float32)
+    with cudamem.graph() as g:
+        d.copy_to_device(h, stream=g.stream)
+    ref = weakref.ref(d.gpu_data)
+    del d
+    timer = _gated(s3, 0.3)
+    g.launch(s3)
+    s.begin_capture()
+    g.close()                         # may not wait here
+    del g
+    flush(mctx)
+    assert ref() is not None
+    g2 = s.end_capture()              # waits for the launch, lets go
+    assert not timer.is_alive()
+    gc.collect()
+    assert ref() is None
+    g2.close()
+
+
+def test_a_graph_launched_into_a_capture_is_kept_by_it(mctx):
+    """A graph launched into a stream cudamem captures: the new graph
+    replays it, and keeps what it used after the first one is closed."""
+    import weakref
+
+    hin = cudamem.pinned_array(N, np.float32)
+    hout = cudamem.pinned_array(N, np.float32)
+    d = cudamem.device_array(N, np.float32)
+    with cudamem.graph() as g1:
+        d.copy_to_device(hin, stream=g1.stream)
+        d.copy_to_host(hout, stream=g1.stream)
+    refs = [weakref.ref(x) for x in (d.gpu_data, hin, hout)]
+    del d, hin, hout
+    with cudamem.graph() as g2:
+        g1.launch(g2.stream)
+    g1.close()
+    del g1
+    flush(mctx)
+    assert all(r() is not None for r in refs)
+    for k in range(3):
+        refs[1]()[:] = k
+        g2.replay(g2.stream)
+        g2.stream.synchronize()
+        assert (refs[2]() == k).all()
+    g2.close()
+    del g2
+    flush(mctx)
+    assert all(r() is None for r in refs)
+
+
 def test_retirement_waits_while_a_capture_is_in_progress(mctx):
     s = cudamem.stream()
     h = cudamem.pinned_array(16, np.float32)
@@ -245,8 +367,10 @@ def test_random_programs(mgr):
     """Seeded random programs: captures (some sharing a pool) that
     allocate, copy a host input through device arrays and back, frees of
     the captured arrays, eager allocations written with garbage, replays
-    in any order and closes.  Every replay's output matches its input,
-    and no eager allocation overlaps memory a live graph pool holds."""
+    in any order, launches on any stream closed at once, and closes.
+    Every replay's output matches its input (a closed launch's when
+    close() returns), no eager allocation overlaps memory a live graph
+    pool holds, and eager arrays keep what they were given."""
     with manager_context(mgr) as ctx:
         for seed in range(300):
             try:
@@ -265,11 +389,11 @@ def _random_program(ctx, seed):
     graphs = []
     held = []            # captured arrays the program still holds
     eager = []
-    streams = [cudamem.stream() for _ in range(2)]
+    streams = [cudamem.stream() for _ in range(3)]
     for _ in range(30):
-        op = rng.integers(6)
+        op = rng.integers(7)
         if op == 0 or not graphs:
-            s = streams[rng.integers(2)]
+            s = streams[rng.integers(len(streams))]
             pool = None
             spans = []
             if graphs and rng.random() < 0.5:
@@ -314,6 +438,19 @@ def _random_program(ctx, seed):
             gr[0].close()
         elif op == 5:
             flush(ctx, collect=False)
+        elif op == 6 and len(graphs) > 1:
+            # Launched on any stream, closed at once with no
+            # synchronisation: close() waits for the launch.
+            g, s, hin, hout, _ = graphs.pop(rng.integers(len(graphs)))
+            hin[:] = rng.standard_normal(hin.size)
+            g.launch(streams[rng.integers(len(streams))])
+            g.close()
+            assert np.array_equal(hout, hin), \
+                "close() returned before the launch ended"
+    for e in eager:
+        # What eager arrays were given, no launch wrote over it.
+        assert (e.copy_to_host() == 0xAB).all(), \
+            "an eager array's contents changed"
     for gr in graphs:
         g, s, hin, hout, _ = gr
         hin[:] = rng.standard_normal(hin.size)
@@ -440,7 +577,8 @@ def test_cupy_captures_with_memory_from_cudamem(mgr):
                     g.launch(stream=s)
                 s.synchronize()
                 junk = [cupy.full(n, -1.0, dtype=cupy.float32)
-                        for _ in range(4)]
+                        for _ in range(64)]
+    print("reused", old in [ptr(e) for e in news])
                 for j in junk:
                     a = (j.data.ptr, j.data.ptr + j.nbytes)
                     res["overlap"] |= any(a[0] < b[1] and b[0] < a[1]

@@ -174,6 +174,58 @@ def test_external_stream_capture_seen():
         _core._raw_stream_destroy(h)
 
 
+def test_graph_launched_into_a_capture_another_library_began(setup):
+    """A graph launched into a global-mode capture another library began
+    (raw driver calls here): recorded there, its close() waits for no
+    event (a wait would invalidate that capture), and the other
+    library's graph replays it."""
+    s, hin, hout, d, d2 = setup
+    with cudamem.graph() as g1:
+        d.copy_to_device(hin, stream=g1.stream)
+        d2.copy_to_device(d, stream=g1.stream)
+        d2.copy_to_host(hout, stream=g1.stream)
+    h = _core._raw_stream_create(1)
+    try:
+        ext = cudamem.external_stream(h)
+        _core._raw_begin_capture(h, 0)
+        g1.launch(ext)
+        g1.close()
+        assert ext.is_capturing()
+        g2 = ext.end_capture()
+        for k in range(3):
+            hin[:] = np.arange(N) * (k + 2)
+            g2.launch(ext)
+            _core._raw_stream_synchronize(h)
+            np.testing.assert_array_equal(hout, hin)
+        g2.close()
+    finally:
+        _core._raw_stream_destroy(h)
+
+
+def test_close_waits_in_the_relaxed_mode_beside_another_librarys_capture(
+        setup):
+    """A graph launched on a stream of its own and closed while another
+    library captures in global mode: close() waits for the launch
+    without invalidating that capture."""
+    s, hin, hout, d, d2 = setup
+    with cudamem.graph() as g1:
+        d.copy_to_device(hin, stream=g1.stream)
+        d.copy_to_host(hout, stream=g1.stream)
+    hin[:] = 5
+    g1.launch(s)
+    h = _core._raw_stream_create(1)
+    try:
+        ext = cudamem.external_stream(h)
+        _core._raw_begin_capture(h, 0)
+        d2.copy_to_device(d, stream=ext)
+        g1.close()
+        assert (hout == 5).all()
+        assert ext.is_capturing()
+        ext.end_capture().close()
+    finally:
+        _core._raw_stream_destroy(h)
+
+
 @pytest.mark.parametrize("flags", [0, 1], ids=["blocking", "non_blocking"])
 def test_work_on_a_capture_another_library_began(setup, flags):
     # Another library (raw driver calls here, as CuPy's do) captures its
