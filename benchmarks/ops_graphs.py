@@ -18,6 +18,9 @@ registered (``cudamem.pinned``) instead of its page-locked arrays.
 synchronize (no driver column: ctypes' cost per call would be most of
 it).  Both rows read per copy: each time is the timed call's divided by
 200 (the operation's ``per``).
+``[graph launch]``: a graph of one round trip replayed and synchronized,
+per replay: what a launch costs beside its work (cudamem's records an
+event after each launch, which ``close()`` waits for).
 
 Each factory checks once, before it is timed, that the bytes came back.
 """
@@ -62,16 +65,16 @@ def _buffers(cuda):
     return h, out, cuda.device_array(NBYTES, np.uint8)
 
 
-def _trips(h, out, d, s):
-    for _ in range(TRIPS):
+def _trips(h, out, d, s, n=TRIPS):
+    for _ in range(n):
         d.copy_to_device(h, stream=s)
         d.copy_to_host(out, stream=s)
 
 
-def _graph_cm(cm):
+def _graph_cm(cm, n=TRIPS):
     h, out, d = _buffers(cm)
     with cm.graph() as g:
-        _trips(h, out, d, g.stream)
+        _trips(h, out, d, g.stream, n)
     s = g.stream
 
     def run():
@@ -130,7 +133,7 @@ def _eager(cuda):
 
 # CuPy --------------------------------------------------------------------
 
-def _cupy_setup(cp):
+def _cupy_setup(cp, n=TRIPS):
     import cupyx
 
     h = cupyx.empty_pinned((NBYTES,), np.uint8)
@@ -143,14 +146,14 @@ def _cupy_setup(cp):
     src, dst, dev = h.ctypes.data, out.ctypes.data, d.data.ptr
 
     def trips():
-        for _ in range(TRIPS):
+        for _ in range(n):
             rt.memcpyAsync(dev, src, NBYTES, rt.memcpyHostToDevice, s.ptr)
             rt.memcpyAsync(dst, dev, NBYTES, rt.memcpyDeviceToHost, s.ptr)
     return (h, out, d), s, trips
 
 
-def _graph_cupy(cp):
-    keep, s, trips = _cupy_setup(cp)
+def _graph_cupy(cp, n=TRIPS):
+    keep, s, trips = _cupy_setup(cp, n)
     s.begin_capture()
     try:
         trips()
@@ -176,20 +179,20 @@ def _eager_cupy(cp):
 
 # PyTorch -----------------------------------------------------------------
 
-def _torch_setup(torch):
+def _torch_setup(torch, n=TRIPS):
     h = torch.from_numpy(PATTERN.copy()).pin_memory()
     out = torch.zeros(NBYTES, dtype=torch.uint8, pin_memory=True)
     d = torch.empty(NBYTES, dtype=torch.uint8, device="cuda")
 
     def trips():
-        for _ in range(TRIPS):
+        for _ in range(n):
             d.copy_(h, non_blocking=True)
             out.copy_(d, non_blocking=True)
     return (h, out, d), torch.cuda.Stream(), trips
 
 
-def _graph_torch(torch):
-    keep, s, trips = _torch_setup(torch)
+def _graph_torch(torch, n=TRIPS):
+    keep, s, trips = _torch_setup(torch, n)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         trips()
@@ -215,7 +218,7 @@ def _eager_torch(torch):
 
 # the bare driver, through ctypes (cudamem's context is current) ----------
 
-def _graph_driver(core):
+def _graph_driver(core, n=TRIPS):
     cu = _libcuda()
     vp, sz, u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64
     pvp = ctypes.POINTER(vp)
@@ -240,7 +243,7 @@ def _graph_driver(core):
     ok(cu.cuStreamCreate(ctypes.byref(s), 1), "cuStreamCreate")
     ok(cu.cuStreamBeginCapture_v2(s, 0), "cuStreamBeginCapture")  # global
     try:
-        for _ in range(TRIPS):
+        for _ in range(n):
             ok(cu.cuMemcpyHtoDAsync_v2(d, h, NBYTES, s), "cuMemcpyHtoDAsync")
             ok(cu.cuMemcpyDtoHAsync_v2(out, d, NBYTES, s),
                "cuMemcpyDtoHAsync")
@@ -263,6 +266,11 @@ OPS = [
     {"name": "copy 1K pinned, 100 round trips [graph]", "per": COPIES,
      "impls": {"cudamem": _graph_cm, "cupy": _graph_cupy,
                "torch": _graph_torch, "driver": _graph_driver}},
+    {"name": "copy 1K pinned, 1 trip [graph launch]", "per": 1,
+     "impls": {"cudamem": lambda cm: _graph_cm(cm, 1),
+               "cupy": lambda cp: _graph_cupy(cp, 1),
+               "torch": lambda torch: _graph_torch(torch, 1),
+               "driver": lambda core: _graph_driver(core, 1)}},
     {"name": "copy 1K pinned, 100 trips [copy nodes]",
      "per": COPIES, "impls": {"cudamem": _graph_cm_nodes}},
     {"name": "copy 1K registered, 100 trips [graph]",

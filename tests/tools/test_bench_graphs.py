@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """benchmarks/ops_graphs.py: the graph and eager rows of 100 round trips
-run for cudamem on this backend and bring the bytes back, and the
-harness gives their times per copy (an operation's ``per``)."""
+and the launch row of one run for cudamem on this backend and bring the
+bytes back, and the harness gives their times per copy or per launch
+(an operation's ``per``)."""
 
 import pytest
 
@@ -24,11 +25,19 @@ def test_rows_are_listed(bench):
     assert "ops_graphs" in bench_run.MODULES
     names = [op["name"] for op in ops_graphs.OPS]
     assert names == ["copy 1K pinned, 100 round trips [graph]",
+                     "copy 1K pinned, 1 trip [graph launch]",
                      "copy 1K pinned, 100 trips [copy nodes]",
                      "copy 1K registered, 100 trips [graph]",
                      "copy 1K pinned, 100 round trips [eager]"]
     assert max(len(n) for n in names) <= 40
     for op in ops_graphs.OPS:
+        if "launch" in op["name"]:
+            # Per replay of a graph of one round trip, beside the peers'
+            # and the driver's.
+            assert op["per"] == 1
+            assert set(op["impls"]) == {"cudamem", "cupy", "torch",
+                                        "driver"}
+            continue
         assert op["per"] == 2 * ops_graphs.TRIPS == 200
         # The registered and copy-node rows are cudamem's alone (its host
         # memory, or how it records the copies, is the one thing each
@@ -44,6 +53,14 @@ def test_rows_are_listed(bench):
 def test_cudamem_columns_round_trip(bench, factory):
     _, ops_graphs, _ = bench
     run = getattr(ops_graphs, factory)(cuda)   # checks the bytes once
+    for _ in range(3):
+        run()
+
+
+def test_launch_row_round_trips(bench):
+    _, ops_graphs, _ = bench
+    op = next(o for o in ops_graphs.OPS if "launch" in o["name"])
+    run = op["impls"]["cudamem"](cuda)          # checks the bytes once
     for _ in range(3):
         run()
 
