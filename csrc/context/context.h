@@ -190,6 +190,9 @@ typedef struct {
      * guarded by the GIL */
     void *kcopy;
     unsigned long kcopy_gen;
+    /* The batch kernel (context/kbatch.c), loaded with kcopy; NULL:
+     * unavailable.  NOTE: guarded by the GIL */
+    void *kbatch;
     PyObject *weakreflist;
 } cm_context;
 
@@ -646,6 +649,23 @@ void cm_kcopy_prepare(cm_context *ctx);
 int cm_kcopy_record(cm_context *ctx, CUdeviceptr dst, int dst_host,
                     CUdeviceptr src, int src_host, size_t n, CUstream h);
 int cm_kcopy_init(PyObject *mod);
+
+/* Runs of kernel copies on a stream cudamem captures as one kernel node
+ * (context/kbatch.c).  cm_kbatch_load: the batch kernel loaded into the
+ * current context, or NULL (GIL released by the caller).
+ * cm_kbatch_join: the copy dst <- src (device addresses; dst_host: dst
+ * is page-locked host memory) joins h's open batch, where its node is
+ * still h's one dependency: 1; 0 when it cannot (the caller records
+ * it); -1 with an exception.  cm_kbatch_open: a copy that did not join:
+ * on the simulator recorded here as a batch of one, on the driver
+ * recorded by the caller just before (kcopy.c's kernel), and the batch
+ * h's open one from now: 1, or -1 with an exception.  GIL held. */
+void *cm_kbatch_load(void);
+int cm_kbatch_join(cm_context *ctx, uintptr_t dst, int dst_host,
+                   uintptr_t src, size_t n, CUstream h);
+int cm_kbatch_open(cm_context *ctx, uintptr_t dst, int dst_host,
+                   uintptr_t src, size_t n, CUstream h);
+int cm_kbatch_init(PyObject *mod);
 
 /* Whether cudamem began a capture of ctx's stream h that is in progress
  * (ctx alive): the check of a stream that goes.  No driver call; GIL. */

@@ -145,6 +145,7 @@ cm_kcopy_prepare(cm_context *ctx)
 {
     CUmodule mod = NULL;
     CUfunction fn = NULL;
+    void *kbatch;
     CUresult rc;
     int regs = 0;
 
@@ -153,6 +154,7 @@ cm_kcopy_prepare(cm_context *ctx)
     }
     if (cm_driver_backend() == CM_BACKEND_SIM) {
         ctx->kcopy = NULL;
+        ctx->kbatch = NULL;
         ctx->kcopy_gen = ctx->gen;
         return;
     }
@@ -171,27 +173,14 @@ cm_kcopy_prepare(cm_context *ctx)
     if (rc != CUDA_SUCCESS && mod != NULL) {
         (void)CM_CU_RAW(ModuleUnload, (mod));
     }
+    kbatch = rc == CUDA_SUCCESS ? cm_kbatch_load() : NULL;
     CM_DRIVER_END_NOGIL
     /* Unavailable (an old driver, a failed load): copy nodes, and no
      * second try in this context.  The module, when loaded, goes with
      * its context. */
     ctx->kcopy = rc == CUDA_SUCCESS ? fn : NULL;
+    ctx->kbatch = kbatch;
     ctx->kcopy_gen = ctx->gen;
-}
-
-/* The simulator's kernel: a host function over its own copy of this. */
-typedef struct {
-    void *dst;
-    const void *src;
-    size_t n;
-} cm_kcopy_args;
-
-static void CUDA_CB
-cm_kcopy_sim_run(void *arg)
-{
-    const cm_kcopy_args *a = arg;
-
-    memcpy(a->dst, a->src, a->n);
 }
 
 /* The device's address of host memory at p (cudamem's page-locked
@@ -216,8 +205,8 @@ cm_kcopy_record(cm_context *ctx, CUdeviceptr dst, int dst_host,
     unsigned long long nn = n;
     void *params[3];
     unsigned int blocks;
-    CUresult rc;
     int ord = -1;
+    int r;
 
     if (n == 0 || n > cm_kcopy_max() || ctx->kcopy_gen != ctx->gen) {
         return 0;
@@ -237,39 +226,37 @@ cm_kcopy_record(cm_context *ctx, CUdeviceptr dst, int dst_host,
     if (src_host && (src = cm_kcopy_device_address((uintptr_t)src)) == 0) {
         return 0;
     }
-    if (cm_driver_backend() == CM_BACKEND_SIM) {
-        cm_kcopy_args a;
-        uintptr_t start[2] = {(uintptr_t)dst, (uintptr_t)src};
-        size_t len[2] = {n, n};
-
-        a.dst = (void *)(uintptr_t)dst;
-        a.src = (const void *)(uintptr_t)src;
-        a.n = n;
-        rc = CM_GIL_YIELD(cm_cu.sim_launch_checked(h, cm_kcopy_sim_run, &a,
-                                                   sizeof(a), 2, start,
-                                                   len));
-        if (cm_cu_check(rc, "cuLaunchKernel") < 0) {
-            return -1;
-        }
+    /* Into the stream's open batch (context/kbatch.c), where it can. */
+    r = cm_kbatch_join(ctx, (uintptr_t)dst, dst_host, (uintptr_t)src, n, h);
+    if (r < 0) {
+        return -1;
     }
-    else {
-        if (ctx->kcopy == NULL) {
-            return 0;
+    if (r == 0) {
+        if (cm_driver_backend() != CM_BACKEND_SIM) {
+            if (ctx->kcopy == NULL) {
+                return 0;
+            }
+            params[0] = &dst;
+            params[1] = &src;
+            params[2] = &nn;
+            blocks = (unsigned int)((n / 4 + CM_KCOPY_THREADS - 1)
+                                    / CM_KCOPY_THREADS);
+            if (blocks == 0) {
+                blocks = 1;
+            }
+            if (blocks > CM_KCOPY_BLOCKS) {
+                blocks = CM_KCOPY_BLOCKS;
+            }
+            if (CM_CU(LaunchKernel, ((CUfunction)ctx->kcopy, blocks, 1, 1,
+                                     CM_KCOPY_THREADS, 1, 1, 0, h, params,
+                                     NULL)) < 0) {
+                return -1;
+            }
         }
-        params[0] = &dst;
-        params[1] = &src;
-        params[2] = &nn;
-        blocks = (unsigned int)((n / 4 + CM_KCOPY_THREADS - 1)
-                                / CM_KCOPY_THREADS);
-        if (blocks == 0) {
-            blocks = 1;
-        }
-        if (blocks > CM_KCOPY_BLOCKS) {
-            blocks = CM_KCOPY_BLOCKS;
-        }
-        if (CM_CU(LaunchKernel, ((CUfunction)ctx->kcopy, blocks, 1, 1,
-                                 CM_KCOPY_THREADS, 1, 1, 0, h, params,
-                                 NULL)) < 0) {
+        /* The simulator records it there; on the driver the batch opens
+         * with the node just recorded. */
+        if (cm_kbatch_open(ctx, (uintptr_t)dst, dst_host, (uintptr_t)src,
+                           n, h) < 0) {
             return -1;
         }
     }
@@ -335,6 +322,9 @@ cm_kcopy_init(PyObject *mod)
             return -1;
         }
         atomic_store(&cm_kcopy_max_bytes, (size_t)m);
+    }
+    if (cm_kbatch_init(mod) < 0) {
+        return -1;
     }
     return PyModule_AddFunctions(mod, cm_kcopy_methods);
 }

@@ -123,6 +123,7 @@
     X(GraphLaunch, 10000)               \
     X(GraphUpload, 11010)               \
     X(GraphDestroy, 10000)              \
+    X(GraphKernelNodeSetParams, 12000)  \
     X(GraphExecDestroy, 10000)          \
     X(EventCreate, 2000)                \
     X(EventRecord, 2000)                \
@@ -151,6 +152,13 @@ typedef CUresult (*cm_launch_checked_fn)(CUstream h, CUhostFn fn, void *data,
                                          const uintptr_t *start,
                                          const size_t *len);
 
+/* The type of cm_cu.sim_kbatch (cm_sim_kbatch says what it does). */
+typedef CUresult (*cm_sim_kbatch_fn)(CUstream h, CUhostFn fn,
+                                     const void *data, size_t size,
+                                     int nranges, const uintptr_t *start,
+                                     const size_t *len, uint64_t *seq,
+                                     uint64_t *capid);
+
 typedef struct {
 #define CM_CU_FIELD(name, ver) PFN_cu##name##_v##ver name;
     CM_CU_FUNCS(CM_CU_FIELD)
@@ -160,6 +168,9 @@ typedef struct {
      * cm_sim_fill; NULL on the driver, where those kernels are never
      * launched this way (their callers check the backend first). */
     cm_launch_checked_fn sim_launch_checked;
+    /* Likewise: the simulator's batches of small copies in a capture
+     * (cm_sim_kbatch), NULL on the driver. */
+    cm_sim_kbatch_fn sim_kbatch;
 } cm_cu_table;
 
 /* Index of each entry point, for fault injection and name lookup. */
@@ -223,5 +234,13 @@ int cm_sim_stream_live(const void *h);
 CUresult cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data,
                                size_t size, int nranges,
                                const uintptr_t *start, const size_t *len);
+
+/* The simulator's record of a batch of small copies on a capturing
+ * stream (context/kbatch.c): a node added, or the node *seq of capture
+ * *capid changed where it is still the stream's only dependency
+ * (sim/stream.c says more).  Simulator backend only. */
+CUresult cm_sim_kbatch(CUstream h, CUhostFn fn, const void *data,
+                       size_t size, int nranges, const uintptr_t *start,
+                       const size_t *len, uint64_t *seq, uint64_t *capid);
 
 #endif /* CM_CU_TABLE_H */

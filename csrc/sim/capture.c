@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+static int sim_op_ranges(const sim_op *op, uintptr_t *start, size_t *len);
+
 /* Free a list of recorded operations. */
 void
 sim_nodes_free(sim_node *n)
@@ -27,8 +29,45 @@ sim_nodes_free(sim_node *n)
     for (; n != NULL; n = next) {
         next = n->next;
         sim_op_free(n->op);
+        free(n->start);
+        free(n->len);
         free(n);
     }
+}
+
+int
+sim_node_set_ranges(sim_node *n, sim_op *op, int nranges,
+                    const uintptr_t *start, const size_t *len)
+{
+    int room = nranges > 2 ? nranges : 2;
+    uintptr_t *st = malloc((size_t)room * sizeof(*st));
+    size_t *ln = malloc((size_t)room * sizeof(*ln));
+    int used = 0;
+    int k;
+
+    if (st == NULL || ln == NULL) {
+        free(st);
+        free(ln);
+        return -1;
+    }
+    if (nranges < 0) {
+        used = sim_op_ranges(op, st, ln);
+    }
+    else {
+        for (k = 0; k < nranges; k++) {
+            if (len[k] > 0) {
+                st[used] = start[k];
+                ln[used] = len[k];
+                used++;
+            }
+        }
+    }
+    free(n->start);
+    free(n->len);
+    n->start = st;
+    n->len = ln;
+    n->nranges = used;
+    return 0;
 }
 
 /* Take every stream out of cap, unlink and free it. */
@@ -97,7 +136,6 @@ sim_capture_record(sim_stream *s, sim_op *op, int nranges,
     sim_capture *cap = s->cap;
     sim_node *n;
     size_t i;
-    int k;
     int refuse;
 
     if (cap->invalidated) {
@@ -144,19 +182,13 @@ sim_capture_record(sim_stream *s, sim_op *op, int nranges,
         sim_op_free(op);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (sim_node_set_ranges(n, op, nranges, start, len) < 0) {
+        free(n);
+        sim_op_free(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     n->op = op;
-    if (nranges < 0) {
-        n->nranges = sim_op_ranges(op, n->start, n->len);
-    }
-    else {
-        for (k = 0; k < nranges && n->nranges < 2; k++) {
-            if (len[k] > 0) {
-                n->start[n->nranges] = start[k];
-                n->len[n->nranges] = len[k];
-                n->nranges++;
-            }
-        }
-    }
+    n->seq = cap->nops + 1;
     if (cap->tail != NULL) {
         cap->tail->next = n;
     }

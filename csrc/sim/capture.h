@@ -18,10 +18,18 @@ typedef struct sim_node sim_node;
 struct sim_node {
     sim_op *op;             /* the operation: no deps, never queued */
     int nranges;            /* used entries of start and len */
-    uintptr_t start[2];     /* first byte of each range */
-    size_t len[2];          /* bytes of each range */
+    uintptr_t *start;       /* first byte of each range (malloc'd, room
+                             * for at least 2) */
+    size_t *len;            /* bytes of each range (likewise) */
+    uint64_t seq;           /* its place in record order, from 1 */
     sim_node *next;         /* the next node in replay order */
 };
+
+/* Set n's ranges to the nranges of start / len with bytes in them
+ * (nranges < 0: op's own, sim_op_ranges); 0, or -1 when out of memory
+ * (n unchanged). */
+int sim_node_set_ranges(sim_node *n, sim_op *op, int nranges,
+                        const uintptr_t *start, const size_t *len);
 
 /* A capture in progress. */
 struct sim_capture {

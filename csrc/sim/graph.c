@@ -109,8 +109,17 @@ sim_nodes_dup(const sim_node *n, sim_node **head, sim_node **tail)
         }
         *d = *n;
         d->next = NULL;
+        d->start = NULL;
+        d->len = NULL;
+        if (sim_node_set_ranges(d, NULL, n->nranges, n->start, n->len)
+            < 0) {
+            free(d);
+            return -1;
+        }
         d->op = sim_op_dup(n->op);
         if (d->op == NULL) {
+            free(d->start);
+            free(d->len);
             free(d);
             return -1;
         }

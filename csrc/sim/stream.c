@@ -11,6 +11,7 @@
  */
 #include "driver/cu_table.h"
 #include "sim/sim.h"
+#include "sim/capture.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -314,6 +315,104 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, size_t size,
         sim_op_free(op);
     }
     sim_unlock();
+    return rc;
+}
+
+/* cudamem's batches of small copies in a capture (context/kbatch.c).
+ * *seq 0: as cm_sim_launch_checked on a capturing stream (size > 0),
+ * and *seq and *capid name the node recorded.  Else the node *seq of
+ * the capture *capid gets these data and ranges in place of its own, as
+ * cuGraphKernelNodeSetParams changes a node the driver captured, where
+ * that node is the last the stream recorded and the stream has joined
+ * no later work since (its only dependency, as the driver's capture
+ * info would say); CUDA_ERROR_NOT_FOUND, nothing changed, where not.
+ * A stream that is not capturing: CUDA_ERROR_ILLEGAL_STATE. */
+CUresult
+cm_sim_kbatch(CUstream h, CUhostFn fn, const void *data, size_t size,
+              int nranges, const uintptr_t *start, const size_t *len,
+              uint64_t *seq, uint64_t *capid)
+{
+    sim_stream *s;
+    sim_node *n;
+    sim_op *op;
+    void *copy;
+    CUresult rc;
+    int i;
+
+    SIM_ENTER(LaunchHostFunc);
+    if (fn == NULL || size == 0 || nranges < 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    copy = malloc(size);
+    if (copy == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(copy, data, size);
+    sim_lock();
+    rc = sim_stream_get(h, &s);
+    if (rc == CUDA_SUCCESS && s->cap == NULL) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    }
+    if (rc == CUDA_SUCCESS && s->cap->invalidated) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    n = NULL;
+    if (rc == CUDA_SUCCESS && *seq != 0) {
+        if (*capid == s->cap->id && s->cap_tip == *seq) {
+            for (n = s->cap->head; n != NULL && n->seq != *seq;
+                 n = n->next) {
+            }
+        }
+        if (n == NULL || n->op->kind != SIM_OP_HOSTFN
+            || n->op->u.hostfn.fn != fn) {
+            rc = CUDA_ERROR_NOT_FOUND;
+        }
+    }
+    for (i = 0; i < nranges && rc == CUDA_SUCCESS; i++) {
+        if (len[i] > 0
+            && sim_range_dev(start[i], len[i], s->ctx->dev) == NULL) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (*seq != 0) {
+        if (rc != CUDA_SUCCESS) {
+            /* Not changed. */
+        }
+        else if (sim_node_set_ranges(n, NULL, nranges, start, len) < 0) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            free(n->op->u.hostfn.owned);
+            n->op->u.hostfn.owned = copy;
+            n->op->u.hostfn.data = copy;
+            n->op->u.hostfn.size = size;
+            copy = NULL;
+        }
+        sim_unlock();
+        free(copy);
+        return rc;
+    }
+    if (rc == CUDA_SUCCESS) {
+        op = sim_op_new(SIM_OP_HOSTFN);
+        if (op == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        else {
+            op->u.hostfn.fn = fn;
+            op->u.hostfn.once = 0;
+            op->u.hostfn.owned = copy;
+            op->u.hostfn.data = copy;
+            op->u.hostfn.size = size;
+            copy = NULL;
+            rc = sim_capture_record(s, op, nranges, start, len);
+            if (rc == CUDA_SUCCESS) {
+                *seq = s->cap->nops;
+                *capid = s->cap->id;
+            }
+        }
+    }
+    sim_unlock();
+    free(copy);
     return rc;
 }
 

@@ -167,4 +167,5 @@ cm_sim_fill(cm_cu_table *t, int per_thread)
     SIM_FILL(ProfilerStop)
 #undef SIM_FILL
     t->sim_launch_checked = cm_sim_launch_checked;
+    t->sim_kbatch = cm_sim_kbatch;
 }

@@ -167,12 +167,22 @@ def _program(seed, nhost=3, ndev=3, size=2048):
     return ops
 
 
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "apart"])
 @pytest.mark.parametrize("block", range(4))
-def test_random_programs_against_numpy(kernel_copies, block):
+def test_random_programs_against_numpy(kernel_copies, block, batch):
     """250 seeded programs per block: captured once, replayed three
     times with new host inputs, every buffer compared with the model;
     copies of at most 1 KiB with pinned memory take the kernel, the
-    rest copy nodes."""
+    rest copy nodes; kernel copies one after another join one node
+    (context/kbatch.c) or each keep their own."""
+    old_batch, _ = _core._capture_kernel_batch(batch)
+    try:
+        _random_programs(block)
+    finally:
+        _core._capture_kernel_batch(old_batch)
+
+
+def _random_programs(block):
     size = 2048
     _core._capture_kernel_copy(1024)    # 2048 B copies: copy nodes
     before = _count()

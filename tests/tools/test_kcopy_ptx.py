@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: MIT
-"""csrc/context/kcopy.c's PTX (the kernel small copies become while
-cudamem captures) assembles for an old and a new GPU, and its CUDA C
-source, kept beside it in a comment, compiles
-to the same instructions: ptxas and nvcc from the toolkit, skipped
-where there is none (the simulator never loads the PTX)."""
+"""The PTX of cudamem's capture kernels (csrc/context/kcopy.c's, which a
+small copy becomes while cudamem captures, and csrc/context/kbatch.c's,
+which a run of them becomes) assembles for an old and a new GPU, and
+each kernel's CUDA C source, kept beside it in a comment, compiles to
+the same instructions: ptxas and nvcc from the toolkit, skipped where
+there is none (the simulator never loads the PTX)."""
 
 import os
 import re
@@ -14,7 +15,8 @@ import pytest
 
 from helpers import ROOT
 
-SRC = ROOT / "csrc" / "context" / "kcopy.c"
+# (file, the name of its PTX string)
+KERNELS = [("kcopy.c", "cm_kcopy_ptx"), ("kbatch.c", "cm_kbatch_ptx")]
 
 
 def _tool(name):
@@ -32,17 +34,21 @@ def _env():
             if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
 
 
-def _embedded_ptx():
-    text = SRC.read_text()
-    start = text.index("cm_kcopy_ptx[] =")
+def _text(name):
+    return (ROOT / "csrc" / "context" / name).read_text()
+
+
+def _embedded_ptx(name, symbol):
+    text = _text(name)
+    start = text.index(symbol + "[] =")
     body = text[start:text.index(";\n", start)]
     return "".join(p.encode().decode("unicode_escape")
                    for p in re.findall(r'"((?:[^"\\]|\\.)*)"', body))
 
 
-def _cuda_source():
-    text = SRC.read_text()
-    start = text.rindex("\n", 0, text.index('extern "C" __global__ void')) + 1
+def _cuda_source(name):
+    text = _text(name)
+    start = text.index("\n *\n", text.index("The kernel's CUDA C source")) + 4
     end = text.index(" * and its PTX", start)
     return "\n".join(line[3:] if line.startswith(" * ") else ""
                      for line in text[start:end].splitlines()) + "\n"
@@ -66,10 +72,11 @@ def _instructions(ptx):
 # The PTX says .target sm_52 (the oldest it needs); a toolkit's ptxas
 # assembles it for the GPUs that toolkit knows (CUDA 13: sm_75 up).
 @pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
-def test_embedded_ptx_assembles(tmp_path, arch):
+@pytest.mark.parametrize("name,symbol", KERNELS)
+def test_embedded_ptx_assembles(tmp_path, arch, name, symbol):
     ptxas = _tool("ptxas")
     src = tmp_path / "kcopy.ptx"
-    src.write_text(_embedded_ptx())
+    src.write_text(_embedded_ptx(name, symbol))
     out = subprocess.run([ptxas, "-arch=" + arch, str(src), "-o",
                           str(tmp_path / "kcopy.cubin")],
                          capture_output=True, text=True, timeout=120,
@@ -77,15 +84,28 @@ def test_embedded_ptx_assembles(tmp_path, arch):
     assert out.returncode == 0, out.stderr
 
 
-def test_embedded_ptx_is_its_source_compiled(tmp_path):
+@pytest.mark.parametrize("name,symbol", KERNELS)
+def test_embedded_ptx_is_its_source_compiled(tmp_path, name, symbol):
     nvcc = _tool("nvcc")
     cu = tmp_path / "kcopy.cu"
-    cu.write_text(_cuda_source())
+    cu.write_text(_cuda_source(name))
     out = subprocess.run([nvcc, "-ptx", "-arch=compute_75", "-O3", str(cu),
                           "-o", str(tmp_path / "kcopy.ptx")],
                          capture_output=True, text=True, timeout=300,
                          env=_env())
     assert out.returncode == 0, out.stderr
     fresh = _instructions((tmp_path / "kcopy.ptx").read_text())
-    kept = _instructions(_embedded_ptx())
+    kept = _instructions(_embedded_ptx(name, symbol))
     assert kept == fresh
+
+
+def test_batch_parameter_is_the_c_struct():
+    """kbatch.c's kernel takes the batch by value: its PTX parameter is
+    as large as the C struct the capture fills (a _Static_assert there),
+    within the 4 KiB of kernel parameters every driver takes."""
+    text = _text("kbatch.c")
+    size = int(re.search(r"_Static_assert\(sizeof\(cm_kb\) == (\d+)",
+                         text).group(1))
+    ptx = _embedded_ptx("kbatch.c", "cm_kbatch_ptx")
+    assert ".b8 cm_kbatch_param_0[%d]" % size in ptx
+    assert size <= 4096
