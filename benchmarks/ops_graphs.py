@@ -9,9 +9,11 @@ call replays it and synchronizes: cudamem (``cudamem.graph()``), CuPy
 (``torch.cuda.graph``, pinned tensors, ``non_blocking`` copies) and the
 bare driver (``cuStreamBeginCapture`` ... ``cuGraphLaunch`` through
 ctypes: two calls a replay, so ctypes' cost hardly shows).
-cudamem's ``[graph]`` records these copies as kernel nodes (its default,
-``CUDAMEM_CAPTURE_KERNEL_COPY_MAX``); ``[copy nodes]``: the same graph
-with that switch off, copy nodes as the others record.
+cudamem's ``[graph]`` records these copies as kernel copies joined into
+batches, a kernel node each (its default, ``CUDAMEM_CAPTURE_KERNEL_COPY_MAX``
+and ``CUDAMEM_CAPTURE_KERNEL_BATCH``); ``[kernel nodes]``: the same graph
+with batches off, a kernel node a copy; ``[copy nodes]``: with kernel
+copies off, copy nodes as the others record.
 ``[graph]`` of "registered": cudamem's graph with NumPy host memory
 registered (``cudamem.pinned``) instead of its page-locked arrays.
 ``[eager]``: the same 200 copies issued one by one, then the
@@ -92,6 +94,16 @@ def _graph_cm_nodes(cm):
         return _graph_cm(cm)
     finally:
         cm._core._capture_kernel_copy(old)
+
+
+def _graph_cm_apart(cm):
+    # The same graph, each kernel copy a node of its own (batches off for
+    # this capture only).
+    old, _ = cm._core._capture_kernel_batch(False)
+    try:
+        return _graph_cm(cm)
+    finally:
+        cm._core._capture_kernel_batch(old)
 
 
 def _graph_cm_registered(cm):
@@ -273,6 +285,8 @@ OPS = [
                "driver": lambda core: _graph_driver(core, 1)}},
     {"name": "copy 1K pinned, 100 trips [copy nodes]",
      "per": COPIES, "impls": {"cudamem": _graph_cm_nodes}},
+    {"name": "copy 1K pinned, 100 trips [kernel nodes]",
+     "per": COPIES, "impls": {"cudamem": _graph_cm_apart}},
     {"name": "copy 1K registered, 100 trips [graph]",
      "per": COPIES, "impls": {"cudamem": _graph_cm_registered}},
     {"name": "copy 1K pinned, 100 round trips [eager]", "per": COPIES,

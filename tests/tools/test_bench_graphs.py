@@ -27,6 +27,7 @@ def test_rows_are_listed(bench):
     assert names == ["copy 1K pinned, 100 round trips [graph]",
                      "copy 1K pinned, 1 trip [graph launch]",
                      "copy 1K pinned, 100 trips [copy nodes]",
+                     "copy 1K pinned, 100 trips [kernel nodes]",
                      "copy 1K registered, 100 trips [graph]",
                      "copy 1K pinned, 100 round trips [eager]"]
     assert max(len(n) for n in names) <= 40
@@ -44,11 +45,14 @@ def test_rows_are_listed(bench):
         # changes).
         want = ({"cudamem"} if "registered" in op["name"]
                 or "nodes" in op["name"] else {"cudamem", "cupy", "torch"})
+        if "nodes" in op["name"]:
+            assert set(op["impls"]) == {"cudamem"}
         assert want <= set(op["impls"])
         assert set(op["impls"]) <= set(harness.LIBS)
 
 
 @pytest.mark.parametrize("factory", ["_graph_cm", "_graph_cm_nodes",
+                                     "_graph_cm_apart",
                                      "_graph_cm_registered", "_eager"])
 def test_cudamem_columns_round_trip(bench, factory):
     _, ops_graphs, _ = bench
