@@ -516,3 +516,34 @@ print(describe(box), "|", describe(rbox))
     assert resetter == "NoneType", p.output
     assert worker.startswith("ValueError: the context of device 0 was "
                              "closed or reset"), p.output
+
+
+def test_host_memory_put_back_past_a_mapping_in_the_hole():
+    """After the reset of close() unmaps page-locked, mapped and managed
+    memory, cudamem puts the saved pages back at their addresses.  A
+    mapping another thread made in the hole meanwhile (a thread ending,
+    its sanitizer's pages among them, made and gone; seen as a segfault
+    reading a mapped array after close() under AddressSanitizer) is
+    waited out: the arrays read and write what they held, and the pages
+    stay theirs after that mapping goes (the test aid takes the first
+    page of the first run for 50 ms)."""
+    code = r'''
+import time
+import numpy as np
+import cudamem as cuda
+from cudamem import _core
+m = cuda.mapped_array(3)
+m[:] = [1.0, 2.0, 3.0]
+p = cuda.pinned_array(3)
+p[:] = 4.0
+_core._restore_hole_taken(50)
+cuda.close()
+time.sleep(0.1)              # the taking mapping is gone by now
+e = cuda.device_array(3)
+m[1] = 7.0
+p[2] = 8.0
+print(m.tolist(), p.tolist())
+'''
+    r = run_child(code, timeout=TIMEOUT_S)
+    assert r.stdout.strip().splitlines()[-1] == \
+        "[1.0, 7.0, 3.0] [4.0, 4.0, 8.0]", r.output

@@ -203,9 +203,11 @@ int cm_array_range(PyArrayObject *a, uintptr_t *lo, uintptr_t *hi);
 
 extern PyType_Spec cm_reg_spec;
 
-/* The module functions of hostmem.c, hostreg.c and managed.c, each
- * file's own table, added by the room's init (hostbuf.c); 0 or -1. */
+/* The module functions of hostmem.c, hostreg.c, managed.c and
+ * hostclose.c, each file's own table, added by the room's init
+ * (hostbuf.c); 0 or -1. */
 int cm_hostmem_add_functions(PyObject *mod);
+int cm_hostclose_add_functions(PyObject *mod);
 int cm_hostreg_add_functions(PyObject *mod);
 int cm_managed_add_functions(PyObject *mod);
 

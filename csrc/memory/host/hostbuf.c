@@ -276,7 +276,8 @@ cm_hostmem_init(PyObject *mod, cm_state *st)
         return -1;
     }
     if (cm_hostmem_add_functions(mod) < 0 || cm_hostreg_add_functions(mod) < 0
-        || cm_managed_add_functions(mod) < 0) {
+        || cm_managed_add_functions(mod) < 0
+        || cm_hostclose_add_functions(mod) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(mod, cm_hostmem_functions);

@@ -10,15 +10,21 @@
  * Python callbacks are in flight, and lists the owners again after it.
  * The fault handler (cm_hr_fault) runs on whatever thread faults, with or
  * without the GIL, and touches only atomics, the published ranges and
- * its thread's own last retry.
+ * its thread's own last retry.  The restore may sleep, GIL held, up to
+ * about a second in all while a mapping another thread made in the hole
+ * is there (cm_hr_claim); the test aid's thread touches only its page.
  */
 #include "memory/host/host.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ */
@@ -400,6 +406,151 @@ cm_hostmem_context_save(cm_context *ctx)
     return 1;
 }
 
+/* Whether [a, a + len) is mapped all through, read-only, as the save
+ * left the driver's pages (the driver kept them through the reset),
+ * from /proc/self/maps; 0 when any of it is unmapped or mapped
+ * otherwise (another mapping took part of the hole), or unknown. */
+static int
+cm_hr_still_saved(uintptr_t a, size_t len)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    uintptr_t end = a + len;
+    uintptr_t at = a;
+    char line[512];
+    int ok = 0;
+
+    if (f == NULL) {
+        return 0;
+    }
+    while (at < end && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi;
+        char perms[8];
+
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3
+            || hi <= at) {
+            continue;
+        }
+        if (lo > at || perms[0] != 'r' || perms[1] != '-') {
+            break;
+        }
+        at = hi;
+    }
+    ok = at >= end;
+    fclose(f);
+    return ok;
+}
+
+/* Test aid (_restore_hole_taken): milliseconds for which the next
+ * restore finds the first page of its first run taken by a mapping a
+ * thread then unmaps, as one of a thread ending may be; 0: none. */
+static long cm_hr_test_taken_ms;
+
+static void *
+cm_hr_test_untake(void *arg)
+{
+    struct timespec t;
+    void **a = arg;
+
+    t.tv_sec = (time_t)((long)(uintptr_t)a[1] / 1000);
+    t.tv_nsec = ((long)(uintptr_t)a[1] % 1000) * 1000000L;
+    nanosleep(&t, NULL);
+    (void)munmap(a[0], (size_t)sysconf(_SC_PAGESIZE));
+    free(a);
+    return NULL;
+}
+
+static void
+cm_hr_test_take(uintptr_t start)
+{
+    long ms = cm_hr_test_taken_ms;
+    void **a;
+    void *p;
+    pthread_t t;
+
+    cm_hr_test_taken_ms = 0;
+    p = mmap((void *)start, (size_t)sysconf(_SC_PAGESIZE),
+             PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p != (void *)start) {
+        if (p != MAP_FAILED) {
+            (void)munmap(p, (size_t)sysconf(_SC_PAGESIZE));
+        }
+        return;
+    }
+    a = malloc(2 * sizeof(*a));
+    if (a == NULL) {
+        (void)munmap(p, (size_t)sysconf(_SC_PAGESIZE));
+        return;
+    }
+    a[0] = p;
+    a[1] = (void *)(uintptr_t)ms;
+    if (pthread_create(&t, NULL, cm_hr_test_untake, a) != 0) {
+        (void)munmap(p, (size_t)sysconf(_SC_PAGESIZE));
+        free(a);
+        return;
+    }
+    (void)pthread_detach(t);
+}
+
+PyDoc_STRVAR(cm_hr_test_doc,
+"_restore_hole_taken(ms, /)\n--\n\n"
+"Test aid: the next put-back of host memory after a reset (close())\n"
+"finds the first page of its first run taken by another mapping, which a\n"
+"thread unmaps ms milliseconds later.");
+
+static PyObject *
+cm_hr_test_fn(PyObject *mod, PyObject *arg)
+{
+    long ms = PyLong_AsLong(arg);
+
+    (void)mod;
+    if (ms == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (ms < 0 || ms > 10000) {
+        PyErr_SetString(PyExc_ValueError,
+                        "_restore_hole_taken: ms from 0 to 10000");
+        return NULL;
+    }
+    cm_hr_test_taken_ms = ms;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cm_hostclose_functions[] = {
+    {"_restore_hole_taken", cm_hr_test_fn, METH_O, cm_hr_test_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+cm_hostclose_add_functions(PyObject *mod)
+{
+    return PyModule_AddFunctions(mod, cm_hostclose_functions);
+}
+
+/* Put the saved run r back at its address: the mapping claimed (PROT_NONE,
+ * never over another), or MAP_FAILED.  A mapping that took part of the
+ * hole between the reset and now (a thread's stack or its sanitizer's
+ * pages, made and gone as a thread ends) is waited out, up to about a
+ * second; the driver's own pages, kept through the reset, are not. */
+static void *
+cm_hr_claim(cm_hrescue *r)
+{
+    struct timespec ms = {0, 1000000};
+    void *p = MAP_FAILED;
+    int tries;
+
+    for (tries = 0; tries < 1000; tries++) {
+        p = mmap((void *)r->start, r->len, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p != MAP_FAILED || errno != EEXIST
+            || cm_hr_still_saved(r->start, r->len)) {
+            break;
+        }
+        nanosleep(&ms, NULL);
+    }
+    return p;
+}
+
 void
 cm_hostmem_context_restore(cm_context *ctx)
 {
@@ -408,6 +559,9 @@ cm_hostmem_context_restore(cm_context *ctx)
     (void)ctx;
     if (cm_hr_pending == NULL) {
         return;
+    }
+    if (cm_hr_test_taken_ms > 0 && cm_hr_npending > 0) {
+        cm_hr_test_take(cm_hr_pending[0]->start);
     }
     /* First every run goes back, then the window closes: a thread
      * waiting in the fault handler retries only once all are back. */
@@ -422,8 +576,7 @@ cm_hostmem_context_restore(cm_context *ctx)
          * pages before the copy is in place faults and waits rather than
          * seeing (or writing into) fresh zero pages; the copy then
          * replaces the claim in one step. */
-        p = mmap((void *)r->start, r->len, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        p = cm_hr_claim(r);
         if (p == (void *)r->start) {
             if (mremap(r->save, r->len, r->len,
                        MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
