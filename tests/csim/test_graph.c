@@ -2,7 +2,8 @@
 /*
  * test_graph.c: standalone tests of the simulator's stream capture and
  * graphs (csrc/sim/graph.c): recording and replay, the driver's
- * refusals during a capture and the capture modes.  Built and run by
+ * refusals during a capture and the capture modes, and cudamem's
+ * batches of small copies (cm_sim_kbatch, csrc/sim/stream.c).  Built and run by
  * tests/csim/Makefile (`make -C tests/csim check`) under ASan+UBSan and
  * under TSan, in one process: each test ends every capture it begins.
  */
@@ -451,6 +452,112 @@ test_destroy(void)
     EXPECT(cu.StreamEndCapture(stream, &g), CUDA_ERROR_ILLEGAL_STATE);
 }
 
+/* A batch's host function: adds its one byte to each of its n bytes. */
+typedef struct {
+    unsigned char *p;
+    size_t n;
+    unsigned char add;
+} kb_arg;
+
+static void CUDA_CB
+kb_run(void *arg)
+{
+    const kb_arg *a = arg;
+    size_t i;
+
+    for (i = 0; i < a->n; i++) {
+        a->p[i] += a->add;
+    }
+}
+
+/* cm_sim_kbatch: a node recorded, then changed in place while it is the
+ * stream's last and the stream joined nothing since; refused
+ * (CUDA_ERROR_NOT_FOUND, nothing changed) once other work was recorded
+ * on the stream, or the stream waited on another's later work, or the
+ * capture is another one; outside a capture, CUDA_ERROR_ILLEGAL_STATE. */
+static void
+test_kbatch(void)
+{
+    CUstream side;
+    CUevent ev;
+    CUgraph g = NULL;
+    CUgraphExec x;
+    kb_arg a = {pin, N, 1};
+    uintptr_t start = (uintptr_t)pin;
+    size_t len = N;
+    uint64_t seq = 0, capid = 0, seq2, old_cap;
+    int i;
+
+    OK(cu.StreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    OK(cu.EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    EXPECT(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len,
+                         &seq, &capid), CUDA_ERROR_ILLEGAL_STATE);
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len, &seq,
+                     &capid));
+    CHECK(seq == 1 && capid != 0);
+    /* Joined: the node now adds 2. */
+    a.add = 2;
+    seq2 = seq;
+    OK(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len, &seq2,
+                     &capid));
+    CHECK(seq2 == seq);
+    /* Another stream forks from it and comes back: still the only
+     * dependency when the join is at the node itself. */
+    OK(cu.EventRecord(ev, stream));
+    OK(cu.StreamWaitEvent(side, ev, 0));
+    OK(cu.EventRecord(ev, side));
+    OK(cu.StreamWaitEvent(stream, ev, 0));
+    a.add = 3;
+    OK(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len, &seq2,
+                     &capid));
+    /* Work on the side stream, joined back: refused. */
+    OK(cu.EventRecord(ev, stream));
+    OK(cu.StreamWaitEvent(side, ev, 0));
+    OK(cu.MemsetD8Async(dev, 9, N, side));
+    OK(cu.EventRecord(ev, side));
+    OK(cu.StreamWaitEvent(stream, ev, 0));
+    a.add = 50;
+    EXPECT(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len,
+                         &seq2, &capid), CUDA_ERROR_NOT_FOUND);
+    /* A new node instead, then other work on the stream: refused too. */
+    a.add = 4;
+    seq2 = 0;
+    OK(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len, &seq2,
+                     &capid));
+    CHECK(seq2 == 3);          /* after the first node and the memset */
+    OK(cu.MemsetD8Async(dev, 1, N, stream));
+    a.add = 60;
+    EXPECT(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len,
+                         &seq2, &capid), CUDA_ERROR_NOT_FOUND);
+    OK(cu.StreamEndCapture(stream, &g));
+    /* Another capture: the old node is not its. */
+    old_cap = capid;
+    OK(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(cm_sim_kbatch(stream, kb_run, &a, sizeof(a), 1, &start, &len,
+                         &seq2, &old_cap), CUDA_ERROR_NOT_FOUND);
+    CHECK(old_cap == capid);
+    {
+        CUgraph g2 = NULL;
+
+        OK(cu.StreamEndCapture(stream, &g2));
+        OK(cu.GraphDestroy(g2));
+    }
+    /* The replay: 3 (the first node as last changed) then 4. */
+    OK(cu.GraphInstantiateWithFlags(&x, g, 0));
+    memset(pin, 10, N);
+    OK(cu.GraphLaunch(x, stream));
+    OK(cu.StreamSynchronize(stream));
+    for (i = 0; i < N; i++) {
+        CHECK(pin[i] == 17);
+    }
+    memset(pin, 0, N);
+    OK(cu.GraphExecDestroy(x));
+    OK(cu.GraphDestroy(g));
+    OK(cu.EventDestroy(ev));
+    OK(cu.StreamDestroy(side));
+}
+
 int
 main(void)
 {
@@ -473,6 +580,7 @@ main(void)
     test_modes(ctx);
     test_queries(ctx);
     test_destroy();
+    test_kbatch();
     OK(cu.MemFreeHost(pin));
     OK(cu.MemFree(dev));
     OK(cu.StreamDestroy(stream));
