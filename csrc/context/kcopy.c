@@ -18,9 +18,11 @@
  * could invalidate it), and only on a thread that may make such calls;
  * a copy in a capture whose context has no kernel loaded, or whose
  * host side the driver gives no device address for, stays a copy node.
- * On the simulator the kernel is a host function queued as cudamem's
- * other internal kernels are (its ranges checked to lie in live memory
- * the device can reach), which a capture records and a replay runs.
+ * A copy recorded right after another on the same stream joins that
+ * one's node instead where it can (context/kbatch.c, which also records
+ * every such copy on the simulator: a host function, its ranges checked
+ * to lie in live memory the device can reach, which a capture records
+ * and a replay runs).
  *
  * Locks and the GIL: no lock.  The switch and the count are atomics;
  * the context's kernel fields are written with the GIL held.  The module
