@@ -105,10 +105,8 @@ class Graph:
         # What the capture used (memory owners, host arrays), kept while
         # the graph may be replayed.
         self._held = _held
-        # What a capture the graph is launched into keeps, and the event
-        # each launch records after itself (close() waits for it, if one
-        # was: not for launches recorded into a capture).
-        self._keep = (_held, _pool)
+        # The event each launch records after itself (close() waits for
+        # it, if one was).
         self._done = _done
         self._launched = False
         # graph(): the side stream made for the block; None otherwise.
@@ -125,9 +123,9 @@ class Graph:
         """Launch the graph on ``stream`` (None: the default stream)."""
         with self._lock:
             self._check()
-            if _core._graph_launch(self._exec, self._ctx, self._gen,
-                                   stream, False, self._done, self._keep):
-                self._launched = True
+            _core._graph_launch(self._exec, self._ctx, self._gen, stream,
+                                False, self._done)
+            self._launched = True
 
     def replay(self, stream=None):
         """Alias of ``launch``, as PyTorch names it."""
@@ -138,7 +136,7 @@ class Graph:
         with self._lock:
             self._check()
             _core._graph_launch(self._exec, self._ctx, self._gen, stream,
-                                True, self._done, self._keep)
+                                True, self._done)
 
     def close(self):
         """Wait for the graph's last launch, destroy the graph and let go
@@ -152,8 +150,8 @@ class Graph:
             # What the pool and the capture's objects must outlive: the
             # launches.  The pool's memory may go back once no graph
             # holds it, and what the capture used once nothing else does.
-            kept = (self._keep, self.pool, self._held)
-            self._keep = self.pool = self._held = None
+            kept = (self.pool, self._held)
+            self.pool = self._held = None
             try:
                 if done is not None and not _core._graph_settle(
                         done, self._ctx, self._gen, self._launched):
@@ -178,13 +176,11 @@ class Graph:
                                                 other._gen)
             self.pool = other.pool
             self._held = other._held
-            self._keep = other._keep
             self._done = other._done
             self._launched = other._launched
             other._exec = None
             other.pool = None
             other._held = None
-            other._keep = None
             other._done = None
             other._closed = True
 

@@ -563,18 +563,16 @@ cm_graph_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
     return 0;
 }
 
-/* Whether a launch on h (of stream object obj) is recorded into a
- * capture: a capture cudamem began (its slot in *slot), or, on an
- * external stream or the per-thread default stream, one another library
- * began (a driver call, on those streams only, as is_capturing() asks).
- * -1 on error. */
+/* Whether h (of stream object obj) captures: a capture cudamem began,
+ * or, on an external stream or the per-thread default stream, one
+ * another library began (a driver call, on those streams only, as
+ * is_capturing() asks).  -1 on error. */
 static int
-cm_graph_launch_captured(PyObject *obj, CUstream h, int *slot)
+cm_graph_launch_captured(PyObject *obj, CUstream h)
 {
     CUstreamCaptureStatus st;
 
-    *slot = cm_capture_any() ? cm_cap_find(h) : -1;
-    if (*slot >= 0) {
+    if (cm_capture_any() && cm_cap_find(h) >= 0) {
         return 1;
     }
     if (h == NULL || h == CU_STREAM_LEGACY) {
@@ -593,12 +591,28 @@ cm_graph_launch_captured(PyObject *obj, CUstream h, int *slot)
 
 static PyObject *
 cm_graph_launch_run(CUgraphExec x, CUstream h, int upload, CUevent done,
-                    PyObject *obj, PyObject *keep)
+                    PyObject *obj)
 {
+    char name[64];
     int err;
-    int captured;
-    int slot;
+    int captured = cm_graph_launch_captured(obj, h);
 
+    if (captured < 0) {
+        return NULL;
+    }
+    if (captured) {
+        /* The driver refuses a graph's launch or upload into a capture
+         * (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, on an H100 with CUDA
+         * 13.0), which may end the capture: refused here first, and the
+         * capture goes on. */
+        snprintf(name, sizeof(name), "stream %" PRIuPTR, (uintptr_t)h);
+        cm_capture_raise(
+            upload ? "Graph.upload()" : "Graph.launch()", name,
+            "the driver does not record a graph's launch into a capture; "
+            "launch it before begin_capture() or after end_capture(), or "
+            "make its work again inside this capture");
+        return NULL;
+    }
     if (upload) {
         CM_CU_NOGIL(err, GraphUpload, (x, h));
         if (err < 0) {
@@ -606,23 +620,9 @@ cm_graph_launch_run(CUgraphExec x, CUstream h, int upload, CUevent done,
         }
         Py_RETURN_FALSE;
     }
-    captured = cm_graph_launch_captured(obj, h, &slot);
-    if (captured < 0) {
-        return NULL;
-    }
     CM_CU_NOGIL(err, GraphLaunch, (x, h));
     if (err < 0) {
         return NULL;
-    }
-    if (captured) {
-        /* A capture records the launch as a copy of the graph: the
-         * capture keeps what the graph keeps (its Graph then holds them
-         * past this graph's close()); no event, which would join the
-         * capture. */
-        if (slot >= 0 && cm_capture_keep(h, keep) < 0) {
-            return NULL;
-        }
-        Py_RETURN_FALSE;
     }
     /* After the launch, for close() to wait on (launches of one graph
      * run one after another: the last one's end is all of theirs). */
@@ -632,8 +632,8 @@ cm_graph_launch_run(CUgraphExec x, CUstream h, int upload, CUevent done,
     Py_RETURN_TRUE;
 }
 
-/* _graph_launch(exec, ctx, gen, stream, upload, done, keep): whether
- * the event done was recorded after the launch. */
+/* _graph_launch(exec, ctx, gen, stream, upload, done): whether the
+ * event done was recorded after the launch. */
 PyObject *
 cm_graph_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -645,7 +645,7 @@ cm_graph_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int upload;
 
     (void)mod;
-    if (cm_graph_args(args, nargs, 7, &x, &ctx) < 0
+    if (cm_graph_args(args, nargs, 6, &x, &ctx) < 0
         || (upload = PyObject_IsTrue(args[4])) < 0) {
         return NULL;
     }
@@ -675,8 +675,7 @@ cm_graph_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     CM_IN_CONTEXT(ctx, r, NULL,
-                  cm_graph_launch_run(x, h, upload, done, args[3],
-                                      args[6]));
+                  cm_graph_launch_run(x, h, upload, done, args[3]));
     return r;
 }
 

@@ -331,12 +331,12 @@ static PyMethodDef cm_stream_functions[] = {
      cm_set_stream_cache_size_doc},
     {"_graph_launch", (PyCFunction)(void (*)(void))cm_graph_launch,
      METH_FASTCALL,
-     "_graph_launch(exec, ctx, gen, stream, upload, done, keep, /)\n"
+     "_graph_launch(exec, ctx, gen, stream, upload, done, /)\n"
      "--\n\n"
      "cuGraphLaunch (or cuGraphUpload) of exec on stream (None: the "
-     "default stream), then the event done recorded after it (True), or, "
-     "on a stream a capture records, not (False; a cudamem capture keeps "
-     "keep); for cudamem.Graph."},
+     "default stream), then the event done recorded after the launch "
+     "(True; an upload: False); StreamCaptureError, before any driver "
+     "call, where the stream captures; for cudamem.Graph."},
     {"_graph_destroy", (PyCFunction)(void (*)(void))cm_graph_destroy,
      METH_FASTCALL,
      "_graph_destroy(exec, ctx, gen, /)\n--\n\n"

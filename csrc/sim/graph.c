@@ -33,7 +33,8 @@
  * calling thread's interaction mode, cuThreadExchangeStreamCaptureMode,
  * is global; a relaxed thread is never forbidden); ending a capture
  * from another stream, another thread (unless relaxed) or with a joined
- * stream not joined back.  Each invalidates the capture as the driver does, and
+ * stream not joined back; a graph's launch or upload into a capturing
+ * stream.  Each invalidates the capture as the driver does, and
  * cuStreamEndCapture then answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
  *
  * What it does not model it refuses, never pretends: a pageable-source
@@ -642,6 +643,12 @@ sim_GraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     SIM_ENTER(GraphLaunch);
     sim_lock();
     rc = sim_graph_target(hGraphExec, hStream, &x, &s);
+    if (rc == CUDA_SUCCESS && s->cap != NULL) {
+        /* The driver refuses a graph's launch into a capture (an H100,
+         * CUDA 13.0). */
+        sim_capture_invalidate(s);
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     for (n = rc == CUDA_SUCCESS ? x->head : NULL; n != NULL; n = n->next) {
         for (k = 0; k < n->nranges && rc == CUDA_SUCCESS; k++) {
             if (sim_range(n->start[k], n->len[k]) == NULL) {
@@ -654,15 +661,7 @@ sim_GraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     for (n = rc == CUDA_SUCCESS ? x->head : NULL;
          n != NULL && rc == CUDA_SUCCESS; n = n->next) {
         op = sim_op_dup(n->op);
-        if (op == NULL) {
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        else if (s->cap != NULL) {
-            rc = sim_capture_record(s, op, n->nranges, n->start, n->len);
-        }
-        else {
-            rc = sim_enqueue(s, op);
-        }
+        rc = op == NULL ? CUDA_ERROR_OUT_OF_MEMORY : sim_enqueue(s, op);
     }
     sim_unlock();
     return rc;
@@ -678,6 +677,10 @@ sim_GraphUpload(CUgraphExec hGraphExec, CUstream hStream)
     SIM_ENTER(GraphUpload);
     sim_lock();
     rc = sim_graph_target(hGraphExec, hStream, &x, &s);
+    if (rc == CUDA_SUCCESS && s->cap != NULL) {
+        sim_capture_invalidate(s);            /* as a launch there */
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     sim_unlock();
     return rc;
 }
