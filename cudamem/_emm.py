@@ -393,7 +393,11 @@ class PoolMemoryManager(DefaultMemoryManager):
 
 def _check_int(name, value, lo, hi):
     """value as an int in [lo, hi] (bytes), else ValueError naming it."""
-    v = operator.index(value)
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be an int (bytes; 0: none), not %s"
+                        % (name, type(value).__name__)) from None
     if not lo <= v <= hi:
         raise ValueError("%s must be from %d to %d bytes, got %d"
                          % (name, lo, hi, v))

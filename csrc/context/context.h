@@ -357,6 +357,9 @@ struct cm_mm_ops {
      * without state. */
     void (*stats)(cm_context *ctx, size_t *reserved, size_t *free_b,
                   long long *largest);
+    /* Of the free bytes, those trim() can give back now or once
+     * their work is done (NULL: all of them). */
+    size_t (*trimmable)(cm_context *ctx);
     /* The entry point that allocates, for messages. */
     const char *(*alloc_fn)(cm_context *ctx);
     /* Whether device memory at base (an allocation's start) comes from

@@ -265,7 +265,15 @@ cm_oom_cheap_room(cm_context *ctx, size_t size, size_t lim)
     }
     back = cm_pending_bytes(ctx->memq);
     if (ctx->mm_builtin->kind == CM_MM_POOL) {
-        ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
+        /* What the trim gives back: on virtual memory the free bytes
+         * within pages in use stay; counted, they made every refusal
+         * trim (a context synchronisation) for nothing. */
+        if (ctx->mm_builtin->trimmable != NULL) {
+            pool_free = ctx->mm_builtin->trimmable(ctx);
+        }
+        else {
+            ctx->mm_builtin->stats(ctx, &reserved, &pool_free, &largest);
+        }
         back += pool_free;
     }
     return back != 0 && (used > back ? used - back : 0) <= lim - size;

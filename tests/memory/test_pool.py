@@ -581,6 +581,19 @@ def test_async_limit(async_ctx):
     mm.limit = 0
 
 
+@pytest.mark.parametrize("value,exc,match", [
+    (None, TypeError, r"limit must be an int \(bytes; 0: none\), not "
+                      r"NoneType"),
+    (1.5, TypeError, r"limit must be an int .*not float"),
+    (-1, ValueError, r"limit must be from 0"),
+])
+def test_pool_limit_bad_values(pool_ctx, value, exc, match):
+    mm = pool_ctx.memory_manager
+    with pytest.raises(exc, match=match):
+        mm.limit = value
+    assert mm.limit == 0
+
+
 # ---------------------------------------------------------------------------
 # Stress
 # ---------------------------------------------------------------------------

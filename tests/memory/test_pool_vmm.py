@@ -135,6 +135,45 @@ def test_free_memory_serves_a_request_larger_than_any_hole(vmm_ctx):
         cudamem.set_memory_limit(None)
 
 
+@pytest.mark.parametrize("which", ["process", "pool"])
+def test_a_request_out_of_reach_maps_nothing(vmm_ctx, which):
+    # More pages than the idle ones and what the limit still allows:
+    # refused before a page is made or moved (mapping up to the limit
+    # and undoing took 0.25 s a refusal of 1 GiB on an H100).  A
+    # request just within reach is still served.
+    page = stats(vmm_ctx)["page_size"]
+    limit = 40 * page
+    if which == "process":
+        cudamem.set_memory_limit(limit)
+    else:
+        vmm_ctx.memory_manager.limit = limit
+    try:
+        blocks = [vmm_ctx.memalloc(2 * page) for _ in range(8)]
+        del blocks[::2]                  # 8 pages live, 8 idle, 24 left
+        cudamem.synchronize()
+        gc.collect()
+        before = stats(vmm_ctx)["pages"]
+        for n in (41, 33, 1000):
+            with pytest.raises(cudamem.CudaOutOfMemoryError):
+                vmm_ctx.memalloc(n * page)
+            after = stats(vmm_ctx)["pages"]
+            # The out-of-memory policy's trim may give the idle pages
+            # back; nothing else happens to pages.
+            assert (after["made"], after["moved"]) \
+                == (before["made"], before["moved"]), (n, before, after)
+            assert after["released"] <= 8, (n, before, after)
+        big = vmm_ctx.memalloc(32 * page)
+        assert stats(vmm_ctx)["reserved_bytes"] <= limit
+        del big
+    finally:
+        del blocks
+        gc.collect()
+        if which == "process":
+            cudamem.set_memory_limit(None)
+        else:
+            vmm_ctx.memory_manager.limit = 0
+
+
 @pytest.mark.parametrize("flags", [0, 1], ids=["blocking", "non_blocking"])
 def test_pages_move_while_another_library_captures(vmm_ctx, flags):
     # Another library (raw driver calls here) captures its stream in

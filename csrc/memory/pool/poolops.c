@@ -1379,6 +1379,32 @@ cm_pool_stats(cm_context *ctx, size_t *reserved, size_t *free_b,
     }
 }
 
+/* What a trim of p gives back: on virtual memory the idle pages (the
+ * free bytes within pages a block uses stay), else the free blocks. */
+static size_t
+cm_pool_trimmable_one(cm_pool *p)
+{
+    size_t n;
+    cm_gil_saved gd;
+
+    if (p == NULL || p->dead) {
+        return 0;
+    }
+    cm_pool_lock(p, &gd);
+    n = p->vmm ? p->idle_pages << p->gshift : p->free_bytes;
+    cm_pool_unlock(p, &gd);
+    return n;
+}
+
+static size_t
+cm_pool_trimmable(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+
+    return cm_pool_trimmable_one(p)
+           + (p != NULL ? cm_pool_trimmable_one(p->peers) : 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* The tables                                                          */
 /* ------------------------------------------------------------------ */
@@ -1400,6 +1426,7 @@ const cm_mm_ops cm_mm_pool = {
     .foreign_free = cm_pool_foreign_free,
     .trim = cm_pool_trim,
     .stats = cm_pool_stats,
+    .trimmable = cm_pool_trimmable,
     .alloc_fn = cm_pool_alloc_fn,
     .take = cm_pool_take_only,
 };
