@@ -520,9 +520,6 @@ cm_kbatch_load(void)
         rc = CM_CU_RAW(FuncGetAttribute,
                        (&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fn));
     }
-    if (rc == CUDA_SUCCESS && cm_cu.FuncLoad != NULL) {
-        rc = CM_CU_RAW(FuncLoad, (fn));       /* as cm_kcopy_prepare */
-    }
     if (rc != CUDA_SUCCESS) {
         if (mod != NULL) {
             (void)CM_CU_RAW(ModuleUnload, (mod));

@@ -166,17 +166,11 @@ cm_kcopy_prepare(cm_context *ctx)
     if (rc == CUDA_SUCCESS) {
         rc = CM_CU_RAW(ModuleGetFunction, (&fn, mod, "cm_kcopy"));
     }
-    /* Loaded now, before the capture: lazy loading would load it at
-     * its first launch, inside the capture, and a kernel's load may wait
-     * for the context's other work (on an H100, a copy in a capture
-     * hung while another stream was held).  cuFuncLoad (CUDA 12.4)
-     * finishes the load; before it, asking for an attribute. */
+    /* Asking for an attribute loads the kernel now (lazy loading would
+     * load it at its first launch, inside the capture). */
     if (rc == CUDA_SUCCESS) {
         rc = CM_CU_RAW(FuncGetAttribute,
                        (&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fn));
-    }
-    if (rc == CUDA_SUCCESS && cm_cu.FuncLoad != NULL) {
-        rc = CM_CU_RAW(FuncLoad, (fn));
     }
     if (rc != CUDA_SUCCESS && mod != NULL) {
         (void)CM_CU_RAW(ModuleUnload, (mod));

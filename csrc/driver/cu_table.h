@@ -142,7 +142,6 @@
     X(FuncSetAttribute, 9000)           \
     X(FuncGetAttribute, 2020)           \
     X(FuncGetParamInfo, 12040)          \
-    X(FuncLoad, 12040)                  \
     X(ProfilerStart, 4000)              \
     X(ProfilerStop, 4000)
 
