@@ -579,7 +579,6 @@ def test_cupy_captures_with_memory_from_cudamem(mgr):
                 s.synchronize()
                 junk = [cupy.full(n, -1.0, dtype=cupy.float32)
                         for _ in range(64)]
-    print("reused", old in [ptr(e) for e in news])
                 for j in junk:
                     a = (j.data.ptr, j.data.ptr + j.nbytes)
                     res["overlap"] |= any(a[0] < b[1] and b[0] < a[1]
