@@ -708,6 +708,10 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     cm_pool_lock(p, &gd);
+    if (p->vmm && cm_arena_cannot_serve(ctx, p, size)) {
+        cm_pool_unlock(p, &gd);
+        return cm_pool_borrow_peers(p, size, s, stream, ptr, handle);
+    }
     b = cm_pool_take_for(p, size, s);
     backed = b == NULL || !b->unbacked;
     if (b != NULL) {

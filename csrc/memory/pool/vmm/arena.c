@@ -225,15 +225,21 @@ cm_arena_largest(const cm_pool *p)
     const cm_bins *sets[2] = {&p->large, &p->small};
     size_t best = p->idle_pages << p->gshift;
     const cm_blk *b;
+    uint64_t bits;
     int s;
+    int w;
     int k;
 
     for (s = 0; s < 2; s++) {
-        for (k = CM_POOL_NBINS - 1; k >= 0; k--) {
-            for (b = sets[s]->head[k]; b != NULL; b = b->fnext) {
-                if (b->size > best && b->seg->arena != NULL
-                    && cm_arena_backed(p, b)) {
-                    best = b->size;
+        /* The bins that hold blocks only (the bitmap). */
+        for (w = 0; w < CM_POOL_NWORDS; w++) {
+            for (bits = sets[s]->used[w]; bits != 0; bits &= bits - 1) {
+                k = w * 64 + __builtin_ctzll(bits);
+                for (b = sets[s]->head[k]; b != NULL; b = b->fnext) {
+                    if (b->size > best && b->seg->arena != NULL
+                        && cm_arena_backed(p, b)) {
+                        best = b->size;
+                    }
                 }
             }
         }
@@ -460,6 +466,18 @@ cm_arena_out_of_reach(cm_context *ctx, const cm_pool *p, size_t n)
         fresh = r < fresh ? r : fresh;
     }
     return n > fresh && n - fresh > p->idle_pages;
+}
+
+int
+cm_arena_cannot_serve(cm_context *ctx, const cm_pool *p, size_t size)
+{
+    /* At least this many pages, of which at most the idle ones and the
+     * two at its ends have memory already. */
+    size_t pages = size >> p->gshift;
+    size_t mapped = p->idle_pages + 2;
+
+    return pages > mapped
+           && cm_arena_out_of_reach(ctx, p, pages - mapped);
 }
 
 /* The GIL released if this thread holds it (g->ts NULL otherwise). */

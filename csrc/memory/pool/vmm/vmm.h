@@ -138,6 +138,13 @@ cm_arena_unuse(cm_pool *p, const cm_blk *b)
  * are mapped, whichever is larger (mutex held). */
 size_t cm_arena_largest(const cm_pool *p);
 
+/* Whether no block of size bytes can be backed at all, wherever it is
+ * cut: more pages without memory than the idle ones (which may move
+ * there) and the new memory the limits allow can fill (mutex held).
+ * Asked before a block is cut, so that a refused request of many pages
+ * costs no walk over them. */
+int cm_arena_cannot_serve(cm_context *ctx, const cm_pool *p, size_t size);
+
 /* Map memory into the pages of block b (in use) that have none: idle
  * pages that are quiet move there, new ones are made for the rest.  No
  * mutex held; with or without the GIL.  On failure b stays in use, for
