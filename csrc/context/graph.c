@@ -698,6 +698,9 @@ cm_graph_settle_run(CUevent done, int launched)
         CM_CU_NOGIL(err, EventSynchronize, (done));
         cm_capture_unrelax(relaxed);
         if (err < 0) {
+            /* The launch failed (an error of the context's, which
+             * close() raises): the event goes all the same. */
+            (void)CM_CU_RAW(EventDestroy, (done));
             return NULL;
         }
     }

@@ -8,6 +8,7 @@ import pytest
 import cudamem
 from cudamem import Graph, StreamCaptureError, _core
 from helpers.crashutil import run_child
+from helpers.isolation import SIMULATOR
 
 N = 64
 
@@ -392,3 +393,29 @@ def test_gpu_replay_many(setup):
         s.synchronize()
         assert hout[0] == i
     g.close()
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="injects driver errors")
+def test_close_destroys_the_event_when_the_wait_fails(setup):
+    """close() whose wait for the last launch fails (an error of the
+    context's) raises it and still destroys the launch's event: the
+    armed failure of the next cuEventDestroy is this close()'s, and a
+    later graph closes cleanly."""
+    s, hin, hout, d, d2 = setup
+    graphs = []
+    for _ in range(2):
+        with cudamem.graph() as g:
+            d.copy_to_device(hin, stream=g.stream)
+        g.launch(s)
+        graphs.append(g)
+    s.synchronize()
+    _core._sim_inject("EventSynchronize", 1, 999)
+    _core._sim_inject("EventDestroy", 1, 1)
+    try:
+        with pytest.raises(cudamem.CudaAPIError, match="999|UNKNOWN"):
+            graphs[0].close()
+        assert graphs[0].closed
+        graphs[1].close()              # its cuEventDestroy succeeds
+    finally:
+        _core._sim_inject("EventSynchronize", 0, 0)
+        _core._sim_inject("EventDestroy", 0, 0)
