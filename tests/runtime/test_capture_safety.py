@@ -317,9 +317,22 @@ def test_pool_records_no_event_on_the_capturing_stream(pool_ctx, io,
     # event, which no later query can answer) when another stream wants
     # it.  None is recorded during the capture; afterwards the block is
     # reused as usual.
+    #
+    # The gate is a host function that holds B until the test opens it.
+    # On an H100 the capture's first copy, made as a kernel
+    # (CUDAMEM_CAPTURE_KERNEL_COPY_MAX), waited for the gate, which the
+    # test opens only after the capture, and hung; as copy nodes it did
+    # not (any driver call may wait for the driver's own resources, and
+    # a host function in flight holds some: tools/hostfn_probe.py tells
+    # which calls wait).  A host function that waits for the thread that
+    # calls the driver is what the driver's rules forbid (cudamem's own
+    # Python callbacks never do: the GIL goes around driver calls while
+    # one is in flight); this test is about the pool's events, so its
+    # copies are copy nodes.
     ctx = pool_ctx
     s = io[0]
     b_s = raw_streams[1]
+    kcopy, _ = _core._capture_kernel_copy(0)
     gate = _core._raw_gate(b_s)                    # B's work cannot finish
     try:
         y = _core._memalloc_on(ctx, 64 * KiB, b_s)
@@ -335,6 +348,7 @@ def test_pool_records_no_event_on_the_capturing_stream(pool_ctx, io,
             del c
     finally:
         _core._raw_gate_open(gate)
+        _core._capture_kernel_copy(kcopy)
     # A look records the event on the stream, a later one finds it done.
     got = []
     for _ in range(4):
