@@ -139,7 +139,8 @@ def test_free_memory_serves_a_request_larger_than_any_hole(vmm_ctx):
 def test_a_request_out_of_reach_maps_nothing(vmm_ctx, which):
     # More pages than the idle ones and what the limit still allows:
     # refused before a page is made or moved (mapping up to the limit
-    # and undoing took 0.25 s a refusal of 1 GiB on an H100).  A
+    # and undoing took 0.25 s a refusal on an H100, a request of twice a
+    # 20 GB limit; test_memory_limit's ten thousand ran past 100 s).  A
     # request just within reach is still served.
     page = stats(vmm_ctx)["page_size"]
     limit = 40 * page

@@ -442,9 +442,10 @@ cm_arena_room(cm_context *ctx, const cm_pool *p)
 /* Whether n more pages cannot be had at all: more than the idle pages
  * and the new memory the pool's limit and the process's still allow
  * (mutex held).  Such a request is refused before anything is mapped:
- * mapping pages up to the limit, then undoing, took 0.25 s a refusal of
- * 1 GiB on an H100.  The device's own free memory is not asked (a
- * driver call): a request past it fails at cuMemCreate as before. */
+ * mapping pages up to the limit, then undoing, took 0.25 s a refusal on
+ * an H100 (a request of twice a 20 GB limit).  The device's own free
+ * memory is not asked (a driver call): a request past it fails at
+ * cuMemCreate as before. */
 static int
 cm_arena_out_of_reach(cm_context *ctx, const cm_pool *p, size_t n)
 {
