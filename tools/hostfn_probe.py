@@ -21,7 +21,12 @@ that has not finished in TIMEOUT seconds is reported as blocked:
   recorded as cudamem's kernel copy, with no kernel copy made before,
   or with one capture of a copy made (and its graph launched) before
   the gate;
-- ``capture-copy-node``: the copy in a capture with kernel copies off.
+- ``capture-copy-node``: the copy in a capture with kernel copies off;
+- ``capture-kcopy-pycallback``: the gate opened from a timer 0.3 s
+  later, with a Python callback of cudamem's (add_callback) queued behind
+  it on that stream: the callback needs the GIL while the capturing
+  thread is in the driver, which cudamem releases the GIL around while a
+  Python callback is in flight; this one must finish.
 
     python tools/hostfn_probe.py [TIMEOUT]
 """
@@ -31,7 +36,7 @@ import sys
 
 CASES = ["copy", "kernel-first", "kernel-warm", "capture-kernel-first",
          "capture-kernel-warm", "capture-kcopy-first", "capture-kcopy-warm",
-         "capture-copy-node"]
+         "capture-copy-node", "capture-kcopy-pycallback"]
 
 SOURCE = r"""
 extern "C" __global__ void touch(float *p) { p[threadIdx.x] += 1.0f; }
@@ -64,6 +69,16 @@ def run(case):
         g.close()
     b = _core._raw_stream_create(1)
     gate = _core._raw_gate(b)
+    timer = None
+    ran = []
+    if case == "capture-kcopy-pycallback":
+        import threading
+
+        cudamem.external_stream(b).add_callback(
+            lambda stream, status, arg: ran.append(status))
+        # The timer opens the gate (once: an opened gate is freed).
+        timer = threading.Timer(0.3, _core._raw_gate_open, (gate,))
+        timer.start()
     try:
         if case == "copy":
             d.copy_to_device(hin, stream=s)
@@ -76,11 +91,17 @@ def run(case):
             else:
                 d.copy_to_device(hin, stream=s)
             g = s.end_capture()
-        print("returned before the gate opened", flush=True)
+        if timer is None:
+            print("returned before the gate opened", flush=True)
     finally:
-        _core._raw_gate_open(gate)
+        if timer is None:
+            _core._raw_gate_open(gate)
+        else:
+            timer.join()
     s.synchronize()
     _core._raw_stream_synchronize(b)
+    if timer is not None:
+        assert ran == [0], ran
     _core._raw_stream_destroy(b)
     print("ok", flush=True)
 
@@ -89,7 +110,7 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--case":
         run(sys.argv[2])
         return
-    timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
+    timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
     for case in CASES:
         env = dict(os.environ)
         if case == "capture-copy-node":
@@ -105,7 +126,7 @@ def main():
                                        % p.returncode))
         except subprocess.TimeoutExpired:
             what = "blocked (killed after %g s)" % timeout
-        print("%-22s %s" % (case, what), flush=True)
+        print("%-26s %s" % (case, what), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ def test_the_probe_on_the_simulator():
     assert set(rows) == {"copy", "kernel-first", "kernel-warm",
                          "capture-kernel-first", "capture-kernel-warm",
                          "capture-kcopy-first", "capture-kcopy-warm",
-                         "capture-copy-node"}, p.stdout
+                         "capture-copy-node",
+                         "capture-kcopy-pycallback"}, p.stdout
     for case, what in rows.items():
         if "kernel" in case and "kcopy" not in case:
             assert what.startswith("failed:") and "need a GPU" in what, \
