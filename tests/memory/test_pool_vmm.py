@@ -175,6 +175,34 @@ def test_a_request_out_of_reach_maps_nothing(vmm_ctx, which):
             vmm_ctx.memory_manager.limit = 0
 
 
+def test_pending_blocks_count_before_a_request_is_refused(vmm_ctx):
+    # A block used on another stream waits, freed, for that stream's
+    # work (pending): its pages are not idle until the pool settles it.
+    # A request that only those pages can serve is served with them
+    # (where they lie, or moved), not refused up front (an
+    # out-of-memory error, before the pool settled them first), nor
+    # through the out-of-memory policy's trim, which gives pages back.
+    page = stats(vmm_ctx)["page_size"]
+    cudamem.set_memory_limit(40 * page)
+    s1, s2 = cudamem.stream(), cudamem.stream()
+    h = cudamem.pinned_array(page, np.uint8)
+    try:
+        a = cudamem.device_array(30 * page, np.uint8, stream=s1)
+        a[:page].copy_to_device(h, stream=s2)
+        s2.synchronize()
+        del a
+        gc.collect()
+        before = stats(vmm_ctx)["pages"]
+        big = cudamem.device_array(35 * page, np.uint8, stream=s1)
+        after = stats(vmm_ctx)["pages"]
+        assert after["released"] == before["released"], (before, after)
+        assert after["made"] - before["made"] <= 5 + 2, (before, after)
+        del big
+    finally:
+        gc.collect()
+        cudamem.set_memory_limit(None)
+
+
 @pytest.mark.parametrize("flags", [0, 1], ids=["blocking", "non_blocking"])
 def test_pages_move_while_another_library_captures(vmm_ctx, flags):
     # Another library (raw driver calls here) captures its stream in

@@ -682,6 +682,23 @@ cm_pool_borrow_peers(cm_pool *p, size_t size, uintptr_t s,
     return cm_pool_poison_nogil(q, b, at, n, stream);
 }
 
+/* Whether p, on virtual memory, cannot back a block of size bytes at
+ * all (cm_arena_cannot_serve), counting the pages of the pending blocks
+ * whose work is done, which settling makes idle (mutex held): asked
+ * before a block is cut, so that a refusal walks no pages. */
+static int
+cm_pool_out_of_reach(cm_context *ctx, cm_pool *p, size_t size)
+{
+    if (!p->vmm || !cm_arena_cannot_serve(ctx, p, size)) {
+        return 0;
+    }
+    if (p->pending == NULL) {
+        return 1;
+    }
+    cm_pool_settle(p);
+    return cm_arena_cannot_serve(ctx, p, size);
+}
+
 /* The pool manager's allocation: a block for stream from the bins, or
  * from a new segment; the handle its release takes is the block. */
 static CUresult
@@ -708,7 +725,7 @@ cm_pool_alloc(cm_context *ctx, size_t size, CUstream stream,
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     cm_pool_lock(p, &gd);
-    if (p->vmm && cm_arena_cannot_serve(ctx, p, size)) {
+    if (cm_pool_out_of_reach(ctx, p, size)) {
         cm_pool_unlock(p, &gd);
         return cm_pool_borrow_peers(p, size, s, stream, ptr, handle);
     }
