@@ -192,9 +192,9 @@ def test_pending_blocks_count_before_a_request_is_refused(vmm_ctx):
         del a
         gc.collect()
         # Its work done: the events its free waits for have completed
-        # (with s2 synchronised alone, 7 requests in 200 still found the
-        # block pending on a loaded simulator, as on a GPU a few
-        # microseconds after the free: then it is refused as before).
+        # (with s2 synchronised alone, 7 requests in 200 were still
+        # refused on a loaded simulator, and none with the context
+        # synchronised: a block still pending is refused as before).
         cudamem.synchronize()
         before = stats(vmm_ctx)["pages"]
         big = cudamem.device_array(35 * page, np.uint8, stream=s1)
