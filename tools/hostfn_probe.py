@@ -21,6 +21,12 @@ that has not finished in TIMEOUT seconds is reported as blocked:
   recorded as cudamem's kernel copy, with no kernel copy made before,
   or with one capture of a copy made (and its graph launched) before
   the gate;
+- ``capture-kcopy-captured``: the same, the capture made before the gate
+  ended and closed without a launch (does a capture alone warm it?);
+- ``capture-kernel-after-kcopy``: the NVRTC kernel into a capture after
+  a kernel copy was captured and launched (per kernel or per context?);
+- ``capture-kernel-after-capture``: the NVRTC kernel into a capture after
+  a capture of it was launched before the gate;
 - ``capture-copy-node``: the copy in a capture with kernel copies off;
 - ``capture-kcopy-pycallback``: the gate opened from a timer 0.3 s
   later, with a Python callback of cudamem's (add_callback) queued behind
@@ -36,7 +42,9 @@ import sys
 
 CASES = ["copy", "kernel-first", "kernel-warm", "capture-kernel-first",
          "capture-kernel-warm", "capture-kcopy-first", "capture-kcopy-warm",
-         "capture-copy-node", "capture-kcopy-pycallback"]
+         "capture-kcopy-captured", "capture-kernel-after-kcopy",
+         "capture-kernel-after-capture", "capture-copy-node",
+         "capture-kcopy-pycallback"]
 
 SOURCE = r"""
 extern "C" __global__ void touch(float *p) { p[threadIdx.x] += 1.0f; }
@@ -55,17 +63,22 @@ def run(case):
     d = cudamem.device_array(n, np.float32)
     s = cudamem.stream()
     kern = None
-    if "kernel" in case and "kcopy" not in case:
+    if "kernel" in case:
         kern = cudamem.compile(SOURCE).get_function("touch")
         if case.endswith("warm"):
             kern[1, n, s](d)
             s.synchronize()
-    if case == "capture-kcopy-warm":
+    if case in ("capture-kcopy-warm", "capture-kcopy-captured",
+                "capture-kernel-after-kcopy", "capture-kernel-after-capture"):
         s.begin_capture()
-        d.copy_to_device(hin, stream=s)
+        if case == "capture-kernel-after-capture":
+            kern[1, n, s](d)
+        else:
+            d.copy_to_device(hin, stream=s)
         g = s.end_capture()
-        g.launch(s)
-        s.synchronize()
+        if case != "capture-kcopy-captured":
+            g.launch(s)
+            s.synchronize()
         g.close()
     b = _core._raw_stream_create(1)
     gate = _core._raw_gate(b)
@@ -86,7 +99,7 @@ def run(case):
             kern[1, n, s](d)
         else:
             s.begin_capture()
-            if "kernel" in case and "kcopy" not in case:
+            if kern is not None:
                 kern[1, n, s](d)
             else:
                 d.copy_to_device(hin, stream=s)
@@ -126,7 +139,7 @@ def main():
                                        % p.returncode))
         except subprocess.TimeoutExpired:
             what = "blocked (killed after %g s)" % timeout
-        print("%-26s %s" % (case, what), flush=True)
+        print("%-30s %s" % (case, what), flush=True)
 
 
 if __name__ == "__main__":

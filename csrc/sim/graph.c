@@ -660,6 +660,9 @@ sim_GraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     }
     for (n = rc == CUDA_SUCCESS ? x->head : NULL;
          n != NULL && rc == CUDA_SUCCESS; n = n->next) {
+        if (n->op->kind == SIM_OP_HOSTFN && n->op->u.hostfn.kernel) {
+            sim_ctx_warm(s->ctx, n->op->u.hostfn.fn);  /* stream.c */
+        }
         op = sim_op_dup(n->op);
         rc = op == NULL ? CUDA_ERROR_OUT_OF_MEMORY : sim_enqueue(s, op);
     }

@@ -113,6 +113,16 @@ sim_stream_destroy(sim_stream *s)
     sim_stream_unref(s);
 }
 
+/* Whether op is a host function or callback of the program's (not one
+ * of cudamem's kernels run as one): counted in its context's hostfns
+ * from its enqueue to its end. */
+static int
+sim_op_is_hostfn(const sim_op *op)
+{
+    return op->kind == SIM_OP_CALLBACK
+           || (op->kind == SIM_OP_HOSTFN && !op->u.hostfn.kernel);
+}
+
 /* Queue op on s behind its implicit dependencies.  Always consumes op;
  * on success s->submitted is op's ticket. */
 CUresult
@@ -148,6 +158,7 @@ sim_enqueue(sim_stream *s, sim_op *op)
     }
     op->ticket = ++s->submitted;
     op->gseq = ++sim.gseq;
+    s->ctx->hostfns += sim_op_is_hostfn(op);
     if (s->tail != NULL) {
         s->tail->next = op;
     }
@@ -480,6 +491,7 @@ sim_worker(void *arg)
         }
         sim_op_run(op);
         sim_lock();
+        s->ctx->hostfns -= sim_op_is_hostfn(op);
         s->head = op->next;
         if (s->head == NULL) {
             s->tail = NULL;

@@ -912,6 +912,8 @@ sim_Init(unsigned int Flags)
                                             SIZE_MAX, SIM_DEFAULT_MEMORY);
         sim.delay_us = (long)sim_env_ull("CUDAMEM_SIM_DELAY_US", 0,
                                          60000000, 0);
+        sim.capture_wait_s = (long)sim_env_ull("CUDAMEM_SIM_CAPTURE_WAIT_S",
+                                               1, 3600, 10);
         sim.no_fd = (int)sim_env_ull("CUDAMEM_SIM_NO_FD_HANDLES", 0, 1, 0);
         sim_parse_no_peer();
         for (d = 0; d < SIM_MAX_DEVICES; d++) {

@@ -87,6 +87,9 @@ typedef struct sim_capture sim_capture;
 
 typedef struct sim_graph sim_graph;
 
+/* How many kernels a context remembers as launched in a graph. */
+#define SIM_WARM_MAX 16
+
 /* One life of a device's primary context, from retain to reset or last
  * release.  The CUcontext handle is not its address but its device's
  * (sim_ctx_handle), the same across lives as on the driver: a thread
@@ -99,6 +102,12 @@ struct sim_ctx {
     sim_stream *legacy;     /* the legacy default stream, made lazily */
     sim_stream *streams;    /* every stream of this context not yet freed */
     sim_ctx *next_dead;     /* link in sim.dead */
+    int hostfns;            /* host functions (and callbacks) queued or
+                             * running */
+    int nwarm;              /* used entries of warm */
+    CUhostFn warm[SIM_WARM_MAX];  /* kernels a launched graph of this
+                                   * context had: recorded into a capture
+                                   * without waiting (stream.c) */
 };
 
 /* What a stream synchronises with implicitly. */
@@ -197,6 +206,8 @@ struct sim_op {
                                  * (freed with the op), or NULL */
             size_t size;        /* bytes of owned */
             int once;           /* fn owns data: never replayed */
+            int kernel;         /* one of cudamem's kernels, which the
+                                 * simulator runs as a host function */
         } hostfn;
         struct {
             CUstreamCallback fn;  /* the callback */
@@ -350,6 +361,10 @@ struct sim_shared {
                                          * lack peer access (cuInit, from
                                          * CUDAMEM_SIM_NO_PEER) */
     long delay_us;          /* sleep before each operation (cuInit) */
+    long capture_wait_s;    /* how long a kernel recorded into a capture
+                             * waits for host functions before the
+                             * simulator aborts (cuInit, from
+                             * CUDAMEM_SIM_CAPTURE_WAIT_S; stream.c) */
     int no_fd;              /* the devices lack POSIX file-descriptor
                              * handles (cuInit, from
                              * CUDAMEM_SIM_NO_FD_HANDLES=1) */
@@ -606,6 +621,10 @@ CUresult sim_wait(sim_stream *s, uint64_t ticket);
 
 /* Whether c has a stream still busy with work numbered <= g. */
 int sim_ctx_busy(const sim_ctx *c, uint64_t g);
+
+int sim_capture_kernel_wait(sim_ctx *c, CUhostFn fn);
+
+void sim_ctx_warm(sim_ctx *c, CUhostFn fn);
 
 /* Wait for all work submitted so far on the streams of c, or of every
  * context (destroyed ones too, which may still be draining) if c is

@@ -259,6 +259,76 @@ sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
     return sim_host_op(hStream, op);
 }
 
+/* Whether fn is a kernel a launched graph of context c had. */
+static int
+sim_ctx_is_warm(const sim_ctx *c, CUhostFn fn)
+{
+    int i;
+
+    for (i = 0; i < c->nwarm; i++) {
+        if (c->warm[i] == fn) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Remember that a graph with kernel fn was launched in context c (graph.c);
+ * past SIM_WARM_MAX kernels the rest stay cold, which waits more than the
+ * driver does, never less.  Lock held. */
+void
+sim_ctx_warm(sim_ctx *c, CUhostFn fn)
+{
+    if (c->nwarm < SIM_WARM_MAX && !sim_ctx_is_warm(c, fn)) {
+        c->warm[c->nwarm++] = fn;
+    }
+}
+
+/* A kernel recorded into a capture waits, on the driver, while a host
+ * function of its context runs on another stream, unless a graph with
+ * that kernel has been launched in the context before: on an H100 (CUDA
+ * 13.0, tools/hostfn_probe.py) an NVRTC kernel and cudamem's kernel copy
+ * recorded into a capture blocked behind a held host function, first or
+ * after an eager launch, and a kernel copy after a launched capture of
+ * one did not.  Whether a capture alone, or another kernel's launch,
+ * would do is not known: the simulator waits in those cases too, and
+ * for host functions queued as well as running (the driver's line
+ * between the two is not known).  A
+ * host function that waits for the capturing thread makes that a hang
+ * on a GPU; here a wait past CUDAMEM_SIM_CAPTURE_WAIT_S seconds aborts
+ * with the reason.  Lock held; a wait gives it up, so the caller looks
+ * its stream up again when this returns 1. */
+int
+sim_capture_kernel_wait(sim_ctx *c, CUhostFn fn)
+{
+    struct timespec until;
+    int64_t start;
+
+    if (c->hostfns == 0 || tls_worker != NULL || sim_ctx_is_warm(c, fn)) {
+        return 0;
+    }
+    start = sim_now_ns();
+    while (c->hostfns > 0) {
+        if (sim_now_ns() - start > (int64_t)sim.capture_wait_s * 1000000000) {
+            sim_fatal("a kernel recorded into a capture has waited %ld s for "
+                      "a host function queued or running on another stream "
+                      "of its "
+                      "context: the driver makes it wait (a graph with the "
+                      "kernel was not launched in the context before), so "
+                      "on a GPU this program would hang here",
+                      sim.capture_wait_s);
+        }
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&sim.cond, &sim.lock, &until);
+    }
+    return 1;
+}
+
 /* cudamem's internal kernels on the simulator: a host function that
  * reads and writes device memory, queued only once every range it
  * touches lies inside one live allocation, as a copy's sides must.  The
@@ -284,6 +354,7 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, size_t size,
     op->u.hostfn.fn = fn;
     op->u.hostfn.data = data;
     op->u.hostfn.once = size == 0;
+    op->u.hostfn.kernel = 1;
     if (size > 0) {
         op->u.hostfn.owned = malloc(size);
         if (op->u.hostfn.owned == NULL) {
@@ -296,6 +367,10 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, size_t size,
     }
     sim_lock();
     rc = sim_stream_get(h, &s);
+    if (rc == CUDA_SUCCESS && s->cap != NULL
+        && sim_capture_kernel_wait(s->ctx, fn)) {
+        rc = sim_stream_get(h, &s);
+    }
     /* VMM memory must be accessible to the stream's device. */
     for (i = 0; i < nranges && rc == CUDA_SUCCESS; i++) {
         if (len[i] > 0
@@ -350,6 +425,10 @@ cm_sim_kbatch(CUstream h, CUhostFn fn, const void *data, size_t size,
     memcpy(copy, data, size);
     sim_lock();
     rc = sim_stream_get(h, &s);
+    if (rc == CUDA_SUCCESS && *seq == 0 && s->cap != NULL
+        && sim_capture_kernel_wait(s->ctx, fn)) {
+        rc = sim_stream_get(h, &s);
+    }
     if (rc == CUDA_SUCCESS && s->cap == NULL) {
         rc = CUDA_ERROR_ILLEGAL_STATE;
     }
@@ -400,6 +479,7 @@ cm_sim_kbatch(CUstream h, CUhostFn fn, const void *data, size_t size,
         else {
             op->u.hostfn.fn = fn;
             op->u.hostfn.once = 0;
+            op->u.hostfn.kernel = 1;
             op->u.hostfn.owned = copy;
             op->u.hostfn.data = copy;
             op->u.hostfn.size = size;
