@@ -39,6 +39,7 @@ CUDAMEM_SIM_DELAY_US                    integer 0 .. 6e7     0
 CUDAMEM_SIM_NO_PEER                     "all", or pairs      none
                                         "0-1,2-3" of 0 .. 15
 CUDAMEM_SIM_NO_FD_HANDLES               integer 0 .. 1       0
+CUDAMEM_SIM_CAPTURE_WAIT_S              integer 1 .. 3600    10
 ======================================  ===================  ============
 
 A flag is 1/0, true/false, yes/no or on/off (any case); a size is digits
@@ -256,6 +257,7 @@ _env(("CUDAMEM_SIM_MEMORY",), _size(
 _env(("CUDAMEM_SIM_DELAY_US",), _integer(0, 60000000), 0)
 _env(("CUDAMEM_SIM_NO_PEER",), _no_peer, None)
 _env(("CUDAMEM_SIM_NO_FD_HANDLES",), _integer(0, 1), 0)
+_env(("CUDAMEM_SIM_CAPTURE_WAIT_S",), _integer(1, 3600), 10)
 
 
 class _Config(types.ModuleType):
