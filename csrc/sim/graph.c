@@ -389,6 +389,18 @@ sim_StreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
     return rc;
 }
 
+/* A capture whose nodes start at head ended in context c: if one is a
+ * kernel, kernels recorded into later captures there no longer wait for
+ * host functions (sim_capture_kernel_wait, stream.c). */
+static void
+sim_ctx_warm_graph(sim_ctx *c, const sim_node *head)
+{
+    for (; head != NULL && !c->kwarm; head = head->next) {
+        c->kwarm = head->op->kind == SIM_OP_HOSTFN
+                   && head->op->u.hostfn.kernel;
+    }
+}
+
 CUresult
 sim_StreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
@@ -441,6 +453,7 @@ sim_StreamEndCapture(CUstream hStream, CUgraph *phGraph)
             g->ctx = cap->ctx;
             g->head = cap->head;
             g->tail = cap->tail;
+            sim_ctx_warm_graph(g->ctx, g->head);
             cap->head = NULL;
             cap->tail = NULL;
             *phGraph = (CUgraph)(void *)g;
@@ -660,9 +673,6 @@ sim_GraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     }
     for (n = rc == CUDA_SUCCESS ? x->head : NULL;
          n != NULL && rc == CUDA_SUCCESS; n = n->next) {
-        if (n->op->kind == SIM_OP_HOSTFN && n->op->u.hostfn.kernel) {
-            sim_ctx_warm(s->ctx, n->op->u.hostfn.fn);  /* stream.c */
-        }
         op = sim_op_dup(n->op);
         rc = op == NULL ? CUDA_ERROR_OUT_OF_MEMORY : sim_enqueue(s, op);
     }

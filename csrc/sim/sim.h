@@ -87,9 +87,6 @@ typedef struct sim_capture sim_capture;
 
 typedef struct sim_graph sim_graph;
 
-/* How many kernels a context remembers as launched in a graph. */
-#define SIM_WARM_MAX 16
-
 /* One life of a device's primary context, from retain to reset or last
  * release.  The CUcontext handle is not its address but its device's
  * (sim_ctx_handle), the same across lives as on the driver: a thread
@@ -104,10 +101,9 @@ struct sim_ctx {
     sim_ctx *next_dead;     /* link in sim.dead */
     int hostfns;            /* host functions (and callbacks) queued or
                              * running */
-    int nwarm;              /* used entries of warm */
-    CUhostFn warm[SIM_WARM_MAX];  /* kernels a launched graph of this
-                                   * context had: recorded into a capture
-                                   * without waiting (stream.c) */
+    int kwarm;              /* a capture with a kernel ended here: a
+                             * kernel recorded into a capture no longer
+                             * waits for host functions (stream.c) */
 };
 
 /* What a stream synchronises with implicitly. */
@@ -622,9 +618,7 @@ CUresult sim_wait(sim_stream *s, uint64_t ticket);
 /* Whether c has a stream still busy with work numbered <= g. */
 int sim_ctx_busy(const sim_ctx *c, uint64_t g);
 
-int sim_capture_kernel_wait(sim_ctx *c, CUhostFn fn);
-
-void sim_ctx_warm(sim_ctx *c, CUhostFn fn);
+int sim_capture_kernel_wait(sim_ctx *c);
 
 /* Wait for all work submitted so far on the streams of c, or of every
  * context (destroyed ones too, which may still be draining) if c is

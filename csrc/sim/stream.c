@@ -259,64 +259,37 @@ sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
     return sim_host_op(hStream, op);
 }
 
-/* Whether fn is a kernel a launched graph of context c had. */
-static int
-sim_ctx_is_warm(const sim_ctx *c, CUhostFn fn)
-{
-    int i;
-
-    for (i = 0; i < c->nwarm; i++) {
-        if (c->warm[i] == fn) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* Remember that a graph with kernel fn was launched in context c (graph.c);
- * past SIM_WARM_MAX kernels the rest stay cold, which waits more than the
- * driver does, never less.  Lock held. */
-void
-sim_ctx_warm(sim_ctx *c, CUhostFn fn)
-{
-    if (c->nwarm < SIM_WARM_MAX && !sim_ctx_is_warm(c, fn)) {
-        c->warm[c->nwarm++] = fn;
-    }
-}
-
 /* A kernel recorded into a capture waits, on the driver, while a host
- * function of its context runs on another stream, unless a graph with
- * that kernel has been launched in the context before: on an H100 (CUDA
- * 13.0, tools/hostfn_probe.py) an NVRTC kernel and cudamem's kernel copy
+ * function of its context runs on another stream, until a capture with
+ * a kernel has ended in the context: on an H100 (CUDA 13.0,
+ * tools/hostfn_probe.py) an NVRTC kernel and cudamem's kernel copy
  * recorded into a capture blocked behind a held host function, first or
- * after an eager launch, and a kernel copy after a launched capture of
- * one did not.  Whether a capture alone, or another kernel's launch,
- * would do is not known: the simulator waits in those cases too, and
- * for host functions queued as well as running (the driver's line
- * between the two is not known).  A
- * host function that waits for the capturing thread makes that a hang
- * on a GPU; here a wait past CUDAMEM_SIM_CAPTURE_WAIT_S seconds aborts
- * with the reason.  Lock held; a wait gives it up, so the caller looks
- * its stream up again when this returns 1. */
+ * after eager launches, and neither did once a capture of a kernel
+ * (launched or not, the same kernel or another) had ended (graph.c sets
+ * the context's kwarm then).  Whether the first kernel's record alone
+ * lifts it is not known: the simulator waits until such a capture
+ * ends, and for host functions queued as well as running (the driver's
+ * line between the two is not known either).  A host function that waits for the capturing thread makes
+ * that a hang on a GPU; here a wait past CUDAMEM_SIM_CAPTURE_WAIT_S
+ * seconds aborts with the reason.  Lock held; a wait gives it up, so the
+ * caller looks its stream up again when this returns 1. */
 int
-sim_capture_kernel_wait(sim_ctx *c, CUhostFn fn)
+sim_capture_kernel_wait(sim_ctx *c)
 {
     struct timespec until;
     int64_t start;
 
-    if (c->hostfns == 0 || tls_worker != NULL || sim_ctx_is_warm(c, fn)) {
+    if (c->hostfns == 0 || tls_worker != NULL || c->kwarm) {
         return 0;
     }
     start = sim_now_ns();
-    while (c->hostfns > 0) {
+    while (c->hostfns > 0 && !c->kwarm) {
         if (sim_now_ns() - start > (int64_t)sim.capture_wait_s * 1000000000) {
             sim_fatal("a kernel recorded into a capture has waited %ld s for "
                       "a host function queued or running on another stream "
-                      "of its "
-                      "context: the driver makes it wait (a graph with the "
-                      "kernel was not launched in the context before), so "
-                      "on a GPU this program would hang here",
-                      sim.capture_wait_s);
+                      "of its context: the driver makes the first kernels "
+                      "of captures in a context wait so, and on a GPU this "
+                      "program would hang here", sim.capture_wait_s);
         }
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_nsec += 50000000;
@@ -368,7 +341,7 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, size_t size,
     sim_lock();
     rc = sim_stream_get(h, &s);
     if (rc == CUDA_SUCCESS && s->cap != NULL
-        && sim_capture_kernel_wait(s->ctx, fn)) {
+        && sim_capture_kernel_wait(s->ctx)) {
         rc = sim_stream_get(h, &s);
     }
     /* VMM memory must be accessible to the stream's device. */
@@ -426,7 +399,7 @@ cm_sim_kbatch(CUstream h, CUhostFn fn, const void *data, size_t size,
     sim_lock();
     rc = sim_stream_get(h, &s);
     if (rc == CUDA_SUCCESS && *seq == 0 && s->cap != NULL
-        && sim_capture_kernel_wait(s->ctx, fn)) {
+        && sim_capture_kernel_wait(s->ctx)) {
         rc = sim_stream_get(h, &s);
     }
     if (rc == CUDA_SUCCESS && s->cap == NULL) {
