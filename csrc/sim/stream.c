@@ -269,10 +269,11 @@ sim_LaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
  * the context's kwarm then).  Whether the first kernel's record alone
  * lifts it is not known: the simulator waits until such a capture
  * ends, and for host functions queued as well as running (the driver's
- * line between the two is not known either).  A host function that waits for the capturing thread makes
- * that a hang on a GPU; here a wait past CUDAMEM_SIM_CAPTURE_WAIT_S
- * seconds aborts with the reason.  Lock held; a wait gives it up, so the
- * caller looks its stream up again when this returns 1. */
+ * line between the two is not known either).  A host function that
+ * waits for the capturing thread makes that a hang on a GPU; here a
+ * wait past CUDAMEM_SIM_CAPTURE_WAIT_S seconds aborts with the reason.
+ * Lock held; a wait gives it up, so the caller looks its stream up
+ * again when this returns 1. */
 int
 sim_capture_kernel_wait(sim_ctx *c)
 {
