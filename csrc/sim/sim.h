@@ -618,6 +618,8 @@ CUresult sim_wait(sim_stream *s, uint64_t ticket);
 /* Whether c has a stream still busy with work numbered <= g. */
 int sim_ctx_busy(const sim_ctx *c, uint64_t g);
 
+/* Wait while a host function of c stops a kernel's record into a
+ * capture (stream.c); 1 if the lock was given up meanwhile. */
 int sim_capture_kernel_wait(sim_ctx *c);
 
 /* Wait for all work submitted so far on the streams of c, or of every

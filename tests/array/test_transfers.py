@@ -373,3 +373,30 @@ def test_copies_make_the_context_current_after_python_code(ctx):
     np.testing.assert_array_equal(d.copy_to_host(stream=_PopsContext()),
                                   h * 2)
     assert cuda.current_context() is ctx
+
+
+class _Tagged(np.ndarray):
+    """An ndarray subclass with nothing of its own."""
+
+
+@pytest.mark.parametrize("kind", ["subclass", "subclass view", "memmap"])
+def test_copy_to_device_from_ndarray_subclasses(ctx, kind, tmp_path):
+    # copy_to_device takes an ndarray (subclasses too) as it is; its data,
+    # contiguous or strided, is what lands.
+    base = np.arange(48, dtype=np.float32).reshape(6, 8)
+    if kind == "memmap":
+        src = np.memmap(tmp_path / "a.bin", dtype=np.float32, mode="w+",
+                        shape=(6, 8))
+        src[:] = base
+    elif kind == "subclass":
+        src = base.view(_Tagged)
+    else:
+        src = base.view(_Tagged)[::2, 1::3]
+    d = cuda.device_array(src.shape, np.float32)
+    d.copy_to_device(src)
+    assert (d.copy_to_host() == np.asarray(src)).all()
+    s = cuda.stream()
+    d2 = cuda.device_array(src.shape, np.float32, stream=s)
+    d2.copy_to_device(src, stream=s)
+    s.synchronize()
+    assert (d2.copy_to_host() == np.asarray(src)).all()

@@ -365,6 +365,8 @@ def import_error(**env):
     ("CUDAMEM_SIM_DELAY_US", "-1", "0 to 60000000"),
     ("CUDAMEM_SIM_NO_PEER", "0-0", "pairs of distinct devices"),
     ("CUDAMEM_SIM_NO_FD_HANDLES", "2", "0 to 1"),
+    ("CUDAMEM_SIM_CAPTURE_WAIT_S", "0", "1 to 3600"),
+    ("CUDAMEM_SIM_CAPTURE_WAIT_S", "3601", "1 to 3600"),
 ])
 def test_environment_tunable_out_of_range(name, value, expect):
     out = import_error(**{name: value})
