@@ -337,7 +337,9 @@ cm_pieces_run(const cm_joint *j, const cm_plan *p, CUstream stream,
     CUresult rc;
     int i;
 
-    memset(idx, 0, sizeof(idx));
+    for (i = 0; i < p->nloop; i++) {
+        idx[i] = 0;
+    }
     for (n = 0; n < p->pieces; n++) {
         uintptr_t d = j->dst;
         uintptr_t s = j->src;
@@ -386,7 +388,9 @@ cm_host_copy(const cm_joint *j)
     for (i = 0; i < nl; i++) {
         total *= j->shape[i];
     }
-    memset(idx, 0, sizeof(idx));
+    for (i = 0; i < nl; i++) {
+        idx[i] = 0;
+    }
     for (n = 0; n < total; n++) {
         char *d = (char *)j->dst;
         const char *s = (const char *)j->src;

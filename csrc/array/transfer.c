@@ -191,6 +191,7 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     PyObject *sobj = NULL;
     CUstream h;
     int async;
+    int src_da;
     int rc = -1;
     /* Whether Python code may run before the copy (a stream's
      * __cuda_stream__, a source's __cuda_array_interface__ or
@@ -203,6 +204,9 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         return -1;
     }
     src = (PyObject *)cm_as_device_source(ary);
+    /* A device array (cudamem's, or one made from a CUDA Array Interface
+     * source), else a NumPy array below. */
+    src_da = src != NULL;
     if (src == NULL) {
         if (PyErr_Occurred()) {
             return -1;
@@ -257,16 +261,13 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     }
     cm_da_view(self, &dv);
     rc = cm_copy_host(&dv, &sv, h, async,
-                      cm_da_check(src) ? CM_HOST_OTHER
-                                       : cm_host_side(src, self));
+                      src_da ? CM_HOST_OTHER : cm_host_side(src, self));
     /* A capture's graph keeps the host memory it copies from. */
-    if (rc == 0 && async && !cm_da_check(src)
-        && cm_capture_keep(h, src) < 0) {
+    if (rc == 0 && async && !src_da && cm_capture_keep(h, src) < 0) {
         rc = -1;
     }
     if (cm_da_used_on(self, async, h, sobj) < 0
-        || (cm_da_check(src)
-            && cm_da_used_on((cm_da *)src, async, h, sobj) < 0)) {
+        || (src_da && cm_da_used_on((cm_da *)src, async, h, sobj) < 0)) {
         rc = -1;
     }
 out_src:
