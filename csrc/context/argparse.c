@@ -137,6 +137,16 @@ cm_stream_resolve(PyObject *obj, CUstream *handle)
     unsigned long long h;
     int overflow;
 
+    /* None and 0 first: the streams of most calls (no type walk for
+     * them). */
+    *handle = 0;
+    if (obj == Py_None || obj == Py_False || obj == cm_st->zero) {
+        return 0;
+    }
+    if (PyLong_CheckExact(obj)
+        && PyLong_AsLongAndOverflow(obj, &overflow) == 0 && !overflow) {
+        return 0;
+    }
     if (cm_stream_check(obj)) {
         cm_stream *s = (cm_stream *)obj;
 
@@ -152,14 +162,6 @@ cm_stream_resolve(PyObject *obj, CUstream *handle)
         }
         *handle = s->handle;
         return 1;
-    }
-    *handle = 0;
-    if (obj == Py_None || obj == Py_False) {
-        return 0;
-    }
-    if (PyLong_CheckExact(obj)
-        && PyLong_AsLongAndOverflow(obj, &overflow) == 0 && !overflow) {
-        return 0;
     }
     if (PyObject_GetOptionalAttr(obj, cm_str_cuda_stream, &meth) < 0) {
         return -1;
