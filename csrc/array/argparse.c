@@ -30,6 +30,14 @@ cm_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs,
     PyObject *kwlist[K_N_NAMES];
     int i;
 
+    /* Positional arguments alone, as many as required or more and no
+     * more than there are names: no name is needed. */
+    if (kwnames == NULL && nargs >= nreq && nargs <= n) {
+        for (i = 0; i < n; i++) {
+            out[i] = i < nargs ? args[i] : NULL;
+        }
+        return 0;
+    }
     for (i = 0; i < n; i++) {
         kwlist[i] = cm_kw[names[i]];
     }
