@@ -457,6 +457,10 @@ cm_as_device_source(PyObject *obj)
     PyObject *cai;
     PyObject *r;
 
+    /* A plain NumPy array first: the host side of most copies. */
+    if (PyArray_CheckExact(obj)) {
+        return NULL;
+    }
     if (cm_da_check(obj)) {
         if (cm_da_alive((cm_da *)obj) < 0) {
             return NULL;
