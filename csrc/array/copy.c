@@ -523,9 +523,12 @@ cm_copy_by_kernel(const cm_joint *j, int dst_type, int src_type,
 }
 
 /* Hand a copy between host and device memory to the staging pipeline
- * (staging.c); 1 when it took it, 0 when not, -1 on error. */
+ * (staging.c); 1 when it took it, 0 when not, -1 on error.  host: the
+ * CM_HOST_* of the copy; only with CM_HOST_UNKNOWN (plain device memory
+ * of cudamem's managers) may a copy to the device return before its
+ * last chunks land, as the asynchronous call of cm_copy_pageable does. */
 static int
-cm_copy_try_staging(const cm_joint *j, CUstream stream, int async)
+cm_copy_try_staging(const cm_joint *j, CUstream stream, int async, int host)
 {
     cm_xfer x;
 
@@ -537,6 +540,7 @@ cm_copy_try_staging(const cm_joint *j, CUstream stream, int async)
     x.host = j->dst_dev ? j->src : j->dst;
     x.dev = (CUdeviceptr)(j->dst_dev ? j->dst : j->src);
     x.itemsize = j->itemsize;
+    x.early = host == CM_HOST_UNKNOWN;
     return cm_staging_copy(&x, stream, async);
 }
 
@@ -739,7 +743,7 @@ cm_copy_impl(const cm_view *dst, const cm_view *src, CUstream stream,
         if (route != CM_ROUTE_PIPELINE) {
             break;
         }
-        r = cm_copy_try_staging(&j, stream, async);
+        r = cm_copy_try_staging(&j, stream, async, host);
         if (r != 0) {
             return r < 0 ? -1 : 0;
         }

@@ -359,15 +359,24 @@ typedef struct {
     uintptr_t host;             /* host address of element 0 */
     CUdeviceptr dev;            /* device address of element 0 */
     Py_ssize_t itemsize;
+    int early;                  /* host to device: may return once the
+                                 * host side is taken, its last chunks'
+                                 * copies still running on the stream
+                                 * (the device side is plain device
+                                 * memory of one of cudamem's managers) */
 } cm_xfer;
 
 /* Copy x through the staging pipeline when it applies (staging on, at
  * least the threshold, the device side contiguous, the host memory not
  * page-locked).  Synchronous (on the default stream), or (async) issued
- * on stream after the work queued there; either way the copy completed
- * when it returns, as the driver's copies of pageable memory do.  1 when
- * done, 0 when the caller should copy directly, -1 with an exception.
- * The context current, GIL held (released inside). */
+ * on stream after the work queued there.  When it returns the host side
+ * is free to reuse (host to device) or filled (device to host), as with
+ * the driver's copies of pageable memory; host to device with x->early,
+ * the copies of the last chunks may still run on the stream (as the
+ * driver's cuMemcpyHtoD of pageable memory may leave its last DMA), and
+ * later work on that stream comes after them.  1 when done, 0 when the
+ * caller should copy directly, -1 with an exception.  The context
+ * current, GIL held (released inside). */
 int cm_staging_copy(const cm_xfer *x, CUstream stream, int async);
 
 /* host/hostreg.c: whether [lo, hi) overlaps a range cudamem registered

@@ -632,8 +632,9 @@ def test_nt_spin_and_huge_tunables(staging):
 @pytest.mark.ahead
 def test_async_follows_its_stream_and_completes_before_returning():
     """An asynchronous staged copy is issued on its stream after the work
-    queued there, and (like the driver's copies of pageable memory) has
-    completed when it returns, its buffers back in the cache."""
+    queued there, and (like the driver's copies of pageable memory) is
+    done with the host side when it returns (to the host: landed), its
+    buffers back in the cache."""
     if not SIMULATOR:
         pytest.skip("slowed-down copies need the simulator")
     rc, out = run_py("""
@@ -657,3 +658,64 @@ def test_async_follows_its_stream_and_completes_before_returning():
     assert "data: True" in out
     assert "released: True" in out
     assert "staged: True" in out
+
+
+@pytest.mark.ahead
+def test_sync_to_device_returns_once_the_host_side_is_taken():
+    """A synchronous staged copy to plain device memory returns once its
+    last chunk is packed and issued, as the driver's cuMemcpyHtoD of
+    pageable memory may: the default stream still runs its last copies,
+    the source is free to change at once, and what follows on the
+    default stream (a copy back, staged through the same buffers, which
+    wait for those copies first; trimming the cache, which waits before
+    freeing them) sees the bytes."""
+    if not SIMULATOR:
+        pytest.skip("slowed-down copies need the simulator")
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        _core._staging_config(enabled=True, threshold=1, chunk=1 << 14,
+                              buffers=2)
+        h = np.arange(1 << 13, dtype=np.float64)   # 4 chunks, 2 buffers
+        want = h.copy()
+        d = cudamem.device_array_like(h)
+        d.copy_to_device(h)
+        print("in flight:", not cudamem.default_stream().query())
+        h[:] = -1                      # the source was taken
+        out = d.copy_to_host()         # staged through the same buffers
+        print("data:", bool((out == want).all()))
+        d.copy_to_device(want[::-1].copy())
+        _core._staging_trim()          # frees buffers a copy may still read
+        print("trimmed:", _core._staging_stats()["buffers"] == 0)
+        print("data 2:", bool((d.copy_to_host() == want[::-1]).all()))
+        st = _core._staging_stats()
+        print("released:", st["in_use"] == 0 and st["inflight"] == 0)
+        """, CUDAMEM_SIM_DELAY_US="50000")
+    assert rc == 0, out
+    assert "in flight: True" in out
+    assert "data: True" in out
+    assert "trimmed: True" in out
+    assert "data 2: True" in out
+    assert "released: True" in out
+
+
+@pytest.mark.ahead
+def test_sync_to_device_into_managed_memory_has_landed():
+    """Into memory the host reads directly (managed), a synchronous staged
+    copy returns only once every chunk has landed."""
+    if not SIMULATOR:
+        pytest.skip("slowed-down copies need the simulator")
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        _core._staging_config(enabled=True, threshold=1, chunk=1 << 14,
+                              buffers=2)
+        h = np.arange(1 << 13, dtype=np.float64)
+        m = cudamem.managed_array(h.shape, h.dtype)
+        m.copy_to_device(h)
+        print("landed:", cudamem.default_stream().query())
+        print("data:", bool((np.asarray(m) == h).all()))
+        """, CUDAMEM_SIM_DELAY_US="50000")
+    assert rc == 0, out
+    assert "landed: True" in out
+    assert "data: True" in out

@@ -17,11 +17,18 @@
  * completed.
  *
  * The pipeline runs in the calling thread, with the GIL released, and
- * returns when every chunk is in place: a synchronous copy issues its
+ * returns when the host side is done with: a synchronous copy issues its
  * chunks on the default stream, an asynchronous one on its stream S (so
- * they follow the work queued on S).  The driver's own asynchronous
- * copies of pageable memory do not return either before the host memory
- * is consumed (host to device) or filled (device to host).  An earlier
+ * they follow the work queued on S).  Device to host, every chunk has
+ * then landed; host to device, into plain device memory of cudamem's
+ * managers (cm_xfer.early), the copies of the last chunks may still run
+ * on that stream, as the driver's own copies of pageable memory to the
+ * device may leave their last DMA (docs/design.md, "Synchronous copies
+ * of pageable memory"); a buffer whose copy may still run is marked
+ * pending and waited for before its next use or its release.  The
+ * driver's own asynchronous copies of pageable memory do not return
+ * either before the host memory is consumed (host to device) or filled
+ * (device to host).  An earlier
  * design returned at once and held S with a host function waiting for
  * the pipeline; the driver forbids a host function to wait on work not
  * ordered before it, and on the H200 it deadlocked.
@@ -73,6 +80,8 @@ long cm_spin_ns;
  * element order (the device side is one contiguous range). */
 typedef struct cm_sjob {
     int htod;                 /* host to device, else device to host */
+    int early;                /* host to device: return once the last
+                               * chunk is issued (cm_xfer.early) */
     int ndim;                 /* >= 1 */
     Py_ssize_t shape[NPY_MAXDIMS];
     Py_ssize_t hs[NPY_MAXDIMS];  /* host strides, bytes */
@@ -551,6 +560,10 @@ cm_sbuf_free_list(cm_sbuf *list)
 
         list = b->next;
         if (!cm_forked) {
+            if (b->pending) {
+                /* A copy from it may still run. */
+                (void)CM_CU_RAW(EventSynchronize, (b->ev));
+            }
             (void)CM_CU_RAW(EventDestroy, (b->ev));
         }
         cm_sbuf_release_mem(b);
@@ -835,8 +848,9 @@ cm_stg_wait_buf(cm_sjob *j, int b, int *pending)
 }
 
 /* Run j's pipeline on j->stream; the context current, no GIL.  When it
- * returns, no copy of j's is outstanding unless j->unsure is set.  The
- * first error is in j->rc / j->fn. */
+ * returns, no copy of j's is outstanding unless j->unsure is set, or
+ * j->early and it went well (the last copies from its buffers, marked
+ * pending).  The first error is in j->rc / j->fn. */
 static void
 cm_stg_run(cm_sjob *j)
 {
@@ -849,6 +863,20 @@ cm_stg_run(cm_sjob *j)
     CUresult rc = CUDA_SUCCESS;
 
     memset(pending, 0, sizeof(pending));
+    /* A cached buffer may still be read by the copy of a transfer to the
+     * device that returned early: waited for before the workers write it
+     * (host to device, in the loop) or a copy writes it (device to host,
+     * here). */
+    for (b = 0; b < j->nbuf; b++) {
+        if (j->buf[b]->pending) {
+            j->buf[b]->pending = 0;
+            pending[b] = 1;
+            if (!j->htod
+                && (rc = cm_stg_wait_buf(j, b, pending)) != CUDA_SUCCESS) {
+                goto out_drain;
+            }
+        }
+    }
     if (j->htod) {
         for (k = 0; k < n; k++) {
             b = (int)(k % (size_t)j->nbuf);
@@ -903,9 +931,16 @@ out_drain:
         j->rc = rc;
     }
     /* Every buffer's last copy must have completed before it is reused;
-     * what no event confirms, the stream does. */
+     * what no event confirms, the stream does.  A transfer to the device
+     * that may return early and went well leaves its buffers' last
+     * copies running, their events to be waited for by the buffers'
+     * next use (cm_sbuf.pending). */
     t0 = cm_now_ns();
     for (b = 0; b < j->nbuf; b++) {
+        if (pending[b] == 1 && j->early && rc == CUDA_SUCCESS) {
+            j->buf[b]->pending = 1;
+            continue;
+        }
         if (pending[b] == 1
             && CM_CU_RAW(EventSynchronize, (j->buf[b]->ev))
                != CUDA_SUCCESS) {
@@ -1001,6 +1036,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
         return -1;
     }
     j->htod = x->htod;
+    j->early = x->htod && x->early;
     j->ndim = x->ndim > 0 ? x->ndim : 1;
     j->shape[0] = 1;
     j->hs[0] = x->itemsize;

@@ -69,6 +69,10 @@ typedef struct cm_sbuf {
     CUevent ev;               /* recorded after each copy */
     unsigned long gen;        /* the context generation it belongs to */
     int dev;                  /* its device's ordinal */
+    int pending;              /* ev follows a copy that may still run
+                               * (a transfer to the device that returned
+                               * early): waited for before the buffer is
+                               * written, read or freed */
     struct cm_sbuf *next;     /* free list link */
 } cm_sbuf;
 
