@@ -719,3 +719,33 @@ def test_sync_to_device_into_managed_memory_has_landed():
     assert rc == 0, out
     assert "landed: True" in out
     assert "data: True" in out
+
+
+@pytest.mark.ahead
+def test_buffers_left_in_flight_are_waited_for_on_another_stream():
+    """A copy to the device that returned early leaves its last buffers'
+    copies running on the default stream; a copy to the host on another
+    stream (one that does not wait for the default stream) takes the same
+    buffers and must not write them before those copies read them."""
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        _core._staging_config(enabled=True, threshold=1, chunk=1 << 20,
+                              buffers=2)
+        s = _core._stream_with_flags(1)     # CU_STREAM_NON_BLOCKING
+        ok = True
+        for r in range(20):
+            a = np.full(1 << 18, r, np.float64)          # 2 MiB: 2 chunks
+            b = np.full(1 << 18, -1.0 - r, np.float64)
+            da = cudamem.device_array_like(a)
+            db = cudamem.to_device(b)
+            s.synchronize()
+            da.copy_to_device(a)                         # returns early
+            db.copy_to_host(b, stream=s)                 # same buffers
+            s.synchronize()
+            ok &= bool((da.copy_to_host() == r).all())
+            ok &= bool((b == -1.0 - r).all())
+        print("data:", ok)
+        """, CUDAMEM_SIM_DELAY_US="2000" if SIMULATOR else None)
+    assert rc == 0, out
+    assert "data: True" in out
