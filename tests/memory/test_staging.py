@@ -749,3 +749,26 @@ def test_buffers_left_in_flight_are_waited_for_on_another_stream():
         """, CUDAMEM_SIM_DELAY_US="2000" if SIMULATOR else None)
     assert rc == 0, out
     assert "data: True" in out
+
+
+def test_a_few_chunks_are_cut_smaller():
+    """With the default chunk (8 MiB) and buffers (3), a transfer is cut
+    into a third each while that is at most 2 MiB (4 MiB: 3 chunks), into
+    eighths of at least 2 MiB while a third would be under the chunk size
+    (8 MiB: 4 chunks, 16 MiB: 8), and into chunks of the chunk size from
+    there (32 MiB: 4, 64 MiB: 8)."""
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        for mib in (4, 8, 16, 32, 64):
+            h = np.ones(mib << 20, np.uint8)
+            d = cudamem.device_array_like(h)
+            n0 = _core._staging_stats()["chunks"]
+            d.copy_to_device(h)
+            print(mib, _core._staging_stats()["chunks"] - n0)
+        """, CUDAMEM_STAGING_CHUNK=None, CUDAMEM_STAGING_BUFFERS=None,
+        CUDAMEM_STAGING_THRESHOLD=None, CUDAMEM_STAGING=None,
+        CUDAMEM_STAGING_RAMP=None)
+    assert rc == 0, out
+    got = dict(line.split() for line in out.split("\n") if line.strip())
+    assert got == {"4": "3", "8": "4", "16": "8", "32": "4", "64": "8"}, out

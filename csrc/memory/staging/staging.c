@@ -1055,8 +1055,16 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
     j->itemsize = (size_t)x->itemsize;
     j->elems = elems;
     /* Chunks shrink for transfers of a few chunks, so that they still
-     * overlap; a chunk holds whole elements. */
+     * overlap: a share of the buffers each, or where that is between
+     * CM_STG_SPLIT_FLOOR and the chunk size, an eighth (CM_STG_SPLIT) but
+     * no less than the floor; a chunk holds whole elements. */
     chunk = (bytes + (size_t)cfg.buffers - 1) / (size_t)cfg.buffers;
+    if (chunk > CM_STG_SPLIT_FLOOR && chunk < cfg.chunk) {
+        chunk = (bytes + CM_STG_SPLIT - 1) / CM_STG_SPLIT;
+        if (chunk < CM_STG_SPLIT_FLOOR) {
+            chunk = CM_STG_SPLIT_FLOOR;
+        }
+    }
     if (chunk < CM_STG_MINCHUNK) {
         chunk = CM_STG_MINCHUNK;
     }

@@ -26,6 +26,16 @@
 #define CM_STG_MAXBUF 16              /* most staging buffers a transfer */
 #define CM_STG_DEVICES 64             /* devices with a buffer cache */
 #define CM_STG_MINCHUNK ((size_t)256 << 10)  /* adaptive chunk floor */
+/* A transfer of a few chunks is cut into at least CM_STG_SPLIT chunks,
+ * none under CM_STG_SPLIT_FLOOR bytes, where its share of the buffers
+ * would be larger than that and smaller than the chunk size (the
+ * transfers under 24 MiB by default; larger ones keep the chunk size,
+ * chosen on an H200): on an H100 a 16 MiB copy ran at 24 GB/s both ways
+ * in 2 MiB chunks, 18-20 in 4 MiB and 12 in 5.3 MiB ones (a third each,
+ * the rule before), the copies of large chunks taking longer than their
+ * packing (docs/performance.md, "Copies of 64 KiB to 16 MiB"). */
+#define CM_STG_SPLIT 8
+#define CM_STG_SPLIT_FLOOR ((size_t)2 << 20)
 /* Free buffers a device's cache keeps: this many transfers' worth. */
 #define CM_STG_KEEP_SETS 4
 #define CM_STG_MAXRAMP 6              /* most halvings at each end */
