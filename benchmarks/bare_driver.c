@@ -7,12 +7,16 @@
  * is loaded with dlopen (CUDAMEM_DRIVER_LIBRARY, else libcuda.so.1), so
  * nothing but pthreads is linked.
  *
- *   bare_driver roundtrip THREADS BYTES pinned|pageable SAMPLES MS
+ *   bare_driver roundtrip THREADS BYTES pinned|pageable|pinned-generic
+ *               SAMPLES MS
  *       THREADS threads, each with a stream of its own (cuStreamCreate,
  *       flags 0, as cudamem's stream()), a device buffer and two host
  *       buffers of BYTES bytes (cuMemHostAlloc, or malloc'd and touched),
  *       repeat cuMemcpyHtoDAsync, cuMemcpyDtoHAsync and
- *       cuStreamSynchronize on that stream.  A sample starts every
+ *       cuStreamSynchronize on that stream; pinned-generic makes both
+ *       copies with cuMemcpyAsync (unified addressing, the entry point
+ *       the runtime's cudaMemcpyAsync may take) from and to
+ *       cuMemHostAlloc'd buffers.  A sample starts every
  *       thread at once and stops them after MS milliseconds (each
  *       finishes its round trip, and makes one at least); it counts
  *       until the last one stopped.
@@ -35,7 +39,8 @@
  *       pageable: the driver must answer CUDA_ERROR_INVALID_VALUE), and
  *       pinned (the sync call, the host buffer from cuMemHostAlloc
  *       instead: synchronous for the host in both directions; htod and
- *       dtoh only).
+ *       dtoh only), and pinned-generic (the same with cuMemcpy, the
+ *       unified entry point).
  *
  * Prints one line, "ok" and per sample the seconds per operation (per
  * round trip of all threads together, per allocate-and-free, per
@@ -80,6 +85,8 @@ static struct {
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*PointerGetAttribute)(void *, CUpointer_attribute,
                                     CUdeviceptr);
     CUresult (*GetErrorName)(CUresult, const char **);
@@ -98,6 +105,7 @@ static char bd_err[256];          /* NOTE: the first error; bd_err_mu */
 typedef struct {
     size_t bytes;                 /* per copy */
     int pinned;                   /* host buffers page-locked */
+    int generic;                  /* copies with cuMemcpyAsync */
     int samples;
     long counts[BD_MAX_SAMPLES];  /* round trips done per sample */
 } bd_worker;
@@ -178,6 +186,8 @@ bd_load(void)
     BD_SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     BD_SYM(MemcpyHtoD, "cuMemcpyHtoD_v2");
     BD_SYM(MemcpyDtoH, "cuMemcpyDtoH_v2");
+    BD_SYM(MemcpyAsync, "cuMemcpyAsync");
+    BD_SYM(Memcpy, "cuMemcpy");
     BD_SYM(PointerGetAttribute, "cuPointerGetAttribute");
     BD_SYM(GetErrorName, "cuGetErrorName");
 #undef BD_SYM
@@ -248,15 +258,25 @@ bd_host_free(void *p, int pinned)
 
 /* One round trip on s; 0, or -1 with the error kept. */
 static int
-bd_round_trip(CUdeviceptr d, void *src, void *dst, size_t bytes, CUstream s)
+bd_round_trip(CUdeviceptr d, void *src, void *dst, size_t bytes, CUstream s,
+              int generic)
 {
     CUresult rc;
 
-    if ((rc = cu.MemcpyHtoDAsync(d, src, bytes, s)) != CUDA_SUCCESS) {
+    if (generic) {
+        if ((rc = cu.MemcpyAsync(d, (CUdeviceptr)(uintptr_t)src, bytes, s))
+            != CUDA_SUCCESS
+            || (rc = cu.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, d, bytes,
+                                    s)) != CUDA_SUCCESS) {
+            bd_fail("cuMemcpyAsync", rc);
+            return -1;
+        }
+    }
+    else if ((rc = cu.MemcpyHtoDAsync(d, src, bytes, s)) != CUDA_SUCCESS) {
         bd_fail("cuMemcpyHtoDAsync", rc);
         return -1;
     }
-    if ((rc = cu.MemcpyDtoHAsync(dst, d, bytes, s)) != CUDA_SUCCESS) {
+    else if ((rc = cu.MemcpyDtoHAsync(dst, d, bytes, s)) != CUDA_SUCCESS) {
         bd_fail("cuMemcpyDtoHAsync", rc);
         return -1;
     }
@@ -304,7 +324,7 @@ bd_worker_main(void *arg)
     }
     ok = 1;
     for (i = 0; ok && i < BD_WARM; i++) {
-        ok = bd_round_trip(d, src, dst, w->bytes, s) == 0;
+        ok = bd_round_trip(d, src, dst, w->bytes, s, w->generic) == 0;
     }
 run:
     for (k = 0; k < w->samples; k++) {
@@ -314,7 +334,7 @@ run:
         /* At least one round trip per sample, so that a sample shorter
          * than a round trip still measures one. */
         while (ok) {
-            ok = bd_round_trip(d, src, dst, w->bytes, s) == 0;
+            ok = bd_round_trip(d, src, dst, w->bytes, s, w->generic) == 0;
             n += ok;
             if (atomic_load_explicit(&bd_stop, memory_order_relaxed)
                 || atomic_load_explicit(&bd_failed, memory_order_relaxed)) {
@@ -372,7 +392,8 @@ bd_roundtrip(int nthreads, size_t bytes, int pinned, int samples, long ms)
     }
     for (i = 0; i < nthreads; i++) {
         workers[i].bytes = bytes;
-        workers[i].pinned = pinned;
+        workers[i].pinned = pinned != 0;
+        workers[i].generic = pinned == 2;
         workers[i].samples = samples;
         if (pthread_create(&tids[i], NULL, bd_worker_main, &workers[i])
             != 0) {
@@ -497,6 +518,7 @@ enum { BD_HTOD, BD_DTOH, BD_DTOH_NEW };
 #define BD_WAIT 2               /* then cuStreamSynchronize of it */
 #define BD_QUERY 4              /* first cuPointerGetAttribute */
 #define BD_PINNED 8             /* the host buffer page-locked */
+#define BD_GENERIC 16           /* with BD_PINNED: cuMemcpy */
 
 /* One copy of the copy rows; 0, or -1 with the error kept. */
 static int
@@ -522,6 +544,12 @@ bd_copy_once(int dir, int call, CUdeviceptr d, void *host, size_t bytes)
             goto out;
         }
         rc = CUDA_SUCCESS;
+    }
+    if (call & BD_GENERIC) {
+        what = "cuMemcpy";
+        rc = dir == BD_HTOD ? cu.Memcpy(d, (CUdeviceptr)(uintptr_t)h, bytes)
+                            : cu.Memcpy((CUdeviceptr)(uintptr_t)h, d, bytes);
+        goto out;
     }
     if (!(call & BD_ASYNC)) {
         what = dir == BD_HTOD ? "cuMemcpyHtoD" : "cuMemcpyDtoH";
@@ -594,12 +622,12 @@ static int
 bd_usage(void)
 {
     fprintf(stderr,
-            "usage: bare_driver roundtrip THREADS BYTES pinned|pageable "
-            "SAMPLES MS\n"
+            "usage: bare_driver roundtrip THREADS BYTES "
+            "pinned|pageable|pinned-generic SAMPLES MS\n"
             "       bare_driver churn plain|deferred COUNT SAMPLES MS\n"
             "       bare_driver copy htod|dtoh|dtoh-new "
-            "sync|async|async-wait|query-async|query-async-wait|pinned "
-            "BYTES SAMPLES MS\n");
+            "sync|async|async-wait|query-async|query-async-wait|pinned|"
+            "pinned-generic BYTES SAMPLES MS\n");
     return 2;
 }
 
@@ -635,6 +663,7 @@ main(int argc, char **argv)
         a = bd_arg(argv[2], 1, BD_MAX_THREADS);
         b = bd_arg(argv[3], 1, 1L << 30);
         mode = strcmp(argv[4], "pinned") == 0 ? 1
+               : strcmp(argv[4], "pinned-generic") == 0 ? 2
                : strcmp(argv[4], "pageable") == 0 ? 0 : -1;
         samples = bd_arg(argv[5], 1, BD_MAX_SAMPLES);
         ms = bd_arg(argv[6], 1, 60000);
@@ -657,8 +686,10 @@ main(int argc, char **argv)
                : strcmp(argv[3], "query-async") == 0 ? BD_QUERY | BD_ASYNC
                : strcmp(argv[3], "query-async-wait") == 0
                  ? BD_QUERY | BD_ASYNC | BD_WAIT
-               : strcmp(argv[3], "pinned") == 0 ? BD_PINNED : -1;
-        if (call == BD_PINNED && mode == BD_DTOH_NEW) {
+               : strcmp(argv[3], "pinned") == 0 ? BD_PINNED
+               : strcmp(argv[3], "pinned-generic") == 0
+                 ? BD_PINNED | BD_GENERIC : -1;
+        if ((call & BD_PINNED) && mode == BD_DTOH_NEW) {
             call = -1;          /* a new buffer each copy is pageable */
         }
         a = 0;

@@ -342,6 +342,34 @@ cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
                      NULL, 0, 1);
 }
 
+/* The unified entry points: the side that is a live allocation is the
+ * device's. */
+static CUresult
+fake_copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
+              int sync)
+{
+    long i;
+
+    pthread_mutex_lock(&fake_mu);
+    i = fake_find((uintptr_t)dst, n);
+    pthread_mutex_unlock(&fake_mu);
+    return fake_copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src,
+                     i >= 0 ? (uintptr_t)dst : (uintptr_t)src, n, s, i >= 0,
+                     sync);
+}
+
+CUresult
+cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return fake_copy_any(dst, src, n, s, 0);
+}
+
+CUresult
+cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return fake_copy_any(dst, src, n, NULL, 1);
+}
+
 /* The memory type only: page-locked host memory under
  * FAKE_CUDA_QUERY_LOCKED=1, device memory for a live allocation, else
  * unknown to the driver (pageable host memory). */

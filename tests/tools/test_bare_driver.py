@@ -79,7 +79,7 @@ def samples(p, n):
     return xs
 
 
-@pytest.mark.parametrize("memory", ["pinned", "pageable"])
+@pytest.mark.parametrize("memory", ["pinned", "pageable", "pinned-generic"])
 @pytest.mark.parametrize("nthreads", [1, 4])
 def test_round_trip_threads(prog, fake, memory, nthreads):
     p = run(prog, "roundtrip", nthreads, 1024, memory, 3, 20, fake=fake)
@@ -131,13 +131,14 @@ COPY_CALLS = {
     "query-async": (0, 1, 0, 1),
     "query-async-wait": (0, 1, 1, 1),
     "pinned": (1, 0, 0, 0),
+    "pinned-generic": (1, 0, 0, 0),
 }
 
 
 # (a new buffer each copy, dtoh-new, is pageable: no pinned call there)
 @pytest.mark.parametrize("direction,call", [
     (d, c) for d in ("htod", "dtoh", "dtoh-new") for c in sorted(COPY_CALLS)
-    if not (d == "dtoh-new" and c == "pinned")])
+    if not (d == "dtoh-new" and c.startswith("pinned"))])
 def test_copy_rows_make_the_calls_they_name(prog, fake, direction, call):
     """The single-copy rows: per copy exactly the driver calls CALL names
     (the fake counts them), one device buffer, released; the host buffer
@@ -153,7 +154,7 @@ def test_copy_rows_make_the_calls_they_name(prog, fake, direction, call):
     assert (s["scopies"], s["legacy"], s["legacy_syncs"], s["queries"]) \
         == (sync * n, legacy * n, legacy_syncs * n, queries * n)
     assert s["streams"] == 0 and s["syncs"] == s["legacy_syncs"]
-    pinned = int(call == "pinned")
+    pinned = int(call.startswith("pinned"))
     assert s["host_allocs"] == s["host_frees"] == pinned
 
 
