@@ -24,7 +24,10 @@ bare asynchronous call); the mode is set outside the timed call, and
 the context synchronised before it.  Twice: the call alone, then the
 call and a synchronize (the bytes landed): back to back, what one call
 leaves in flight would be paid by the next.  Where 'sync' overtakes
-'async' is the limit to give ``CUDAMEM_SYNC_ASYNC_MAX``.
+'async' is the limit to give ``CUDAMEM_SYNC_ASYNC_MAX``.  Between the
+two, the bare C program's round trips and synchronous copies of 1 and
+64 KiB of page-locked memory through the host-to-device / device-to-host
+entry points and through the unified ones (``entry_points``).
 """
 import os
 import statistics
@@ -157,7 +160,45 @@ def crossover(landed):
         _core._sync_copy_call(old)
 
 
+def entry_points():
+    """The bare C program (benchmarks/bare_driver.c) with page-locked
+    buffers of 1 KiB and 64 KiB, through the driver's host-to-device and
+    device-to-host entry points and through the unified ones
+    (cuMemcpyAsync / cuMemcpy, which the runtime's cudaMemcpy[Async] may
+    take): one thread's round trips on a stream (the ``round trip ...
+    pinned [1 thread]`` rows' driver column), and synchronous copies
+    both ways.  Where the unified calls are faster, cudamem's copies of
+    page-locked memory could make them."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        os.pardir, "benchmarks")
+    sys.path.insert(0, here)
+    try:
+        import bare_driver
+    except ImportError as e:
+        print("bare_driver: %s" % e)
+        return
+    for n in (1 << 10, 64 << 10):
+        try:
+            rt = {m: bare_driver.run("roundtrip", 1, n, m, 21, 20)[0]
+                  for m in ("pinned", "pinned-generic")}
+            cp = {(d, c): bare_driver.run("copy", d, c, n, 21, 20)[0]
+                  for d in ("htod", "dtoh")
+                  for c in ("pinned", "pinned-generic")}
+        except Exception as e:   # no compiler, no driver: say so
+            print("bare_driver: %s" % e)
+            return
+        print("%6d KiB pinned, bare C: round trip htod/dtoh %.2f, "
+              "generic %.2f; copy htod %.2f, generic %.2f; dtoh %.2f, "
+              "generic %.2f  (us)"
+              % (n >> 10, rt["pinned"] * 1e6, rt["pinned-generic"] * 1e6,
+                 cp["htod", "pinned"] * 1e6,
+                 cp["htod", "pinned-generic"] * 1e6,
+                 cp["dtoh", "pinned"] * 1e6,
+                 cp["dtoh", "pinned-generic"] * 1e6), flush=True)
+
+
 if __name__ == "__main__":
     main()
+    entry_points()
     crossover(False)
     crossover(True)
