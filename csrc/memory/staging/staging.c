@@ -17,9 +17,9 @@
  * completed.
  *
  * The pipeline runs in the calling thread, with the GIL released, and
- * returns when the host side is done with: a synchronous copy issues its
- * chunks on the default stream, an asynchronous one on its stream S (so
- * they follow the work queued on S).  Device to host, every chunk has
+ * returns once it is done with the host side: a synchronous copy issues
+ * its chunks on the default stream, an asynchronous one on its stream S
+ * (so they follow the work queued on S).  Device to host, every chunk has
  * then landed; host to device, into plain device memory of cudamem's
  * managers (cm_xfer.early), the copies of the last chunks may still run
  * on that stream, as the driver's own copies of pageable memory to the
@@ -28,10 +28,10 @@
  * pending and waited for before its next use or its release.  The
  * driver's own asynchronous copies of pageable memory do not return
  * either before the host memory is consumed (host to device) or filled
- * (device to host).  An earlier
- * design returned at once and held S with a host function waiting for
- * the pipeline; the driver forbids a host function to wait on work not
- * ordered before it, and on the H200 it deadlocked.
+ * (device to host).  An earlier design returned at once and held S with
+ * a host function waiting for the pipeline; the driver forbids a host
+ * function to wait on work not ordered before it, and on the H200 it
+ * deadlocked.
  *
  * Owns: the tunables (CUDAMEM_STAGING, _THRESHOLD, _CHUNK, _BUFFERS,
  * _THREADS, _RAMP, _NT, _SPIN, _HUGE); the worker threads (made once,
