@@ -772,3 +772,32 @@ def test_a_few_chunks_are_cut_smaller():
     assert rc == 0, out
     got = dict(line.split() for line in out.split("\n") if line.strip())
     assert got == {"4": "3", "8": "4", "16": "8", "32": "4", "64": "8"}, out
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_peer_reads_a_copy_that_returned_early(lib):
+    """Another library reading a device array right after a staged copy
+    to it returned (its last chunks possibly still in flight) on its own
+    default stream, which comes after cudamem's default-stream copies,
+    sees every byte."""
+    pytest.importorskip(lib)
+    if SIMULATOR:
+        pytest.skip("%s needs a GPU" % lib)
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        lib = %r
+        ok = True
+        for r in range(10):
+            h = np.full(16 << 20, r + 1, np.uint8)      # staged: 8 chunks
+            d = cudamem.to_device(h)
+            if lib == "cupy":
+                import cupy
+                got = cupy.asnumpy(cupy.asarray(d))
+            else:
+                import torch
+                got = torch.as_tensor(d, device="cuda").cpu().numpy()
+            ok &= bool((got == r + 1).all())
+        print("data:", ok)
+        """ % lib)
+    assert rc == 0, out
+    assert "data: True" in out
