@@ -197,8 +197,58 @@ def entry_points():
                  cp["dtoh", "pinned-generic"] * 1e6), flush=True)
 
 
+def tight():
+    """64 KiB of page-locked memory, each column timed the way the
+    side-by-side benchmark times a row: calls back to back, 2 ms a
+    sample (benchmarks/harness.py's loop), no synchronize: cudamem's
+    copy, the bare driver call from Python, CuPy's, and the bare C loop
+    (benchmarks/bare_driver.c, the rows' driver column), the columns
+    alternated over rounds.  The interleaved figures above time one call
+    at a time; where the benchmark's rows put every Python column below
+    the C loop and these agree with them, the gap is the loop's, not
+    cudamem's.  Then 64 KiB of pageable memory to the host, the same way
+    (no C column: bare_driver.c copies pinned memory here)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        os.pardir, "benchmarks")
+    sys.path.insert(0, here)
+    try:
+        import bare_driver
+        import harness
+    except ImportError as e:
+        print("tight: %s" % e)
+        return
+    n = 64 << 10
+    for pinned in (True, False):
+        cols = columns(n, pinned)
+        for way in ("htod", "dtoh") if pinned else ("dtoh",):
+            fns = {k: f for k, f in cols.items() if k.endswith(way)}
+            if pinned:
+                fns["C loop " + way] = None
+            times = {k: [] for k in fns}
+            for r in range(7):
+                for k in (list(fns) if r % 2 else list(fns)[::-1]):
+                    if fns[k] is None:
+                        try:
+                            t = bare_driver.run("copy", way, "pinned", n,
+                                                11, 2)[0]
+                        except Exception as e:   # no compiler, no driver
+                            print("tight: bare_driver: %s" % e)
+                            del times[k], fns[k]
+                            break
+                    else:
+                        t = harness.time_callable(fns[k], repeats=11)[0]
+                    times[k].append(t)
+                cudamem.synchronize()
+            print("%6d KiB %-8s back to back: " % (
+                      n >> 10, "pinned" if pinned else "pageable")
+                  + "  ".join("%s %.2f" % (k, statistics.median(v) * 1e6)
+                              for k, v in times.items()) + "  (us)",
+                  flush=True)
+
+
 if __name__ == "__main__":
     main()
     entry_points()
+    tight()
     crossover(False)
     crossover(True)
