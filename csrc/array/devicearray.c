@@ -428,7 +428,8 @@ cm_effective_stream(PyObject *arg, PyObject *bound, CUstream *h)
 
 /* Note that async work just queued on h (from stream object sobj) used
  * a's memory, so that its release waits for it (cm_mem_note_use); a
- * no-op for synchronous work, which has completed.  0 or -1. */
+ * no-op for async 0 (work that has completed; a synchronous copy that
+ * may return before it has run passes 1).  0 or -1. */
 int
 cm_da_used_on(cm_da *a, int async, CUstream h, PyObject *sobj)
 {

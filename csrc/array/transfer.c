@@ -192,6 +192,8 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
     CUstream h;
     int async;
     int src_da;
+    int host;
+    int early;
     int rc = -1;
     /* Whether Python code may run before the copy (a stream's
      * __cuda_stream__, a source's __cuda_array_interface__ or
@@ -246,8 +248,10 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         }
         if (s->ctx != NULL && self->ctx != NULL && s->ctx != self->ctx) {
             rc = cm_copy_across(self, s, h, async);
-            if (cm_da_used_on(s, async, h, sobj) < 0
-                || cm_da_used_on(self, async, h, sobj) < 0) {
+            /* Device to device: even a synchronous copy may return
+             * before it has run (below). */
+            if (cm_da_used_on(s, 1, h, sobj) < 0
+                || cm_da_used_on(self, 1, h, sobj) < 0) {
                 rc = -1;
             }
             goto out_src;
@@ -260,14 +264,23 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
         goto out_src;
     }
     cm_da_view(self, &dv);
-    rc = cm_copy_host(&dv, &sv, h, async,
-                      src_da ? CM_HOST_OTHER : cm_host_side(src, self));
+    host = src_da ? CM_HOST_OTHER : cm_host_side(src, self);
+    rc = cm_copy_host(&dv, &sv, h, async, host);
     /* A capture's graph keeps the host memory it copies from. */
     if (rc == 0 && async && !src_da && cm_capture_keep(h, src) < 0) {
         rc = -1;
     }
-    if (cm_da_used_on(self, async, h, sobj) < 0
-        || (src_da && cm_da_used_on((cm_da *)src, async, h, sobj) < 0)) {
+    /* A synchronous copy may return before its bytes land, its work
+     * left on the default stream (h): from memory that may be pageable
+     * (the staging pipeline's last chunks, the driver's own staging) and
+     * device to device (the driver's copy).  The memory's release waits
+     * for that stream as for asynchronous work: a pool block allocated
+     * for another stream and freed at once is not handed out there
+     * before the copy has run.  Nothing to note where the memory was
+     * allocated for the default stream (cm_mem_note_use). */
+    early = async || src_da || host == CM_HOST_UNKNOWN;
+    if (cm_da_used_on(self, early, h, sobj) < 0
+        || (src_da && cm_da_used_on((cm_da *)src, early, h, sobj) < 0)) {
         rc = -1;
     }
 out_src:

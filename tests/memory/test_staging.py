@@ -751,6 +751,45 @@ def test_buffers_left_in_flight_are_waited_for_on_another_stream():
     assert "data: True" in out
 
 
+@pytest.mark.parametrize("manager", ["pool", "async"])
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "direct"])
+def test_early_copy_holds_the_block_it_writes(manager, staged):
+    """A synchronous copy from pageable memory that returned before its
+    bytes landed (staged, or the driver's own staging under the
+    threshold) into an array allocated for another stream (a
+    non-blocking one) and bound to the default stream: freed at once,
+    the block is not handed out on that stream before the copy has run,
+    so the next owner's bytes are not overwritten by the late ones."""
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        if %(staged)r:
+            _core._staging_config(enabled=True, threshold=1,
+                                  chunk=1 << 14, buffers=2)
+        s = _core._stream_with_flags(1)     # CU_STREAM_NON_BLOCKING
+        n = (1 << 13) if %(sim)r else (2 << 20)   # staged: 4 / 8 chunks
+        h = np.arange(n, dtype=np.float64)
+        src = cudamem.pinned_array(n, np.float64)
+        ok = True
+        for r in range(2 if %(sim)r else 20):
+            d = cudamem.device_array(n, np.float64, stream=s)
+            d.bind(0).copy_to_device(h)      # may return early
+            del d
+            d2 = cudamem.device_array(n, np.float64, stream=s)
+            src[:] = -1 - r
+            d2.copy_to_device(src, stream=s)
+            s.synchronize()
+            cudamem.synchronize()
+            ok &= bool((d2.copy_to_host() == -1 - r).all())
+            del d2
+        print("data:", ok)
+        """ % {"staged": staged, "sim": SIMULATOR},
+        CUDAMEM_MEMORY_MANAGER=manager,
+        CUDAMEM_SIM_DELAY_US="50000" if SIMULATOR else None)
+    assert rc == 0, out
+    assert "data: True" in out
+
+
 def test_a_few_chunks_are_cut_smaller():
     """With the default chunk (8 MiB) and buffers (3), a transfer is cut
     into a third each while that is at most 2 MiB (4 MiB: 3 chunks), into
