@@ -97,7 +97,7 @@ def _memset(self, byte, count=None, stream=0):
         raise ValueError("memset of %d bytes on memory of %d bytes"
                          % (count, self.size))
     if count:
-        _core._memset(self.device_pointer, byte, count, stream)
+        _core._memset(self.device_pointer, byte, count, stream, self)
 
 
 def _device_ctypes_pointer(self):

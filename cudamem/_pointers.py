@@ -108,7 +108,8 @@ class MemoryPointer(metaclass=_PointerType):
             raise ValueError("memset of %d bytes on a pointer of %d bytes"
                              % (count, self.size))
         if count:
-            _core._memset(self.device_pointer, byte, count, stream)
+            _core._memset(self.device_pointer, byte, count, stream,
+                          self.owner)
 
     def view(self, start, stop=None):
         """A pointer to bytes [start, stop) of this memory."""

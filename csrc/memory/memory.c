@@ -758,8 +758,11 @@ cm_device_free_fn(PyObject *mod, PyObject *arg)
 }
 
 PyDoc_STRVAR(cm_memset_doc,
-"_memset(ptr, byte, count, stream=0)\n--\n\n"
-"cuMemsetD8 (synchronous) or cuMemsetD8Async on a truthy stream.");
+"_memset(ptr, byte, count, stream=0, owner=None)\n--\n\n"
+"cuMemsetD8 (synchronous) or cuMemsetD8Async on a truthy stream.  owner:\n"
+"the memory's owner (an allocation), whose release then waits for the\n"
+"memset as for any work on its memory (a synchronous one may return\n"
+"before it has run: its work counts as the default stream's).");
 
 static PyObject *
 cm_memset_fn(PyObject *mod, PyObject *args)
@@ -768,13 +771,14 @@ cm_memset_fn(PyObject *mod, PyObject *args)
     unsigned char byte;
     Py_ssize_t count;
     PyObject *stream_obj = Py_False;
+    PyObject *owner = Py_None;
     CUstream stream;
     int async;
     int err;
 
     (void)mod;
-    if (!PyArg_ParseTuple(args, "KbnO:_memset", &d, &byte, &count,
-                          &stream_obj)
+    if (!PyArg_ParseTuple(args, "Kbn|OO:_memset", &d, &byte, &count,
+                          &stream_obj, &owner)
         || (async = cm_stream_resolve(stream_obj, &stream)) < 0
         || cm_need_context() < 0) {
         return NULL;
@@ -786,7 +790,19 @@ cm_memset_fn(PyObject *mod, PyObject *args)
     else {
         CM_CU_NOGIL(err, MemsetD8, ((CUdeviceptr)d, byte, (size_t)count));
     }
-    return err < 0 ? NULL : Py_NewRef(Py_None);
+    if (err < 0) {
+        return NULL;
+    }
+    /* The owner's release waits for the memset: on another stream than
+     * the memory's, a pool would otherwise hand the block out there
+     * before it has run. */
+    if (owner != Py_None
+        && cm_mem_note_use(owner, async ? stream : NULL,
+                           async && !cm_stream_handle_is_default(stream)
+                               ? stream_obj : NULL) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(cm_memcpy_htod_doc,

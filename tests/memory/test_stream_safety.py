@@ -124,6 +124,24 @@ def test_setitem_on_another_stream_then_free(manager):
     assert (dst.copy_to_host() == 9).all(), manager
 
 
+def test_memset_of_an_allocation_on_another_stream_then_free(manager):
+    """A memset of an array's allocation (``gpu_data.memset``) queued on
+    s3 over memory of s1's: the block is not handed out again before the
+    memset ran, so it does not overwrite the next owner's bytes."""
+    s1, s3 = cudamem.stream(), cudamem.stream()
+    a = cudamem.device_array(N, np.uint8, stream=s1)
+    with Gate() as g:
+        g.block(s3)
+        a.gpu_data.memset(0xAB, stream=s3)
+        del a
+        b = cudamem.device_array(N, np.uint8, stream=s1)
+        b.copy_to_device(np.full(N, 3, np.uint8), stream=s1)
+        s1.synchronize()
+    s3.synchronize()
+    assert not g.timed_out, "s1 waited for the held s3"
+    assert (b.copy_to_host() == 3).all(), manager
+
+
 def test_pinned_pool_buffer_not_reused_while_a_copy_is_queued():
     """A pooled page-locked buffer freed while a copy into it is queued on
     a held stream is not handed to the next pinned_array."""
