@@ -238,6 +238,18 @@ sim_submit_pageable_upload(sim_op *op, const char *sp)
     return rc;
 }
 
+/* Whether a is memory of the device's side (not page-locked host
+ * memory): a synchronous copy between two such, or a synchronous memset
+ * of one, returns before it has run, as the driver makes no host-side
+ * synchronisation for them; the work waits on the default stream.  Lock
+ * held. */
+static int
+sim_alloc_on_device(const sim_alloc *a)
+{
+    return a != NULL && a->kind != SIM_MEM_HOST
+           && a->kind != SIM_MEM_REGISTERED;
+}
+
 /* Every copy: dst <- src, w bytes by h rows by d slices. */
 static CUresult
 sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
@@ -288,6 +300,13 @@ sim_copy(const sim_side *dst, const sim_side *src, size_t w, size_t h,
                 && (dst_alloc->kind == SIM_MEM_DEVICE
                     || dst_alloc->kind == SIM_MEM_VMM)) {
                 rc = sim_submit_pageable_upload(op, sp);
+            }
+            else if (sync && dst->type != CU_MEMORYTYPE_HOST
+                     && src->type != CU_MEMORYTYPE_HOST
+                     && sim_alloc_on_device(dst_alloc)
+                     && sim_alloc_on_device(
+                            sim_alloc_find_any((uintptr_t)sp))) {
+                rc = sim_submit(op, NULL, 0);     /* device to device */
             }
             else {
                 rc = sync ? sim_submit(op, hs, 1)
@@ -527,7 +546,9 @@ sim_memset(CUdeviceptr dst, unsigned char uc, size_t n, CUstream hs,
             op->u.set.dst = (char *)(uintptr_t)dst;
             op->u.set.value = uc;
             op->u.set.n = n;
-            rc = sim_submit(op, hs, sync);
+            rc = sim_submit(op, hs,
+                            sync && !sim_alloc_on_device(
+                                        sim_alloc_find_any((uintptr_t)dst)));
         }
     }
     sim_unlock();

@@ -9,6 +9,7 @@ import cudamem as cuda
 from cudamem.cudadrv.devicearray import auto_device
 
 from helpers.arrays import DTYPES, Stream, host, sample
+from helpers.isolation import SIMULATOR
 
 
 def layouts(base):
@@ -334,6 +335,37 @@ def test_small_to_device_returns_before_the_data_lands():
     """, env={"CUDAMEM_SIM_DELAY_US": "400000"})
     returned, landed = map(float, p.stdout.split())
     assert returned < 0.2 and landed > 0.2, (returned, landed)
+
+
+def test_device_to_device_and_memset_return_before_they_run():
+    """As the driver, which makes no host-side synchronisation for them:
+    a synchronous copy between device arrays and a synchronous memset of
+    device memory return before they have run, their work on the default
+    stream; a copy into the host (managed memory included) waits.  On the
+    simulator, slowed by CUDAMEM_SIM_DELAY_US so that it shows; on a GPU
+    the bytes are checked only."""
+    from helpers import run_child
+
+    p = run_child("""
+        import time
+        import numpy as np
+        import cudamem as cuda
+        sim = %r
+        a = cuda.to_device(np.arange(64, dtype=np.float32))
+        b = cuda.device_array(64, np.float32)
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        b.copy_to_device(a)
+        b.gpu_data.memset(0, 4)          # the first element's bytes
+        returned = time.perf_counter() - t0
+        m = cuda.managed_array(64, np.float32)
+        b.copy_to_host(m)                # waits for both, then lands
+        want = np.arange(64, dtype=np.float32)
+        want[0] = 0
+        print(bool((np.asarray(m) == want).all()),
+              returned < 0.2 if sim else True)
+    """ % SIMULATOR, env={"CUDAMEM_SIM_DELAY_US": "300000"})
+    assert p.stdout.split() == ["True", "True"], p.stdout
 
 
 class _PopsContext:

@@ -752,28 +752,39 @@ def test_buffers_left_in_flight_are_waited_for_on_another_stream():
 
 
 @pytest.mark.parametrize("manager", ["pool", "async"])
-@pytest.mark.parametrize("staged", [True, False], ids=["staged", "direct"])
-def test_early_copy_holds_the_block_it_writes(manager, staged):
-    """A synchronous copy from pageable memory that returned before its
-    bytes landed (staged, or the driver's own staging under the
-    threshold) into an array allocated for another stream (a
-    non-blocking one) and bound to the default stream: freed at once,
-    the block is not handed out on that stream before the copy has run,
-    so the next owner's bytes are not overwritten by the late ones."""
+@pytest.mark.parametrize("source", ["staged", "direct", "device"])
+def test_early_copy_holds_the_block_it_writes(manager, source):
+    """A synchronous copy that returned before its bytes landed (from
+    pageable memory: staged, or the driver's own staging under the
+    threshold; device to device, which the driver never waits for) into
+    an array allocated for another stream (a non-blocking one) and bound
+    to the default stream: freed at once, the block is not handed out on
+    that stream before the copy has run, so the next owner's bytes are
+    not overwritten by the late ones."""
     rc, out = run_py("""
         import numpy as np, cudamem
         from cudamem import _core
-        if %(staged)r:
+        source, sim = %(source)r, %(sim)r
+        if source == "staged":
             _core._staging_config(enabled=True, threshold=1,
                                   chunk=1 << 14, buffers=2)
         s = _core._stream_with_flags(1)     # CU_STREAM_NON_BLOCKING
         # 64 KiB on the simulator (staged: 4 chunks); on a GPU 16 MiB
-        # staged, 512 KiB through the driver's own staging.
-        n = (1 << 13) if %(sim)r else (2 << 20) if %(staged)r else (1 << 16)
+        # staged, else 512 KiB (pageable: the driver's own staging).
+        n = 1 << 13 if sim else 2 << 20 if source == "staged" else 1 << 16
         h = np.arange(n, dtype=np.float64)
+        if source == "device":
+            h = cudamem.to_device(h)
         src = cudamem.pinned_array(n, np.float64)
+        busy = cudamem.device_array(16, np.float64)
+        legacy = cudamem.legacy_default_stream()
         ok = True
-        for r in range(2 if %(sim)r else 20):
+        for r in range(2 if sim else 20):
+            if source == "device" and sim:
+                # Work ahead on the default stream: the copy there runs
+                # after the next owner's (each op takes CUDAMEM_SIM_DELAY_US).
+                for _ in range(3):
+                    busy.copy_to_device(src[:16], stream=legacy)
             d = cudamem.device_array(n, np.float64, stream=s)
             d.bind(0).copy_to_device(h)      # may return early
             del d
@@ -785,7 +796,7 @@ def test_early_copy_holds_the_block_it_writes(manager, staged):
             ok &= bool((d2.copy_to_host() == -1 - r).all())
             del d2
         print("data:", ok)
-        """ % {"staged": staged, "sim": SIMULATOR},
+        """ % {"source": source, "sim": SIMULATOR},
         CUDAMEM_MEMORY_MANAGER=manager,
         CUDAMEM_SIM_DELAY_US="50000" if SIMULATOR else None)
     assert rc == 0, out
