@@ -570,6 +570,8 @@ group_map(void)
     OK(cu.MemRelease(hb));
     OK(grant(big, 16 * G, 0));
     OK(cu.MemsetD8(big + 16 * G - 4096, 1, 4096));
+    /* A synchronous memset of device memory may return before it runs. */
+    OK(cu.CtxSynchronize());
     OK(cu.MemUnmap(big, 16 * G));
     OK(cu.MemAddressFree(big, 16 * G));
     CHECK(free_bytes() == free0);
@@ -613,6 +615,9 @@ group_peer(void)
     CHECK(ord == 1);
     OK(grant(r, 2 * G, 0));
     OK(cu.MemsetD8(r + G - 4, 9, 8));
+    /* The memset may not have run yet: device 1's copies below do not
+     * wait for device 0's default stream. */
+    OK(cu.CtxSynchronize());
     /* Device 1 has no access yet: its context's copies fail. */
     OK(cu.CtxSetCurrent(c1));
     CHECK(free_bytes() == free0 - G);
