@@ -780,7 +780,7 @@ def test_early_copy_holds_the_block_it_writes(manager, source):
         legacy = cudamem.legacy_default_stream()
         ok = True
         for r in range(2 if sim else 20):
-            if source == "device" and sim:
+            if sim:
                 # Work ahead on the default stream: the copy there runs
                 # after the next owner's (each op takes CUDAMEM_SIM_DELAY_US).
                 for _ in range(3):
