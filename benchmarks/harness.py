@@ -164,6 +164,18 @@ def time_callable(fn, repeats=None, target_s=0.002, max_inner=10000,
     return summarize(samples)
 
 
+def alternated(measure, names, rounds):
+    """{name: [measure(name) per round]}: every name measured once a
+    round, the order reversed every other round, so that no column is
+    always timed first or after the same neighbour."""
+    names = list(names)
+    times = {k: [] for k in names}
+    for r in range(rounds):
+        for k in (names if r % 2 else names[::-1]):
+            times[k].append(measure(k))
+    return times
+
+
 def summarize(samples):
     """(median, p10, p90) of a list of samples."""
     samples = sorted(samples)

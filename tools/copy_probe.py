@@ -169,14 +169,7 @@ def entry_points():
     pinned [1 thread]`` rows' driver column), and synchronous copies
     both ways.  Where the unified calls are faster, cudamem's copies of
     page-locked memory could make them."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        os.pardir, "benchmarks")
-    sys.path.insert(0, here)
-    try:
-        import bare_driver
-    except ImportError as e:
-        print("bare_driver: %s" % e)
-        return
+    bare_driver, _ = _bench_modules()
     for n in (1 << 10, 64 << 10):
         try:
             rt = {m: bare_driver.run("roundtrip", 1, n, m, 21, 20)[0]
@@ -208,43 +201,42 @@ def tight():
     the C loop and these agree with them, the gap is the loop's, not
     cudamem's.  Then 64 KiB of pageable memory to the host, the same way
     (no C column: bare_driver.c copies pinned memory here)."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        os.pardir, "benchmarks")
-    sys.path.insert(0, here)
-    try:
-        import bare_driver
-        import harness
-    except ImportError as e:
-        print("tight: %s" % e)
-        return
+    bare_driver, harness = _bench_modules()
     n = 64 << 10
     for pinned in (True, False):
         cols = columns(n, pinned)
         for way in ("htod", "dtoh") if pinned else ("dtoh",):
             fns = {k: f for k, f in cols.items() if k.endswith(way)}
             if pinned:
-                fns["C loop " + way] = None
-            times = {k: [] for k in fns}
-            for r in range(7):
-                for k in (list(fns) if r % 2 else list(fns)[::-1]):
-                    if fns[k] is None:
-                        try:
-                            t = bare_driver.run("copy", way, "pinned", n,
-                                                11, 2)[0]
-                        except Exception as e:   # no compiler, no driver
-                            print("tight: bare_driver: %s" % e)
-                            del times[k], fns[k]
-                            break
-                    else:
-                        t = harness.time_callable(fns[k], repeats=11)[0]
-                    times[k].append(t)
-                cudamem.synchronize()
+                try:
+                    bare_driver.run("copy", way, "pinned", n, 1, 1)
+                    fns["C loop " + way] = lambda way=way: bare_driver.run(
+                        "copy", way, "pinned", n, 11, 2)[0]
+                except Exception as e:   # no compiler, no driver
+                    print("tight: bare_driver: %s" % e)
+
+            def measure(k, fns=fns):
+                if k.startswith("C loop"):
+                    return fns[k]()
+                return harness.time_callable(fns[k], repeats=11)[0]
+            times = harness.alternated(measure, fns, 7)
+            cudamem.synchronize()
             print("%6d KiB %-8s back to back: " % (
                       n >> 10, "pinned" if pinned else "pageable")
                   + "  ".join("%s %.2f" % (k, statistics.median(v) * 1e6)
                               for k, v in times.items()) + "  (us)",
                   flush=True)
 
+
+def _bench_modules():
+    """benchmarks/bare_driver.py and harness.py, from beside tools/."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        os.pardir, "benchmarks")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import bare_driver
+    import harness
+    return bare_driver, harness
 
 if __name__ == "__main__":
     main()

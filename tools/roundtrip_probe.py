@@ -114,29 +114,21 @@ def main():
     cols = columns(n)
     try:
         import bare_driver
-        bare_driver.program()
-        cols["C"] = None
+        bare_driver.run("roundtrip", 1, n, "pinned", 1, 1)
+        cols["C"] = lambda: bare_driver.run("roundtrip", 1, n, "pinned",
+                                            11, 20)[0]
     except Exception as e:   # no compiler, no driver: say so
         print("no C column: %s" % e)
-    times = {k: [] for k in cols}
-    for r in range(ROUNDS):
-        for k in (list(cols) if r % 2 else list(cols)[::-1]):
-            if cols[k] is None:
-                try:
-                    t = bare_driver.run("roundtrip", 1, n, "pinned", 11,
-                                        20)[0]
-                except Exception as e:
-                    print("no C column: %s" % e)
-                    del cols[k], times[k]
-                    continue
-            else:
-                t = harness.time_callable(cols[k], repeats=11)[0]
-            times[k].append(t)
-        cudamem.synchronize()
+
+    def measure(k):
+        if k == "C":
+            return cols[k]()
+        return harness.time_callable(cols[k], repeats=11)[0]
+    times = harness.alternated(measure, cols, ROUNDS)
+    cudamem.synchronize()
     print("%d KiB pinned round trip on a stream (us): " % (n >> 10)
           + "  ".join("%s %.2f" % (k, statistics.median(v) * 1e6)
                       for k, v in times.items()), flush=True)
-
 
 if __name__ == "__main__":
     main()

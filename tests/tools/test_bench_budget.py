@@ -33,3 +33,19 @@ def test_rows_subprocesses_see_the_timed_tree(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip().splitlines()[-1] == str(ROOT.resolve())
+
+
+def test_alternated_reverses_the_order_every_other_round():
+    """harness.alternated, the probes' loop: each name once a round, the
+    order reversed every other round, the samples kept per name."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import harness
+
+    seen = []
+
+    def measure(k):
+        seen.append(k)
+        return len(seen)
+    times = harness.alternated(measure, {"a": 1, "b": 2, "c": 3}, 3)
+    assert seen == ["c", "b", "a", "a", "b", "c", "c", "b", "a"]
+    assert times == {"a": [3, 4, 9], "b": [2, 5, 8], "c": [1, 6, 7]}
