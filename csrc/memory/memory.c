@@ -780,7 +780,8 @@ cm_memset_fn(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "Kbn|OO:_memset", &d, &byte, &count,
                           &stream_obj, &owner)
         || (async = cm_stream_resolve(stream_obj, &stream)) < 0
-        || cm_need_context() < 0) {
+        || cm_need_context() < 0
+        || (!async && cm_capture_refuse_sync("a synchronous memset") < 0)) {
         return NULL;
     }
     if (async) {

@@ -557,3 +557,19 @@ def test_out_of_memory_during_a_capture(pool_ctx, io):
         cudamem.set_memory_limit(None)
     gc.collect()
     assert len(memq(ctx)) == 0
+
+
+def test_synchronous_memset_during_a_global_capture(io):
+    # A synchronous memset runs on the legacy default stream, which the
+    # driver forbids while a capture runs in global mode (it would
+    # invalidate the capture): refused before the driver is asked, as a
+    # synchronous copy is; with a stream, on one that does not capture,
+    # it runs.
+    s, hin, hout, d, d2 = io
+    with capture(io):
+        with pytest.raises(cudamem.StreamCaptureError,
+                           match="synchronous memset"):
+            in_thread(d2.gpu_data.memset, 0)
+    d2.gpu_data.memset(7)
+    cudamem.synchronize()
+    assert (d2.copy_to_host().view(np.uint8) == 7).all()
