@@ -195,6 +195,7 @@ again:
     c->oom_collect_end = 0;
     c->oom_collect_ns = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
+    c->peers_in = 0;
     c->n_stream_cache = 0;
     c->sync_begun = 0;
     c->sync_done = 0;
@@ -572,6 +573,14 @@ cm_context_enable_peer(cm_context *ctx, cm_context *peer)
     cm_context_leave(ctx, prev);
     if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
         return cm_raise_cu(rc, "cuCtxEnablePeerAccess");
+    }
+    /* Memory the driver's peer access does not cover (virtual memory,
+     * stream-ordered pools) is opened by the manager; until it is, the
+     * pair does not count as enabled, so a failure is tried again. */
+    peer->peers_in |= (uint64_t)1 << ctx->device->id;
+    if (peer->mm_builtin->peer != NULL
+        && peer->mm_builtin->peer(peer, ctx->device->id) < 0) {
+        return -1;
     }
     ctx->peer_gen[d] = peer->gen;
     return 0;

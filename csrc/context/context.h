@@ -173,6 +173,11 @@ typedef struct {
     /* [d]: gen of device d's context that this one enabled peer access
      * to (0: none); stale once that context is reset */
     unsigned long peer_gen[CM_MAX_DEVICES];
+    /* bit d: device d's context was given access to this one's memory
+     * (cm_context_enable_peer); the memory manager opens to it what
+     * cuCtxEnablePeerAccess does not (cm_mm_ops.peer).  NOTE: guarded
+     * by the GIL */
+    uint64_t peers_in;
     /* idle streams for stream() to hand out again, oldest first; NOTE:
      * guarded by the GIL; filled and emptied only by stream.c, emptied
      * (the streams destroyed) by close, reset and at exit */
@@ -385,6 +390,13 @@ struct cm_mm_ops {
      * manager was destroyed.  NULL: the manager has no such path. */
     CUresult (*take)(cm_context *ctx, size_t size, CUstream stream,
                      CUdeviceptr *ptr, uintptr_t *handle);
+    /* Device dev's context was given peer access to ctx's memory
+     * (ctx->peers_in has its bit): what the manager holds or will hold
+     * that cuCtxEnablePeerAccess does not open to other devices
+     * (virtual memory, a stream-ordered pool) is opened to dev, now and
+     * as it grows.  ctx alive, GIL held; 0, or -1 with an exception.
+     * NULL: nothing to open. */
+    int (*peer)(cm_context *ctx, int dev);
 };
 
 /* ------------------------------------------------------------------ */

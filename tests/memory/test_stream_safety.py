@@ -142,6 +142,52 @@ def test_memset_of_an_allocation_on_another_stream_then_free(manager):
     assert (b.copy_to_host() == 3).all(), manager
 
 
+def _peers_or_skip():
+    if len(cudamem.gpus) < 2:
+        pytest.skip("needs 2 devices")
+    if not cudamem.can_access_peer(1, 0):
+        pytest.skip("devices 1 and 0 have no peer access: such copies "
+                    "go through the host and are complete on return")
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("how", ["copy_to_device", "setitem"])
+def test_read_from_another_device_then_free(manager, how):
+    """A copy queued on a held stream of device 1 that reads an array of
+    device 0 (allocated for s1 there): freed at once, its block is not
+    handed out again on s1 before the copy ran.  Nothing of device 0's
+    own streams comes after device 1's work, so its release must be
+    ordered after that work some other way."""
+    _peers_or_skip()
+    with cudamem.gpus[0]:
+        s1 = cudamem.stream()
+        src = cudamem.to_device(np.full(N, 9, np.uint8), stream=s1)
+        s1.synchronize()
+    with cudamem.gpus[1]:
+        s3 = cudamem.stream()
+        dst = cudamem.device_array(N, np.uint8, stream=s3)
+        with Gate() as g:
+            g.block(s3)
+            if how == "copy_to_device":
+                dst.copy_to_device(src, stream=s3)
+            else:
+                dst.setitem(slice(None), src, stream=s3)
+            del src
+            gc.collect()
+            with cudamem.gpus[0]:
+                b = cudamem.device_array(N, np.uint8, stream=s1)
+                b.copy_to_device(np.zeros(N, np.uint8), stream=s1)
+                s1.synchronize()
+        s3.synchronize()
+        assert not g.timed_out, "device 0's s1 waited for device 1's s3"
+        assert (dst.copy_to_host() == 9).all(), manager
+    with cudamem.gpus[0]:
+        del b
+        gc.collect()
+        s1.synchronize()
+
+
+
 def test_pinned_pool_buffer_not_reused_while_a_copy_is_queued():
     """A pooled page-locked buffer freed while a copy into it is queued on
     a held stream is not handed to the next pinned_array."""

@@ -188,6 +188,8 @@ struct cm_pool {
     int gshift;           /* log2 of the page size, the device's
                            * allocation granularity */
     int device;           /* the device ordinal pages are made on */
+    uint64_t open_to;     /* bit d: device d (a peer) gets access to
+                           * every page mapped too; guarded by vmu */
     pthread_mutex_t vmu;  /* serialises mapping and unmapping; taken
                            * without the GIL, before mu, never by a
                            * thread that holds mu */

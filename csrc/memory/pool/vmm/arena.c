@@ -203,6 +203,8 @@ cm_arena_setup(cm_context *ctx, cm_pool *p)
     p->vmm = 1;
     p->gshift = shift;
     p->device = (int)ctx->device->handle;
+    /* Peers given access before the pool was made. */
+    p->open_to = ctx->peers_in & ~((uint64_t)1 << p->device);
     p->keep = cm_keep_frac >= 0.0
                   ? (size_t)(cm_keep_frac * (double)ctx->total_mem)
                   : cm_keep_bytes;
@@ -499,16 +501,34 @@ cm_page_map(cm_pool *p, CUdeviceptr at, CUmemGenericAllocationHandle h)
     return CM_CU_RAW(MemMap, (at, (size_t)1 << p->gshift, 0, h, 0));
 }
 
+/* Read-write access to [at, at + n) for the devices of mask (vmu
+ * held). */
+static CUresult
+cm_pages_access_for(CUdeviceptr at, size_t n, uint64_t mask)
+{
+    CUmemAccessDesc d[CM_MAX_DEVICES];
+    size_t k = 0;
+    int i;
+
+    memset(d, 0, sizeof(d));
+    for (i = 0; i < CM_MAX_DEVICES && i < 64; i++) {
+        if ((mask >> i) & 1) {
+            d[k].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            d[k].location.id = i;
+            d[k].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            k++;
+        }
+    }
+    return CM_CU_RAW(MemSetAccess, (at, n, d, k));
+}
+
+/* Pages just mapped: access for the pool's device and the peers it is
+ * open to (vmu held). */
 static CUresult
 cm_pages_access(cm_pool *p, CUdeviceptr at, size_t n)
 {
-    CUmemAccessDesc d;
-
-    memset(&d, 0, sizeof(d));
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = p->device;
-    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return CM_CU_RAW(MemSetAccess, (at, n, &d, 1));
+    return cm_pages_access_for(at, n,
+                               ((uint64_t)1 << p->device) | p->open_to);
 }
 
 /* New physical memory for one page, counted against the limits; 0 when
@@ -764,6 +784,71 @@ out:
     free(got);
     free(moved);
     return rc;
+}
+
+int
+cm_arena_open(cm_pool *p, int dev)
+{
+    typedef struct {
+        CUdeviceptr at;
+        size_t n;
+    } run;
+    run *runs = NULL;
+    size_t nruns = 0;
+    size_t cap = 0;
+    size_t i;
+    cm_seg *s;
+    int relaxed;
+    CUresult rc = CUDA_SUCCESS;
+    cm_gil_saved g;
+
+    if (dev == p->device || dev < 0 || dev >= CM_MAX_DEVICES) {
+        return 0;
+    }
+    cm_capture_relax_always(&relaxed);
+    cm_arena_gil_drop(&g);
+    cm_mu_lock(&p->vmu);
+    /* Pages are mapped under vmu only: from here on with dev's access,
+     * and those mapped now are listed below. */
+    p->open_to |= (uint64_t)1 << dev;
+    cm_mu_lock(&p->mu);
+    for (s = p->dead ? NULL : p->segs; s != NULL && rc == CUDA_SUCCESS;
+         s = s->next) {
+        cm_arena *a = s->arena;
+
+        for (i = 0; a != NULL && i < a->hi; i++) {
+            if (a->h[i] == 0) {
+                continue;
+            }
+            if (nruns > 0 && runs[nruns - 1].at + runs[nruns - 1].n
+                                 == a->base + ((CUdeviceptr)i << p->gshift)) {
+                runs[nruns - 1].n += (size_t)1 << p->gshift;
+                continue;
+            }
+            if (nruns == cap) {
+                run *more = realloc(runs, (cap = cap ? cap * 2 : 16)
+                                              * sizeof(*runs));
+
+                if (more == NULL) {
+                    rc = CUDA_ERROR_OUT_OF_MEMORY;
+                    break;
+                }
+                runs = more;
+            }
+            runs[nruns].at = a->base + ((CUdeviceptr)i << p->gshift);
+            runs[nruns].n = (size_t)1 << p->gshift;
+            nruns++;
+        }
+    }
+    cm_mu_unlock(&p->mu);
+    for (i = 0; i < nruns && rc == CUDA_SUCCESS; i++) {
+        rc = cm_pages_access_for(runs[i].at, runs[i].n, (uint64_t)1 << dev);
+    }
+    cm_mu_unlock(&p->vmu);
+    cm_gil_take(&g);
+    cm_capture_unrelax(relaxed);
+    free(runs);
+    return cm_cu_check(rc, "cuMemSetAccess");
 }
 
 CUresult

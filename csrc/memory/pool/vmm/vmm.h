@@ -151,6 +151,13 @@ int cm_arena_cannot_serve(cm_context *ctx, const cm_pool *p, size_t size);
  * the caller to give back. */
 CUresult cm_arena_back(cm_context *ctx, cm_pool *p, cm_blk *b);
 
+/* Open p's memory to device dev (another device's context was given
+ * peer access to p's: cuCtxEnablePeerAccess does not cover virtual
+ * memory): every page mapped now, and every page mapped from now on,
+ * gets read-write access for dev.  No mutex held, GIL held; 0, or -1
+ * with an exception. */
+int cm_arena_open(cm_pool *p, int dev);
+
 /* Reserve a new arena for small or large blocks, of at least size
  * bytes, as a wholly free segment.  No mutex held; GIL either. */
 CUresult cm_arena_add(cm_context *ctx, cm_pool *p, size_t size, int small);
