@@ -507,6 +507,11 @@ void cm_stream_cache_clear(cm_context *ctx);
  * long as the Stream. */
 PyObject *cm_stream_external_owned(CUstream handle, PyObject *owner);
 
+/* A new Stream made with flags (priority 0) in ctx, which is current (a
+ * kept idle one of ctx's where there is one).  New reference, or NULL
+ * with an exception. */
+PyObject *cm_stream_make_in(cm_context *ctx, unsigned int flags);
+
 /* ------------------------------------------------------------------ */
 /* argparse.c, callbacks.c, streamfuncs.c: stream arguments, driver    */
 /* threads, external streams                                           */

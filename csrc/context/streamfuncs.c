@@ -27,13 +27,12 @@
 /* Module-level functions                                              */
 /* ------------------------------------------------------------------ */
 
-/* A new Stream made with flags (and priority 0) in the current context:
- * a kept idle stream of that context made the same way if there is one,
- * else a new one from cuStreamCreate.  New reference, or NULL. */
-static PyObject *
-cm_stream_make(unsigned int flags)
+/* A new Stream made with flags (and priority 0) in ctx, which is
+ * current: a kept idle stream of that context made the same way if there
+ * is one, else a new one from cuStreamCreate.  New reference, or NULL. */
+PyObject *
+cm_stream_make_in(cm_context *ctx, unsigned int flags)
 {
-    cm_context *ctx;
     cm_stream *s = NULL;
     CUstream h;
     int err;
@@ -42,10 +41,6 @@ cm_stream_make(unsigned int flags)
      * counts as in flight, so a close of the context on another thread
      * destroys the new stream with it, after the call.  Held: the
      * context may be closed, and let go of, before the Stream holds it. */
-    ctx = cm_context_current();
-    if (ctx == NULL) {
-        return NULL;
-    }
     Py_INCREF(ctx);
     h = cm_stream_cache_take(ctx, flags, 0);
     if (h == NULL) {
@@ -67,6 +62,15 @@ cm_stream_make(unsigned int flags)
 out:
     Py_DECREF(ctx);
     return (PyObject *)s;
+}
+
+/* cm_stream_make_in the current context. */
+static PyObject *
+cm_stream_make(unsigned int flags)
+{
+    cm_context *ctx = cm_context_current();
+
+    return ctx == NULL ? NULL : cm_stream_make_in(ctx, flags);
 }
 
 PyDoc_STRVAR(cm_stream_fn_doc,

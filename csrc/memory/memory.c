@@ -172,6 +172,73 @@ cm_mem_release(cm_mem *m)
     Py_CLEAR(m->stream_obj);
 }
 
+/* cm_mem_note_use's step where h is a stream of the current context
+ * (cur) and m's memory another context's: a release can be ordered only
+ * after streams of m's own context, so a stream of that context (m's
+ * follower: one per allocation, non-blocking, kept among its uses) is
+ * made to wait for the work queued on h so far.  *h and *obj become the
+ * follower's.  1 when it was among the uses already (or there is
+ * nothing to order: h captures), 0 when it is new
+ * (*obj a new reference for the caller to hand over), -1 with an
+ * exception. */
+static int
+cm_mem_follow(cm_mem *m, CUstream *h, PyObject **obj)
+{
+    cm_uses *u = m->uses;
+    PyObject *f = NULL;
+    CUevent ev = NULL;
+    CUcontext prev;
+    CUstreamCaptureStatus cs;
+    int known = 0;
+    int i;
+    int rc;
+
+    for (i = 0; u != NULL && i < u->n; i++) {
+        if (u->s[i].follower) {
+            f = u->s[i].obj;
+            known = 1;
+            break;
+        }
+    }
+    if (CM_CU(StreamIsCapturing, (*h, &cs)) < 0) {
+        return -1;
+    }
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+        /* Recorded into a graph, whose replays come later: nothing to
+         * order now (a capture of cudamem's keeps the memory). */
+        return 1;
+    }
+    rc = CM_CU(EventCreate, (&ev, CU_EVENT_DISABLE_TIMING));
+    if (rc == 0) {
+        rc = CM_CU(EventRecord, (ev, *h));
+    }
+    if (rc == 0) {
+        rc = cm_context_enter(m->ctx, &prev);
+    }
+    if (rc == 0) {
+        if (f == NULL) {
+            f = cm_stream_make_in(m->ctx, CU_STREAM_NON_BLOCKING);
+        }
+        rc = f == NULL ? -1
+                       : CM_CU(StreamWaitEvent,
+                               (((cm_stream *)f)->handle, ev, 0));
+        cm_context_leave(m->ctx, prev);
+    }
+    if (ev != NULL) {
+        /* The driver keeps it until the wait is over. */
+        (void)CM_CU_RAW(EventDestroy, (ev));
+    }
+    if (rc < 0) {
+        if (!known) {
+            Py_XDECREF(f);
+        }
+        return -1;
+    }
+    *h = ((cm_stream *)f)->handle;
+    *obj = f;
+    return known;
+}
+
 int
 cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
 {
@@ -179,6 +246,8 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
     cm_uses *u;
     int i;
     PyObject *given = owner;
+    CUcontext cur = NULL;
+    int follow = 0;
 
     if (owner == NULL || !Py_IS_TYPE(owner, cm_st->Mem_type)) {
         /* A view of another device array (as_cuda_array of one). */
@@ -201,6 +270,17 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
         || h == m->stream) {
         return 0;
     }
+    if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
+        return -1;
+    }
+    if (cur != m->ctx->handle) {
+        int r = cm_mem_follow(m, &h, &obj);
+
+        if (r != 0) {
+            return r < 0 ? -1 : 0;
+        }
+        follow = 1;
+    }
     u = m->uses;
     if (u != NULL) {
         for (i = 0; i < u->n; i++) {
@@ -215,6 +295,9 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
                                        * sizeof(u->s[0]));
 
         if (nu == NULL) {
+            if (follow) {
+                Py_DECREF(obj);
+            }
             PyErr_NoMemory();
             return -1;
         }
@@ -225,7 +308,9 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
         m->uses = u = nu;
     }
     u->s[u->n].handle = h;
-    u->s[u->n].obj = Py_XNewRef(obj);
+    /* A new follower's reference is handed over. */
+    u->s[u->n].obj = follow ? obj : Py_XNewRef(obj);
+    u->s[u->n].follower = follow;
     u->n++;
     return 0;
 }

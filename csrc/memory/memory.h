@@ -153,6 +153,9 @@ typedef struct cm_uses {
     struct {
         CUstream handle;
         PyObject *obj;
+        int follower;     /* a stream of the memory's own context made
+                           * to wait for work of another context's that
+                           * used it (cm_mem_note_use) */
     } s[];
 } cm_uses;
 
@@ -161,9 +164,12 @@ typedef struct cm_uses {
  * array's gpu_data: a DeviceAllocation, a device array it views, or
  * anything else) keeps alive.  Only allocations of the pool and async
  * managers made for another stream record it; the others return at
- * once.  While cudamem captures h, the capture keeps owner too
+ * once.  h may be a stream of the current context where that is not
+ * the memory's (a peer copy, a kernel of another device): the release
+ * then waits for a stream of the memory's context made to wait for h's
+ * work so far.  While cudamem captures h, the capture keeps owner too
  * (cm_capture_keep), unless it is a graph pool's block.  GIL held.  0,
- * or -1 with MemoryError. */
+ * or -1 with an exception. */
 int cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj);
 
 /* The kinds of queued release (CM_REL_*) are in context/context.h. */

@@ -187,6 +187,35 @@ def test_read_from_another_device_then_free(manager, how):
         s1.synchronize()
 
 
+@pytest.mark.multi_gpu
+def test_blocks_read_from_another_device_come_back(manager):
+    """Blocks freed after a copy of device 1's read them are reused on
+    device 0 once that copy has run: a release ordered after another
+    context's work is not a block kept out of use for good, so a loop of
+    such copies does not grow the pool."""
+    _peers_or_skip()
+    if manager not in ("pool", "async"):
+        pytest.skip("the stream-ordered managers")
+    with cudamem.gpus[1]:
+        s3 = cudamem.stream()
+        dst = cudamem.device_array(N, np.uint8, stream=s3)
+    with cudamem.gpus[0]:
+        s1 = cudamem.stream()
+        before = None
+        for i in range(24):
+            src = cudamem.to_device(np.full(N, i, np.uint8), stream=s1)
+            s1.synchronize()
+            with cudamem.gpus[1]:
+                dst.copy_to_device(src, stream=s3)
+                s3.synchronize()
+                assert (dst.copy_to_host() == i).all()
+            del src
+            gc.collect()
+            held = cudamem.memory_stats()["pool_reserved_bytes"]
+            if i == 3:
+                before = held
+        assert held == before, (manager, before, held)
+
 
 def test_pinned_pool_buffer_not_reused_while_a_copy_is_queued():
     """A pooled page-locked buffer freed while a copy into it is queued on
