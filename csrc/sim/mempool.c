@@ -6,6 +6,11 @@
  * pools' memory itself (heap, or a shareable pool's memfd ranges) is
  * made and given back by sim/poolmem.c.
  *
+ * A pool's access (cuMemPoolSetAccess) is kept per device: a kernel of a
+ * device without it refuses the pool's memory (sim_range_kernel), as a
+ * GPU would fault; cuCtxEnablePeerAccess plays no part.  Copies are not
+ * checked against it: the driver is not documented to refuse them.
+ *
  * Locks and the GIL: every entry point takes sim.lock after SIM_ENTER and
  * gives it back before returning (cuMemPoolGetAttribute takes it twice in
  * turn: for the capture rule, then for the pool); the helpers run with it

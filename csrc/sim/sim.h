@@ -1115,6 +1115,11 @@ sim_alloc *sim_range(uintptr_t p, size_t n);
 /* sim_range as seen from device dev (-1: none, so no VMM memory). */
 sim_alloc *sim_range_dev(uintptr_t p, size_t n, int dev);
 
+/* sim_range_dev for a kernel of device dev: memory of a stream-ordered
+ * pool also needs the pool's access for dev (cuMemPoolSetAccess; the
+ * driver's peer access does not reach it, and a GPU faults). */
+sim_alloc *sim_range_kernel(uintptr_t p, size_t n, int dev);
+
 /* Whether [p, p + n) overlaps any address reservation. */
 int sim_vmm_overlaps(uintptr_t p, size_t n);
 

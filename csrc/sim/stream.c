@@ -345,10 +345,11 @@ cm_sim_launch_checked(CUstream h, CUhostFn fn, void *data, size_t size,
         && sim_capture_kernel_wait(s->ctx)) {
         rc = sim_stream_get(h, &s);
     }
-    /* VMM memory must be accessible to the stream's device. */
+    /* VMM memory and pool memory must be accessible to the stream's
+     * device. */
     for (i = 0; i < nranges && rc == CUDA_SUCCESS; i++) {
         if (len[i] > 0
-            && sim_range_dev(start[i], len[i], s->ctx->dev) == NULL) {
+            && sim_range_kernel(start[i], len[i], s->ctx->dev) == NULL) {
             rc = CUDA_ERROR_INVALID_VALUE;
         }
     }
@@ -423,7 +424,7 @@ cm_sim_kbatch(CUstream h, CUhostFn fn, const void *data, size_t size,
     }
     for (i = 0; i < nranges && rc == CUDA_SUCCESS; i++) {
         if (len[i] > 0
-            && sim_range_dev(start[i], len[i], s->ctx->dev) == NULL) {
+            && sim_range_kernel(start[i], len[i], s->ctx->dev) == NULL) {
             rc = CUDA_ERROR_INVALID_VALUE;
         }
     }

@@ -313,6 +313,19 @@ sim_range_dev(uintptr_t p, size_t n, int dev)
     return n > a->size - (p - a->base) ? NULL : a;
 }
 
+sim_alloc *
+sim_range_kernel(uintptr_t p, size_t n, int dev)
+{
+    sim_alloc *a = sim_range_dev(p, n, dev);
+
+    if (a != NULL && a->kind == SIM_MEM_ASYNC && a->pool != NULL
+        && (dev < 0 || dev >= SIM_MAX_DEVICES
+            || !((a->pool->access >> dev) & 1))) {
+        return NULL;
+    }
+    return a;
+}
+
 /* Whether [p, p + n) lies inside one live allocation, as seen from the
  * current context's device; n > 0. */
 sim_alloc *

@@ -151,6 +151,46 @@ def _peers_or_skip():
 
 
 @pytest.mark.multi_gpu
+@pytest.mark.parametrize("layout", ["contiguous", "fortran", "strided"])
+def test_copies_between_devices(manager, layout):
+    """Copies both ways between two devices' arrays of the manager, in
+    every layout (a peer copy, 2-D / 3-D copies, the internal kernel of
+    one device reading the other's memory), and setitem across them:
+    the manager's memory is open to the peer however it was made
+    (virtual memory, a stream-ordered pool)."""
+    _peers_or_skip()
+    full = np.arange(48.0).reshape(6, 8)
+    host = {"contiguous": full, "fortran": np.asfortranarray(full),
+            "strided": full[:, ::2]}[layout]
+    with cudamem.gpus[0]:
+        src = cudamem.to_device(full)
+        if layout == "strided":
+            src = src[:, ::2]
+        elif layout == "fortran":
+            src = cudamem.to_device(host)
+    for stream in (None, "own"):
+        with cudamem.gpus[1]:
+            s = cudamem.stream() if stream else 0
+            dst = cudamem.device_array_like(host)
+            dst.copy_to_device(src, stream=s)
+            cudamem.synchronize()
+            assert (dst.copy_to_host() == host).all(), (manager, stream)
+            dst[:] = 0
+            dst.setitem(slice(None), src, stream=s)
+            cudamem.synchronize()
+            assert (dst.copy_to_host() == host).all(), (manager, stream)
+            # Another dtype: device 1's cast kernel reads device 0's.
+            cast = cudamem.device_array(host.shape, np.float32)
+            cast.setitem(slice(None), src, stream=s)
+            cudamem.synchronize()
+            assert (cast.copy_to_host() == host).all(), (manager, stream)
+        with cudamem.gpus[0]:
+            back = cudamem.device_array_like(host)
+            back.copy_to_device(dst)
+            assert (back.copy_to_host() == host).all(), (manager, stream)
+
+
+@pytest.mark.multi_gpu
 @pytest.mark.parametrize("how", ["copy_to_device", "setitem"])
 def test_read_from_another_device_then_free(manager, how):
     """A copy queued on a held stream of device 1 that reads an array of
