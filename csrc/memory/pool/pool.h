@@ -342,6 +342,15 @@ void cm_pool_collect_free_segs(cm_pool *p, cm_seg **out);
  * first error, or CUDA_SUCCESS. */
 CUresult cm_segs_release(cm_context *ctx, cm_seg *g);
 
+/* Peer access (peer.c).  The async manager's driver pool opened to the
+ * devices of mask; 0, or -1 with an exception. */
+int cm_async_open(cm_pool *p, uint64_t mask);
+
+/* The tables' peer entries (cm_mm_ops.peer) of the pool and async
+ * managers. */
+int cm_pool_peer(cm_context *ctx, int dev);
+int cm_async_peer(cm_context *ctx, int dev);
+
 /* The stream key of a handle. */
 uintptr_t cm_stream_key(CUstream s);
 

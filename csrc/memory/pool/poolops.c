@@ -114,31 +114,6 @@ cm_pool_atfork_child(void)
 
 _Thread_local int cm_mm_for_peer;
 
-/* The async manager's driver pool opened to the devices of mask
- * (cuCtxEnablePeerAccess does not reach a stream-ordered pool's memory;
- * cuMemPoolSetAccess covers what it holds and what it will hold).  0, or
- * -1 with an exception. */
-static int
-cm_async_open(cm_pool *p, uint64_t mask)
-{
-    CUmemAccessDesc d;
-    int i;
-
-    for (i = 0; i < CM_MAX_DEVICES && i < 64; i++) {
-        if (!((mask >> i) & 1)) {
-            continue;
-        }
-        memset(&d, 0, sizeof(d));
-        d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        d.location.id = i;
-        d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        if (CM_CU(MemPoolSetAccess, (p->mempool, &d, 1)) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* A new pool of manager kind (CM_MM_POOL or CM_MM_ASYNC) for ctx, on the
  * list of every pool; a pool of the pool manager on virtual memory where
  * vmm allows it and CUDAMEM_POOL_VMM and the device do.  NULL with an
@@ -1455,32 +1430,6 @@ cm_pool_trimmable(cm_context *ctx)
 
     return cm_pool_trimmable_one(p)
            + (p != NULL ? cm_pool_trimmable_one(p->peers) : 0);
-}
-
-/* The pool manager's peer: its pages on virtual memory opened to dev
- * (cuMemAlloc'd segments, the peers' pool's included, are the driver's
- * peer access already). */
-static int
-cm_pool_peer(cm_context *ctx, int dev)
-{
-    cm_pool *p = ctx->pool;
-
-    if (p == NULL || p->dead || !p->vmm) {
-        return 0;       /* a pool made later reads ctx->peers_in */
-    }
-    return cm_arena_open(p, dev);
-}
-
-/* The async manager's peer. */
-static int
-cm_async_peer(cm_context *ctx, int dev)
-{
-    cm_pool *p = ctx->pool;
-
-    if (p == NULL || p->dead) {
-        return 0;       /* a pool made later reads ctx->peers_in */
-    }
-    return cm_async_open(p, (uint64_t)1 << dev);
 }
 
 /* ------------------------------------------------------------------ */
