@@ -173,7 +173,7 @@ cm_mem_release(cm_mem *m)
 }
 
 /* cm_mem_note_use's step where h is a stream of the current context
- * (cur) and m's memory another context's: a release can be ordered only
+ * and m's memory another context's: a release can be ordered only
  * after streams of m's own context, so a stream of that context (m's
  * follower: one per allocation, non-blocking, kept among its uses) is
  * made to wait for the work queued on h so far.  *h and *obj become the
@@ -266,8 +266,13 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
     if (!cm_gpool_handle(m->handle) && cm_capture_keep(h, given) < 0) {
         return -1;
     }
+    /* The memory's own stream: nothing to note, but where h is a
+     * default stream and another device's context may be current (one
+     * was given peer access to this one's memory): its default stream
+     * is not the memory's context's. */
     if (!m->mm->ordered || m->freed
-        || h == m->stream) {
+        || (h == m->stream
+            && (!cm_stream_handle_is_default(h) || m->ctx->peers_in == 0))) {
         return 0;
     }
     if (CM_CU(CtxGetCurrent, (&cur)) < 0) {
@@ -280,6 +285,9 @@ cm_mem_note_use(PyObject *owner, CUstream h, PyObject *obj)
             return r < 0 ? -1 : 0;
         }
         follow = 1;
+    }
+    else if (h == m->stream) {
+        return 0;
     }
     u = m->uses;
     if (u != NULL) {

@@ -228,6 +228,37 @@ def test_read_from_another_device_then_free(manager, how):
 
 
 @pytest.mark.multi_gpu
+def test_default_stream_array_read_from_another_device_then_free(manager):
+    """Both arrays on their devices' default streams: a synchronous copy
+    of a Fortran-ordered array (a 2-D copy, which the driver does not
+    wait for, device to device) is left on device 1's held default
+    stream.  Device 0's default stream is not that one, so the freed
+    source's block is not handed out there before the copy ran."""
+    _peers_or_skip()
+    host = np.asfortranarray(np.full((512, 2048), 9, np.uint8))
+    with cudamem.gpus[0]:
+        src = cudamem.to_device(host)
+        cudamem.synchronize()
+    with cudamem.gpus[1]:
+        dst = cudamem.device_array_like(host)
+        with Gate() as g:
+            g.block(cudamem.default_stream())
+            dst.copy_to_device(src)
+            del src
+            gc.collect()
+            with cudamem.gpus[0]:
+                b = cudamem.device_array_like(host)
+                b.copy_to_device(np.zeros_like(host))
+                # Not the context: it now waits for device 1's copy,
+                # which uses its memory (docs/design.md, cross-stream
+                # uses).
+                cudamem.default_stream().synchronize()
+        cudamem.synchronize()
+        assert not g.timed_out, "the copy waited for the held stream"
+        assert (dst.copy_to_host() == 9).all(), manager
+
+
+@pytest.mark.multi_gpu
 def test_blocks_read_from_another_device_come_back(manager):
     """Blocks freed after a copy of device 1's read them are reused on
     device 0 once that copy has run: a release ordered after another
