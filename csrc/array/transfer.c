@@ -182,6 +182,35 @@ cm_stream_plain(PyObject *o)
            || PyLong_CheckExact(o);
 }
 
+/* A copy's uses noted (cm_da_used_on) on dst and src (NULL: host
+ * memory), rc the copy's result, which is returned: -1 where a note
+ * failed.  A failed copy's uses are noted too (a part of it may have
+ * been queued), its exception kept. */
+static int
+cm_da_copy_noted(cm_da *dst, cm_da *src, int early, CUstream h,
+                 PyObject *sobj, int rc)
+{
+    PyObject *et = NULL;
+    PyObject *ev = NULL;
+    PyObject *tb = NULL;
+    int failed = rc < 0;
+
+    if (failed) {
+        PyErr_Fetch(&et, &ev, &tb);
+    }
+    if (cm_da_used_on(dst, early, h, sobj) < 0
+        || (src != NULL && cm_da_used_on(src, early, h, sobj) < 0)) {
+        if (failed) {
+            PyErr_Clear();
+        }
+        rc = -1;
+    }
+    if (failed) {
+        PyErr_Restore(et, ev, tb);
+    }
+    return rc;
+}
+
 static int
 cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
 {
@@ -250,10 +279,7 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
             rc = cm_copy_across(self, s, h, async);
             /* Device to device: even a synchronous copy may return
              * before it has run (below). */
-            if (cm_da_used_on(s, 1, h, sobj) < 0
-                || cm_da_used_on(self, 1, h, sobj) < 0) {
-                rc = -1;
-            }
+            rc = cm_da_copy_noted(self, s, 1, h, sobj, rc);
             goto out_src;
         }
         cm_da_view(s, &sv);
@@ -279,10 +305,8 @@ cm_da_copy_from_run(cm_da *self, PyObject *ary, PyObject *stream)
      * before the copy has run.  Nothing to note where the memory was
      * allocated for the default stream (cm_mem_note_use). */
     early = async || src_da || host == CM_HOST_UNKNOWN;
-    if (cm_da_used_on(self, early, h, sobj) < 0
-        || (src_da && cm_da_used_on((cm_da *)src, early, h, sobj) < 0)) {
-        rc = -1;
-    }
+    rc = cm_da_copy_noted(self, src_da ? (cm_da *)src : NULL, early, h,
+                          sobj, rc);
 out_src:
     Py_DECREF(src);
     return rc;
