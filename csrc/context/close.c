@@ -62,6 +62,11 @@ cm_context_release_device(int i)
     c = cm_ctxs[i];
     cm_resetting[i] = 1;
     cm_resetter[i] = PyThread_get_thread_ident();
+    /* Work of other devices that may read or write its memory (peer
+     * copies, their kernels) ends before any of that memory goes, and
+     * none is queued from now on (cm_context_enable_peer refuses). */
+    c->closing = 1;
+    cm_context_sync_peers(c);
     /* What is queued, and what its pool holds, is given back before the
      * context goes. */
     if (cm_ctx_up.ctx_flush(c) < 0) {
@@ -71,6 +76,9 @@ cm_context_release_device(int i)
     cm_ctx_up.interop_context_closing(c);
     cm_ctx_up.graph_pools_closing(c);
     if (c->mm_builtin->destroy != NULL) {
+        /* Again: the flush and the closings may have let other threads
+         * queue more. */
+        cm_context_sync_peers(c);
         c->mm_builtin->destroy(c);
     }
     cm_ctxs[i] = NULL;

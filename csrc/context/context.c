@@ -196,6 +196,7 @@ again:
     c->oom_collect_ns = 0;
     memset(c->peer_gen, 0, sizeof(c->peer_gen));
     c->peers_in = 0;
+    c->closing = 0;
     c->n_stream_cache = 0;
     c->sync_begun = 0;
     c->sync_done = 0;
@@ -499,6 +500,17 @@ cm_context_of_pointer(CUdeviceptr p)
     return NULL;
 }
 
+/* ValueError: c is being closed by another thread (its memory is going
+ * while other devices' work could still be queued on it).  -1. */
+static int
+cm_context_closing_error(cm_context *c)
+{
+    PyErr_Format(PyExc_ValueError,
+                 "the context of device %d was closed or reset by another "
+                 "thread", c->device->id);
+    return -1;
+}
+
 /* Whether device a's contexts can map device b's memory (cached). */
 int
 cm_peer_possible(int a, int b)
@@ -549,6 +561,9 @@ cm_context_enable_peer(cm_context *ctx, cm_context *peer)
     int d = peer->device->id;
     int can;
 
+    if (peer->closing && peer->alive) {
+        return cm_context_closing_error(peer);
+    }
     if (cm_context_peer_enabled(ctx, peer)) {
         return 0;
     }
@@ -586,12 +601,44 @@ cm_context_enable_peer(cm_context *ctx, cm_context *peer)
     return 0;
 }
 
+void
+cm_context_sync_peers(cm_context *c)
+{
+    CUcontext hs[CM_MAX_DEVICES];
+    CUcontext popped;
+    int n = 0;
+    int i;
+
+    for (i = 0; i < CM_MAX_DEVICES && i < cm_ndev; i++) {
+        if (((c->peers_in >> i) & 1) && cm_ctxs[i] != NULL
+            && cm_ctxs[i] != c && cm_ctxs[i]->alive) {
+            hs[n++] = cm_ctxs[i]->handle;
+        }
+    }
+    if (n == 0) {
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (i = 0; i < n; i++) {
+        /* Errors are the other context's to report (a reset of it on
+         * another thread, a sticky error): nothing to wait for then. */
+        if (CM_CU_RAW(CtxPushCurrent, (hs[i])) == CUDA_SUCCESS) {
+            (void)CM_CU_RAW(CtxSynchronize, ());
+            (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+        }
+    }
+    Py_END_ALLOW_THREADS
+}
+
 int
 cm_context_require_access(cm_context *user, cm_context *owner,
                           const char *what)
 {
     int can;
 
+    if (owner != NULL && owner != user && owner->closing && owner->alive) {
+        return cm_context_closing_error(owner);
+    }
     if (owner == NULL || owner == user
         || cm_context_peer_enabled(user, owner)) {
         return 0;

@@ -178,6 +178,10 @@ typedef struct {
      * cuCtxEnablePeerAccess does not (cm_mm_ops.peer).  NOTE: guarded
      * by the GIL */
     uint64_t peers_in;
+    /* NOTE: guarded by the GIL: being closed or reset
+     * (cm_context_release_device): from then on no work of another
+     * device may take up its memory (cm_context_enable_peer refuses) */
+    int closing;
     /* idle streams for stream() to hand out again, oldest first; NOTE:
      * guarded by the GIL; filled and emptied only by stream.c, emptied
      * (the streams destroyed) by close, reset and at exit */
@@ -506,6 +510,13 @@ void cm_stream_cache_clear(cm_context *ctx);
 /* The same as cm_stream_external, keeping owner (may be NULL) alive as
  * long as the Stream. */
 PyObject *cm_stream_external_owned(CUstream handle, PyObject *owner);
+
+/* Wait, GIL held on entry and released meanwhile, until every driver
+ * call made with the GIL released that began before now has ended, in
+ * any thread.  Called once no new call on the objects that are going
+ * can start (a closing context dead, a destroyed pool marked dead);
+ * calls begun later are not waited for. */
+void cm_context_quiesce(void);
 
 /* A new Stream made with flags (priority 0) in ctx, which is current (a
  * kept idle one of ctx's where there is one).  New reference, or NULL

@@ -33,11 +33,11 @@ extern unsigned long cm_resetter[CM_MAX_DEVICES];
  * reset itself, a plugin's say, asking for the device's context). */
 int cm_context_wait_reset(int i);
 
-/* Wait, GIL released, until every driver call made with the GIL released
- * that began before now has ended, in any thread.  Called with the
- * closing context already dead, so that no new call on its objects
- * starts; calls begun later, of other contexts, are not waited for. */
-void cm_context_quiesce(void);
+
+/* Wait (GIL released) for all the work of the live contexts given peer
+ * access to c's memory (c->peers_in): before c's memory goes, since
+ * nothing of c's own orders their work.  Never raises. */
+void cm_context_sync_peers(cm_context *c);
 
 /* The runtime's part of a fork's child (device.c): 0, or -1 with an
  * exception set. */

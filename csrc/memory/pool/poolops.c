@@ -328,6 +328,15 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
     if (p->vmm) {
         cm_mu_unlock(&p->vmu);
     }
+    if (p->kind == CM_MM_ASYNC || (p->vmm && all != NULL)) {
+        /* Work another thread began on the pool's memory before dead
+         * was set may still be in the driver (GIL released): an
+         * allocation from the driver pool, a copy or a kernel launch
+         * over pages about to be unmapped.  It ends before the driver
+         * pool goes, and the synchronize below follows what it
+         * queued. */
+        cm_context_quiesce();
+    }
     if (p->export_fd >= 0) {
         /* Importers can no longer take it; what they imported stays. */
         cm_fd_withdraw(p->export_fd);
@@ -556,6 +565,11 @@ cm_async_alloc(cm_context *ctx, size_t size, CUstream stream,
     if (gp != NULL) {
         /* Captured: the graph's own memory (memory/pool/graph/gpool.c). */
         return cm_gpool_alloc(ctx, gp, size, stream, ptr, handle);
+    }
+    if (p == NULL || p->dead) {
+        /* Destroyed by a close on another thread (dead is set with the
+         * GIL held, as here): its driver pool is gone. */
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
     if (p->limit != 0 && size > p->limit - (ctx->st_bytes < p->limit
                                             ? ctx->st_bytes
