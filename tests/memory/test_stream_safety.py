@@ -285,7 +285,10 @@ def test_blocks_read_from_another_device_come_back(manager):
             held = cudamem.memory_stats()["pool_reserved_bytes"]
             if i == 3:
                 before = held
-        assert held == before, (manager, before, held)
+        # A block or two of slack (when the async manager's frees
+        # complete is the driver pool's business); a block kept out of
+        # use at every copy grows it by 20 MiB over the 20 copies.
+        assert held - before <= 2 * N, (manager, before, held)
 
 
 def test_pinned_pool_buffer_not_reused_while_a_copy_is_queued():
