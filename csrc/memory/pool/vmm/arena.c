@@ -799,6 +799,7 @@ cm_arena_open(cm_pool *p, int dev)
     size_t i;
     cm_seg *s;
     int relaxed;
+    int nomem = 0;
     CUresult rc = CUDA_SUCCESS;
     cm_gil_saved g;
 
@@ -830,6 +831,7 @@ cm_arena_open(cm_pool *p, int dev)
                                               * sizeof(*runs));
 
                 if (more == NULL) {
+                    nomem = 1;
                     rc = CUDA_ERROR_OUT_OF_MEMORY;
                     break;
                 }
@@ -848,6 +850,11 @@ cm_arena_open(cm_pool *p, int dev)
     cm_gil_take(&g);
     cm_capture_unrelax(relaxed);
     free(runs);
+    if (nomem) {
+        /* Host memory for the list of runs, not the device's. */
+        PyErr_NoMemory();
+        return -1;
+    }
     return cm_cu_check(rc, "cuMemSetAccess");
 }
 
