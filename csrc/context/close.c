@@ -87,6 +87,12 @@ cm_context_release_device(int i)
     c->alive = 0;
     /* Calls other threads began on its objects end before it goes. */
     cm_context_quiesce();
+    if (c->mm_builtin->dead != NULL) {
+        /* No other thread can queue work on the manager's memory now:
+         * it goes once the work queued, other devices' too, is done. */
+        cm_context_sync_peers(c);
+        c->mm_builtin->dead(c);
+    }
     /* Dead, c keeps no more streams; those it kept go while its primary
      * context is still retained. */
     cm_stream_cache_clear(c);

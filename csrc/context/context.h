@@ -326,6 +326,12 @@ struct cm_mm_ops {
     /* Give everything the state holds back to the driver (the context
      * is being closed or reset; it is still alive).  Never raises. */
     void (*destroy)(cm_context *ctx);
+    /* ctx, closed, is dead to every other thread and none of their
+     * driver calls is in flight; its primary context is still retained:
+     * give back what destroy kept for then (memory that work of other
+     * threads could still reach, once the work queued is done).  NULL:
+     * destroy keeps nothing.  Never raises. */
+    void (*dead)(cm_context *ctx);
     /* Free the C state (Context dealloc). */
     void (*free)(cm_context *ctx);
     /* Allocate size bytes for stream, ctx current, GIL held (released

@@ -278,18 +278,18 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
     if (p == NULL || p->dead) {
         return;
     }
-    if (p->vmm) {
-        /* No mapping in progress: vmu's holders take it without the GIL
-         * and never wait for the GIL while they hold it. */
-        gd.ts = NULL;
-        gd.probe = 0;
-        gd.epoch = 0;
-        cm_gil_drop(&gd);
-        cm_mu_lock(&p->vmu);
-        cm_gil_take(&gd);
-    }
-    cm_pool_lock(p, &gd);
+    /* Refused from now on by whoever holds the GIL; the locks are taken
+     * without it (their holders may wait for a driver call that waits
+     * for a Python callback), and what they guard is cleared without. */
     p->dead = 1;
+    gd.ts = NULL;
+    gd.probe = 0;
+    gd.epoch = 0;
+    cm_gil_drop(&gd);
+    if (p->vmm) {
+        cm_mu_lock(&p->vmu);   /* no mapping in progress */
+    }
+    cm_mu_lock(&p->mu);
     all = p->segs;
     p->segs = NULL;
     for (g = all; g != NULL; g = g->next) {
@@ -324,17 +324,18 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
     p->capevents = 0;
     mp = p->mempool;
     p->idle_pages = 0;
-    cm_pool_unlock(p, &gd);
+    cm_mu_unlock(&p->mu);
     if (p->vmm) {
         cm_mu_unlock(&p->vmu);
     }
+    cm_gil_take(&gd);
+    cm_pool_keep_late(ctx, p, &all);
     if (p->kind == CM_MM_ASYNC || (p->vmm && all != NULL)) {
         /* Work another thread began on the pool's memory before dead
          * was set may still be in the driver (GIL released): an
          * allocation from the driver pool, a copy or a kernel launch
          * over pages about to be unmapped.  It ends before the driver
-         * pool goes, and the synchronize below follows what it
-         * queued. */
+         * pool goes; the synchronize below follows what it queued. */
         cm_context_quiesce();
     }
     if (p->export_fd >= 0) {
@@ -1459,6 +1460,7 @@ const cm_mm_ops cm_mm_pool = {
     .rel_sync = CM_REL_POOL_SYNC,
     .create = cm_pool_create,
     .destroy = cm_pool_destroy,
+    .dead = cm_pool_dead,
     .free = cm_pool_free,
     .alloc = cm_pool_alloc,
     .release = cm_pool_release,
@@ -1482,6 +1484,7 @@ const cm_mm_ops cm_mm_async = {
     .rel_sync = CM_REL_ASYNC_SYNC,
     .create = cm_async_create,
     .destroy = cm_pool_destroy,
+    .dead = cm_pool_dead,
     .free = cm_pool_free,
     .alloc = cm_async_alloc,
     .release = cm_async_release,

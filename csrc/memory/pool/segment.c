@@ -5,8 +5,13 @@
  * pool and async managers (poolops.c) and the graph pools
  * (memory/pool/graph/gpool.c).
  *
+ * A close keeps the segments of its context's pools until no other thread
+ * can queue work on them (cm_pool_keep_late, cm_pool_dead).
+ *
  * Locks and the GIL: runs with no pool mutex held and without the GIL;
  * the segments were unlinked from their pool under its mutex first.
+ * cm_pool_keep_late and cm_pool_dead are called with the GIL held (the
+ * closing thread's).
  */
 #include "memory/pool/pool.h"
 #include "memory/pool/vmm/vmm.h"
@@ -40,4 +45,52 @@ cm_segs_release(cm_context *ctx, cm_seg *g)
         free(g);
     }
     return first;
+}
+
+void
+cm_pool_keep_late(cm_context *ctx, cm_pool *p, cm_seg **all)
+{
+    /* Another thread that holds an array of the pool can still queue a
+     * copy or a kernel on its pages until the close marks the context
+     * dead; a release now would free them under that work. */
+    if (ctx->closing && ctx->alive && !cm_forked && *all != NULL) {
+        p->late = *all;
+        *all = NULL;
+    }
+}
+
+void
+cm_pool_dead(cm_context *ctx)
+{
+    cm_pool *p = ctx->pool;
+    cm_seg *late[2] = {NULL, NULL};
+    CUcontext cur = NULL;
+    CUcontext popped;
+    int pushed = 0;
+
+    if (p == NULL) {
+        return;
+    }
+    late[0] = p->late;
+    p->late = NULL;
+    if (p->peers != NULL) {
+        late[1] = p->peers->late;
+        p->peers->late = NULL;
+    }
+    if (late[0] == NULL && late[1] == NULL) {
+        return;
+    }
+    CM_DRIVER_BEGIN_NOGIL
+    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
+        || cur != ctx->handle) {
+        pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
+    }
+    /* cuMemUnmap does not wait for the work queued on the pages. */
+    (void)CM_CU_RAW(CtxSynchronize, ());
+    (void)cm_segs_release(ctx, late[0]);
+    (void)cm_segs_release(ctx, late[1]);
+    if (pushed) {
+        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
+    }
+    CM_DRIVER_END_NOGIL
 }
