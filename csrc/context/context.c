@@ -381,7 +381,8 @@ again:
     goto again;
 }
 
-/* ValueError for an object of ctx, which was closed or reset.  -1. */
+/* ValueError for an object of ctx, which was closed or reset, or which
+ * another thread is closing (its memory is going).  -1. */
 static int
 cm_context_dead(cm_context *ctx)
 {
@@ -500,17 +501,6 @@ cm_context_of_pointer(CUdeviceptr p)
     return NULL;
 }
 
-/* ValueError: c is being closed by another thread (its memory is going
- * while other devices' work could still be queued on it).  -1. */
-static int
-cm_context_closing_error(cm_context *c)
-{
-    PyErr_Format(PyExc_ValueError,
-                 "the context of device %d was closed or reset by another "
-                 "thread", c->device->id);
-    return -1;
-}
-
 /* Whether device a's contexts can map device b's memory (cached). */
 int
 cm_peer_possible(int a, int b)
@@ -562,7 +552,7 @@ cm_context_enable_peer(cm_context *ctx, cm_context *peer)
     int can;
 
     if (peer->closing && peer->alive) {
-        return cm_context_closing_error(peer);
+        return cm_context_dead(peer);
     }
     if (cm_context_peer_enabled(ctx, peer)) {
         return 0;
@@ -637,7 +627,7 @@ cm_context_require_access(cm_context *user, cm_context *owner,
     int can;
 
     if (owner != NULL && owner != user && owner->closing && owner->alive) {
-        return cm_context_closing_error(owner);
+        return cm_context_dead(owner);
     }
     if (owner == NULL || owner == user
         || cm_context_peer_enabled(user, owner)) {
