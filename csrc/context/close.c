@@ -76,9 +76,6 @@ cm_context_release_device(int i)
     cm_ctx_up.interop_context_closing(c);
     cm_ctx_up.graph_pools_closing(c);
     if (c->mm_builtin->destroy != NULL) {
-        /* Again: the flush and the closings may have let other threads
-         * queue more. */
-        cm_context_sync_peers(c);
         c->mm_builtin->destroy(c);
     }
     cm_ctxs[i] = NULL;

@@ -33,7 +33,6 @@ extern unsigned long cm_resetter[CM_MAX_DEVICES];
  * reset itself, a plugin's say, asking for the device's context). */
 int cm_context_wait_reset(int i);
 
-
 /* Wait (GIL released) for all the work of the live contexts given peer
  * access to c's memory (c->peers_in): before c's memory goes, since
  * nothing of c's own orders their work.  Never raises. */

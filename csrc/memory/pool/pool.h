@@ -181,8 +181,8 @@ struct cm_pool {
     size_t borrowed;      /* a peers' pool: the blocks it gave its twin
                            * on virtual memory when that one could map
                            * no memory (cm_pool_borrow_peers) */
-    cm_seg *late;         /* NOTE: GIL; a closing context's segments,
-                           * kept by the destroy for cm_pool_dead */
+    cm_seg *late;         /* NOTE: GIL; the segments, kept by the
+                           * destroy (a close) for cm_pool_dead */
     cm_pool *all_next;    /* NOTE: GIL; the list of every pool */
     cm_pool *all_prev;
     /* virtual memory (memory/pool/vmm/arena.c) */
@@ -343,9 +343,6 @@ void cm_pool_collect_free_segs(cm_pool *p, cm_seg **out);
  * mutex, no GIL); their bytes no longer count against the limit.  The
  * first error, or CUDA_SUCCESS. */
 CUresult cm_segs_release(cm_context *ctx, cm_seg *g);
-/* The destroy of ctx's pool p, which a close makes: keep its segments
- * (*all, then NULL) for cm_pool_dead. */
-void cm_pool_keep_late(cm_context *ctx, cm_pool *p, cm_seg **all);
 /* cm_mm_ops.dead of the pool and async managers (segment.c). */
 void cm_pool_dead(cm_context *ctx);
 

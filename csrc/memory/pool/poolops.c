@@ -329,13 +329,10 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
         cm_mu_unlock(&p->vmu);
     }
     cm_gil_take(&gd);
-    cm_pool_keep_late(ctx, p, &all);
-    if (p->kind == CM_MM_ASYNC || (p->vmm && all != NULL)) {
-        /* Work another thread began on the pool's memory before dead
-         * was set may still be in the driver (GIL released): an
-         * allocation from the driver pool, a copy or a kernel launch
-         * over pages about to be unmapped.  It ends before the driver
-         * pool goes; the synchronize below follows what it queued. */
+    if (p->kind == CM_MM_ASYNC) {
+        /* An allocation another thread began from the driver pool
+         * before dead was set may still be in the driver (GIL released):
+         * it ends before the driver pool goes. */
         cm_context_quiesce();
     }
     if (p->export_fd >= 0) {
@@ -358,18 +355,15 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
         }
         return;
     }
+    /* Another thread that holds an array of the pool can still queue a
+     * copy or a kernel on its pages until the close marks the context
+     * dead: the segments go then (cm_pool_dead). */
+    p->late = all;
     CM_DRIVER_BEGIN_NOGIL
     if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
         || cur != ctx->handle) {
         pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
     }
-    if (p->vmm && all != NULL) {
-        /* cuMemUnmap and cuMemRelease do not wait for the work queued on
-         * the pages, as cuMemFree does (a pageable copy's DMA may still be
-         * in flight when the copy returned): the context first. */
-        (void)CM_CU_RAW(CtxSynchronize, ());
-    }
-    (void)cm_segs_release(ctx, all);
     for (i = 0; i < nevents; i++) {
         (void)CM_CU_RAW(EventDestroy, (events[i]));
     }

@@ -6,12 +6,11 @@
  * (memory/pool/graph/gpool.c).
  *
  * A close keeps the segments of its context's pools until no other thread
- * can queue work on them (cm_pool_keep_late, cm_pool_dead).
+ * can queue work on them (cm_pool_dead).
  *
  * Locks and the GIL: runs with no pool mutex held and without the GIL;
  * the segments were unlinked from their pool under its mutex first.
- * cm_pool_keep_late and cm_pool_dead are called with the GIL held (the
- * closing thread's).
+ * cm_pool_dead is called with the GIL held (the closing thread's).
  */
 #include "memory/pool/pool.h"
 #include "memory/pool/vmm/vmm.h"
@@ -45,18 +44,6 @@ cm_segs_release(cm_context *ctx, cm_seg *g)
         free(g);
     }
     return first;
-}
-
-void
-cm_pool_keep_late(cm_context *ctx, cm_pool *p, cm_seg **all)
-{
-    /* Another thread that holds an array of the pool can still queue a
-     * copy or a kernel on its pages until the close marks the context
-     * dead; a release now would free them under that work. */
-    if (ctx->closing && ctx->alive && !cm_forked && *all != NULL) {
-        p->late = *all;
-        *all = NULL;
-    }
 }
 
 void
