@@ -155,8 +155,6 @@ cm_ipc_context_closing(cm_context *ctx)
     size_t i;
     cm_iptr *p;
     cm_ipool *ip;
-    CUcontext cur = NULL;
-    CUcontext popped;
     int pushed = 0;
 
     if (cm_forked) {
@@ -195,20 +193,14 @@ cm_ipc_context_closing(cm_context *ctx)
     cm_mu_unlock(&cm_imp_mu);
     if (nptrs + npools > 0) {
         CM_DRIVER_BEGIN_NOGIL
-        if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
-            || cur != ctx->handle) {
-            pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle))
-                     == CUDA_SUCCESS;
-        }
+        (void)cm_ctx_enter(ctx->handle, &pushed);
         for (i = 0; i < nptrs; i++) {
             (void)CM_CU_RAW(MemFree, (ptrs[i]));
         }
         for (i = 0; i < npools; i++) {
             (void)CM_CU_RAW(MemPoolDestroy, (pools[i]));
         }
-        if (pushed) {
-            (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-        }
+        cm_ctx_leave(pushed);
         CM_DRIVER_END_NOGIL
     }
     free(ptrs);

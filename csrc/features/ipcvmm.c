@@ -187,8 +187,6 @@ cm_ipc_vmm_context_closing(cm_context *ctx)
     size_t off;
     cm_ivmm *r;
     cm_ipage *ip;
-    CUcontext cur = NULL;
-    CUcontext popped;
     int pushed = 0;
 
     cm_mu_lock(&cm_vimp_mu);
@@ -226,11 +224,7 @@ cm_ipc_vmm_context_closing(cm_context *ctx)
     cm_mu_unlock(&cm_vimp_mu);
     if (nr + nh > 0) {
         CM_DRIVER_BEGIN_NOGIL
-        if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
-            || cur != ctx->handle) {
-            pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle))
-                     == CUDA_SUCCESS;
-        }
+        (void)cm_ctx_enter(ctx->handle, &pushed);
         for (i = 0; i < nr; i++) {
             for (off = 0; off < ranges[3 * i + 1]; off += ranges[3 * i + 2]) {
                 (void)CM_CU_RAW(MemUnmap, (ranges[3 * i] + off,
@@ -242,9 +236,7 @@ cm_ipc_vmm_context_closing(cm_context *ctx)
         for (i = 0; i < nh; i++) {
             (void)CM_CU_RAW(MemRelease, (hs[i]));
         }
-        if (pushed) {
-            (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-        }
+        cm_ctx_leave(pushed);
         CM_DRIVER_END_NOGIL
     }
     free(ranges);

@@ -176,8 +176,6 @@ cm_pending_flush(cm_pending *q)
     Py_ssize_t i;
     Py_ssize_t done = 0;
     CUresult rc = CUDA_SUCCESS;
-    CUcontext cur = NULL;
-    CUcontext popped;
     CUcontext h;
     cm_context *ctx = q->ctx;
     int pushed = 0;
@@ -203,10 +201,7 @@ cm_pending_flush(cm_pending *q)
     }
     h = q->ctx->handle;
     CM_DRIVER_BEGIN_NOGIL
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS || cur != h) {
-        rc = CM_CU_RAW(CtxPushCurrent, (h));
-        pushed = rc == CUDA_SUCCESS;
-    }
+    rc = cm_ctx_enter(h, &pushed);
     for (i = 0; rc == CUDA_SUCCESS && i < n; i++) {
         /* Checked at each: a capture may begin meanwhile. */
         if (cm_rel_waits(&items[i])) {
@@ -215,9 +210,7 @@ cm_pending_flush(cm_pending *q)
         rc = cm_rel_run(ctx, &items[i]);
         done = i + 1;
     }
-    if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-    }
+    cm_ctx_leave(pushed);
     CM_DRIVER_END_NOGIL
     if (rc == CUDA_SUCCESS && done == n) {
         PyMem_Free(items);
@@ -487,22 +480,15 @@ static int
 cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
                     size_t size, CUstream stream)
 {
-    CUcontext cur = NULL;
-    CUcontext popped;
     CUresult rc;
     int pushed = 0;
 
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
-        || cur != ctx->handle) {
-        if (CM_CU(CtxPushCurrent, (ctx->handle)) < 0) {
-            return -1;
-        }
-        pushed = 1;
+    rc = cm_ctx_enter(ctx->handle, &pushed);
+    if (rc != CUDA_SUCCESS) {
+        return cm_cu_check(rc, "cuCtxPushCurrent");
     }
     rc = ctx->mm_builtin->release(ctx, kind, handle, size, stream);
-    if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-    }
+    cm_ctx_leave(pushed);
     return cm_cu_check(rc, cm_rel_fn(kind));
 }
 

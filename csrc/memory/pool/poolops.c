@@ -269,8 +269,6 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
     CUevent *events;
     size_t nevents;
     size_t i;
-    CUcontext cur = NULL;
-    CUcontext popped;
     CUmemoryPool mp;
     int pushed = 0;
     cm_gil_saved gd;
@@ -360,10 +358,7 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
      * dead: the segments go then (cm_pool_dead). */
     p->late = all;
     CM_DRIVER_BEGIN_NOGIL
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
-        || cur != ctx->handle) {
-        pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
-    }
+    (void)cm_ctx_enter(ctx->handle, &pushed);
     for (i = 0; i < nevents; i++) {
         (void)CM_CU_RAW(EventDestroy, (events[i]));
     }
@@ -378,9 +373,7 @@ cm_pool_destroy_one(cm_context *ctx, cm_pool *p)
         /* Allocations still live go with the context's reset. */
         (void)CM_CU_RAW(MemPoolDestroy, (mp));
     }
-    if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-    }
+    cm_ctx_leave(pushed);
     CM_DRIVER_END_NOGIL
     free(events);
 }

@@ -51,8 +51,6 @@ cm_pool_dead(cm_context *ctx)
 {
     cm_pool *p = ctx->pool;
     cm_seg *late[2] = {NULL, NULL};
-    CUcontext cur = NULL;
-    CUcontext popped;
     int pushed = 0;
 
     if (p == NULL) {
@@ -68,16 +66,11 @@ cm_pool_dead(cm_context *ctx)
         return;
     }
     CM_DRIVER_BEGIN_NOGIL
-    if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
-        || cur != ctx->handle) {
-        pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle)) == CUDA_SUCCESS;
-    }
+    (void)cm_ctx_enter(ctx->handle, &pushed);
     /* cuMemUnmap does not wait for the work queued on the pages. */
     (void)CM_CU_RAW(CtxSynchronize, ());
     (void)cm_segs_release(ctx, late[0]);
     (void)cm_segs_release(ctx, late[1]);
-    if (pushed) {
-        (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-    }
+    cm_ctx_leave(pushed);
     CM_DRIVER_END_NOGIL
 }

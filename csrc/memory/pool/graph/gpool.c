@@ -154,8 +154,6 @@ cm_gpool_retire(cm_gpool *gp, int gil)
     cm_pool *p = gp->p;
     cm_context *ctx = gp->ctx;
     cm_seg *segs;
-    CUcontext cur = NULL;
-    CUcontext popped;
     int dead;
     int pushed = 0;
     int epoch;
@@ -190,16 +188,10 @@ cm_gpool_retire(cm_gpool *gp, int gil)
     /* Counted: a close of the context waits for this call. */
     epoch = cm_driver_call_begin();
     if (ctx->alive) {
-        if (CM_CU_RAW(CtxGetCurrent, (&cur)) != CUDA_SUCCESS
-            || cur != ctx->handle) {
-            pushed = CM_CU_RAW(CtxPushCurrent, (ctx->handle))
-                     == CUDA_SUCCESS;
-        }
+        (void)cm_ctx_enter(ctx->handle, &pushed);
         (void)cm_segs_release(ctx, segs);
         segs = NULL;
-        if (pushed) {
-            (void)CM_CU_RAW(CtxPopCurrent, (&popped));
-        }
+        cm_ctx_leave(pushed);
     }
     cm_driver_call_end(epoch);
     if (gil) {
