@@ -77,7 +77,7 @@ def columns(n):
     hosts = {"m": (h.ctypes.data, out.ctypes.data),
              "p": (ph.ctypes.data, pout.ctypes.data)}
     devs = {"m": d.device_ctypes_pointer.value, "p": pd.data.ptr}
-    strs = {"m": s.handle.value or 0, "p": ps.ptr}
+    strs = {"m": int(s.handle), "p": ps.ptr}
     for key in ("mmm", "pmm", "mpm", "mmp", "ppp"):
         hp, op = hosts[key[0]]
         dp = devs[key[1]]
