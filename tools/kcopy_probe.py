@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(HERE, os.pardir, "benchmarks"))
 
 import harness  # noqa: E402
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+ROUNDS = 5
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 THREADS = 256
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -187,12 +187,13 @@ def columns(cu, fn, sms, n, htod):
 
 
 def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS
     env = setup()
     if env is None:
         return
     cu, fn, sms = env
     print("kcopy_probe: %d multiprocessors, %d threads a block, %d rounds"
-          % (sms, THREADS, ROUNDS))
+          % (sms, THREADS, rounds))
     for htod in (True, False):
         for n in SIZES:
             cols, check = columns(cu, fn, sms, n, htod)
@@ -201,7 +202,7 @@ def main():
             times = harness.alternated(
                 lambda k, cols=cols: harness.time_callable(
                     cols[k], repeats=11)[0],
-                cols, ROUNDS)
+                cols, rounds)
             med = {k: statistics.median(v) for k, v in times.items()}
             best = min((k for k in med if k != "engine"), key=med.get)
             print("%-4s %5d KiB  " % ("htod" if htod else "dtoh", n >> 10)
