@@ -285,10 +285,13 @@ def test_blocks_read_from_another_device_come_back(manager):
             held = cudamem.memory_stats()["pool_reserved_bytes"]
             if i == 3:
                 before = held
-        # A block or two of slack (when the async manager's frees
-        # complete is the driver pool's business); a block kept out of
-        # use at every copy grows it by 20 MiB over the 20 copies.
-        assert held - before <= 2 * N, (manager, before, held)
+        # Slack of a few blocks: when the async manager's frees complete
+        # is the driver pool's business, and on a machine whose cores are
+        # all busy the simulator's pool ended up to 5 blocks above the
+        # fourth copy's figure (7 runs in 65, none growing copy by copy);
+        # a block kept out of use at every copy grows it by 20 MiB over
+        # the 20 copies.
+        assert held - before <= 8 * N, (manager, before, held)
 
 
 def test_pinned_pool_buffer_not_reused_while_a_copy_is_queued():
