@@ -621,6 +621,240 @@ def test_nt_spin_and_huge_tunables(staging):
     assert rc == 0 and out.strip().endswith("True 30 True"), out
 
 
+# -- one buffer for small copies to the host ------------------------------
+#
+# Under the threshold, a synchronous copy into pageable host memory of
+# 16 KiB to `bounce` bytes (1 MiB by default) goes through one staging
+# buffer: the driver's synchronous copy into it, then a memcpy.
+
+BOUNCE_MIN = 16 << 10
+
+
+def bounced():
+    return _core._staging_stats()["bounced"]
+
+
+@pytest.fixture
+def bounce(ctx):
+    """The default threshold, chunk and bounce limit; the old tunables
+    come back afterwards, and no staging buffer is left in use."""
+    old = _core._staging_config()
+    _core._staging_config(enabled=True, threshold=4 << 20, chunk=8 << 20,
+                          bounce=1 << 20)
+    yield
+    cuda.synchronize()
+    _core._staging_config(**old)
+    st = _core._staging_stats()
+    assert st["in_use"] == 0 and st["inflight"] == 0, st
+    _core._staging_trim()
+
+
+def _bytes(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("n,used", [
+    (BOUNCE_MIN - 1, 0), (BOUNCE_MIN, 1), (64 << 10, 1), (1 << 20, 1),
+    ((1 << 20) + 1, 0), ((4 << 20) - 1, 0)])
+def test_small_copies_to_the_host_go_through_one_buffer(bounce, n, used):
+    h = _bytes(n)
+    d = cuda.to_device(h)
+    b, s = bounced(), staged()
+    out = np.zeros_like(h)
+    d.copy_to_host(out)
+    np.testing.assert_array_equal(out, h)
+    np.testing.assert_array_equal(d.copy_to_host(), h)   # a new array
+    assert bounced() - b == 2 * used
+    assert staged() == s
+
+
+def test_bounce_limit_is_a_tunable(bounce):
+    h = _bytes(64 << 10)
+    d = cuda.to_device(h)
+    assert _core._staging_config(bounce=32 << 10)["bounce"] == 32 << 10
+    b = bounced()
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+    assert bounced() == b
+    _core._staging_config(bounce=0)
+    np.testing.assert_array_equal(d.copy_to_host()[:BOUNCE_MIN],
+                                  h[:BOUNCE_MIN])
+    np.testing.assert_array_equal(d[:BOUNCE_MIN].copy_to_host(),
+                                  h[:BOUNCE_MIN])
+    assert bounced() == b
+    _core._staging_config(bounce=64 << 10, enabled=False)
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+    assert bounced() == b
+    for bad in (-1, (64 << 20) + 1, 1 << 70):
+        with pytest.raises(ValueError, match="bounce"):
+            _core._staging_config(bounce=bad)
+    assert _core._staging_config()["bounce"] == 64 << 10
+
+
+def test_bounce_limit_from_the_environment():
+    rc, out = run_py("""
+        from cudamem import _core
+        print("bounce:", _core._staging_config()["bounce"])
+        """, CUDAMEM_STAGING_BOUNCE="256K")
+    assert rc == 0, out
+    assert "bounce: 262144" in out
+    rc, out = run_py("""
+        from cudamem import _core
+        print("bounce:", _core._staging_config()["bounce"])
+        """, CUDAMEM_STAGING_BOUNCE="")
+    assert rc == 0, out
+    assert "bounce: 1048576" in out
+
+
+BOUNCE_BASE = sample((64, 48), np.float64)          # 24 KiB
+BOUNCE_LAYOUTS = {
+    # name: (device array, host destination, bounced)
+    "C": (lambda: BOUNCE_BASE, lambda: np.zeros((64, 48)), 1),
+    "F both": (lambda: np.asfortranarray(BOUNCE_BASE),
+               lambda: np.zeros((64, 48), order="F"), 1),
+    # through a compact host buffer in the device side's order: that
+    # copy is bounced, then the buffer is reordered on the host
+    "F into C": (lambda: np.asfortranarray(BOUNCE_BASE),
+                 lambda: np.zeros((64, 48)), 1),
+    # pitched rows: one 2-D copy of the driver's, not bounced
+    "step": (lambda: BOUNCE_BASE,
+             lambda: np.zeros((64, 96))[:, ::2], 0),
+    # no 2-D copy has a negative pitch: through a compact buffer too
+    "reversed": (lambda: BOUNCE_BASE,
+                 lambda: np.zeros((64, 48))[::-1], 1),
+    "records": (lambda: sample((1500,), np.dtype([("a", "f8"),
+                                                  ("b", "i4", 4)])),
+                None, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOUNCE_LAYOUTS))
+def test_bounce_only_for_a_contiguous_host_side(bounce, name):
+    make, dest, used = BOUNCE_LAYOUTS[name]
+    h = make()
+    d = cuda.to_device(h)
+    out = np.zeros_like(h) if dest is None else dest()
+    b = bounced()
+    d.copy_to_host(out)
+    np.testing.assert_array_equal(out, h)
+    assert bounced() - b == used
+
+
+@pytest.mark.parametrize("kind", ["pinned", "mapped", "registered",
+                                  "stream"])
+def test_bounce_leaves_page_locked_and_stream_copies_alone(bounce, kind):
+    h = _bytes(64 << 10, 1)
+    d = cuda.to_device(h)
+    b = bounced()
+    if kind == "registered":
+        out = np.zeros_like(h)
+        with cuda.pinned(out):
+            d.copy_to_host(out)
+    elif kind == "stream":
+        s = cuda.stream()
+        out = np.zeros_like(h)
+        d.copy_to_host(out, stream=s)
+        s.synchronize()
+    else:
+        make = cuda.pinned_array if kind == "pinned" else cuda.mapped_array
+        out = make(h.shape, h.dtype)
+        d.copy_to_host(out)
+    np.testing.assert_array_equal(out, h)
+    assert bounced() == b
+
+
+def test_bounce_from_eight_threads(bounce):
+    """Each thread copies arrays of its own through the buffers, beside
+    staged copies to the device: every result is its own array's."""
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def work(i):
+        try:
+            rng = np.random.default_rng(i)
+            barrier.wait()
+            for k in range(12):
+                n = int(rng.integers(BOUNCE_MIN, 1 << 20))
+                h = rng.integers(0, 256, n, dtype=np.uint8)
+                d = cuda.to_device(h)
+                if k % 4 == 3:
+                    d2 = cuda.to_device(np.full(5 << 20, i, np.uint8))
+                    del d2
+                out = d.copy_to_host()
+                if not np.array_equal(out, h):
+                    errors.append((i, k))
+        except Exception as e:  # reported below
+            errors.append((i, repr(e)))
+
+    b = bounced()
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    assert bounced() - b == 8 * 12
+
+
+@pytest.mark.sim  # fault injection
+@pytest.mark.parametrize("name,nth", [("MemcpyDtoH", 1),
+                                      ("EventCreate", 1)])
+def test_bounce_fault_raises_once_and_leaks_nothing(bounce, name, nth):
+    h = _bytes(64 << 10, 2)
+    d = cuda.to_device(h)
+    _core._staging_trim()
+    before = cuda.memory_stats()["pinned_bytes"]
+    _core._sim_inject(name, nth, CUDA_ERROR_LAUNCH_FAILED)
+    try:
+        with pytest.raises(cuda.CudaAPIError,
+                           match="CUDA_ERROR_LAUNCH_FAILED") as e:
+            d.copy_to_host()
+    finally:
+        _core._sim_inject(name, 0, 0)
+    assert "cu" + name in str(e.value)
+    st = _core._staging_stats()
+    assert st["in_use"] == 0 and st["inflight"] == 0, st
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+    _core._staging_trim()
+    assert _core._staging_stats()["buffers"] == 0
+    assert cuda.memory_stats()["pinned_bytes"] == before
+
+
+@pytest.mark.sim  # fault injection
+def test_bounce_without_page_locked_memory_goes_direct(bounce):
+    h = _bytes(64 << 10, 3)
+    d = cuda.to_device(h)
+    _core._staging_trim()
+    _core._sim_inject("MemHostAlloc", 1, 2)  # CUDA_ERROR_OUT_OF_MEMORY
+    _core._sim_inject("MemHostRegister", 1, 2)
+    b = bounced()
+    try:
+        np.testing.assert_array_equal(d.copy_to_host(), h)
+    finally:
+        _core._sim_inject("MemHostAlloc", 0, 0)
+        _core._sim_inject("MemHostRegister", 0, 0)
+    assert bounced() == b
+    np.testing.assert_array_equal(d.copy_to_host(), h)
+    assert bounced() == b + 1
+
+
+def test_bounce_after_close_uses_the_new_contexts_buffers():
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        h = np.arange(1 << 14, dtype=np.float32)        # 64 KiB
+        ok = bool((cudamem.to_device(h).copy_to_host() == h).all())
+        cudamem.close()
+        ok &= bool((cudamem.to_device(h).copy_to_host() == h).all())
+        cudamem.get_current_device().reset()
+        ok &= bool((cudamem.to_device(h).copy_to_host() == h).all())
+        st = _core._staging_stats()
+        print("data:", ok, "bounced:", st["bounced"], "buffers:",
+              st["buffers"])
+        """)
+    assert rc == 0, out
+    assert "data: True bounced: 3 buffers: 1" in out
+
+
 # -- in a child, beside the next module's ---------------------------------
 #
 # Last in the module: a test marked ahead that only runs a child (mostly
@@ -853,3 +1087,36 @@ def test_peer_reads_a_copy_that_returned_early(lib):
         """ % lib)
     assert rc == 0, out
     assert "data: True" in out
+
+
+@pytest.mark.ahead
+def test_bounce_waits_for_a_buffer_an_early_copy_still_reads():
+    """A copy to the device on a non-blocking stream that returned before
+    its last chunks' copies ran leaves their buffers in the cache; a
+    small synchronous copy to the host (on the default stream, which
+    does not wait for that stream) takes one of them and must not write
+    it before those copies read it."""
+    rc, out = run_py("""
+        import numpy as np, cudamem
+        from cudamem import _core
+        _core._staging_config(enabled=True, threshold=1 << 20,
+                              chunk=1 << 20, buffers=2, bounce=1 << 20)
+        s = _core._stream_with_flags(1)     # CU_STREAM_NON_BLOCKING
+        ok = True
+        b0 = _core._staging_stats()["bounced"]
+        for r in range(10):
+            a = np.full(1 << 18, r, np.float64)          # 2 MiB: 2 chunks
+            small = np.full(1 << 13, -1.0 - r)           # 64 KiB
+            da = cudamem.device_array_like(a)
+            ds = cudamem.to_device(small)
+            cudamem.synchronize()
+            da.copy_to_device(a, stream=s)               # returns early
+            ok &= bool((ds.copy_to_host() == -1.0 - r).all())
+            s.synchronize()
+            ok &= bool((da.copy_to_host() == r).all())
+        print("data:", ok)
+        print("bounced:", _core._staging_stats()["bounced"] - b0 >= 10)
+        """, CUDAMEM_SIM_DELAY_US="2000" if SIMULATOR else None)
+    assert rc == 0, out
+    assert "data: True" in out
+    assert "bounced: True" in out

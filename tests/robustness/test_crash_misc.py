@@ -342,6 +342,8 @@ def import_error(**env):
     ("CUDAMEM_STAGING", "maybe", "1/0, true/false"),
     ("CUDAMEM_STAGING_NT", "2", "1/0, true/false"),
     ("CUDAMEM_STAGING_HUGE", "x", "1/0, true/false"),
+    ("CUDAMEM_STAGING_BOUNCE", "65M", "0 to 64 MiB"),
+    ("CUDAMEM_STAGING_BOUNCE", "-1", "0 to 64 MiB"),
     ("CUDAMEM_MAX_PENDING_DEALLOCS_COUNT", "-1", "0 to 2147483647"),
     ("NUMBA_CUDA_MAX_PENDING_DEALLOCS_COUNT", "ten", "0 to 2147483647"),
     ("CUDAMEM_MAX_PENDING_DEALLOCS_RATIO", "1.5", "0.0 to 1.0"),

@@ -39,6 +39,7 @@
  *   CUDAMEM_STAGING_SPIN       spin       0 .. 100000 us  (default 50 with
  *                                         twice as many CPUs as threads,
  *                                         else 0)
+ *   CUDAMEM_STAGING_BOUNCE     bounce     0 .. 64 MiB     (default 1 MiB)
  *
  * and the flags CUDAMEM_STAGING (default on), CUDAMEM_STAGING_NT (off)
  * and CUDAMEM_STAGING_HUGE (on): 1/0, true/false, yes/no, on/off.  Sizes
@@ -58,7 +59,7 @@ typedef struct {
 
 enum {
     CM_R_THRESHOLD, CM_R_CHUNK, CM_R_BUFFERS, CM_R_THREADS, CM_R_PART,
-    CM_R_RAMP, CM_R_SPIN, CM_R_N
+    CM_R_RAMP, CM_R_SPIN, CM_R_BOUNCE, CM_R_N
 };
 
 static const cm_stg_range cm_stg_ranges[CM_R_N] = {
@@ -72,6 +73,8 @@ static const cm_stg_range cm_stg_ranges[CM_R_N] = {
     {"CUDAMEM_STAGING_RAMP", "ramp", 0, CM_STG_MAXRAMP, "0 to 6"},
     {"CUDAMEM_STAGING_SPIN", "spin", 0, 100000,
      "0 to 100000 microseconds"},
+    {"CUDAMEM_STAGING_BOUNCE", "bounce", 0, 1ULL << 26,
+     "0 to 64 MiB (67108864) bytes"},
 };
 
 /* ValueError: value v of tunable r is out of its range. */
@@ -179,7 +182,8 @@ cm_cfg_get(const cm_stg_cfg *c, int i)
     case CM_R_THREADS: return (unsigned long long)c->threads;
     case CM_R_PART: return c->part;
     case CM_R_RAMP: return (unsigned long long)c->ramp;
-    default: return (unsigned long long)c->spin;
+    case CM_R_SPIN: return (unsigned long long)c->spin;
+    default: return c->bounce;
     }
 }
 
@@ -194,7 +198,8 @@ cm_cfg_put(cm_stg_cfg *c, int i, unsigned long long v)
     case CM_R_THREADS: c->threads = (int)v; break;
     case CM_R_PART: c->part = (size_t)v; break;
     case CM_R_RAMP: c->ramp = (int)v; break;
-    default: c->spin = (int)v; break;
+    case CM_R_SPIN: c->spin = (int)v; break;
+    default: c->bounce = (size_t)v; break;
     }
 }
 
@@ -210,7 +215,7 @@ cm_cfg_set(const cm_stg_cfg *c)
 static PyObject *
 cm_cfg_dict(void)
 {
-    return Py_BuildValue("{s:O,s:n,s:n,s:i,s:i,s:n,s:i,s:O,s:i,s:O}",
+    return Py_BuildValue("{s:O,s:n,s:n,s:i,s:i,s:n,s:i,s:O,s:i,s:O,s:n}",
                          "enabled", cm_cfg.enabled ? Py_True : Py_False,
                          "threshold", (Py_ssize_t)cm_cfg.threshold,
                          "chunk", (Py_ssize_t)cm_cfg.chunk,
@@ -220,38 +225,41 @@ cm_cfg_dict(void)
                          "ramp", cm_cfg.ramp,
                          "nt", cm_cfg.nt ? Py_True : Py_False,
                          "spin", cm_cfg.spin,
-                         "huge", cm_cfg.huge ? Py_True : Py_False);
+                         "huge", cm_cfg.huge ? Py_True : Py_False,
+                         "bounce", (Py_ssize_t)cm_cfg.bounce);
 }
 
 PyDoc_STRVAR(cm_staging_config_doc,
 "_staging_config(*, enabled=None, threshold=None, chunk=None,\n"
 "                buffers=None, threads=None, part=None, ramp=None,\n"
-"                nt=None, spin=None, huge=None)\n"
+"                nt=None, spin=None, huge=None, bounce=None)\n"
 "--\n\n"
 "Set the staging pipeline's tunables given (the rest stay) and return\n"
 "them all as a dict.  Worker threads are only ever added.  Ranges:\n"
 "threshold 0 to 2**40 bytes, chunk 4096 to 2**26, buffers 2 to 16,\n"
 "threads 0 to 256, part 64 to 2**26, ramp 0 to 6, spin 0 to 100000\n"
-"(microseconds); a value outside raises ValueError naming it.");
+"(microseconds), bounce 0 to 2**26 (the largest synchronous copy to\n"
+"pageable host memory under the threshold made through one staging\n"
+"buffer; 0: none); a value outside raises ValueError naming it.");
 
 static PyObject *
 cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"enabled", "threshold", "chunk", "buffers",
                              "threads", "part", "ramp", "nt", "spin",
-                             "huge", NULL};
-    PyObject *v[10] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                       NULL, NULL};
+                             "huge", "bounce", NULL};
+    PyObject *v[11] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                       NULL, NULL, NULL};
     cm_stg_cfg c = cm_cfg;
     Py_ssize_t n;
     int i;
 
     (void)mod;
     if (!PyArg_ParseTupleAndKeywords(args, kw,
-                                     "|$OOOOOOOOOO:_staging_config",
+                                     "|$OOOOOOOOOOO:_staging_config",
                                      kwlist, &v[0], &v[1], &v[2], &v[3],
                                      &v[4], &v[5], &v[6], &v[7], &v[8],
-                                     &v[9])) {
+                                     &v[9], &v[10])) {
         return NULL;
     }
     if (v[0] != NULL && v[0] != Py_None) {
@@ -272,14 +280,14 @@ cm_staging_config_fn(PyObject *mod, PyObject *args, PyObject *kw)
         }
         c.huge = i;
     }
-    /* keywords 1-6 and 8 are the numeric tunables, in cm_stg_ranges'
-     * order */
-    for (i = 1; i < 9; i++) {
+    /* keywords 1-6, 8 and 10 are the numeric tunables, in
+     * cm_stg_ranges' order */
+    for (i = 1; i < 11; i++) {
         const cm_stg_range *r;
-        int ri = i < 7 ? i - 1 : CM_R_SPIN;
+        int ri = i < 7 ? i - 1 : i == 8 ? CM_R_SPIN : CM_R_BOUNCE;
         PyObject *repr;
 
-        if (i == 7 || v[i] == NULL || v[i] == Py_None) {
+        if (i == 7 || i == 9 || v[i] == NULL || v[i] == Py_None) {
             continue;
         }
         r = &cm_stg_ranges[ri];
@@ -312,7 +320,9 @@ PyDoc_STRVAR(cm_staging_stats_doc,
 "The staging pipeline's counters: buffers (page-locked staging buffers\n"
 "held), bytes (their size), free (cached, idle), in_use, inflight\n"
 "(transfers running), staged (transfers staged so far), workers\n"
-"(threads made), chunks (staged so far) and where the staged\n"
+"(threads made), chunks (staged so far), bounced (synchronous copies\n"
+"to pageable host memory made through one staging buffer so far) and\n"
+"where the staged\n"
 "transfers' time went, summed in nanoseconds: wait_ns (waiting for a\n"
 "buffer's copy, the final drain included), stage_ns (host-side packing\n"
 "and unpacking), issue_ns (issuing copies and event records) and\n"
@@ -327,6 +337,7 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
     size_t inflight;
     size_t staged;
     size_t chunks;
+    size_t bounced = __atomic_load_n(&cm_bounced, __ATOMIC_RELAXED);
     unsigned long long ns[4];
     int workers;
 
@@ -345,8 +356,8 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
     ns[2] = cm_ns_issue;
     ns[3] = cm_ns_total;
     cm_mu_unlock(&cm_stg_mu);
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:n,s:K,s:K,s:K,"
-                         "s:K}",
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:n,s:n,s:K,s:K,"
+                         "s:K,s:K}",
                          "buffers", (Py_ssize_t)live,
                          "bytes", (Py_ssize_t)bytes,
                          "free", (Py_ssize_t)nfree,
@@ -355,6 +366,7 @@ cm_staging_stats_fn(PyObject *mod, PyObject *unused)
                          "staged", (Py_ssize_t)staged,
                          "workers", workers,
                          "chunks", (Py_ssize_t)chunks,
+                         "bounced", (Py_ssize_t)bounced,
                          "wait_ns", ns[0], "stage_ns", ns[1],
                          "issue_ns", ns[2], "total_ns", ns[3]);
 }

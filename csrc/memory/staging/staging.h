@@ -39,6 +39,13 @@
 /* Free buffers a device's cache keeps: this many transfers' worth. */
 #define CM_STG_KEEP_SETS 4
 #define CM_STG_MAXRAMP 6              /* most halvings at each end */
+/* The smallest synchronous copy to pageable host memory that goes
+ * through a staging buffer below the threshold (cm_cfg.bounce the
+ * largest): under it the driver's own call is as fast (on an H100, 16
+ * KiB took 10.6 us direct and 9.5 us through a page-locked array by
+ * hand, Python's two calls included; docs/performance.md, "Copies of
+ * 64 KiB to 16 MiB"). */
+#define CM_STG_BOUNCE_MIN ((size_t)16 << 10)
 
 /* The tunables; NOTE: guarded by the GIL. */
 typedef struct {
@@ -60,6 +67,10 @@ typedef struct {
     int huge;                 /* staging buffers on transparent huge
                                * pages: mmap + madvise + cuMemHostRegister
                                * (Linux), else cuMemHostAlloc */
+    size_t bounce;            /* largest synchronous copy to pageable
+                               * host memory under the threshold that
+                               * goes through one staging buffer (from
+                               * CM_STG_BOUNCE_MIN; 0: none) */
 } cm_stg_cfg;
 
 extern cm_stg_cfg cm_cfg;
@@ -110,6 +121,8 @@ extern size_t cm_live_bytes;          /* their bytes */
 extern size_t cm_nfree_all;           /* of them, free in a cache */
 extern size_t cm_inflight;            /* transfers running */
 extern size_t cm_staged;              /* transfers staged, ever */
+extern size_t cm_bounced;             /* copies through one buffer, ever
+                                       * (atomic; not under the lock) */
 /* Where the staged transfers' time went, summed (nanoseconds): waits
  * for a buffer's copy, host-side stages, issuing copies, and the whole
  * pipelines; and their chunks.  For the sweep and for diagnosis. */
