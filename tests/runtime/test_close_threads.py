@@ -99,6 +99,17 @@ def staged(i):
     assert (out == h).all()
 
 
+def bounced(i):
+    # Copies to pageable memory of 16 KiB to 1 MiB take one staging
+    # buffer each (the pipeline's cache, shared by the threads).
+    h = np.full((16 << 10) * (1 + i % 8) // 8, float(i))
+    d = cuda.to_device(h)
+    out = np.empty_like(h)
+    d.copy_to_host(out)
+    assert (out == h).all()
+    assert (d.copy_to_host() == h).all()
+
+
 def registered(i, h=np.zeros(1 << 14)):
     with cuda.pinned(h):
         d = cuda.to_device(h)
@@ -175,10 +186,11 @@ WORKERS = {
     "managed": [managed, managed],
     "old_host": [old_host, pinned],
     "staged": [staged, staged],
+    "bounced": [bounced, bounced, bounced],
     "registered": [registered, device_arrays],
     "peers": [peers, peers],
     "mixed": [streams, events, device_arrays, kernels, pinned, mapped,
-              managed, staged, registered],
+              managed, staged, bounced, registered],
 }[scenario]
 
 
@@ -261,9 +273,9 @@ def run_scenario(scenario, closer, seconds=HAMMER_S, hold=False, env=None):
     return out
 
 
-SCENARIOS = ["streams", "events", "device_arrays", "staged", "kernels",
-             "pinned", "mapped", "managed", "old_host", "registered",
-             "mixed"]
+SCENARIOS = ["streams", "events", "device_arrays", "staged", "bounced",
+             "kernels", "pinned", "mapped", "managed", "old_host",
+             "registered", "mixed"]
 
 
 def check_progress(out):
@@ -280,8 +292,9 @@ def test_close_while_threads_work(scenario):
 
 
 @pytest.mark.parametrize("scenario, manager", [
-    ("device_arrays", "pool"), ("staged", "pool"), ("mixed", "pool"),
-    ("device_arrays", "async"), ("staged", "async"), ("mixed", "async")])
+    ("device_arrays", "pool"), ("staged", "pool"), ("bounced", "pool"),
+    ("mixed", "pool"), ("device_arrays", "async"), ("staged", "async"),
+    ("bounced", "async"), ("mixed", "async")])
 def test_close_while_threads_work_under_each_manager(scenario, manager):
     """The stream-ordered managers: a close destroys their pools while
     other threads allocate from them (the async manager's driver pool
