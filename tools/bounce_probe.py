@@ -26,7 +26,8 @@ copy to the host has landed when it returns), alternated over rounds:
 
     python tools/bounce_probe.py [ROUNDS [KIB,KIB,...]]
 
-Prints GB/s (the median of the rounds' medians) per size and column.
+Prints, per size and column, the median of the rounds' medians in µs
+a copy and in GB/s.
 """
 import os
 import statistics
