@@ -287,6 +287,41 @@ def test_sync_copy_during_a_capture_another_library_began(setup):
         _core._raw_stream_destroy(h)
 
 
+@pytest.mark.parametrize("cache", ["empty", "warm"])
+def test_one_buffer_copy_during_a_capture_another_library_began(setup,
+                                                                cache):
+    # A copy of 64 KiB to pageable memory goes through a staging buffer
+    # (memory/staging/staging.c): refused as a StreamCaptureError and the
+    # capture invalidated, as the direct copy is, the buffer back in the
+    # cache.  With the cache empty the simulator refuses the buffer's
+    # cuMemHostAlloc (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) before the
+    # copy is asked; with a buffer cached, the copy (IMPLICIT).
+    s, hin, hout, d, d2 = setup
+    big = cudamem.to_device(np.arange(1 << 14, dtype=np.float32))
+    _core._staging_trim()
+    if cache == "warm":
+        big.copy_to_host()
+    h = _core._raw_stream_create(0)
+    try:
+        ext = cudamem.external_stream(h)
+        _core._raw_begin_capture(h, 0)
+        with pytest.raises(StreamCaptureError) as ei:
+            big.copy_to_host()
+        assert ei.value.code in (900, 906)
+        if cache == "warm":
+            assert ei.value.code == 906
+        with pytest.raises(StreamCaptureError) as ei:
+            ext.end_capture()
+        assert ei.value.code == 901             # invalidated
+        st = _core._staging_stats()
+        assert st["in_use"] == 0 and st["inflight"] == 0, st
+        np.testing.assert_array_equal(big.copy_to_host(),
+                                      np.arange(1 << 14))
+    finally:
+        _core._raw_stream_destroy(h)
+        _core._staging_trim()
+
+
 def test_adversarial(setup):
     s, hin, hout, d, d2 = setup
     with pytest.raises(RuntimeError, match="not capturing"):
