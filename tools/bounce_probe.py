@@ -37,18 +37,11 @@ import numpy as np
 
 import cudamem
 from cudamem import _core
+from benchpath import bench_modules
 
 SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20)
 
 
-def _bench_modules():
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        os.pardir, "benchmarks")
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import bare_driver
-    import harness
-    return bare_driver, harness
 
 
 def columns(n):
@@ -73,7 +66,7 @@ def main():
     sizes = SIZES
     if len(sys.argv) > 2:
         sizes = tuple(int(k) << 10 for k in sys.argv[2].split(","))
-    bare_driver, harness = _bench_modules()
+    bare_driver, harness = bench_modules()
     name = cudamem.get_current_device().name
     if isinstance(name, bytes):
         name = name.decode()

@@ -38,6 +38,7 @@ import numpy as np
 
 import cudamem
 from cudamem import _core
+from benchpath import bench_modules
 
 try:
     import cupy
@@ -169,7 +170,7 @@ def entry_points():
     pinned [1 thread]`` rows' driver column), and synchronous copies
     both ways.  Where the unified calls are faster, cudamem's copies of
     page-locked memory could make them."""
-    bare_driver, _ = _bench_modules()
+    bare_driver, _ = bench_modules()
     for n in (1 << 10, 64 << 10):
         try:
             rt = {m: bare_driver.run("roundtrip", 1, n, m, 21, 20)[0]
@@ -201,7 +202,7 @@ def tight():
     the C loop and these agree with them, the gap is the loop's, not
     cudamem's.  Then 64 KiB of pageable memory to the host, the same way
     (no C column: bare_driver.c copies pinned memory here)."""
-    bare_driver, harness = _bench_modules()
+    bare_driver, harness = bench_modules()
     n = 64 << 10
     for pinned in (True, False):
         cols = columns(n, pinned)
@@ -228,15 +229,6 @@ def tight():
                   flush=True)
 
 
-def _bench_modules():
-    """benchmarks/bare_driver.py and harness.py, from beside tools/."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        os.pardir, "benchmarks")
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import bare_driver
-    import harness
-    return bare_driver, harness
 
 if __name__ == "__main__":
     main()

@@ -23,11 +23,13 @@ def test_probe_runs_and_restores_the_tunables():
         "import runpy, sys\n"
         "from cudamem import _core\n"
         "before = _core._staging_config()\n"
+        "sys.path.insert(0, %r)\n"
         "sys.argv = [%r, '1', '16,64']\n"
         "runpy.run_path(%r, run_name='__main__')\n"
         "after = _core._staging_config()\n"
         "assert after == before, (before, after)\n"
-        "print('restored')\n" % (str(PROBE), str(PROBE)))
+        "print('restored')\n" % (str(PROBE.parent), str(PROBE),
+                                  str(PROBE)))
     env = dict(os.environ, CUDAMEM_STAGING_THRESHOLD="8M")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, timeout=300, env=env, cwd=str(ROOT))
