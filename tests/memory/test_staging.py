@@ -43,6 +43,15 @@ def staged():
     return _core._staging_stats()["staged"]
 
 
+def in_threads(work, n):
+    """work(i) in n threads at once, i = 0 .. n - 1; back when all end."""
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
 def check_roundtrip(h):
     """h to the device and back, through the pipeline both ways."""
     n = staged()
@@ -359,11 +368,7 @@ def test_eight_threads(staging, use_stream):
         except Exception as e:  # reported below
             errors.append((i, repr(e)))
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    in_threads(work, 8)
     assert errors == []
 
 
@@ -786,11 +791,7 @@ def test_bounce_from_eight_threads(bounce):
             errors.append((i, repr(e)))
 
     b = bounced()
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    in_threads(work, 8)
     assert errors == []
     assert bounced() - b == 8 * 12
 
