@@ -133,7 +133,9 @@ cm_stream_cache_put(cm_stream *s)
     CUcontext cur = NULL;
     CUcontext popped;
     CUresult rc;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     int pushed = 0;
+    int relaxed;
 
     /* The cache is checked, then filled: the GIL stays held between,
      * and while Python callbacks are in flight nothing is cached (the
@@ -151,7 +153,20 @@ cm_stream_cache_put(cm_stream *s)
         }
         pushed = 1;
     }
-    rc = CM_CU_RAW_HELD(StreamQuery, (s->handle));
+    /* A capture another library began, which cudamem does not know of:
+     * a capturing stream is not idle (its query would be refused and
+     * that capture invalidated), and the query of an idle one runs in
+     * the relaxed capture mode, which a global-mode capture would refuse
+     * too. */
+    rc = CM_CU_RAW_HELD(StreamIsCapturing, (s->handle, &status));
+    if (rc == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) {
+        cm_capture_relax_always(&relaxed);
+        rc = CM_CU_RAW_HELD(StreamQuery, (s->handle));
+        cm_capture_unrelax(relaxed);
+    }
+    else if (rc == CUDA_SUCCESS) {
+        rc = CUDA_ERROR_NOT_READY;
+    }
     if (pushed) {
         (void)CM_CU_RAW_HELD(CtxPopCurrent, (&popped));
     }

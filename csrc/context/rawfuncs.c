@@ -72,6 +72,28 @@ cm_raw_begin_capture_fn(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_raw_capture_mode_doc,
+"_raw_capture_mode(mode, /)\n--\n\n"
+"cuThreadExchangeStreamCaptureMode: the calling thread's capture "
+"interaction mode set to mode; the mode it had (tests only).");
+
+static PyObject *
+cm_raw_capture_mode_fn(PyObject *mod, PyObject *arg)
+{
+    long v = PyLong_AsLong(arg);
+    CUstreamCaptureMode m;
+
+    (void)mod;
+    if (v == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    m = (CUstreamCaptureMode)v;
+    if (CM_CU(ThreadExchangeStreamCaptureMode, (&m)) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLong((long)m);
+}
+
 PyDoc_STRVAR(cm_raw_stream_sync_doc,
 "_raw_stream_synchronize(handle)\n--\n\n"
 "cuStreamSynchronize with the GIL released (tests only).");
@@ -258,6 +280,8 @@ static PyMethodDef cm_raw_functions[] = {
      cm_raw_stream_create_doc},
     {"_raw_begin_capture", cm_raw_begin_capture_fn, METH_VARARGS,
      cm_raw_begin_capture_doc},
+    {"_raw_capture_mode", cm_raw_capture_mode_fn, METH_O,
+     cm_raw_capture_mode_doc},
     {"_raw_stream_destroy", cm_raw_stream_destroy_fn, METH_O,
      cm_raw_stream_destroy_doc},
     {"_raw_stream_synchronize", cm_raw_stream_sync_fn, METH_O,

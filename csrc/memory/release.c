@@ -31,7 +31,9 @@
  * (cm_capture_restricted), or, for the releases that synchronise the
  * context, while any capture is in progress: the entries stay queued,
  * the queue is marked held, and the end of the last capture flushes it
- * (cm_ctx_flush_held).
+ * (cm_ctx_flush_held).  A flush runs its releases in the relaxed capture
+ * mode, always: a capture another library began is not known here, and
+ * in global mode it would make the driver refuse them and invalidate it.
  */
 #include "memory/memory.h"
 #include "memory/pool/graph/graph.h"
@@ -179,6 +181,7 @@ cm_pending_flush(cm_pending *q)
     CUcontext h;
     cm_context *ctx = q->ctx;
     int pushed = 0;
+    int relaxed;
 
     if (q->disabled || q->n == 0 || cm_on_driver_thread()) {
         return 0;
@@ -202,6 +205,11 @@ cm_pending_flush(cm_pending *q)
     h = q->ctx->handle;
     CM_DRIVER_BEGIN_NOGIL
     rc = cm_ctx_enter(h, &pushed);
+    /* In the relaxed capture mode (two calls of a thread-local setting a
+     * flush): a capture another library began in global mode, which
+     * cudamem does not know of, would otherwise make the driver refuse
+     * these frees and invalidate that capture.  They join no capture. */
+    cm_capture_relax_always(&relaxed);
     for (i = 0; rc == CUDA_SUCCESS && i < n; i++) {
         /* Checked at each: a capture may begin meanwhile. */
         if (cm_rel_waits(&items[i])) {
@@ -210,6 +218,7 @@ cm_pending_flush(cm_pending *q)
         rc = cm_rel_run(ctx, &items[i]);
         done = i + 1;
     }
+    cm_capture_unrelax(relaxed);
     cm_ctx_leave(pushed);
     CM_DRIVER_END_NOGIL
     if (rc == CUDA_SUCCESS && done == n) {
@@ -273,9 +282,12 @@ cm_pending_add(cm_pending *q, int kind, uintptr_t handle, size_t size,
             /* Cannot queue: release now rather than leak. */
             cm_pending_item it = {kind, handle, size, stream};
             CUresult rc;
+            int relaxed;
 
             CM_DRIVER_BEGIN_NOGIL
+            cm_capture_relax_always(&relaxed);
             rc = cm_rel_run(q->ctx, &it);
+            cm_capture_unrelax(relaxed);
             CM_DRIVER_END_NOGIL
             (void)rc;
             return;

@@ -1,0 +1,203 @@
+# SPDX-License-Identifier: MIT
+"""cudamem's work behind the user's back while another library captures
+(raw driver calls here, as CuPy's and PyTorch's are): the deferred frees
+and a dropped stream's idleness check must not make the driver refuse a
+call and invalidate that capture, which cudamem does not know of
+(docs/design.md, "Capture-aware synchronous work")."""
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import cudamem
+from cudamem import _core
+
+GLOBAL, THREAD_LOCAL, RELAXED = 0, 1, 2
+N = 256
+
+
+@pytest.fixture
+def memq(ctx):
+    """The default manager's release queue, empty, numba's thresholds."""
+    if ctx.memory_manager.__class__.__name__ != "DefaultMemoryManager" \
+            and not hasattr(ctx.memory_manager, "deallocations"):
+        pytest.skip("no release queue under this manager")
+    q = ctx.memory_manager.deallocations
+    q.clear()
+    _core._set_dealloc_config(10, 0.2)
+    yield q
+    _core._set_dealloc_config(10, 0.2)
+    q.clear()
+
+
+@pytest.fixture
+def unraisable(monkeypatch):
+    """What was reported as unraisable during the test."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    return seen
+
+
+@pytest.fixture
+def raw_stream():
+    made = []
+
+    def make(flags):
+        made.append(_core._raw_stream_create(flags))
+        return made[-1]
+
+    yield make
+    for h in made:
+        _core._raw_stream_destroy(h)
+
+
+def _captured_copy(ext, h, d, hout, mode):
+    """Begin another library's capture of h in mode, with a copy recorded
+    in it; returns a function that ends it (StreamCaptureError if it was
+    invalidated), replays it and checks what it copied."""
+    _core._raw_begin_capture(h, mode)
+    d.copy_to_host(hout, stream=ext)
+
+    def finish():
+        g = ext.end_capture()
+        try:
+            for k in range(3):
+                d.copy_to_device(np.arange(N, dtype=np.float32) + k)
+                cudamem.synchronize()
+                g.launch(ext)
+                _core._raw_stream_synchronize(h)
+                np.testing.assert_array_equal(hout, np.arange(N) + k)
+        finally:
+            g.close()
+    return finish
+
+
+@pytest.mark.parametrize("where", ["same_thread", "other_thread"])
+@pytest.mark.parametrize("mode", [GLOBAL, THREAD_LOCAL],
+                         ids=["global", "thread_local"])
+@pytest.mark.parametrize("flags", [0, 1], ids=["blocking", "non_blocking"])
+def test_frees_flushed_during_the_capture(memq, unraisable, raw_stream,
+                                          flags, mode, where):
+    # Forty arrays dropped during the capture: the queue goes past its
+    # count (10) and flushes, cuMemFree for each.  The driver refuses
+    # those frees during a global-mode capture on any thread, or one of
+    # this thread's, unless the freeing thread's interaction mode is
+    # relaxed; refused, they were dropped (leaked) and the capture
+    # invalidated.
+    h = raw_stream(flags)
+    ext = cudamem.external_stream(h)
+    d = cudamem.device_array(N, np.float32)
+    hout = cudamem.pinned_array(N, np.float32)
+    arrs = [cudamem.device_array(1024, np.float32) for _ in range(40)]
+    finish = _captured_copy(ext, h, d, hout, mode)
+    try:
+        if where == "same_thread":
+            del arrs[:]
+            gc.collect()
+        else:
+            t = threading.Thread(target=lambda: (arrs.clear(),
+                                                 gc.collect()))
+            t.start()
+            t.join()
+        assert len(memq) <= 10      # flushed during the capture
+    finally:
+        finish()
+    assert unraisable == []
+    # The thread's interaction mode is what it was (global).
+    assert _core._raw_capture_mode(GLOBAL) == GLOBAL
+
+
+@pytest.mark.parametrize("before", [THREAD_LOCAL, RELAXED],
+                         ids=["thread_local", "relaxed"])
+def test_a_flush_gives_the_thread_its_mode_back(memq, before):
+    arrs = [cudamem.device_array(16, np.float32) for _ in range(11)]
+    old = _core._raw_capture_mode(before)
+    try:
+        del arrs[:]
+        assert len(memq) == 0       # flushed
+        assert _core._raw_capture_mode(before) == before
+    finally:
+        _core._raw_capture_mode(old)
+
+
+def test_clear_during_the_capture(memq, unraisable, raw_stream):
+    # PendingDeallocs.clear() by hand, in the capture.
+    h = raw_stream(1)
+    ext = cudamem.external_stream(h)
+    d = cudamem.device_array(N, np.float32)
+    hout = cudamem.pinned_array(N, np.float32)
+    arrs = [cudamem.device_array(1024, np.float32) for _ in range(5)]
+    pinned = cudamem.pinned_array(1024, np.float32)
+    finish = _captured_copy(ext, h, d, hout, GLOBAL)
+    try:
+        del arrs[:], pinned
+        gc.collect()
+        memq.clear()
+        assert len(memq) == 0
+    finally:
+        finish()
+    assert unraisable == []
+
+
+@pytest.mark.parametrize("where", ["same_thread", "other_thread"])
+@pytest.mark.parametrize("flags", [0, 1], ids=["blocking", "non_blocking"])
+def test_stream_dropped_during_the_capture(unraisable, raw_stream, flags,
+                                           where):
+    # A dropped stream is kept for reuse when idle, which a query tells;
+    # the query of a stream that does not capture is refused during a
+    # global-mode capture, and invalidated it.
+    h = raw_stream(flags)
+    ext = cudamem.external_stream(h)
+    d = cudamem.device_array(N, np.float32)
+    hout = cudamem.pinned_array(N, np.float32)
+    streams = [cudamem.stream() for _ in range(4)]
+    for s in streams:
+        d.copy_to_host(hout, stream=s)
+        s.synchronize()
+    dropped = {s.handle for s in streams}
+    finish = _captured_copy(ext, h, d, hout, GLOBAL)
+    try:
+        if where == "same_thread":
+            del streams[:], s
+        else:
+            t = threading.Thread(target=streams.clear)
+            t.start()
+            t.join()
+            del s
+        s2 = cudamem.stream()
+        assert s2.handle in dropped     # idle: kept, and reused
+        assert not s2.is_capturing()
+        del s2
+    finally:
+        finish()
+    assert unraisable == []
+
+
+def test_the_capturing_stream_dropped_is_not_kept(ctx, unraisable):
+    # Another library captures a stream cudamem made (through its
+    # handle); the stream object is dropped meanwhile: not queried (the
+    # driver would refuse the query and invalidate the capture) and not
+    # kept for reuse.  Its destruction waits in the context's queue,
+    # held here until the capture has ended and replayed.
+    s = cudamem.stream()
+    h = s.handle
+    d = cudamem.device_array(N, np.float32)
+    hout = cudamem.pinned_array(N, np.float32)
+    ext = cudamem.external_stream(h)
+    ctx.deallocations._disable(1)
+    try:
+        finish = _captured_copy(ext, h, d, hout, GLOBAL)
+        try:
+            del s
+            gc.collect()
+            again = [cudamem.stream() for _ in range(3)]
+            assert h not in {x.handle for x in again}
+        finally:
+            finish()
+        del ext
+    finally:
+        ctx.deallocations._disable(-1)
+    assert unraisable == []
