@@ -423,6 +423,73 @@ cm_pending_disable(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(cm_pending_disable_cm_doc,
+"disable($self, /)\n--\n\n"
+"A context manager that holds this queue while its block runs, as "
+"defer_cleanup() does; it nests.  It is the queue itself: entering "
+"raises the hold, leaving lowers it.");
+
+static PyObject *
+cm_pending_disable_cm(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef(self);
+}
+
+static PyObject *
+cm_pending_enter(PyObject *self, PyObject *unused)
+{
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *r;
+
+    (void)unused;
+    if (one == NULL) {
+        return NULL;
+    }
+    r = cm_pending_disable(self, one);
+    Py_DECREF(one);
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    return Py_NewRef(self);
+}
+
+static PyObject *
+cm_pending_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *minus = PyLong_FromLong(-1);
+    PyObject *r;
+
+    (void)args;
+    (void)nargs;
+    if (minus == NULL) {
+        return NULL;
+    }
+    r = cm_pending_disable(self, minus);
+    Py_DECREF(minus);
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+/* numba's _max_pending_bytes: the byte threshold, the device's memory
+ * times CUDA_DEALLOCS_RATIO for a queue of memory, 0 for the context's
+ * own (its entries have no size). */
+static PyObject *
+cm_pending_get_max_bytes(PyObject *self, void *unused)
+{
+    cm_pending *q = (cm_pending *)self;
+
+    (void)unused;
+    if (!q->has_byte_limit) {
+        return PyLong_FromLong(0);
+    }
+    return PyLong_FromDouble(cm_cfg_ratio * (double)q->ctx->total_mem);
+}
+
 static PyObject *
 cm_pending_get_bytes(PyObject *self, void *unused)
 {
@@ -444,18 +511,26 @@ static PyGetSetDef cm_pending_getset[] = {
      NULL},
     {"is_disabled", cm_pending_get_disabled, NULL,
      "Whether defer_cleanup() holds this queue.", NULL},
+    {"_max_pending_bytes", cm_pending_get_max_bytes, NULL,
+     "numba's name of the byte threshold: the pending bytes above which "
+     "the queue flushes (0: none).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMethodDef cm_pending_methods[] = {
     {"clear", cm_pending_clear, METH_NOARGS, cm_pending_clear_doc},
     {"_disable", cm_pending_disable, METH_O, cm_pending_disable_doc},
+    {"disable", cm_pending_disable_cm, METH_NOARGS,
+     cm_pending_disable_cm_doc},
+    {"__enter__", cm_pending_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))cm_pending_exit,
+     METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 PyDoc_STRVAR(cm_pending_doc,
 "A context's queue of pending driver releases (deferred deallocation): "
-"len() entries, pending_bytes, clear().");
+"len() entries, pending_bytes, clear(), disable().");
 
 static PyType_Slot cm_pending_slots[] = {
     {Py_tp_doc, (void *)cm_pending_doc},

@@ -82,3 +82,47 @@ def test_context_defer_cleanup_nests(cuda):
         assert len(q) == 1
     q.clear()
     assert len(q) == 0
+
+
+@pytest.mark.parametrize("which", ["memory", "context"])
+def test_queue_disable_holds_and_nests(cuda, which):
+    # PendingDeallocs.disable(): the context manager numba's own
+    # defer_cleanup() is made of, on either queue.
+    ctx = cuda.current_context()
+    q = (ctx.memory_manager.deallocations if which == "memory"
+         else ctx.deallocations)
+    gc.collect()
+    q.clear()
+    assert not q.is_disabled
+    with q.disable():
+        assert q.is_disabled
+        with q.disable():
+            if which == "memory":
+                d = cuda.device_array(64, np.uint8)
+            else:
+                d = cuda.event()
+            del d
+            gc.collect()
+        assert q.is_disabled
+        q.clear()                       # held: does nothing
+        assert len(q) == 1
+    assert not q.is_disabled
+    assert len(q) == 1
+    q.clear()
+    assert len(q) == 0
+
+
+def test_queue_disable_exits_on_an_exception(cuda):
+    q = cuda.current_context().memory_manager.deallocations
+    with pytest.raises(ZeroDivisionError):
+        with q.disable():
+            1 / 0
+    assert not q.is_disabled
+
+
+def test_max_pending_bytes_is_the_ratio_of_the_device_memory(cuda):
+    ctx = cuda.current_context()
+    q = ctx.memory_manager.deallocations
+    total = ctx.get_memory_info()[1]
+    # CUDA_DEALLOCS_RATIO's default, 0.2.
+    assert abs(q._max_pending_bytes - int(total * 0.2)) <= 1
