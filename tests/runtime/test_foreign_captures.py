@@ -14,6 +14,7 @@ import pytest
 
 import cudamem
 from cudamem import _core
+from helpers.crashutil import run_py
 
 GLOBAL, THREAD_LOCAL, RELAXED = 0, 1, 2
 N = 256
@@ -201,3 +202,55 @@ def test_the_capturing_stream_dropped_is_not_kept(ctx, unraisable):
     finally:
         ctx.deallocations._disable(-1)
     assert unraisable == []
+
+
+_POOL_CHILD = r"""
+import gc, sys
+import numpy as np
+import cudamem
+from cudamem import _core
+
+seen = []
+sys.unraisablehook = seen.append
+h = _core._raw_stream_create(1)
+ext = cudamem.external_stream(h)
+d = cudamem.to_device(np.arange(256, dtype=np.float32))
+hout = cudamem.pinned_array(256, np.float32)
+s1 = cudamem.stream()
+# Blocks freed on the default stream and on s1, before the capture:
+# their events were recorded outside it.
+blocks = [cudamem.device_array(1024, np.float32, stream=s1 if i % 2 else 0)
+          for i in range(30)]
+del blocks[::2]
+cudamem.synchronize()
+_core._raw_begin_capture(h, 0)
+d.copy_to_host(hout, stream=ext)
+# On s1, the pool hands out blocks freed on the default stream once
+# their events' queries say so.
+more = [cudamem.device_array(1024, np.float32, stream=s1) for _ in range(40)]
+del more, blocks
+gc.collect()
+g = ext.end_capture()           # StreamCaptureError if invalidated
+hout[:] = 0
+g.launch(ext)
+_core._raw_stream_synchronize(h)
+np.testing.assert_array_equal(hout, np.arange(256))
+g.close()
+_core._raw_stream_destroy(h)
+assert not seen, [str(u.exc_value) for u in seen]
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("vmm", ["1", "0"], ids=["arenas", "segments"])
+def test_pool_allocations_on_another_stream_during_the_capture(vmm):
+    # The pool gives a block freed on one stream to another once the
+    # event recorded at its free has completed, which a query tells: a
+    # query the driver refuses during a global-mode capture of this
+    # thread, invalidating it, unless made in the relaxed mode.  In a
+    # child: a manager is chosen before the context is made.  (The async
+    # manager's cuMemAllocFromPoolAsync is the user's allocation, which
+    # the driver refuses there as it refuses cuMemAlloc.)
+    rc, out = run_py(_POOL_CHILD, CUDAMEM_MEMORY_MANAGER="pool",
+                     CUDAMEM_POOL_VMM=vmm)
+    assert rc == 0 and "OK" in out, out

@@ -272,8 +272,18 @@ cm_event_record(cm_pool *p, cm_blk *b)
 int
 cm_blk_event_done(cm_pool *p, const cm_blk *b)
 {
+    CUresult rc;
+    int relaxed;
+
     if (!cm_capture_restricted()) {
-        return CM_CU_RAW(EventQuery, (b->event)) == CUDA_SUCCESS;
+        /* In the relaxed capture mode: a global-mode capture another
+         * library began (on this thread or another), which cudamem does
+         * not know of, would make the driver refuse the query of an
+         * event recorded outside it and invalidate that capture. */
+        cm_capture_relax_always(&relaxed);
+        rc = CM_CU_RAW(EventQuery, (b->event));
+        cm_capture_unrelax(relaxed);
+        return rc == CUDA_SUCCESS;
     }
     /* Every event so far was recorded before the marks' synchronize
      * began; marks and seqs grow together. */
