@@ -114,9 +114,10 @@ def test_queue_disable_holds_and_nests(cuda, which):
 
 def test_queue_disable_exits_on_an_exception(cuda):
     q = cuda.current_context().memory_manager.deallocations
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(KeyError):
         with q.disable():
-            1 / 0
+            assert q.is_disabled
+            raise KeyError("inside")
     assert not q.is_disabled
 
 
