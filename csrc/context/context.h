@@ -639,6 +639,32 @@ cm_capture_relax_always(int *saved)
     }
 }
 
+/* cm_capture_relax_always with the GIL kept whatever is in flight
+ * (CM_CU_RAW_HELD), for code that holds pointers into state the GIL
+ * guards; cm_capture_unrelax_held gives the mode back the same way. */
+static inline void
+cm_capture_relax_held(int *saved)
+{
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+    *saved = -1;
+    if (cm_cu.ThreadExchangeStreamCaptureMode != NULL
+        && CM_CU_RAW_HELD(ThreadExchangeStreamCaptureMode, (&m))
+               == CUDA_SUCCESS) {
+        *saved = (int)m;
+    }
+}
+
+static inline void
+cm_capture_unrelax_held(int saved)
+{
+    CUstreamCaptureMode m = (CUstreamCaptureMode)saved;
+
+    if (saved >= 0) {
+        (void)CM_CU_RAW_HELD(ThreadExchangeStreamCaptureMode, (&m));
+    }
+}
+
 static inline void
 cm_capture_relax(int *saved)
 {
