@@ -230,12 +230,28 @@ d.copy_to_host(hout, stream=ext)
 more = [cudamem.device_array(1024, np.float32, stream=s1) for _ in range(40)]
 del more, blocks
 gc.collect()
+# Memory used on the capturing stream itself, dropped there: no event is
+# recorded on that stream (it would be captured, and its query refused),
+# so another stream does not get the blocks during the capture.
+on_ext = [cudamem.device_array(2048, np.float32, stream=ext)
+          for _ in range(8)]
+del on_ext
+gc.collect()
+again = [cudamem.device_array(2048, np.float32, stream=s1)
+         for _ in range(8)]
+del again
+gc.collect()
 g = ext.end_capture()           # StreamCaptureError if invalidated
 hout[:] = 0
 g.launch(ext)
 _core._raw_stream_synchronize(h)
 np.testing.assert_array_equal(hout, np.arange(256))
 g.close()
+# After the capture the blocks freed on it serve another stream again.
+later = [cudamem.device_array(2048, np.float32, stream=s1)
+         for _ in range(16)]
+del later
+cudamem.synchronize()
 _core._raw_stream_destroy(h)
 assert not seen, [str(u.exc_value) for u in seen]
 print("OK")
@@ -247,7 +263,8 @@ def test_pool_allocations_on_another_stream_during_the_capture(vmm):
     # The pool gives a block freed on one stream to another once the
     # event recorded at its free has completed, which a query tells: a
     # query the driver refuses during a global-mode capture of this
-    # thread, invalidating it, unless made in the relaxed mode.  In a
+    # thread, invalidating it, unless made in the relaxed mode; and
+    # refuses whatever the mode for an event recorded in the capture.  In a
     # child: a manager is chosen before the context is made.  (The async
     # manager's cuMemAllocFromPoolAsync is the user's allocation, which
     # the driver refuses there as it refuses cuMemAlloc.)

@@ -232,6 +232,16 @@ cm_blk_drop_waits(cm_pool *p, cm_blk *b)
     b->nwaits = 0;
 }
 
+int
+cm_pool_stream_captures(CUstream h)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+
+    return cm_cu.StreamIsCapturing != NULL
+           && (CM_CU_RAW(StreamIsCapturing, (h, &st)) != CUDA_SUCCESS
+               || st != CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
 /* Record an event on stream key s for block b (which has none). */
 void
 cm_event_record(cm_pool *p, cm_blk *b)
@@ -239,7 +249,8 @@ cm_event_record(cm_pool *p, cm_blk *b)
     CUevent e = NULL;
     unsigned long mark;
 
-    if (cm_capture_stream_known((CUstream)b->stream)) {
+    if (cm_capture_stream_known((CUstream)b->stream)
+        || cm_pool_stream_captures((CUstream)b->stream)) {
         return;
     }
     if (p->nevents > 0) {

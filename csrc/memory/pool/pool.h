@@ -292,9 +292,18 @@ CUevent cm_event_on(cm_pool *p, CUstream h);
 /* Give b's wait events back (mutex held). */
 void cm_blk_drop_waits(cm_pool *p, cm_blk *b);
 
+/* Whether stream h (alive) captures, or cannot say (the legacy stream
+ * while a blocking stream captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+ * which invalidates nothing), by the driver's cuStreamIsCapturing: then
+ * it is neither queried nor given an event, which would be refused,
+ * invalidating a capture another library began, or be recorded into
+ * it. */
+int cm_pool_stream_captures(CUstream h);
+
 /* Record an event on stream key s for block b (which has none); none on
- * a stream cudamem knows captures (the event would be captured: b waits
- * for a later look, after the capture). */
+ * a stream that captures, one cudamem began or another library's
+ * (cm_pool_stream_captures: the event would be captured, and its query
+ * refused): b waits for a later look, after the capture. */
 void cm_event_record(cm_pool *p, cm_blk *b);
 
 /* Whether free block b's event has completed: asked of the driver

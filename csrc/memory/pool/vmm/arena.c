@@ -249,21 +249,6 @@ cm_arena_largest(const cm_pool *p)
     return best;
 }
 
-/* Whether stream h captures, or cannot say (the legacy stream while a
- * blocking stream captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, which
- * invalidates nothing): then it is neither queried nor given an event,
- * which would be refused, invalidating a capture another library began,
- * or be recorded into it. */
-static int
-cm_arena_stream_captures(CUstream h)
-{
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-
-    return cm_cu.StreamIsCapturing != NULL
-           && (CM_CU_RAW(StreamIsCapturing, (h, &st)) != CUDA_SUCCESS
-               || st != CU_STREAM_CAPTURE_STATUS_NONE);
-}
-
 /* Whether free block b's last users' work is done, so that its memory
  * may move; records the event a later look can query when not yet.
  * While a capture forbids this thread the queries, only what a
@@ -291,7 +276,7 @@ cm_blk_quiet(cm_pool *p, cm_blk *b)
     }
     /* No event: the stream is alive (its end records one, pool.c). */
     if (cm_capture_stream_known((CUstream)b->stream)
-        || cm_arena_stream_captures((CUstream)b->stream)) {
+        || cm_pool_stream_captures((CUstream)b->stream)) {
         return 0;
     }
     if (!cm_capture_restricted()
