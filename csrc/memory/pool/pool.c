@@ -796,9 +796,16 @@ cm_pool_settle(cm_pool *p)
     cm_seg *g;
     cm_blk *b;
     cm_blk *n;
+    int relaxed = -1;
     int i;
 
-    /* Their waits are not queried while a capture forbids it. */
+    /* Their waits are not queried while a capture forbids it; queried in
+     * the relaxed capture mode otherwise (once a settle, on this slow
+     * path): a global-mode capture another library began would make the
+     * driver refuse the queries and invalidate it. */
+    if (p->pending != NULL && !cm_capture_restricted()) {
+        cm_capture_relax_always(&relaxed);
+    }
     for (b = cm_capture_restricted() ? NULL : p->pending; b != NULL;
          b = n) {
         n = b->fnext;
@@ -828,6 +835,7 @@ cm_pool_settle(cm_pool *p)
         }
         cm_pool_put(p, b);
     }
+    cm_capture_unrelax(relaxed);
     for (g = p->segs; g != NULL; g = g->next) {
         for (b = g->first; b != NULL; b = b->next) {
             if (b->free && b->event != NULL && cm_blk_event_done(p, b)) {
