@@ -28,3 +28,13 @@ def test_freed_memory_raises(cuda):
 def test_unreadable_external_stream(cuda, bad_handle):
     with pytest.raises(ValueError):
         cuda.external_stream(bad_handle)
+
+
+@pytest.mark.cudamem_only("the deallocation queues hold driver releases: "
+                          "no add_item(dtor, handle) as numba's have")
+def test_deallocation_queues_have_no_add_item(cuda):
+    ctx = cuda.current_context()
+    for q in (ctx.deallocations, ctx.memory_manager.deallocations):
+        assert not hasattr(q, "add_item")
+        with q.disable():               # what they do have, as numba's
+            assert q.is_disabled
