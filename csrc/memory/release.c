@@ -391,10 +391,32 @@ PyDoc_STRVAR(cm_pending_disable_doc,
 "thresholds apply again at the next add (the pool and async managers' "
 "queues: on leaving the outermost level).");
 
+/* Raise (d = 1) or lower (d = -1) q's hold; 0, or -1 with an
+ * exception. */
+static int
+cm_pending_step(cm_pending *q, int d)
+{
+    if (d < 0 && q->disabled == 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "defer_cleanup() exited more often than entered");
+        return -1;
+    }
+    q->disabled += d;
+    /* As in numba, leaving the outermost level leaves the queue as it
+     * is: the thresholds apply at the next add, so a block that ends a
+     * hot loop does not stall on frees.  Returning blocks to the pool
+     * and async managers never waits, so their queues still apply the
+     * thresholds here. */
+    if (q->disabled == 0 && q->has_byte_limit
+        && q->ctx->mm->ordered && cm_pending_over(q)) {
+        return cm_pending_flush(q);
+    }
+    return 0;
+}
+
 static PyObject *
 cm_pending_disable(PyObject *self, PyObject *arg)
 {
-    cm_pending *q = (cm_pending *)self;
     long d = PyLong_AsLong(arg);
 
     if (d == -1 && PyErr_Occurred()) {
@@ -404,20 +426,7 @@ cm_pending_disable(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_ValueError, "delta must be 1 or -1");
         return NULL;
     }
-    if (d < 0 && q->disabled == 0) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "defer_cleanup() exited more often than entered");
-        return NULL;
-    }
-    q->disabled += (int)d;
-    /* As in numba, leaving the outermost level leaves the queue as it
-     * is: the thresholds apply at the next add, so a block that ends a
-     * hot loop does not stall on frees.  Returning blocks to the pool
-     * and async managers never waits, so their queues still apply the
-     * thresholds here. */
-    if (q->disabled == 0 && q->has_byte_limit
-        && q->ctx->mm->ordered && cm_pending_over(q)
-        && cm_pending_flush(q) < 0) {
+    if (cm_pending_step((cm_pending *)self, (int)d) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -439,39 +448,21 @@ cm_pending_disable_cm(PyObject *self, PyObject *unused)
 static PyObject *
 cm_pending_enter(PyObject *self, PyObject *unused)
 {
-    PyObject *one = PyLong_FromLong(1);
-    PyObject *r;
-
     (void)unused;
-    if (one == NULL) {
+    if (cm_pending_step((cm_pending *)self, 1) < 0) {
         return NULL;
     }
-    r = cm_pending_disable(self, one);
-    Py_DECREF(one);
-    if (r == NULL) {
-        return NULL;
-    }
-    Py_DECREF(r);
     return Py_NewRef(self);
 }
 
 static PyObject *
 cm_pending_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *minus = PyLong_FromLong(-1);
-    PyObject *r;
-
     (void)args;
     (void)nargs;
-    if (minus == NULL) {
+    if (cm_pending_step((cm_pending *)self, -1) < 0) {
         return NULL;
     }
-    r = cm_pending_disable(self, minus);
-    Py_DECREF(minus);
-    if (r == NULL) {
-        return NULL;
-    }
-    Py_DECREF(r);
     Py_RETURN_FALSE;
 }
 
