@@ -219,10 +219,15 @@ def ctx():
 @pytest.fixture
 def memq(ctx):
     """The context's queue of deferred memory frees, emptied before and
-    after the test."""
+    after the test, with numba's default thresholds (10 entries, 0.2 of
+    the device's memory)."""
+    from cudamem import _core
+
     q = ctx.memory_manager.deallocations
     q.clear()
+    _core._set_dealloc_config(10, 0.2)
     yield q
+    _core._set_dealloc_config(10, 0.2)
     q.clear()
 
 

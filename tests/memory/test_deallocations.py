@@ -19,17 +19,6 @@ pytestmark = pytest.mark.exclusive
 MiB = 1 << 20
 
 
-@pytest.fixture
-def memq(ctx):
-    """The memory queue, empty, with numba's default thresholds."""
-    q = ctx.memory_manager.deallocations
-    q.clear()
-    _core._set_dealloc_config(10, 0.2)
-    yield q
-    _core._set_dealloc_config(10, 0.2)
-    q.clear()
-
-
 def test_queues_are_where_numba_has_them(ctx):
     assert ctx.memory_manager.deallocations is ctx._memory_deallocations
     assert ctx.deallocations is not ctx.memory_manager.deallocations

@@ -21,20 +21,6 @@ N = 256
 
 
 @pytest.fixture
-def memq(ctx):
-    """The default manager's release queue, empty, numba's thresholds."""
-    if ctx.memory_manager.__class__.__name__ != "DefaultMemoryManager" \
-            and not hasattr(ctx.memory_manager, "deallocations"):
-        pytest.skip("no release queue under this manager")
-    q = ctx.memory_manager.deallocations
-    q.clear()
-    _core._set_dealloc_config(10, 0.2)
-    yield q
-    _core._set_dealloc_config(10, 0.2)
-    q.clear()
-
-
-@pytest.fixture
 def unraisable(monkeypatch):
     """What was reported as unraisable during the test."""
     seen = []
