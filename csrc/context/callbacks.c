@@ -160,9 +160,9 @@ cm_stream_cache_put(cm_stream *s)
      * too. */
     rc = CM_CU_RAW_HELD(StreamIsCapturing, (s->handle, &status));
     if (rc == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) {
-        cm_capture_relax_always(&relaxed);
+        cm_capture_relax_held(&relaxed);
         rc = CM_CU_RAW_HELD(StreamQuery, (s->handle));
-        cm_capture_unrelax(relaxed);
+        cm_capture_unrelax_held(relaxed);
     }
     else if (rc == CUDA_SUCCESS) {
         rc = CUDA_ERROR_NOT_READY;

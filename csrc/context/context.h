@@ -625,11 +625,25 @@ extern _Thread_local int cm_capture_adapter_depth;
 
 /* This thread's capture mode made relaxed whatever cudamem knows of
  * captures (another library's may forbid the call): two calls of a
- * thread-local setting.  *saved as above.  The GIL is kept whatever is
- * in flight (CM_CU_RAW_HELD: the call never waits), so code that holds
- * pointers into state the GIL guards may use it too. */
+ * thread-local setting, for slow paths.  *saved as above. */
 static inline void
 cm_capture_relax_always(int *saved)
+{
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+    *saved = -1;
+    if (cm_cu.ThreadExchangeStreamCaptureMode != NULL
+        && CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m))
+               == CUDA_SUCCESS) {
+        *saved = (int)m;
+    }
+}
+
+/* cm_capture_relax_always with the GIL kept whatever is in flight
+ * (CM_CU_RAW_HELD), for code that holds pointers into state the GIL
+ * guards; cm_capture_unrelax_held gives the mode back the same way. */
+static inline void
+cm_capture_relax_held(int *saved)
 {
     CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
 
@@ -638,6 +652,16 @@ cm_capture_relax_always(int *saved)
         && CM_CU_RAW_HELD(ThreadExchangeStreamCaptureMode, (&m))
                == CUDA_SUCCESS) {
         *saved = (int)m;
+    }
+}
+
+static inline void
+cm_capture_unrelax_held(int saved)
+{
+    CUstreamCaptureMode m = (CUstreamCaptureMode)saved;
+
+    if (saved >= 0) {
+        (void)CM_CU_RAW_HELD(ThreadExchangeStreamCaptureMode, (&m));
     }
 }
 
@@ -656,7 +680,7 @@ cm_capture_unrelax(int saved)
     CUstreamCaptureMode m = (CUstreamCaptureMode)saved;
 
     if (saved >= 0) {
-        (void)CM_CU_RAW_HELD(ThreadExchangeStreamCaptureMode, (&m));
+        (void)CM_CU_RAW(ThreadExchangeStreamCaptureMode, (&m));
     }
 }
 
