@@ -344,7 +344,9 @@ struct cm_mm_ops {
                       CUdeviceptr *ptr, uintptr_t *handle);
     /* Run a release (kind: rel or rel_sync) of handle, an allocation
      * of size bytes, on stream; ctx current, with or without the GIL.
-     * No exception is set. */
+     * No exception is set.  CUDA_ERROR_NOT_READY, nothing done: not
+     * now (stream captures, for a capture cudamem may not know of); the
+     * release is queued and tried again at a later flush. */
     CUresult (*release)(cm_context *ctx, int kind, uintptr_t handle,
                         size_t size, CUstream stream);
     /* Before the release of an allocation (handle, allocated for own)

@@ -158,11 +158,16 @@ cm_pending_drop(cm_pending_item *items, Py_ssize_t n)
 static int
 cm_pending_over(cm_pending *q)
 {
-    if (q->n > cm_cfg_count) {
+    /* Entries the last flush kept because their streams captured are
+     * not counted: each flush tries them again, and one at every add
+     * while a long capture runs would cost a driver query per kept
+     * entry at each. */
+    if (q->n - q->stuck > cm_cfg_count) {
         return 1;
     }
     return q->has_byte_limit
-           && (double)q->bytes > cm_cfg_ratio * (double)q->ctx->total_mem;
+           && (double)(q->bytes - q->stuck_bytes)
+                  > cm_cfg_ratio * (double)q->ctx->total_mem;
 }
 
 /* Run every queued release, oldest first, unless disabled.  On an error
@@ -177,6 +182,8 @@ cm_pending_flush(cm_pending *q)
     Py_ssize_t n;
     Py_ssize_t i;
     Py_ssize_t done = 0;
+    Py_ssize_t kept = 0;
+    int failed = 0;
     CUresult rc = CUDA_SUCCESS;
     CUcontext h;
     cm_context *ctx = q->ctx;
@@ -197,6 +204,8 @@ cm_pending_flush(cm_pending *q)
     q->cap = 0;
     q->bytes = 0;
     q->held = 0;
+    q->stuck = 0;
+    q->stuck_bytes = 0;
     if (!q->ctx->alive || cm_forked) {
         cm_pending_drop(items, n);
         PyMem_Free(items);
@@ -216,14 +225,29 @@ cm_pending_flush(cm_pending *q)
             break;
         }
         rc = cm_rel_run(ctx, &items[i]);
+        if (rc == CUDA_ERROR_NOT_READY) {
+            /* Not now (its stream captures): kept, in order, ahead of
+             * those not attempted; the others go on. */
+            items[kept++] = items[i];
+            rc = CUDA_SUCCESS;
+        }
         done = i + 1;
     }
     cm_capture_unrelax(relaxed);
     cm_ctx_leave(pushed);
     CM_DRIVER_END_NOGIL
-    if (rc == CUDA_SUCCESS && done == n) {
+    if (rc == CUDA_SUCCESS && done == n && kept == 0) {
         PyMem_Free(items);
         return 0;
+    }
+    if (rc != CUDA_SUCCESS) {
+        failed = items[done - 1].kind;
+    }
+    if (kept > 0) {
+        memmove(items + kept, items + done,
+                (size_t)(n - done) * sizeof(*items));
+        n -= done - kept;
+        done = 0;
     }
     /* Keep what was not attempted, ahead of anything queued meanwhile. */
     if (done < n) {
@@ -239,7 +263,11 @@ cm_pending_flush(cm_pending *q)
             }
             for (i = 0; i < rest; i++) {
                 q->bytes += merged[i].size;
+                if (i < kept) {
+                    q->stuck_bytes += merged[i].size;
+                }
             }
+            q->stuck += kept;
             PyMem_Free(q->items);
             q->items = merged;
             q->n += rest;
@@ -247,13 +275,12 @@ cm_pending_flush(cm_pending *q)
         }
     }
     if (rc == CUDA_SUCCESS) {
-        /* Held back from items[done] on. */
+        /* Held back from items[done] on, or kept. */
         q->held = 1;
         PyMem_Free(items);
         return 0;
     }
-    i = done > 0 ? done - 1 : 0;
-    cm_raise_cu(rc, cm_rel_fn(items[i].kind));
+    cm_raise_cu(rc, cm_rel_fn(failed));
     PyMem_Free(items);
     return -1;
 }
@@ -352,6 +379,8 @@ cm_pending_new(cm_context *ctx, int has_byte_limit)
     q->disabled = 0;
     q->has_byte_limit = has_byte_limit;
     q->held = 0;
+    q->stuck = 0;
+    q->stuck_bytes = 0;
     PyObject_GC_Track(q);
     return q;
 }
@@ -567,6 +596,11 @@ cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
     }
     rc = ctx->mm_builtin->release(ctx, kind, handle, size, stream);
     cm_ctx_leave(pushed);
+    if (rc == CUDA_ERROR_NOT_READY) {
+        /* Not now (its stream captures): a later flush tries again. */
+        cm_pending_add(ctx->memq, kind, handle, size, stream);
+        return 0;
+    }
     return cm_cu_check(rc, cm_rel_fn(kind));
 }
 

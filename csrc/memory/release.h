@@ -28,6 +28,10 @@ struct cm_pending {
     int has_byte_limit;   /* memory queues flush on bytes too */
     int held;             /* a flush left entries queued because a
                            * capture forbade them (cm_rel_waits) */
+    Py_ssize_t stuck;     /* of them, those the last flush tried and
+                           * kept (their streams captured): the
+                           * thresholds count the others */
+    size_t stuck_bytes;   /* their sizes */
 };
 
 #endif

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.ahead
                                  {"CUDAMEM_MEMORY_MANAGER": "pool",
                                   "CUDAMEM_POOL_VMM": "1"},
                                  {"CUDAMEM_MEMORY_MANAGER": "pool",
-                                  "CUDAMEM_POOL_VMM": "0"}],
-                         ids=["default", "pool", "pool_segments"])
+                                  "CUDAMEM_POOL_VMM": "0"},
+                                 {"CUDAMEM_MEMORY_MANAGER": "async"}],
+                         ids=["default", "pool", "pool_segments", "async"])
 def test_random_programs_beside_another_librarys_capture(env):
     n = int(os.environ.get("CUDAMEM_MODEL_PROGRAMS",
                            "1000" if SIMULATOR else "200"))

@@ -257,3 +257,80 @@ def test_pool_allocations_on_another_stream_during_the_capture(vmm):
     rc, out = run_py(_POOL_CHILD, CUDAMEM_MEMORY_MANAGER="pool",
                      CUDAMEM_POOL_VMM=vmm)
     assert rc == 0 and "OK" in out, out
+
+
+_ASYNC_CHILD = r"""
+import gc, sys
+import numpy as np
+import cudamem
+from cudamem import _core
+
+MODE = %d
+seen = []
+sys.unraisablehook = seen.append
+ctx = cudamem.current_context()
+memq = ctx.memory_manager.deallocations
+h = _core._raw_stream_create(1)
+ext = cudamem.external_stream(h)
+d = cudamem.to_device(np.arange(256, dtype=np.float32))
+hout = cudamem.pinned_array(256, np.float32)
+s1 = cudamem.stream()
+others = [cudamem.device_array(1024, np.float32, stream=s1 if i %% 2 else 0)
+          for i in range(30)]
+on_ext = [cudamem.device_array(2048, np.float32, stream=ext)
+          for _ in range(8)]
+for a in on_ext:
+    a.copy_to_device(np.ones(2048, np.float32), stream=ext)
+del a
+# Made before: the user's own allocations are refused during the capture.
+batches = [[cudamem.device_array(64, np.float32, stream=s1)
+            for _ in range(20)] for _ in range(3)]
+cudamem.synchronize()
+_core._raw_begin_capture(h, MODE)
+d.copy_to_host(hout, stream=ext)
+# Blocks of streams that do not capture: freed at once, in the relaxed
+# mode (the driver refuses a free in the default modes).
+del others
+gc.collect()
+assert len(memq) == 0, len(memq)
+# Blocks of the capturing stream: a free there would be recorded into
+# the graph, to run at each replay; they wait in the queue.
+del on_ext
+gc.collect()
+assert len(memq) == 8, len(memq)
+# A flush by hand, and past the thresholds, keeps them: the rest go.
+memq.clear()
+assert len(memq) == 8, len(memq)
+while batches:
+    with memq.disable():
+        del batches[-1]
+        gc.collect()
+        assert len(memq) == 28, len(memq)
+    # Leaving it flushes past the thresholds, which count the others.
+    assert len(memq) == 8, len(memq)
+g = ext.end_capture()           # StreamCaptureError if invalidated
+hout[:] = 0
+g.launch(ext)
+_core._raw_stream_synchronize(h)
+np.testing.assert_array_equal(hout, np.arange(256))
+g.close()
+# The capture over, the next flush frees them on their stream.
+memq.clear()
+assert len(memq) == 0, len(memq)
+cudamem.synchronize()
+_core._raw_stream_destroy(h)
+assert not seen, [str(u.exc_value) for u in seen]
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("mode", [GLOBAL, THREAD_LOCAL],
+                         ids=["global", "thread_local"])
+def test_async_frees_during_the_capture(mode):
+    # The async manager returns a block at once with cuMemFreeAsync on
+    # its stream: in the relaxed mode (a default-mode capture of this
+    # thread makes the driver refuse it and invalidates that capture),
+    # and not while that stream itself captures.  In a child: a manager
+    # is chosen before the context is made.
+    rc, out = run_py(_ASYNC_CHILD % mode, CUDAMEM_MEMORY_MANAGER="async")
+    assert rc == 0 and "OK" in out, out

@@ -201,7 +201,10 @@ cm_event_on(cm_pool *p, CUstream h)
 {
     CUevent e = NULL;
 
-    if (cm_capture_stream_known(h)) {
+    /* Not on a stream that captures, whoever began the capture: the
+     * event would be recorded into that graph, a wait on it would join
+     * the waiting stream to the capture, and its query is refused. */
+    if (cm_capture_stream_known(h) || cm_pool_stream_captures(h)) {
         return NULL;
     }
     if (p->nevents > 0) {

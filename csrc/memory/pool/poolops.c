@@ -860,20 +860,35 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
-    /* Uncounted whatever the driver answers: the release is not tried
-     * again. */
-    cm_limit_give(ctx, size);
     if (kind == CM_REL_ASYNC_SYNC) {
         /* Released where no stream could be recorded: every stream that
          * used it is done once the context is. */
+        cm_limit_give(ctx, size);
         rc = CM_CU_RAW(CtxSynchronize, ());
         if (rc != CUDA_SUCCESS) {
             return rc;
         }
+        cm_capture_relax(&relaxed);
+        rc = CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle, NULL));
+        cm_capture_unrelax(relaxed);
+        __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
+        return rc;
     }
-    cm_capture_relax(&relaxed);
-    rc = CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle,
-                                  kind == CM_REL_ASYNC ? stream : NULL));
+    /* In the relaxed capture mode, always (two calls of a thread-local
+     * setting): a capture another library began in global mode, which
+     * cudamem does not know of, would make the driver refuse this free
+     * and invalidate that capture.  And not while the stream itself
+     * captures (one call): the free would be recorded into that graph,
+     * to run at each replay; it waits in the queue instead. */
+    cm_capture_relax_always(&relaxed);
+    if (cm_pool_stream_captures(stream)) {
+        cm_capture_unrelax(relaxed);
+        return CUDA_ERROR_NOT_READY;
+    }
+    /* Uncounted whatever the driver answers: the release is not tried
+     * again. */
+    cm_limit_give(ctx, size);
+    rc = CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle, stream));
     cm_capture_unrelax(relaxed);
     __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
     return rc;
