@@ -978,8 +978,15 @@ cm_torch_free_lane(const cm_torch_ent *e)
         }
         /* The pool checks that it still lives before it touches the
          * block. */
-        (void)ctx->mm_builtin->release(ctx, ctx->mm_builtin->rel,
-                                       e->handle, e->size, e->stream);
+        if (ctx->mm_builtin->release(ctx, ctx->mm_builtin->rel, e->handle,
+                                     e->size, e->stream)
+            == CUDA_ERROR_NOT_READY) {
+            /* Not now (its stream captures: PyTorch's capture): queued,
+             * which needs the GIL. */
+            cm_ctx_leave(pushed);
+            cm_driver_call_end(epoch);
+            return 0;
+        }
         cm_ctx_leave(pushed);
     }
     cm_driver_call_end(epoch);

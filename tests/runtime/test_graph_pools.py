@@ -635,6 +635,50 @@ def test_torch_captures_with_memory_from_cudamem(mgr):
     assert out == {"ok": True, "overlap": False}
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mgr", MANAGERS)
+def test_torch_frees_inside_its_capture_a_tensor_of_the_capturing_stream(
+        mgr):
+    """A tensor made on the stream torch.cuda.graph then captures, freed
+    inside the capture: its release must not be refused (invalidating
+    PyTorch's capture) nor recorded into the graph (a free at each
+    replay); it is made once the capture is over."""
+    pytest.importorskip("torch")
+    out = _peer_child("""
+        import gc, json, sys
+        import torch, cudamem
+        from cudamem import interop
+        cudamem.set_memory_manager(sys.argv[1])
+        interop.use_with_torch()
+        n = 1 << 16
+        x = torch.zeros(n, device="cuda")
+        cs = torch.cuda.Stream()
+        cs.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(cs):
+            pre = [torch.ones(n, device="cuda") for _ in range(4)]
+            y = x * 2 + 1
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=cs):
+            del pre
+            gc.collect()
+            y = x * 2 + 1
+        res = {"ok": True}
+        for k in range(5):
+            x.fill_(k)
+            g.replay()
+            torch.cuda.synchronize()
+            res["ok"] &= bool((y == 2 * k + 1).all().item())
+        del g, y
+        torch.cuda.synchronize()
+        cudamem.current_context().memory_manager.deallocations.clear()
+        res["error"] = repr(interop.torch_last_error())
+        print(json.dumps(res))
+    """, mgr)
+    assert out == {"ok": True, "error": "None"}
+
+
 def test_a_capturing_stream_dropped_ends_its_capture(mctx):
     flush(mctx)
     before = reserved()
