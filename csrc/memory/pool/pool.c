@@ -799,18 +799,22 @@ cm_pool_settle(cm_pool *p)
     cm_seg *g;
     cm_blk *b;
     cm_blk *n;
+    int restricted = cm_capture_restricted();
+    int relaxing = 0;
     int relaxed = -1;
+    int done;
     int i;
 
     /* Their waits are not queried while a capture forbids it; queried in
-     * the relaxed capture mode otherwise (once a settle, on this slow
-     * path): a global-mode capture another library began would make the
-     * driver refuse the queries and invalidate it. */
-    if (p->pending != NULL && !cm_capture_restricted()) {
+     * the relaxed capture mode otherwise (set once a settle, at the first
+     * query, on this slow path): a global-mode capture another library
+     * began would make the driver refuse the queries and invalidate
+     * it. */
+    if (p->pending != NULL && !restricted) {
         cm_capture_relax_always(&relaxed);
+        relaxing = 1;
     }
-    for (b = cm_capture_restricted() ? NULL : p->pending; b != NULL;
-         b = n) {
+    for (b = restricted ? NULL : p->pending; b != NULL; b = n) {
         n = b->fnext;
         for (i = 0; i < b->nwaits; i++) {
             if (CM_CU_RAW(EventQuery, (b->waits[i])) != CUDA_SUCCESS) {
@@ -838,10 +842,22 @@ cm_pool_settle(cm_pool *p)
         }
         cm_pool_put(p, b);
     }
-    cm_capture_unrelax(relaxed);
     for (g = p->segs; g != NULL; g = g->next) {
         for (b = g->first; b != NULL; b = b->next) {
-            if (b->free && b->event != NULL && cm_blk_event_done(p, b)) {
+            if (!b->free || b->event == NULL) {
+                continue;
+            }
+            if (restricted) {
+                done = cm_blk_event_done(p, b);
+            }
+            else {
+                if (!relaxing) {
+                    cm_capture_relax_always(&relaxed);
+                    relaxing = 1;
+                }
+                done = CM_CU_RAW(EventQuery, (b->event)) == CUDA_SUCCESS;
+            }
+            if (done) {
                 cm_event_put(p, b->event);
                 b->event = NULL;
                 b->stream = CM_POOL_ANY;
@@ -862,6 +878,9 @@ cm_pool_settle(cm_pool *p)
                 b = n;
             }
         }
+    }
+    if (relaxing) {
+        cm_capture_unrelax(relaxed);
     }
 }
 
