@@ -966,6 +966,15 @@ out_drain:
 /* The entry point of the copy engine                                  */
 /* ------------------------------------------------------------------ */
 
+/* The driver's last answer on this thread for the range asked last:
+ * a loop copying into one host array asks the driver once.  Either
+ * answer is safe when stale (pinned memory bounced, or pageable memory
+ * given to the driver's own copy, still lands right): only the speed of
+ * the route it picks depends on it. */
+static _Thread_local uintptr_t cm_stg_asked_lo;
+static _Thread_local uintptr_t cm_stg_asked_hi;
+static _Thread_local int cm_stg_asked_pinned;
+
 /* Whether [lo, hi) is page-locked memory the driver knows: cudamem's
  * registrations first, then the driver's answer for its first byte. */
 static int
@@ -976,9 +985,15 @@ cm_stg_pinned(uintptr_t lo, uintptr_t hi)
     if (cm_hostmem_registered(lo, hi)) {
         return 1;
     }
-    return CM_CU_RAW(PointerGetAttribute,
-                     (&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                      (CUdeviceptr)lo)) == CUDA_SUCCESS;
+    if (lo != cm_stg_asked_lo || hi != cm_stg_asked_hi) {
+        cm_stg_asked_pinned
+            = CM_CU_RAW(PointerGetAttribute,
+                        (&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                         (CUdeviceptr)lo)) == CUDA_SUCCESS;
+        cm_stg_asked_lo = lo;
+        cm_stg_asked_hi = hi;
+    }
+    return cm_stg_asked_pinned;
 }
 
 /* A synchronous copy of bytes from x->dev into pageable host memory
