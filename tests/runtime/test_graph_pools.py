@@ -649,6 +649,8 @@ def test_torch_frees_inside_its_capture_a_tensor_of_the_capturing_stream(
         import gc, json, sys
         import torch, cudamem
         from cudamem import interop
+        seen = []
+        sys.unraisablehook = seen.append
         cudamem.set_memory_manager(sys.argv[1])
         interop.use_with_torch()
         n = 1 << 16
@@ -672,11 +674,15 @@ def test_torch_frees_inside_its_capture_a_tensor_of_the_capturing_stream(
             res["ok"] &= bool((y == 2 * k + 1).all().item())
         del g, y
         torch.cuda.synchronize()
-        cudamem.current_context().memory_manager.deallocations.clear()
+        q = cudamem.current_context().memory_manager.deallocations
+        q.clear()
+        res["queued"] = len(q)
         res["error"] = repr(interop.torch_last_error())
+        res["unraisable"] = [repr(u.exc_value) for u in seen]
         print(json.dumps(res))
     """, mgr)
-    assert out == {"ok": True, "error": "None"}
+    assert out == {"ok": True, "queued": 0, "error": "None",
+                   "unraisable": []}
 
 
 def test_a_capturing_stream_dropped_ends_its_capture(mctx):

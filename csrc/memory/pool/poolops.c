@@ -862,17 +862,14 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     }
     if (kind == CM_REL_ASYNC_SYNC) {
         /* Released where no stream could be recorded: every stream that
-         * used it is done once the context is. */
-        cm_limit_give(ctx, size);
+         * used it is done once the context is; then freed on the
+         * default stream. */
         rc = CM_CU_RAW(CtxSynchronize, ());
         if (rc != CUDA_SUCCESS) {
+            cm_limit_give(ctx, size);
             return rc;
         }
-        cm_capture_relax(&relaxed);
-        rc = CM_CU_RAW(MemFreeAsync, ((CUdeviceptr)handle, NULL));
-        cm_capture_unrelax(relaxed);
-        __atomic_store_n(&p->untrimmed, 1, __ATOMIC_RELAXED);
-        return rc;
+        stream = NULL;
     }
     /* In the relaxed capture mode, always (two calls of a thread-local
      * setting): a capture another library began in global mode, which
