@@ -381,6 +381,7 @@ cm_pending_new(cm_context *ctx, int has_byte_limit)
     q->held = 0;
     q->stuck = 0;
     q->stuck_bytes = 0;
+    q->since_try = 0;
     PyObject_GC_Track(q);
     return q;
 }
@@ -587,6 +588,7 @@ static int
 cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
                     size_t size, CUstream stream)
 {
+    cm_pending *q = ctx->memq;
     CUresult rc;
     int pushed = 0;
 
@@ -598,8 +600,15 @@ cm_pool_release_now(cm_context *ctx, int kind, uintptr_t handle,
     cm_ctx_leave(pushed);
     if (rc == CUDA_ERROR_NOT_READY) {
         /* Not now (its stream captures): a later flush tries again. */
-        cm_pending_add(ctx->memq, kind, handle, size, stream);
+        cm_pending_add(q, kind, handle, size, stream);
         return 0;
+    }
+    if (rc == CUDA_SUCCESS && q->stuck > 0 && ++q->since_try > cm_cfg_count) {
+        /* Kept releases wait for captures to end, which nothing here
+         * hears of: tried again every CUDA_DEALLOCS_COUNT releases made
+         * at once, so their memory does not wait for the thresholds. */
+        q->since_try = 0;
+        return cm_pending_flush(q);
     }
     return cm_cu_check(rc, cm_rel_fn(kind));
 }

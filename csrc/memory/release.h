@@ -32,6 +32,8 @@ struct cm_pending {
                            * kept (their streams captured): the
                            * thresholds count the others */
     size_t stuck_bytes;   /* their sizes */
+    long since_try;       /* releases made at once since the last
+                           * retry of the kept ones */
 };
 
 #endif

@@ -314,8 +314,10 @@ g.launch(ext)
 _core._raw_stream_synchronize(h)
 np.testing.assert_array_equal(hout, np.arange(256))
 g.close()
-# The capture over, the next flush frees them on their stream.
-memq.clear()
+# The capture over, they are tried again every CUDA_DEALLOCS_COUNT
+# (10) releases made at once: freed on their stream.
+for _ in range(11):
+    cudamem.device_array(64, np.float32, stream=s1)
 assert len(memq) == 0, len(memq)
 cudamem.synchronize()
 _core._raw_stream_destroy(h)
