@@ -367,4 +367,29 @@ int cm_async_peer(cm_context *ctx, int dev);
 /* The stream key of a handle. */
 uintptr_t cm_stream_key(CUstream s);
 
+/* The pool of an allocation's handle (not a graph pool's) and its
+ * block. */
+static inline cm_pool *
+cm_pool_of(cm_context *ctx, uintptr_t handle, cm_blk **b)
+{
+    cm_pool *p = ctx->pool;
+
+    *b = (cm_blk *)(handle & ~CM_PEER_TAG);
+    if ((handle & CM_PEER_TAG) && p != NULL) {
+        return p->peers;
+    }
+    return p;
+}
+
+/* order.c: the tables' order, foreign_free and stream_gone entries of
+ * the pool manager and the async manager (context/context.h, cm_mm_ops
+ * says what each does). */
+CUresult cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
+                       const CUstream *streams, int n, CUstream *on);
+CUresult cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
+                        const CUstream *streams, int n, CUstream *on);
+void cm_pool_foreign_free(cm_context *ctx, uintptr_t handle);
+void cm_async_foreign_free(cm_context *ctx, uintptr_t handle);
+void cm_pool_stream_gone(cm_context *ctx, CUstream h);
+
 #endif /* CM_POOL_H */

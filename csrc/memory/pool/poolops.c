@@ -2,8 +2,8 @@
 /*
  * memory/pool/poolops.c: the pool and async managers as memory.c and
  * context.c call them, through their tables cm_mm_pool and cm_mm_async
- * (memory/memory.h): create, allocate, release, order a release after
- * other streams, trim, export, statistics.
+ * (memory/memory.h): create, allocate, release, trim, export,
+ * statistics; ordering a release after other streams is order.c's.
  *
  * Locks and the GIL: a pool's mutex p->mu guards its state (pool.c says
  * what).  It is taken through cm_pool_lock, which first gives up the GIL
@@ -241,20 +241,6 @@ cm_pool_pick(cm_context *ctx, uintptr_t *tag)
         return p->peers;
     }
     *tag = 0;
-    return p;
-}
-
-/* The pool of an allocation's handle (not a graph pool's) and its
- * block. */
-static inline cm_pool *
-cm_pool_of(cm_context *ctx, uintptr_t handle, cm_blk **b)
-{
-    cm_pool *p = ctx->pool;
-
-    *b = (cm_blk *)(handle & ~CM_PEER_TAG);
-    if ((handle & CM_PEER_TAG) && p != NULL) {
-        return p->peers;
-    }
     return p;
 }
 
@@ -936,192 +922,6 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
         return cm_arena_release(ctx, p, p->keep, 0);
     }
     return CUDA_SUCCESS;
-}
-
-/* Append event e to b's waits; 0, or -1 when out of host memory. */
-static int
-cm_blk_add_wait(cm_blk *b, CUevent e)
-{
-    CUevent *w = realloc(b->waits, (size_t)(b->nwaits + 1) * sizeof(*w));
-
-    if (w == NULL) {
-        return -1;
-    }
-    b->waits = w;
-    b->waits[b->nwaits++] = e;
-    return 0;
-}
-
-/* The pool manager's order: record an event on each of the n streams,
- * and on own unless it is a default stream, so that block handle is
- * handed out again only once all of them have completed.  CUDA_SUCCESS:
- * a block whose event cannot be recorded is never reused (trim() gives
- * its segment back); CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, nothing
- * recorded, when one of them is a stream cudamem knows captures (the
- * caller's release then waits for the context, after the capture). */
-static CUresult
-cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
-              const CUstream *streams, int n, CUstream *on)
-{
-    cm_pool *p;
-    cm_blk *b;
-    CUevent e;
-    int i;
-    cm_gil_saved gd;
-
-    (void)on;
-    if (cm_gpool_handle(handle)) {
-        /* A graph pool records no events: released after the context. */
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    p = cm_pool_of(ctx, handle, &b);
-    if (p == NULL) {
-        return CUDA_SUCCESS;
-    }
-    for (i = 0; cm_capture_any() && i <= n; i++) {
-        if (cm_capture_stream_known(i < n ? streams[i] : own)) {
-            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-        }
-    }
-    cm_pool_lock(p, &gd);
-    if (p->dead) {
-        cm_pool_unlock(p, &gd);
-        return CUDA_SUCCESS;
-    }
-    for (i = 0; i <= n; i++) {
-        CUstream h = i < n ? streams[i] : own;
-
-        if (i == n && cm_stream_handle_is_default(own)) {
-            break;
-        }
-        e = cm_event_on(p, h);
-        if (e == NULL || cm_blk_add_wait(b, e) < 0) {
-            /* Nothing can order a later user after that stream: the
-             * block is never handed out again (trim() frees it). */
-            cm_event_put(p, e);
-            cm_blk_drop_waits(p, b);
-            b->stream = CM_POOL_STUCK;
-            b->any_after = 0;
-            cm_pool_unlock(p, &gd);
-            return CUDA_SUCCESS;
-        }
-        if (i == n) {
-            b->any_after = 1;
-        }
-    }
-    cm_pool_unlock(p, &gd);
-    return CUDA_SUCCESS;
-}
-
-/* The async manager's order: *on becomes the pool's own side stream, on
- * which a free follows the work queued so far on own and on each of the
- * n streams, without making any of them wait for another. */
-static CUresult
-cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
-               const CUstream *streams, int n, CUstream *on)
-{
-    cm_pool *p = ctx->pool;
-    CUresult rc = CUDA_SUCCESS;
-    CUevent e;
-    int i;
-    cm_gil_saved gd;
-
-    if (cm_gpool_handle(handle)) {
-        /* A graph pool records no events: released after the context. */
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    if (p == NULL || p->dead) {
-        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    }
-    cm_pool_lock(p, &gd);
-    if (p->side == NULL) {
-        rc = CM_CU_RAW(StreamCreate, (&p->side, CU_STREAM_NON_BLOCKING));
-    }
-    for (i = 0; i <= n && rc == CUDA_SUCCESS; i++) {
-        e = cm_event_on(p, i < n ? streams[i] : own);
-        if (e == NULL) {
-            rc = CUDA_ERROR_INVALID_HANDLE;
-            break;
-        }
-        /* The wait takes the event's state now: it may be reused. */
-        rc = CM_CU_RAW(StreamWaitEvent, (p->side, e, 0));
-        cm_event_put(p, e);
-    }
-    *on = p->side;
-    cm_pool_unlock(p, &gd);
-    return rc;
-}
-
-/* The pool manager's foreign_free: block handle's event is recorded when
- * it is freed (cm_pool_put), never later on a handle that may be gone. */
-static void
-cm_pool_foreign_free(cm_context *ctx, uintptr_t handle)
-{
-    cm_pool *p;
-    cm_blk *b;
-    cm_gil_saved gd;
-
-    if (cm_gpool_handle(handle)) {
-        cm_gpool_foreign_free(ctx, handle);
-        return;
-    }
-    p = cm_pool_of(ctx, handle, &b);
-    if (p == NULL) {
-        return;
-    }
-    cm_pool_lock(p, &gd);
-    if (!p->dead) {
-        b->record_now = 1;
-    }
-    cm_pool_unlock(p, &gd);
-}
-
-/* The async manager's foreign_free: only its graph pools' blocks need
- * it (cuMemFreeAsync takes the stream when it is issued). */
-static void
-cm_async_foreign_free(cm_context *ctx, uintptr_t handle)
-{
-    if (cm_gpool_handle(handle)) {
-        cm_gpool_foreign_free(ctx, handle);
-    }
-}
-
-/* The pool manager's stream_gone: free blocks that wait for stream h
- * to reach their release get an event recorded on it now. */
-static void
-cm_pool_stream_gone_one(cm_pool *p, CUstream h)
-{
-    uintptr_t s = cm_stream_key(h);
-    cm_seg *g;
-    cm_blk *b;
-    cm_gil_saved gd;
-
-    if (p == NULL || cm_stream_handle_is_default(h)) {
-        return;
-    }
-    cm_pool_lock(p, &gd);
-    if (!p->dead) {
-        for (g = p->segs; g != NULL; g = g->next) {
-            for (b = g->first; b != NULL; b = b->next) {
-                if (b->free && b->stream == s && b->event == NULL) {
-                    /* Later, the handle may name another stream. */
-                    cm_event_record(p, b);
-                }
-            }
-        }
-    }
-    cm_pool_unlock(p, &gd);
-}
-
-static void
-cm_pool_stream_gone(cm_context *ctx, CUstream h)
-{
-    cm_pool *p = ctx->pool;
-
-    if (p != NULL && p->peers != NULL) {
-        cm_pool_stream_gone_one(p->peers, h);
-    }
-    cm_pool_stream_gone_one(p, h);
 }
 
 /* ------------------------------------------------------------------ */
