@@ -353,7 +353,10 @@ struct cm_mm_ops {
      * that work queued by cudamem also used on the n streams (ctx
      * current, GIL held): order the release after that work.  *on (own
      * on entry): the stream the release goes to.  Not CUDA_SUCCESS:
-     * release with rel_sync.  Ordered managers only. */
+     * release with rel_sync; CUDA_ERROR_NOT_READY: *on is one of the
+     * streams, which captures, and that release waits until it no
+     * longer does (rel_sync's stream is NULL otherwise).  Ordered
+     * managers only. */
     CUresult (*order)(cm_context *ctx, uintptr_t handle, CUstream own,
                       const CUstream *streams, int n, CUstream *on);
     /* Stream h of ctx is about to be destroyed by cudamem: what waits

@@ -91,7 +91,9 @@ cm_mem_stream_foreign(const cm_mem *m)
  * on it: by events on the other streams it was used on, and, when the
  * release waits in the queue, on its own stream too (the handle may be
  * gone by the flush).  The kind of release to queue, and in *on (set to
- * the own stream first) the stream an async free is queued on. */
+ * the own stream first) the stream an async free is queued on; for the
+ * release after the context (rel_sync), NULL, or the stream whose
+ * capture it waits for (the order's CUDA_ERROR_NOT_READY). */
 static int
 cm_mem_order_release(cm_mem *m, CUstream *on)
 {
@@ -104,6 +106,7 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
     int deferred;
     int i;
     int kind = mm->rel;
+    CUresult rc;
     int own_default = cm_stream_handle_is_default(m->stream);
 
     if (!ctx->alive || cm_forked || ctx->memq == NULL) {
@@ -115,11 +118,13 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
     }
     if (cm_on_driver_thread()) {
         /* No driver call here: the flush waits for the context. */
+        *on = NULL;
         return mm->rel_sync;
     }
     if (n > (int)(sizeof(hs) / sizeof(hs[0]))) {
         v = PyMem_Malloc((size_t)n * sizeof(*v));
         if (v == NULL) {
+            *on = NULL;
             return mm->rel_sync;
         }
     }
@@ -129,11 +134,15 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
     if (cm_context_enter(ctx, &prev) < 0) {
         PyErr_Clear();
         kind = mm->rel_sync;
+        *on = NULL;
     }
     else {
-        if (mm->order(ctx, m->handle, m->stream, v, n, on)
-            != CUDA_SUCCESS) {
+        rc = mm->order(ctx, m->handle, m->stream, v, n, on);
+        if (rc != CUDA_SUCCESS) {
             kind = mm->rel_sync;
+            if (rc != CUDA_ERROR_NOT_READY) {
+                *on = NULL;
+            }
         }
         cm_context_leave(ctx, prev);
     }

@@ -14,7 +14,9 @@ typedef struct {
     int kind;             /* CM_REL_* */
     uintptr_t handle;     /* the driver handle, address or pool block */
     size_t size;          /* bytes it counts for (0 if none) */
-    CUstream stream;      /* CM_REL_POOL / CM_REL_ASYNC: the stream */
+    CUstream stream;      /* CM_REL_POOL / CM_REL_ASYNC: the stream;
+                           * CM_REL_*_SYNC: NULL, or a stream whose
+                           * capture the release waits for */
 } cm_pending_item;
 
 struct cm_pending {

@@ -6,7 +6,9 @@ PyTorch's are), which cudamem does not know of.
 A seeded generator writes random programs.  Before the capture: a few
 source and destination device arrays of one size, page-locked outputs,
 and junk: device arrays on the default stream, on streams of cudamem's
-and on the stream about to capture, streams with finished work, events.
+and on the stream about to capture (some used on a second of these, so
+that their releases are ordered after two streams), streams with
+finished work, events.
 The release queues' count threshold is drawn (1 to 30).  Then a raw
 capture of a non-blocking or blocking stream begins, in global or
 thread-local mode, and the program records copies on it (a source to an
@@ -54,10 +56,13 @@ def generate(seed, nops=24):
         "flags": rng.choice([0, 1]),
         "mode": rng.choice([GLOBAL, THREAD_LOCAL]),
     }
-    # Junk array k: (size, where): where 0 the default stream, 1.. a
-    # junk stream, -1 the capturing stream.
-    p["junk"] = [(rng.choice(SIZES),
-                  rng.choice([0, -1] + list(range(1, p["nstreams"] + 1))))
+    # Junk array k: (size, where, also): where 0 the default stream, 1..
+    # a junk stream, -1 the capturing stream; also None, or a second
+    # stream (the same numbering) the array is used on before the
+    # capture, so that its release is ordered after both.
+    places = [0, -1] + list(range(1, p["nstreams"] + 1))
+    p["junk"] = [(rng.choice(SIZES), rng.choice(places),
+                  rng.choice(places) if rng.random() < 0.3 else None)
                  for _ in range(p["njunk"])]
     ops = []
     alive = set(range(p["njunk"]))
@@ -128,9 +133,13 @@ def _program(p, rng_values, allocs_ok, h, seen):
         e.record(streams[0] if streams else 0)
     where = [0] + streams
     junk = []
-    for size, w in p["junk"]:
+    for size, w, also in p["junk"]:
         s = ext if w == -1 else where[w]
         junk.append(cuda.device_array(size, np.float32, stream=s))
+        if also is not None:
+            junk[-1].copy_to_device(np.ones(size, np.float32),
+                                    stream=ext if also == -1
+                                    else where[also])
     for s in streams:
         src[0].copy_to_host(stream=s)
     nout = sum(1 for op in p["ops"]

@@ -208,6 +208,8 @@ s1 = cudamem.stream()
 blocks = [cudamem.device_array(1024, np.float32, stream=s1 if i % 2 else 0)
           for i in range(30)]
 del blocks[::2]
+two = cudamem.device_array(4096, np.float32, stream=s1)
+two.copy_to_device(np.ones(4096, np.float32), stream=ext)
 cudamem.synchronize()
 _core._raw_begin_capture(h, 0)
 d.copy_to_host(hout, stream=ext)
@@ -227,12 +229,21 @@ again = [cudamem.device_array(2048, np.float32, stream=s1)
          for _ in range(8)]
 del again
 gc.collect()
+# Used on another stream and on the capturing one: no event can be
+# recorded on the capturing stream, so its release waits in the queue
+# for the capture's end (then for the context).
+del two
+gc.collect()
+memq = cudamem.current_context().memory_manager.deallocations
+assert len(memq) == 1, len(memq)
 g = ext.end_capture()           # StreamCaptureError if invalidated
 hout[:] = 0
 g.launch(ext)
 _core._raw_stream_synchronize(h)
 np.testing.assert_array_equal(hout, np.arange(256))
 g.close()
+memq.clear()
+assert len(memq) == 0, len(memq)
 # After the capture the blocks freed on it serve another stream again.
 later = [cudamem.device_array(2048, np.float32, stream=s1)
          for _ in range(16)]
@@ -282,6 +293,10 @@ on_ext = [cudamem.device_array(2048, np.float32, stream=ext)
 for a in on_ext:
     a.copy_to_device(np.ones(2048, np.float32), stream=ext)
 del a
+# Used on another stream and on the capturing one: its release is
+# ordered after both, which no event on the capturing stream can do.
+two = cudamem.device_array(4096, np.float32, stream=s1)
+two.copy_to_device(np.ones(4096, np.float32), stream=ext)
 # Made before: the user's own allocations are refused during the capture.
 batches = [[cudamem.device_array(64, np.float32, stream=s1)
             for _ in range(20)] for _ in range(3)]
@@ -298,16 +313,21 @@ assert len(memq) == 0, len(memq)
 del on_ext
 gc.collect()
 assert len(memq) == 8, len(memq)
+# The one used on two streams waits for the capture too (after it, for
+# the context).
+del two
+gc.collect()
+assert len(memq) == 9, len(memq)
 # A flush by hand, and past the thresholds, keeps them: the rest go.
 memq.clear()
-assert len(memq) == 8, len(memq)
+assert len(memq) == 9, len(memq)
 while batches:
     with memq.disable():
         del batches[-1]
         gc.collect()
-        assert len(memq) == 28, len(memq)
+        assert len(memq) == 29, len(memq)
     # Leaving it flushes past the thresholds, which count the others.
-    assert len(memq) == 8, len(memq)
+    assert len(memq) == 9, len(memq)
 g = ext.end_capture()           # StreamCaptureError if invalidated
 hout[:] = 0
 g.launch(ext)

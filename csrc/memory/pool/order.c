@@ -31,13 +31,39 @@ cm_blk_add_wait(cm_blk *b, CUevent e)
     return 0;
 }
 
+/* Before an order records events on own and the n streams: whether one
+ * of them captures, whoever began the capture (one driver call each).
+ * An event recorded there would join that graph (and a wait on it the
+ * waiting stream), and its query would be refused.  Then *on is that
+ * stream (the legacy one named as such) and the release, made after the
+ * context, waits in the queue until the stream no longer captures:
+ * CUDA_ERROR_NOT_READY; else CUDA_SUCCESS. */
+static CUresult
+cm_release_waits_for(CUstream own, const CUstream *streams, int n,
+                     CUstream *on)
+{
+    CUstream h;
+    int i;
+
+    for (i = 0; i <= n; i++) {
+        h = i < n ? streams[i] : own;
+        if (cm_pool_stream_in_capture(h)) {
+            *on = h != NULL ? h : CU_STREAM_LEGACY;
+            return CUDA_ERROR_NOT_READY;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
 /* The pool manager's order: record an event on each of the n streams,
  * and on own unless it is a default stream, so that block handle is
  * handed out again only once all of them have completed.  CUDA_SUCCESS:
  * a block whose event cannot be recorded is never reused (trim() gives
  * its segment back); CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, nothing
  * recorded, when one of them is a stream cudamem knows captures (the
- * caller's release then waits for the context, after the capture). */
+ * caller's release then waits for the context, after the capture);
+ * CUDA_ERROR_NOT_READY when one of them captures for another library
+ * (cm_release_waits_for). */
 CUresult
 cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
               const CUstream *streams, int n, CUstream *on)
@@ -61,6 +87,9 @@ cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
         if (cm_capture_stream_known(i < n ? streams[i] : own)) {
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
+    }
+    if (cm_release_waits_for(own, streams, n, on) != CUDA_SUCCESS) {
+        return CUDA_ERROR_NOT_READY;
     }
     cm_pool_lock(p, &gd);
     if (p->dead) {
@@ -111,6 +140,9 @@ cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
     }
     if (p == NULL || p->dead) {
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    if (cm_release_waits_for(own, streams, n, on) != CUDA_SUCCESS) {
+        return CUDA_ERROR_NOT_READY;
     }
     cm_pool_lock(p, &gd);
     if (p->side == NULL) {

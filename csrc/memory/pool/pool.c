@@ -201,10 +201,9 @@ cm_event_on(cm_pool *p, CUstream h)
 {
     CUevent e = NULL;
 
-    /* Not on a stream that captures, whoever began the capture: the
-     * event would be recorded into that graph, a wait on it would join
-     * the waiting stream to the capture, and its query is refused. */
-    if (cm_capture_stream_known(h) || cm_pool_stream_captures(h)) {
+    /* Not on a stream cudamem captures (the orders ask the driver
+     * about the others first). */
+    if (cm_capture_stream_known(h)) {
         return NULL;
     }
     if (p->nevents > 0) {
@@ -243,6 +242,20 @@ cm_pool_stream_captures(CUstream h)
     return cm_cu.StreamIsCapturing != NULL
            && (CM_CU_RAW(StreamIsCapturing, (h, &st)) != CUDA_SUCCESS
                || st != CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+int
+cm_pool_stream_in_capture(CUstream h)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult rc;
+
+    if (cm_cu.StreamIsCapturing == NULL) {
+        return 0;
+    }
+    rc = CM_CU_RAW(StreamIsCapturing, (h, &st));
+    return rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+           || (rc == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
 /* Record an event on stream key s for block b (which has none). */

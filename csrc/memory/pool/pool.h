@@ -300,6 +300,12 @@ void cm_blk_drop_waits(cm_pool *p, cm_blk *b);
  * it. */
 int cm_pool_stream_captures(CUstream h);
 
+/* The same, but 0 where the driver cannot say for another reason (a
+ * handle it refuses): for a release that waits while h captures, which
+ * must not wait for ever on a handle that never answers.  One driver
+ * call. */
+int cm_pool_stream_in_capture(CUstream h);
+
 /* Record an event on stream key s for block b (which has none); none on
  * a stream that captures, one cudamem began or another library's
  * (cm_pool_stream_captures: the event would be captured, and its query

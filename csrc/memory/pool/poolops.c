@@ -849,7 +849,11 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     if (kind == CM_REL_ASYNC_SYNC) {
         /* Released where no stream could be recorded: every stream that
          * used it is done once the context is; then freed on the
-         * default stream. */
+         * default stream.  Not while stream (one of them that captured
+         * at the order, order.c) still captures. */
+        if (stream != NULL && cm_pool_stream_in_capture(stream)) {
+            return CUDA_ERROR_NOT_READY;
+        }
         rc = CM_CU_RAW(CtxSynchronize, ());
         if (rc != CUDA_SUCCESS) {
             cm_limit_give(ctx, size);
@@ -864,7 +868,7 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
      * captures (one call): the free would be recorded into that graph,
      * to run at each replay; it waits in the queue instead. */
     cm_capture_relax_always(&relaxed);
-    if (cm_pool_stream_captures(stream)) {
+    if (cm_pool_stream_in_capture(stream)) {
         cm_capture_unrelax(relaxed);
         return CUDA_ERROR_NOT_READY;
     }
@@ -889,7 +893,6 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     cm_gil_saved gd;
 
     (void)size;
-    (void)stream;
     if (cm_gpool_handle(handle)) {
         return cm_gpool_release(ctx, handle, kind == CM_REL_POOL_SYNC);
     }
@@ -899,7 +902,11 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     }
     if (kind == CM_REL_POOL_SYNC) {
         /* Released where no stream could be recorded: every stream that
-         * used it is done once the context is. */
+         * used it is done once the context is.  Not while stream (one
+         * of them that captured at the order, order.c) still captures. */
+        if (stream != NULL && cm_pool_stream_in_capture(stream)) {
+            return CUDA_ERROR_NOT_READY;
+        }
         rc = CM_CU_RAW(CtxSynchronize, ());
         if (rc != CUDA_SUCCESS) {
             return rc;
