@@ -234,18 +234,11 @@ cm_blk_drop_waits(cm_pool *p, cm_blk *b)
     b->nwaits = 0;
 }
 
-int
-cm_pool_stream_captures(CUstream h)
-{
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-
-    return cm_cu.StreamIsCapturing != NULL
-           && (CM_CU_RAW(StreamIsCapturing, (h, &st)) != CUDA_SUCCESS
-               || st != CU_STREAM_CAPTURE_STATUS_NONE);
-}
-
-int
-cm_pool_stream_in_capture(CUstream h)
+/* What the driver says of stream h's capture: 1 it captures (or, the
+ * legacy stream, a blocking stream does), 0 it does not, -1 it cannot
+ * say (a handle it refuses).  One driver call. */
+static int
+cm_pool_capture_state(CUstream h)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult rc;
@@ -254,8 +247,25 @@ cm_pool_stream_in_capture(CUstream h)
         return 0;
     }
     rc = CM_CU_RAW(StreamIsCapturing, (h, &st));
-    return rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
-           || (rc == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE);
+    if (rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+        return 1;
+    }
+    if (rc != CUDA_SUCCESS) {
+        return -1;
+    }
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+int
+cm_pool_stream_captures(CUstream h)
+{
+    return cm_pool_capture_state(h) != 0;
+}
+
+int
+cm_pool_stream_in_capture(CUstream h)
+{
+    return cm_pool_capture_state(h) > 0;
 }
 
 /* Record an event on stream key s for block b (which has none). */
