@@ -190,7 +190,11 @@ def test_the_capturing_stream_dropped_is_not_kept(ctx, unraisable):
     assert unraisable == []
 
 
-_POOL_CHILD = r"""
+# What the children below share: another library's stream (h, ext)
+# about to capture a copy of d into hout, a stream s1 of cudamem's, and
+# `two`, used on s1 and on the capturing stream.  _REPLAY ends the
+# capture (StreamCaptureError if it was invalidated) and checks a replay.
+_HEAD = r"""
 import gc, sys
 import numpy as np
 import cudamem
@@ -198,18 +202,31 @@ from cudamem import _core
 
 seen = []
 sys.unraisablehook = seen.append
+memq = cudamem.current_context().memory_manager.deallocations
 h = _core._raw_stream_create(1)
 ext = cudamem.external_stream(h)
 d = cudamem.to_device(np.arange(256, dtype=np.float32))
 hout = cudamem.pinned_array(256, np.float32)
 s1 = cudamem.stream()
+two = cudamem.device_array(4096, np.float32, stream=s1)
+two.copy_to_device(np.ones(4096, np.float32), stream=ext)
+"""
+
+_REPLAY = r"""
+g = ext.end_capture()
+hout[:] = 0
+g.launch(ext)
+_core._raw_stream_synchronize(h)
+np.testing.assert_array_equal(hout, np.arange(256))
+g.close()
+"""
+
+_POOL_CHILD = _HEAD + r"""
 # Blocks freed on the default stream and on s1, before the capture:
 # their events were recorded outside it.
 blocks = [cudamem.device_array(1024, np.float32, stream=s1 if i % 2 else 0)
           for i in range(30)]
 del blocks[::2]
-two = cudamem.device_array(4096, np.float32, stream=s1)
-two.copy_to_device(np.ones(4096, np.float32), stream=ext)
 cudamem.synchronize()
 _core._raw_begin_capture(h, 0)
 d.copy_to_host(hout, stream=ext)
@@ -234,14 +251,8 @@ gc.collect()
 # for the capture's end (then for the context).
 del two
 gc.collect()
-memq = cudamem.current_context().memory_manager.deallocations
 assert len(memq) == 1, len(memq)
-g = ext.end_capture()           # StreamCaptureError if invalidated
-hout[:] = 0
-g.launch(ext)
-_core._raw_stream_synchronize(h)
-np.testing.assert_array_equal(hout, np.arange(256))
-g.close()
+""" + _REPLAY + r"""
 memq.clear()
 assert len(memq) == 0, len(memq)
 # After the capture the blocks freed on it serve another stream again.
@@ -270,33 +281,14 @@ def test_pool_allocations_on_another_stream_during_the_capture(vmm):
     assert rc == 0 and "OK" in out, out
 
 
-_ASYNC_CHILD = r"""
-import gc, sys
-import numpy as np
-import cudamem
-from cudamem import _core
-
-MODE = %d
-seen = []
-sys.unraisablehook = seen.append
-ctx = cudamem.current_context()
-memq = ctx.memory_manager.deallocations
-h = _core._raw_stream_create(1)
-ext = cudamem.external_stream(h)
-d = cudamem.to_device(np.arange(256, dtype=np.float32))
-hout = cudamem.pinned_array(256, np.float32)
-s1 = cudamem.stream()
-others = [cudamem.device_array(1024, np.float32, stream=s1 if i %% 2 else 0)
+_ASYNC_CHILD = _HEAD + r"""
+others = [cudamem.device_array(1024, np.float32, stream=s1 if i % 2 else 0)
           for i in range(30)]
 on_ext = [cudamem.device_array(2048, np.float32, stream=ext)
           for _ in range(8)]
 for a in on_ext:
     a.copy_to_device(np.ones(2048, np.float32), stream=ext)
 del a
-# Used on another stream and on the capturing one: its release is
-# ordered after both, which no event on the capturing stream can do.
-two = cudamem.device_array(4096, np.float32, stream=s1)
-two.copy_to_device(np.ones(4096, np.float32), stream=ext)
 # Made before: the user's own allocations are refused during the capture.
 batches = [[cudamem.device_array(64, np.float32, stream=s1)
             for _ in range(20)] for _ in range(3)]
@@ -328,12 +320,7 @@ while batches:
         assert len(memq) == 29, len(memq)
     # Leaving it flushes past the thresholds, which count the others.
     assert len(memq) == 9, len(memq)
-g = ext.end_capture()           # StreamCaptureError if invalidated
-hout[:] = 0
-g.launch(ext)
-_core._raw_stream_synchronize(h)
-np.testing.assert_array_equal(hout, np.arange(256))
-g.close()
+""" + _REPLAY + r"""
 # The capture over, they are tried again every CUDA_DEALLOCS_COUNT
 # (10) releases made at once: freed on their stream.
 for _ in range(11):
@@ -354,5 +341,6 @@ def test_async_frees_during_the_capture(mode):
     # thread makes the driver refuse it and invalidates that capture),
     # and not while that stream itself captures.  In a child: a manager
     # is chosen before the context is made.
-    rc, out = run_py(_ASYNC_CHILD % mode, CUDAMEM_MEMORY_MANAGER="async")
+    rc, out = run_py(_ASYNC_CHILD.replace("MODE", str(mode)),
+                     CUDAMEM_MEMORY_MANAGER="async")
     assert rc == 0 and "OK" in out, out
