@@ -129,28 +129,27 @@ def defaults():
     return repeats, max_s, min(least, repeats)
 
 
-def time_callable(fn, repeats=None, target_s=0.002, max_inner=10000,
-                  max_s=None, min_repeats=None):
-    """Per-call seconds of fn: (median, p10, p90).  repeats samples, or
-    fewer once max_s seconds have passed (warm-up included) and at least
-    min_repeats were taken; None takes the default (see defaults())."""
-    env_repeats, env_max_s, env_least = defaults()
-    repeats = env_repeats if repeats is None else repeats
-    max_s = env_max_s if max_s is None else max_s
-    least = min(repeats, env_least if min_repeats is None else min_repeats)
-    start = t0 = time.perf_counter()
+def _warm(fn, target_s=0.002, max_inner=10000):
+    """Run fn for 20 ms (at least 5 calls); the calls per sample that
+    make a sample last about target_s."""
+    t0 = time.perf_counter()
     warm = 0
     while warm < 5 or time.perf_counter() - t0 < 0.02:  # 20 ms warm-up
         fn()
         warm += 1
     one = max((time.perf_counter() - t0) / warm, 1e-7)
-    inner = max(1, min(max_inner, int(target_s / one)))
-    stop_at = None if max_s is None else start + max_s
-    samples = []
+    return max(1, min(max_inner, int(target_s / one)))
+
+
+def _sample(fn, inner, n, stop_at=None, least=0, samples=None):
+    """Append to samples (a new list when None) n samples of fn, each
+    the mean of inner calls, the collector off; fewer once stop_at
+    (perf_counter) has passed and at least least were taken."""
+    samples = [] if samples is None else samples
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        for k in range(repeats):
+        for k in range(n):
             t0 = time.perf_counter()
             if stop_at is not None and k >= least and t0 >= stop_at:
                 break
@@ -160,8 +159,42 @@ def time_callable(fn, repeats=None, target_s=0.002, max_inner=10000,
     finally:
         if gc_was:
             gc.enable()
+    return samples
+
+
+def time_callable(fn, repeats=None, target_s=0.002, max_inner=10000,
+                  max_s=None, min_repeats=None):
+    """Per-call seconds of fn: (median, p10, p90).  repeats samples, or
+    fewer once max_s seconds have passed (warm-up included) and at least
+    min_repeats were taken; None takes the default (see defaults())."""
+    env_repeats, env_max_s, env_least = defaults()
+    repeats = env_repeats if repeats is None else repeats
+    max_s = env_max_s if max_s is None else max_s
+    least = min(repeats, env_least if min_repeats is None else min_repeats)
+    start = time.perf_counter()
+    inner = _warm(fn, target_s, max_inner)
+    stop_at = None if max_s is None else start + max_s
+    samples = _sample(fn, inner, repeats, stop_at, least)
     last_samples[0] = len(samples)
     return summarize(samples)
+
+
+def time_alternated(fns, repeats, rounds, target_s=0.002, max_inner=10000):
+    """{name: (median, p10, p90)} of the callables in fns ({name: fn}),
+    timed in turns: each warmed up, then rounds rounds of
+    ceil(repeats / rounds) samples each, the order reversed every other
+    round, the samples of all rounds pooled.  For columns that make the
+    same work (the same driver call), so that neither the order they are
+    timed in nor a drift of the machine during the row lands on one of
+    them."""
+    names = list(fns)
+    inner = {k: _warm(fns[k], target_s, max_inner) for k in names}
+    per = -(-repeats // rounds)
+    samples = {k: [] for k in names}
+    for r in range(rounds):
+        for k in (names if r % 2 else names[::-1]):
+            _sample(fns[k], inner[k], per, samples=samples[k])
+    return {k: summarize(v) for k, v in samples.items()}
 
 
 def alternated(measure, names, rounds):
@@ -226,11 +259,53 @@ def count_measurements(ops, libs, select=None, exclude=None):
                if libs.get(lib) is not None and lib in op["impls"])
 
 
+def _record_error(row, lib, e):
+    """Note in row why lib's column has no time."""
+    if isinstance(e, (Skip, ImportError, NotImplementedError)):
+        row.setdefault("skipped", {})[lib] = str(e)[:80]
+    else:
+        row.setdefault("errors", {})[lib] = "%s: %s" % (
+            type(e).__name__, str(e)[:120])
+
+
+def _row_alternated(op, libs, present, row, repeats, rounds):
+    """The columns of one row timed in turns (time_alternated): every
+    library's callable made first and tried once, then timed together;
+    a column that times itself (Measured) keeps its own figure."""
+    per = op.get("per", 1)
+    fns = {}
+    for lib in present:
+        try:
+            fn = op["impls"][lib](libs[lib])
+            if isinstance(fn, Measured):
+                row["times"][lib] = tuple(v / per for v in fn)
+                continue
+            fn()
+            fns[lib] = fn
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            _record_error(row, lib, e)
+    if not fns:
+        return
+    try:
+        times = time_alternated(fns, repeats, rounds)
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        for lib in fns:
+            _record_error(row, lib, e)
+        return
+    n = -(-repeats // rounds) * rounds
+    for lib, t in times.items():
+        row["times"][lib] = tuple(v / per for v in t)
+        row.setdefault("samples", {})[lib] = n
+
+
 def run_ops(ops, libs, select=None, repeats=None, results=None,
-            exclude=None, budget=None, on_row=None):
+            exclude=None, budget=None, on_row=None, rounds=1):
     """Time every op for every lib; a list of result dicts (appended to
     ``results`` as each row ends, when given, so that a run cut short
     still has the rows it finished; on_row(row) is called then too).
+
+    rounds > 1 times each row's columns in turns (time_alternated), the
+    callables of all its libraries alive at once; not with a budget.
 
     With a Budget, each column is capped at budget.cap() seconds (also
     for the columns timed in a subprocess: CUDAMEM_BENCH_MAX_S is set
@@ -259,6 +334,12 @@ def run_ops(ops, libs, select=None, repeats=None, results=None,
                     on_row(row)
                 continue
             t_row = time.perf_counter()
+            if rounds > 1:
+                _row_alternated(op, libs, present, row,
+                                defaults()[0] if repeats is None
+                                else repeats, rounds)
+                present = []
+                gc.collect()
             for lib in present:
                 mod = libs[lib]
                 factory = op["impls"][lib]
@@ -274,11 +355,8 @@ def run_ops(ops, libs, select=None, repeats=None, results=None,
                         t = time_callable(fn, repeats=repeats, max_s=cap)
                         row.setdefault("samples", {})[lib] = last_samples[0]
                     row["times"][lib] = tuple(v / per for v in t)
-                except (Skip, ImportError, NotImplementedError) as e:
-                    row.setdefault("skipped", {})[lib] = str(e)[:80]
                 except Exception as e:  # noqa: BLE001 - reported, not fatal
-                    row.setdefault("errors", {})[lib] = "%s: %s" % (
-                        type(e).__name__, str(e)[:120])
+                    _record_error(row, lib, e)
                 finally:
                     if budget is not None:
                         budget.done()

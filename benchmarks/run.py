@@ -5,8 +5,8 @@ one table.
 
     python benchmarks/run.py [-k SUBSTRING ...] [-x SUBSTRING ...]
         [--modules ops_alloc,ops_threads] [--libs cudamem,cupy]
-        [--repeats N] [--budget SECONDS] [--json FILE] [--list]
-        [--tree DIR]
+        [--repeats N] [--rounds R] [--budget SECONDS] [--json FILE]
+        [--list] [--tree DIR]
 
 Each row is printed as it finishes, with its wall time and the samples
 of each column (``n=``), and the whole table once more at the end.
@@ -19,6 +19,16 @@ ones after them; a column stops sampling at its share, but never before
 left are listed as not run.  Rows that time a fixed stretch (the thread
 rows), start a subprocess, or run a Dask cluster are not shortened; the
 order of MODULES puts the pageable sweeps, the slowest rows, last.
+
+``--rounds R`` times each row's columns in turns: every library's
+callable is made and warmed up, then R rounds of about N / R samples
+each, the order of the libraries reversed every other round
+(harness.time_alternated).  By default each column is timed whole, one
+library after the other; where the columns make the same driver call
+(the page-locked copies), a difference of a percent or two can be the
+order or the machine drifting during the row, which the turns spread
+over every column.  Not with ``--budget``, nor for the rows of
+``run_extra``.
 
 ``--tree DIR`` times the cudamem of another checkout (built in place
 there), for an A/B of two trees with the same benchmark code
@@ -92,6 +102,10 @@ def main(argv=None):
     ap.add_argument("--min-repeats", type=int, default=harness.MIN_REPEATS,
                     help="the fewest samples a column is cut to under "
                          "--budget (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time each row's columns in this many turns "
+                         "(see above; default %(default)s: one after "
+                         "the other)")
     ap.add_argument("--budget", type=float,
                     help="seconds the whole run should take (see above)")
     ap.add_argument("--list", action="store_true",
@@ -101,6 +115,10 @@ def main(argv=None):
     t_start = time.perf_counter()
     if args.repeats < 1 or args.min_repeats < 1:
         ap.error("--repeats and --min-repeats must be at least 1")
+    if args.rounds < 1 or args.rounds > args.repeats:
+        ap.error("--rounds must be between 1 and --repeats")
+    if args.rounds > 1 and args.budget is not None:
+        ap.error("--rounds and --budget do not go together")
     modules = MODULES
     if args.modules:
         modules = [m.strip() for m in args.modules.split(",") if m.strip()]
@@ -193,7 +211,7 @@ def main(argv=None):
             harness.run_ops(mod.OPS, libs, select=args.k,
                             repeats=args.repeats, results=results,
                             exclude=args.exclude, budget=budget,
-                            on_row=show)
+                            on_row=show, rounds=args.rounds)
             if not hasattr(mod, "run_extra"):
                 continue
             # Operations the in-process timer cannot measure (IPC needs

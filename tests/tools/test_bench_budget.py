@@ -49,3 +49,50 @@ def test_alternated_reverses_the_order_every_other_round():
     times = harness.alternated(measure, {"a": 1, "b": 2, "c": 3}, 3)
     assert seen == ["c", "b", "a", "a", "b", "c", "c", "b", "a"]
     assert times == {"a": [3, 4, 9], "b": [2, 5, 8], "c": [1, 6, 7]}
+
+
+def test_rounds_time_a_rows_columns_in_turns():
+    """run_ops(rounds=R): every column's callable made and tried first,
+    then the columns timed in turns, the order reversed every other
+    round; a self-timed column keeps its figure, a skipped one says
+    why, and each timed column has R * ceil(repeats / R) samples."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import harness
+
+    log = []
+
+    def factory(name):
+        def make(mod):
+            def fn():
+                log.append(name)
+            return fn
+        return make
+
+    def skip(mod):
+        raise harness.Skip("not here")
+
+    op = {"name": "turns", "impls": {
+        "cudamem": factory("cudamem"), "cupy": factory("cupy"),
+        "torch": skip,
+        "driver": lambda mod: harness.Measured((1e-6, 5e-7, 2e-6))}}
+    libs = {k: object() for k in ("cudamem", "cupy", "torch", "driver")}
+    row, = harness.run_ops([op], libs, repeats=7, rounds=3)
+    assert set(row["times"]) == {"cudamem", "cupy", "driver"}
+    assert row["times"]["driver"] == (1e-6, 5e-7, 2e-6)
+    assert row["skipped"] == {"torch": "not here"}
+    assert row["samples"] == {"cudamem": 9, "cupy": 9}
+    runs = [k for i, k in enumerate(log) if i == 0 or log[i - 1] != k]
+    # tried: cudamem, cupy; warmed: cudamem, cupy; round 0 reversed
+    # (cupy, cudamem), round 1 in order, round 2 reversed: neighbours
+    # of the same name merge into one run.
+    assert runs == ["cudamem", "cupy", "cudamem", "cupy", "cudamem",
+                    "cupy", "cudamem"]
+
+
+def test_rounds_and_budget_are_refused():
+    p = subprocess.run([sys.executable, "benchmarks/run.py", "--rounds",
+                        "3", "--budget", "10", "--list"],
+                       cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    assert "--rounds and --budget" in p.stderr
