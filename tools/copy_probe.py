@@ -13,6 +13,7 @@ Where the side-by-side benchmark shows cudamem behind the driver on a
 row, this says whether the gap is cudamem's or the timing's.
 
     python tools/copy_probe.py [ROUNDS]
+    python tools/copy_probe.py tight SIZE[,SIZE...]
 
 Prints, per size and host memory, the median GB/s of each column.  Then
 the sizes where the asynchronous call gains for a synchronous copy of
@@ -45,7 +46,8 @@ try:
 except ImportError:
     cupy = None
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() \
+    else 300
 SIZES = (64 << 10, 1 << 20, 16 << 20)
 
 
@@ -191,8 +193,27 @@ def entry_points():
                  cp["dtoh", "pinned-generic"] * 1e6), flush=True)
 
 
-def tight():
-    """64 KiB of page-locked memory, each column timed the way the
+def cupy_own(n):
+    """CuPy's copies between buffers CuPy allocated (cupyx.empty_pinned,
+    cupy.empty): where cudamem and CuPy differ on the benchmark's rows
+    (each library on its own buffers) but not here on shared ones, the
+    difference is the buffers'."""
+    import cupyx
+
+    h = cupyx.empty_pinned((n,), np.uint8)
+    h[:] = 1
+    d = cupy.empty(n, np.uint8)
+    rt = cupy.cuda.runtime
+    hp = h.ctypes.data
+    dp = d.data.ptr
+    return {"cupy-own htod": lambda: rt.memcpy(dp, hp, n,
+                                               rt.memcpyHostToDevice),
+            "cupy-own dtoh": lambda: rt.memcpy(hp, dp, n,
+                                               rt.memcpyDeviceToHost)}
+
+
+def tight(n=64 << 10):
+    """n bytes (64 KiB) of page-locked memory, each column timed the way the
     side-by-side benchmark times a row: calls back to back, 2 ms a
     sample (benchmarks/harness.py's loop), no synchronize: cudamem's
     copy, the bare driver call from Python, CuPy's, and the bare C loop
@@ -201,11 +222,13 @@ def tight():
     at a time; where the benchmark's rows put every Python column below
     the C loop and these agree with them, the gap is the loop's, not
     cudamem's.  Then 64 KiB of pageable memory to the host, the same way
-    (no C column: bare_driver.c copies pinned memory here)."""
+    (no C column: bare_driver.c copies pinned memory here).  With CuPy,
+    also CuPy's copy between its own buffers (cupy_own)."""
     bare_driver, harness = bench_modules()
-    n = 64 << 10
     for pinned in (True, False):
         cols = columns(n, pinned)
+        if pinned and cupy is not None:
+            cols.update(cupy_own(n))
         for way in ("htod", "dtoh") if pinned else ("dtoh",):
             fns = {k: f for k, f in cols.items() if k.endswith(way)}
             if pinned:
@@ -231,6 +254,11 @@ def tight():
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "tight":
+        # python tools/copy_probe.py tight 65536,1048576: tight() alone
+        for size in sys.argv[2].split(","):
+            tight(int(size))
+        sys.exit(0)
     main()
     entry_points()
     tight()
