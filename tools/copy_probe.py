@@ -212,6 +212,28 @@ def cupy_own(n):
                                                rt.memcpyDeviceToHost)}
 
 
+def async_sync(n):
+    """cudamem's copy of page-locked memory on the default stream, then
+    that stream's synchronize: two driver calls (cuMemcpy...Async on the
+    legacy stream, cuStreamSynchronize) where the synchronous copy makes
+    one, with the same result.  Whether the driver's wait in
+    cuStreamSynchronize returns sooner than the one inside the
+    synchronous call."""
+    h = cudamem.pinned_array(n, np.uint8)
+    h[:] = 1
+    d = cudamem.device_array(n, np.uint8)
+    s = cudamem.default_stream()
+
+    def htod():
+        d.copy_to_device(h, stream=s)
+        s.synchronize()
+
+    def dtoh():
+        d.copy_to_host(h, stream=s)
+        s.synchronize()
+    return {"async+sync htod": htod, "async+sync dtoh": dtoh}
+
+
 def tight(n=64 << 10):
     """n bytes (64 KiB) of page-locked memory, each column timed the way the
     side-by-side benchmark times a row: calls back to back, 2 ms a
@@ -227,6 +249,8 @@ def tight(n=64 << 10):
     bare_driver, harness = bench_modules()
     for pinned in (True, False):
         cols = columns(n, pinned)
+        if pinned:
+            cols.update(async_sync(n))
         if pinned and cupy is not None:
             cols.update(cupy_own(n))
         for way in ("htod", "dtoh") if pinned else ("dtoh",):
