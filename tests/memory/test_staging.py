@@ -1041,13 +1041,13 @@ def test_early_copy_holds_the_block_it_writes(manager, source):
 def test_a_few_chunks_are_cut_smaller():
     """With the default chunk (8 MiB) and buffers (3), a transfer is cut
     into a third each while that is at most 2 MiB (4 MiB: 3 chunks), into
-    eighths of at least 2 MiB while a third would be under the chunk size
-    (8 MiB: 4 chunks, 16 MiB: 8), and into chunks of the chunk size from
-    there (32 MiB: 4, 64 MiB: 8)."""
+    quarters of at least 2 MiB while a third would be under the chunk
+    size (8, 16, 20 and 23 MiB: 4 chunks), and into chunks of the chunk
+    size from there (24 and 32 MiB: 3 and 4, 64 MiB: 8)."""
     rc, out = run_py("""
         import numpy as np, cudamem
         from cudamem import _core
-        for mib in (4, 8, 16, 32, 64):
+        for mib in (4, 8, 16, 20, 23, 24, 32, 64):
             h = np.ones(mib << 20, np.uint8)
             d = cudamem.device_array_like(h)
             n0 = _core._staging_stats()["chunks"]
@@ -1058,7 +1058,8 @@ def test_a_few_chunks_are_cut_smaller():
         CUDAMEM_STAGING_RAMP=None)
     assert rc == 0, out
     got = dict(line.split() for line in out.split("\n") if line.strip())
-    assert got == {"4": "3", "8": "4", "16": "8", "32": "4", "64": "8"}, out
+    assert got == {"4": "3", "8": "4", "16": "4", "20": "4", "23": "4",
+                   "24": "3", "32": "4", "64": "8"}, out
 
 
 @pytest.mark.parametrize("lib", ["cupy", "torch"])

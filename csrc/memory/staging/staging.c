@@ -1158,7 +1158,7 @@ cm_staging_copy(const cm_xfer *x, CUstream stream, int async)
     j->elems = elems;
     /* Chunks shrink for transfers of a few chunks, so that they still
      * overlap: a share of the buffers each, or where that is between
-     * CM_STG_SPLIT_FLOOR and the chunk size, an eighth (CM_STG_SPLIT) but
+     * CM_STG_SPLIT_FLOOR and the chunk size, a quarter (CM_STG_SPLIT) but
      * no less than the floor; a chunk holds whole elements. */
     chunk = (bytes + (size_t)cfg.buffers - 1) / (size_t)cfg.buffers;
     if (chunk > CM_STG_SPLIT_FLOOR && chunk < cfg.chunk) {

@@ -30,11 +30,12 @@
  * none under CM_STG_SPLIT_FLOOR bytes, where its share of the buffers
  * would be larger than that and smaller than the chunk size (the
  * transfers under 24 MiB by default; larger ones keep the chunk size,
- * chosen on an H200): on an H100 a 16 MiB copy ran at 24 GB/s both ways
- * in 2 MiB chunks, 18-20 in 4 MiB and 12 in 5.3 MiB ones (a third each,
- * the rule before), the copies of large chunks taking longer than their
- * packing (docs/performance.md, "Copies of 64 KiB to 16 MiB"). */
-#define CM_STG_SPLIT 8
+ * chosen on an H200).  Quarters: on an H200, 16 MiB ran at 21-24 GB/s
+ * to the device and 27-32 to the host in quarters (4 MiB), 16-18 and
+ * 21-22 in eighths (2 MiB); 20 and 23 MiB at 29-45 and 36-40 in quarters,
+ * 16-20 and 21-28 in 2 or 3 MiB chunks (docs/performance.md, "Copies of
+ * 64 KiB to 16 MiB"). */
+#define CM_STG_SPLIT 4
 #define CM_STG_SPLIT_FLOOR ((size_t)2 << 20)
 /* Free buffers a device's cache keeps: this many transfers' worth. */
 #define CM_STG_KEEP_SETS 4
