@@ -685,6 +685,55 @@ def test_torch_frees_inside_its_capture_a_tensor_of_the_capturing_stream(
                    "unraisable": []}
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mgr", MANAGERS)
+def test_cupy_frees_inside_its_capture_an_array_of_the_capturing_stream(
+        mgr):
+    """CuPy arrays allocated through cudamem (use_with_cupy) for the
+    stream CuPy then captures, dropped inside the capture: the release
+    must neither be refused (invalidating CuPy's capture) nor recorded
+    into the graph (a free at each replay); it is made once the capture
+    is over."""
+    pytest.importorskip("cupy")
+    out = _peer_child("""
+        import gc, json, sys
+        import cupy, cudamem
+        from cudamem import interop
+        seen = []
+        sys.unraisablehook = seen.append
+        cudamem.set_memory_manager(sys.argv[1])
+        n = 1 << 16
+        res = {"ok": True}
+        with interop.use_with_cupy():
+            x = cupy.zeros(n, dtype=cupy.float32)
+            s = cupy.cuda.Stream(non_blocking=True)
+            with s:
+                for _ in range(2):              # compile before capturing
+                    y = x * 2 + 1
+                pre = [cupy.ones(n, dtype=cupy.float32) for _ in range(4)]
+                s.synchronize()
+                s.begin_capture()
+                del pre
+                gc.collect()
+                y = x * 2 + 1
+                g = s.end_capture()
+            for k in range(5):
+                with s:
+                    x.fill(k)
+                    g.launch(stream=s)
+                s.synchronize()
+                res["ok"] &= bool((y == 2 * k + 1).all().get())
+            del g, y
+            cupy.cuda.Device().synchronize()
+            q = cudamem.current_context().memory_manager.deallocations
+            q.clear()
+            res["queued"] = len(q)
+        res["unraisable"] = [repr(u.exc_value) for u in seen]
+        print(json.dumps(res))
+    """, mgr)
+    assert out == {"ok": True, "queued": 0, "unraisable": []}
+
+
 def test_a_capturing_stream_dropped_ends_its_capture(mctx):
     flush(mctx)
     before = reserved()
