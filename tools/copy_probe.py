@@ -243,8 +243,8 @@ def tight(n=64 << 10):
     alternated over rounds.  The interleaved figures above time one call
     at a time; where the benchmark's rows put every Python column below
     the C loop and these agree with them, the gap is the loop's, not
-    cudamem's.  Then 64 KiB of pageable memory to the host, the same way
-    (no C column: bare_driver.c copies pinned memory here).  With CuPy,
+    cudamem's.  Then n bytes of pageable memory to the host, the same
+    way (no C column: bare_driver.c copies pinned memory here).  With CuPy,
     also CuPy's copy between its own buffers (cupy_own)."""
     bare_driver, harness = bench_modules()
     for pinned in (True, False):
