@@ -194,22 +194,15 @@ def entry_points():
 
 
 def cupy_own(n):
-    """CuPy's copies between buffers CuPy allocated (cupyx.empty_pinned,
-    cupy.empty): where cudamem and CuPy differ on the benchmark's rows
-    (each library on its own buffers) but not here on shared ones, the
-    difference is the buffers'."""
-    import cupyx
+    """CuPy's copies between buffers CuPy allocated: the benchmark's CuPy
+    column (ops_hostmem._bw_cupy).  Where cudamem and CuPy differ on the
+    benchmark's rows (each library on its own buffers) but not here on
+    shared ones, the difference is the buffers'."""
+    bench_modules()                 # benchmarks/ on sys.path
+    import ops_hostmem
 
-    h = cupyx.empty_pinned((n,), np.uint8)
-    h[:] = 1
-    d = cupy.empty(n, np.uint8)
-    rt = cupy.cuda.runtime
-    hp = h.ctypes.data
-    dp = d.data.ptr
-    return {"cupy-own htod": lambda: rt.memcpy(dp, hp, n,
-                                               rt.memcpyHostToDevice),
-            "cupy-own dtoh": lambda: rt.memcpy(hp, dp, n,
-                                               rt.memcpyDeviceToHost)}
+    return {"cupy-own htod": ops_hostmem._bw_cupy(n, True)(cupy),
+            "cupy-own dtoh": ops_hostmem._bw_cupy(n, False)(cupy)}
 
 
 def async_sync(n):
