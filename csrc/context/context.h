@@ -92,9 +92,23 @@ enum {
     CM_REL_ASYNC_SYNC,    /* the same for the async manager: the flush
                            * waits for the context, then cuMemFreeAsync
                            * on the default stream */
-    CM_REL_IPC_VMM        /* imported pool pages (ipcvmm.c's record) let
+    CM_REL_IPC_VMM,       /* imported pool pages (ipcvmm.c's record) let
                            * go: unmapped, released once unused */
+    CM_REL_POOL_AFTER,    /* a pool block used on a stream that captured
+                           * at the order (its stream), its other streams
+                           * recorded then: once that stream no longer
+                           * captures, an event recorded on it joins them
+                           * and the block goes back to the pool */
+    CM_REL_ASYNC_AFTER    /* the same for the async manager: the side
+                           * stream waited for the other streams at the
+                           * order; at the flush it waits for that stream
+                           * too, then cuMemFreeAsync on it */
 };
+
+/* An order's answer (cm_mm_ops.order) where one of the streams captures
+ * and the others were ordered; no driver call that an order makes
+ * answers it. */
+#define CM_ORDER_AFTER_CAPTURE CUDA_ERROR_STREAM_CAPTURE_UNJOINED
 
 /* The most idle streams a context keeps for reuse (stream.c). */
 #define CM_STREAM_CACHE_MAX 16
@@ -320,6 +334,10 @@ struct cm_mm_ops {
     int rel_sync;         /* the same when the streams that used it
                            * cannot be recorded (the flush waits for the
                            * context first) */
+    int rel_after;        /* the same when one of them captured at the
+                           * order (CM_ORDER_AFTER_CAPTURE): the flush
+                           * orders after that stream once it no longer
+                           * captures */
     /* Give ctx (alive; it need not be current) the manager's state; 0,
      * or -1 with an exception. */
     int (*create)(cm_context *ctx);
@@ -352,11 +370,13 @@ struct cm_mm_ops {
     /* Before the release of an allocation (handle, allocated for own)
      * that work queued by cudamem also used on the n streams (ctx
      * current, GIL held): order the release after that work.  *on (own
-     * on entry): the stream the release goes to.  Not CUDA_SUCCESS:
-     * release with rel_sync; CUDA_ERROR_NOT_READY: *on is one of the
-     * streams, which captures, and that release waits until it no
-     * longer does (rel_sync's stream is NULL otherwise).  Ordered
-     * managers only. */
+     * on entry): the stream the release goes to.  CM_ORDER_AFTER_CAPTURE:
+     * *on is the one of them (own included) that captures, for a
+     * capture cudamem does not know of, and the others are ordered:
+     * release with rel_after on *on.  Otherwise, not CUDA_SUCCESS:
+     * release with rel_sync; CUDA_ERROR_NOT_READY: *on is one of several
+     * that capture, and that release waits until it no longer does
+     * (rel_sync's stream is NULL otherwise).  Ordered managers only. */
     CUresult (*order)(cm_context *ctx, uintptr_t handle, CUstream own,
                       const CUstream *streams, int n, CUstream *on);
     /* Stream h of ctx is about to be destroyed by cudamem: what waits

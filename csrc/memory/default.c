@@ -101,6 +101,7 @@ const cm_mm_ops cm_mm_default = {
     .ordered = 0,
     .rel = CM_REL_DEVICE,
     .rel_sync = CM_REL_DEVICE,
+    .rel_after = CM_REL_DEVICE,
     .alloc = cm_default_alloc,
     .release = cm_default_release,
     .trim = cm_default_trim,

@@ -92,6 +92,7 @@ cm_mem_stream_foreign(const cm_mem *m)
  * release waits in the queue, on its own stream too (the handle may be
  * gone by the flush).  The kind of release to queue, and in *on (set to
  * the own stream first) the stream an async free is queued on; for the
+ * release after a capture (rel_after), the stream that captures; for the
  * release after the context (rel_sync), NULL, or the stream whose
  * capture it waits for (the order's CUDA_ERROR_NOT_READY). */
 static int
@@ -138,7 +139,10 @@ cm_mem_order_release(cm_mem *m, CUstream *on)
     }
     else {
         rc = mm->order(ctx, m->handle, m->stream, v, n, on);
-        if (rc != CUDA_SUCCESS) {
+        if (rc == CM_ORDER_AFTER_CAPTURE) {
+            kind = mm->rel_after;
+        }
+        else if (rc != CUDA_SUCCESS) {
             kind = mm->rel_sync;
             if (rc != CUDA_ERROR_NOT_READY) {
                 *on = NULL;

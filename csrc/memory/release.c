@@ -69,6 +69,8 @@ cm_rel_fn(int kind)
     case CM_REL_ASYNC_SYNC: return "cuMemFreeAsync";
     case CM_REL_IPC_POOL: return "cuMemFree";
     case CM_REL_IPC_VMM: return "cuMemUnmap";
+    case CM_REL_POOL_AFTER: return "cuEventRecord";
+    case CM_REL_ASYNC_AFTER: return "cuMemFreeAsync";
     default: return "release";
     }
 }
@@ -84,6 +86,8 @@ cm_rel_run(cm_context *ctx, const cm_pending_item *it)
     case CM_REL_ASYNC:
     case CM_REL_POOL_SYNC:
     case CM_REL_ASYNC_SYNC:
+    case CM_REL_POOL_AFTER:
+    case CM_REL_ASYNC_AFTER:
         return ctx->mm_builtin->release(ctx, it->kind, it->handle,
                                         it->size, it->stream);
     case CM_REL_DEVICE:
@@ -647,7 +651,8 @@ cm_ctx_release_on(cm_context *ctx, int kind, uintptr_t handle, size_t size,
 {
     int memory = kind == CM_REL_DEVICE || kind == CM_REL_POOL
                  || kind == CM_REL_ASYNC || kind == CM_REL_POOL_SYNC
-                 || kind == CM_REL_ASYNC_SYNC;
+                 || kind == CM_REL_ASYNC_SYNC || kind == CM_REL_POOL_AFTER
+                 || kind == CM_REL_ASYNC_AFTER;
 
     if (handle == 0 || !ctx->alive || cm_forked) {
         return;
@@ -665,7 +670,8 @@ cm_ctx_release_uncounted(cm_context *ctx, int kind, uintptr_t handle,
     cm_pending *q;
     int memory = kind == CM_REL_DEVICE || kind == CM_REL_POOL
                  || kind == CM_REL_ASYNC || kind == CM_REL_POOL_SYNC
-                 || kind == CM_REL_ASYNC_SYNC;
+                 || kind == CM_REL_ASYNC_SYNC || kind == CM_REL_POOL_AFTER
+                 || kind == CM_REL_ASYNC_AFTER;
 
     if (handle == 0 || !ctx->alive || cm_forked) {
         return;

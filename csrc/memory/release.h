@@ -16,7 +16,9 @@ typedef struct {
     size_t size;          /* bytes it counts for (0 if none) */
     CUstream stream;      /* CM_REL_POOL / CM_REL_ASYNC: the stream;
                            * CM_REL_*_SYNC: NULL, or a stream whose
-                           * capture the release waits for */
+                           * capture the release waits for;
+                           * CM_REL_*_AFTER: the stream that captured at
+                           * the order */
 } cm_pending_item;
 
 struct cm_pending {

@@ -248,7 +248,8 @@ del again
 gc.collect()
 # Used on another stream and on the capturing one: no event can be
 # recorded on the capturing stream, so its release waits in the queue
-# for the capture's end (then for the context).
+# for the capture's end (the other stream's event recorded now, the
+# capturing stream's then).
 del two
 gc.collect()
 assert len(memq) == 1, len(memq)
@@ -305,8 +306,8 @@ assert len(memq) == 0, len(memq)
 del on_ext
 gc.collect()
 assert len(memq) == 8, len(memq)
-# The one used on two streams waits for the capture too (after it, for
-# the context).
+# The one used on two streams waits for the capture too (after it, the
+# side stream waits for the capturing stream and frees).
 del two
 gc.collect()
 assert len(memq) == 9, len(memq)
@@ -343,4 +344,61 @@ def test_async_frees_during_the_capture(mode):
     # is chosen before the context is made.
     rc, out = run_py(_ASYNC_CHILD.replace("MODE", str(mode)),
                      CUDAMEM_MEMORY_MANAGER="async")
+    assert rc == 0 and "OK" in out, out
+
+
+_NEXT_CAPTURE_CHILD = _HEAD + r"""
+h2 = _core._raw_stream_create(1)
+ext2 = cudamem.external_stream(h2)
+d2 = cudamem.to_device(np.arange(256, dtype=np.float32) * 2)
+hout2 = cudamem.pinned_array(256, np.float32)
+cudamem.synchronize()
+_core._raw_begin_capture(h, 0)
+d.copy_to_host(hout, stream=ext)
+# Used on s1 and on the capturing stream, dropped during the capture: its
+# release waits in the queue for that capture's end.
+del two
+gc.collect()
+assert len(memq) == 1, len(memq)
+""" + _REPLAY + r"""
+# The library captures again, on another stream of its own, in global
+# mode: a flush now (by hand, and past the count) must not synchronise
+# the context, which the driver refuses while a stream of it captures,
+# invalidating that capture.
+batch = [cudamem.device_array(64, np.float32, stream=s1) for _ in range(12)]
+with memq.disable():
+    _core._raw_begin_capture(h2, 0)
+    d2.copy_to_host(hout2, stream=ext2)
+    memq.clear()
+    del batch
+    gc.collect()
+g2 = ext2.end_capture()
+hout2[:] = 0
+g2.launch(ext2)
+_core._raw_stream_synchronize(h2)
+np.testing.assert_array_equal(hout2, np.arange(256) * 2)
+g2.close()
+# Both captures over: the release has run, and the memory is the pool's
+# to hand out again.
+memq.clear()
+assert len(memq) == 0, len(memq)
+again = [cudamem.device_array(4096, np.float32, stream=s1) for _ in range(4)]
+del again
+cudamem.synchronize()
+_core._raw_stream_destroy(h)
+_core._raw_stream_destroy(h2)
+assert not seen, [str(u.exc_value) for u in seen]
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("manager", ["pool", "async"])
+def test_a_release_kept_for_one_capture_runs_beside_the_next(manager):
+    # Memory used on a stream another library captures, and on one of
+    # cudamem's, dropped during that capture, waits in the queue for the
+    # capture's end.  The library then captures again on another stream
+    # (capturing graphs one after another is the usual pattern): the
+    # flushes meanwhile must leave that second capture valid.  In a
+    # child: a manager is chosen before the context is made.
+    rc, out = run_py(_NEXT_CAPTURE_CHILD, CUDAMEM_MEMORY_MANAGER=manager)
     assert rc == 0 and "OK" in out, out

@@ -31,28 +31,68 @@ cm_blk_add_wait(cm_blk *b, CUevent e)
     return 0;
 }
 
+/* Add an event recorded on stream h now to b's waits (mutex held); where
+ * none can be, nothing orders a later user after that stream: the block
+ * is never handed out again (trim() frees it). */
+void
+cm_pool_wait_also(cm_pool *p, cm_blk *b, CUstream h)
+{
+    CUevent e = cm_event_on(p, h);
+
+    if (e == NULL || cm_blk_add_wait(b, e) < 0) {
+        cm_event_put(p, e);
+        cm_blk_drop_waits(p, b);
+        b->stream = CM_POOL_STUCK;
+        b->any_after = 0;
+    }
+}
+
 /* Before an order records events on own and the n streams: whether one
  * of them captures, whoever began the capture (one driver call each).
  * An event recorded there would join that graph (and a wait on it the
- * waiting stream), and its query would be refused.  Then *on is that
- * stream (the legacy one named as such) and the release, made after the
- * context, waits in the queue until the stream no longer captures:
- * CUDA_ERROR_NOT_READY; else CUDA_SUCCESS. */
+ * waiting stream), and its query would be refused.  CUDA_SUCCESS when
+ * none does.  When one does, *skip is its index (n: own) and *on that
+ * stream (the legacy one named as such): CM_ORDER_AFTER_CAPTURE, the
+ * others may be recorded now and that one at the flush, once it no
+ * longer captures.  When several do: CUDA_ERROR_NOT_READY, *on the
+ * first, and the release, made after the context, waits in the queue
+ * until that one no longer captures. */
 static CUresult
 cm_release_waits_for(CUstream own, const CUstream *streams, int n,
-                     CUstream *on)
+                     CUstream *on, int *skip)
 {
     CUstream h;
+    int found = 0;
     int i;
 
     for (i = 0; i <= n; i++) {
         h = i < n ? streams[i] : own;
+        if (found && h == (*skip < n ? streams[*skip] : own)) {
+            continue;        /* the same stream again */
+        }
         if (cm_pool_stream_in_capture(h)) {
+            if (found) {
+                return CUDA_ERROR_NOT_READY;
+            }
             *on = h != NULL ? h : CU_STREAM_LEGACY;
-            return CUDA_ERROR_NOT_READY;
+            *skip = i;
+            found = 1;
         }
     }
-    return CUDA_SUCCESS;
+    return found ? CM_ORDER_AFTER_CAPTURE : CUDA_SUCCESS;
+}
+
+/* Whether stream i of an order (n: own) is the one skipped, or the same
+ * handle. */
+static int
+cm_order_skips(CUstream own, const CUstream *streams, int n, int i,
+               int skip)
+{
+    if (skip < 0) {
+        return 0;
+    }
+    return i == skip
+           || (i < n ? streams[i] : own) == (skip < n ? streams[skip] : own);
 }
 
 /* The pool manager's order: record an event on each of the n streams,
@@ -62,19 +102,21 @@ cm_release_waits_for(CUstream own, const CUstream *streams, int n,
  * its segment back); CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, nothing
  * recorded, when one of them is a stream cudamem knows captures (the
  * caller's release then waits for the context, after the capture);
- * CUDA_ERROR_NOT_READY when one of them captures for another library
- * (cm_release_waits_for). */
+ * CM_ORDER_AFTER_CAPTURE when one of them captures for another library,
+ * the others recorded (the release records that one,
+ * cm_pool_wait_also); CUDA_ERROR_NOT_READY, nothing recorded, when
+ * several do (cm_release_waits_for). */
 CUresult
 cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
               const CUstream *streams, int n, CUstream *on)
 {
     cm_pool *p;
     cm_blk *b;
-    CUevent e;
+    CUresult rc;
+    int skip = -1;
     int i;
     cm_gil_saved gd;
 
-    (void)on;
     if (cm_gpool_handle(handle)) {
         /* A graph pool records no events: released after the context. */
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -88,8 +130,9 @@ cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     }
-    if (cm_release_waits_for(own, streams, n, on) != CUDA_SUCCESS) {
-        return CUDA_ERROR_NOT_READY;
+    rc = cm_release_waits_for(own, streams, n, on, &skip);
+    if (rc == CUDA_ERROR_NOT_READY) {
+        return rc;
     }
     cm_pool_lock(p, &gd);
     if (p->dead) {
@@ -102,35 +145,40 @@ cm_pool_order(cm_context *ctx, uintptr_t handle, CUstream own,
         if (i == n && cm_stream_handle_is_default(own)) {
             break;
         }
-        e = cm_event_on(p, h);
-        if (e == NULL || cm_blk_add_wait(b, e) < 0) {
-            /* Nothing can order a later user after that stream: the
-             * block is never handed out again (trim() frees it). */
-            cm_event_put(p, e);
-            cm_blk_drop_waits(p, b);
-            b->stream = CM_POOL_STUCK;
-            b->any_after = 0;
+        if (i == n) {
+            /* Own's event is among the waits, now or at the release
+             * after the capture. */
+            b->any_after = 1;
+        }
+        if (cm_order_skips(own, streams, n, i, skip)) {
+            continue;
+        }
+        cm_pool_wait_also(p, b, h);
+        if (b->stream == CM_POOL_STUCK) {
             cm_pool_unlock(p, &gd);
             return CUDA_SUCCESS;
         }
-        if (i == n) {
-            b->any_after = 1;
-        }
     }
     cm_pool_unlock(p, &gd);
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 /* The async manager's order: *on becomes the pool's own side stream, on
  * which a free follows the work queued so far on own and on each of the
- * n streams, without making any of them wait for another. */
+ * n streams, without making any of them wait for another.
+ * CM_ORDER_AFTER_CAPTURE when one of them captures for another library:
+ * the side stream waits for the others, and *on is that one (the
+ * release makes the side stream wait for it);
+ * CUDA_ERROR_NOT_READY, nothing ordered, when several do. */
 CUresult
 cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
                const CUstream *streams, int n, CUstream *on)
 {
     cm_pool *p = ctx->pool;
     CUresult rc = CUDA_SUCCESS;
+    CUresult after;
     CUevent e;
+    int skip = -1;
     int i;
     cm_gil_saved gd;
 
@@ -141,14 +189,18 @@ cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
     if (p == NULL || p->dead) {
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     }
-    if (cm_release_waits_for(own, streams, n, on) != CUDA_SUCCESS) {
-        return CUDA_ERROR_NOT_READY;
+    after = cm_release_waits_for(own, streams, n, on, &skip);
+    if (after == CUDA_ERROR_NOT_READY) {
+        return after;
     }
     cm_pool_lock(p, &gd);
     if (p->side == NULL) {
         rc = CM_CU_RAW(StreamCreate, (&p->side, CU_STREAM_NON_BLOCKING));
     }
     for (i = 0; i <= n && rc == CUDA_SUCCESS; i++) {
+        if (cm_order_skips(own, streams, n, i, skip)) {
+            continue;
+        }
         e = cm_event_on(p, i < n ? streams[i] : own);
         if (e == NULL) {
             rc = CUDA_ERROR_INVALID_HANDLE;
@@ -158,9 +210,11 @@ cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
         rc = CM_CU_RAW(StreamWaitEvent, (p->side, e, 0));
         cm_event_put(p, e);
     }
-    *on = p->side;
+    if (after == CUDA_SUCCESS || rc != CUDA_SUCCESS) {
+        *on = p->side;
+    }
     cm_pool_unlock(p, &gd);
-    return rc;
+    return rc != CUDA_SUCCESS ? rc : after;
 }
 
 /* The pool manager's foreign_free: block handle's event is recorded when

@@ -397,5 +397,8 @@ CUresult cm_async_order(cm_context *ctx, uintptr_t handle, CUstream own,
 void cm_pool_foreign_free(cm_context *ctx, uintptr_t handle);
 void cm_async_foreign_free(cm_context *ctx, uintptr_t handle);
 void cm_pool_stream_gone(cm_context *ctx, CUstream h);
+/* An event recorded on stream h now added to b's waits (mutex held); the
+ * block made never to be handed out again where none can be. */
+void cm_pool_wait_also(cm_pool *p, cm_blk *b, CUstream h);
 
 #endif /* CM_POOL_H */

@@ -831,20 +831,44 @@ cm_pool_take_only(cm_context *ctx, size_t size, CUstream stream,
 }
 
 /* The async manager's release (CM_REL_ASYNC, or CM_REL_ASYNC_SYNC:
- * after the context, on the default stream): cuMemFreeAsync. */
+ * after the context, on the default stream, or CM_REL_ASYNC_AFTER: after
+ * stream too, on the side stream): cuMemFreeAsync. */
 static CUresult
 cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
                  CUstream stream)
 {
     cm_pool *p = ctx->pool;
     CUresult rc;
+    CUevent e;
     int relaxed;
+    cm_gil_saved gd;
 
     if (cm_gpool_handle(handle)) {
         return cm_gpool_release(ctx, handle, kind == CM_REL_ASYNC_SYNC);
     }
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
+    }
+    if (kind == CM_REL_ASYNC_AFTER) {
+        /* The side stream waited at the order for the other streams
+         * that used it; stream captured then.  Once it no longer does,
+         * the side stream waits for it too, and frees. */
+        if (cm_pool_stream_in_capture(stream)) {
+            return CUDA_ERROR_NOT_READY;
+        }
+        cm_pool_lock(p, &gd);
+        e = p->dead || p->side == NULL ? NULL : cm_event_on(p, stream);
+        rc = e == NULL ? CUDA_ERROR_INVALID_HANDLE
+                       : CM_CU_RAW(StreamWaitEvent, (p->side, e, 0));
+        cm_event_put(p, e);
+        stream = p->side;
+        cm_pool_unlock(p, &gd);
+        if (rc != CUDA_SUCCESS) {
+            /* Nothing orders the free after that stream: after the
+             * context then. */
+            kind = CM_REL_ASYNC_SYNC;
+            stream = NULL;
+        }
     }
     if (kind == CM_REL_ASYNC_SYNC) {
         /* Released where no stream could be recorded: every stream that
@@ -881,8 +905,9 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     return rc;
 }
 
-/* The pool manager's release (CM_REL_POOL, or CM_REL_POOL_SYNC: after
- * the context, free for any stream): the block back to the bins. */
+/* The pool manager's release (CM_REL_POOL, CM_REL_POOL_SYNC: after the
+ * context, free for any stream, or CM_REL_POOL_AFTER: after stream too):
+ * the block back to the bins. */
 static CUresult
 cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
                 CUstream stream)
@@ -900,6 +925,12 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
     if (p == NULL || p->dead) {
         return CUDA_SUCCESS;
     }
+    if (kind == CM_REL_POOL_AFTER
+        && cm_pool_stream_in_capture(stream)) {
+        /* Its other streams' events were recorded at the order; stream
+         * captured then, and still does. */
+        return CUDA_ERROR_NOT_READY;
+    }
     if (kind == CM_REL_POOL_SYNC) {
         /* Released where no stream could be recorded: every stream that
          * used it is done once the context is.  Not while stream (one
@@ -913,6 +944,9 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
         }
     }
     cm_pool_lock(p, &gd);
+    if (!p->dead && kind == CM_REL_POOL_AFTER) {
+        cm_pool_wait_also(p, b, stream);
+    }
     if (!p->dead) {
         if (kind == CM_REL_POOL_SYNC) {
             cm_blk_drop_waits(p, b);
@@ -1264,6 +1298,7 @@ const cm_mm_ops cm_mm_pool = {
     .ordered = 1,
     .rel = CM_REL_POOL,
     .rel_sync = CM_REL_POOL_SYNC,
+    .rel_after = CM_REL_POOL_AFTER,
     .create = cm_pool_create,
     .destroy = cm_pool_destroy,
     .dead = cm_pool_dead,
@@ -1288,6 +1323,7 @@ const cm_mm_ops cm_mm_async = {
     .ordered = 1,
     .rel = CM_REL_ASYNC,
     .rel_sync = CM_REL_ASYNC_SYNC,
+    .rel_after = CM_REL_ASYNC_AFTER,
     .create = cm_async_create,
     .destroy = cm_pool_destroy,
     .dead = cm_pool_dead,
