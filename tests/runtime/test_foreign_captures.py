@@ -402,3 +402,63 @@ def test_a_release_kept_for_one_capture_runs_beside_the_next(manager):
     # child: a manager is chosen before the context is made.
     rc, out = run_py(_NEXT_CAPTURE_CHILD, CUDAMEM_MEMORY_MANAGER=manager)
     assert rc == 0 and "OK" in out, out
+
+
+_CALLBACK_DROP_CHILD = r"""
+import gc, sys
+import numpy as np
+import cudamem
+from cudamem import _core
+
+seen = []
+sys.unraisablehook = seen.append
+memq = cudamem.current_context().memory_manager.deallocations
+s1 = cudamem.stream()
+s2 = cudamem.stream()
+held = [cudamem.device_array(4096, np.float32, stream=s1)]
+held[0].copy_to_device(np.ones(4096, np.float32), stream=s2)
+# Dropped by a stream callback, on the driver's thread, where no event
+# can be recorded: its release waits for the context, at a later flush.
+s1.add_callback(lambda stream, status, arg: held.clear(), None)
+s1.synchronize()
+assert not held
+assert len(memq) == 1, len(memq)
+# Another library captures a blocking stream of its own meanwhile: the
+# flush must keep that release rather than synchronise the context,
+# which the driver refuses then, invalidating the capture.
+h = _core._raw_stream_create(0)
+ext = cudamem.external_stream(h)
+d = cudamem.to_device(np.arange(256, dtype=np.float32))
+hout = cudamem.pinned_array(256, np.float32)
+cudamem.synchronize()
+_core._raw_begin_capture(h, 0)
+d.copy_to_host(hout, stream=ext)
+memq.clear()
+assert len(memq) == 1, len(memq)
+g = ext.end_capture()
+hout[:] = 0
+g.launch(ext)
+_core._raw_stream_synchronize(h)
+np.testing.assert_array_equal(hout, np.arange(256))
+g.close()
+# The capture over, the next flush runs it.
+memq.clear()
+assert len(memq) == 0, len(memq)
+cudamem.synchronize()
+_core._raw_stream_destroy(h)
+assert not seen, [str(u.exc_value) for u in seen]
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("manager", ["pool", "async"])
+def test_a_release_after_the_context_waits_for_a_blocking_capture(manager):
+    # Memory used on two streams and dropped where no event can be
+    # recorded (a stream callback) is released after the context: a
+    # context-wide synchronisation, which the driver refuses, invalidating
+    # the capture, while any stream of the context captures.  A capture
+    # of a blocking stream the driver tells without harm (a query of the
+    # legacy stream): the release waits for its end.  In a child: a
+    # manager is chosen before the context is made.
+    rc, out = run_py(_CALLBACK_DROP_CHILD, CUDAMEM_MEMORY_MANAGER=manager)
+    assert rc == 0 and "OK" in out, out

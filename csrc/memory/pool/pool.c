@@ -268,6 +268,15 @@ cm_pool_stream_in_capture(CUstream h)
     return cm_pool_capture_state(h) > 0;
 }
 
+CUresult
+cm_pool_sync_context(void)
+{
+    if (cm_pool_capture_state(CU_STREAM_LEGACY) > 0) {
+        return CUDA_ERROR_NOT_READY;
+    }
+    return CM_CU_RAW(CtxSynchronize, ());
+}
+
 /* Record an event on stream key s for block b (which has none). */
 void
 cm_event_record(cm_pool *p, cm_blk *b)

@@ -306,6 +306,14 @@ int cm_pool_stream_captures(CUstream h);
  * call. */
 int cm_pool_stream_in_capture(CUstream h);
 
+/* cuCtxSynchronize for a release after the context (ctx current), or
+ * CUDA_ERROR_NOT_READY, nothing done, while a blocking stream of the
+ * context captures, which the driver tells of the legacy stream without
+ * harm: the synchronisation would be refused and invalidate that
+ * capture, whoever began it.  A capture of a non-blocking stream by
+ * another library is not told. */
+CUresult cm_pool_sync_context(void);
+
 /* Record an event on stream key s for block b (which has none); none on
  * a stream that captures, one cudamem began or another library's
  * (cm_pool_stream_captures: the event would be captured, and its query

@@ -878,7 +878,10 @@ cm_async_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
         if (stream != NULL && cm_pool_stream_in_capture(stream)) {
             return CUDA_ERROR_NOT_READY;
         }
-        rc = CM_CU_RAW(CtxSynchronize, ());
+        rc = cm_pool_sync_context();
+        if (rc == CUDA_ERROR_NOT_READY) {
+            return rc;
+        }
         if (rc != CUDA_SUCCESS) {
             cm_limit_give(ctx, size);
             return rc;
@@ -938,7 +941,7 @@ cm_pool_release(cm_context *ctx, int kind, uintptr_t handle, size_t size,
         if (stream != NULL && cm_pool_stream_in_capture(stream)) {
             return CUDA_ERROR_NOT_READY;
         }
-        rc = CM_CU_RAW(CtxSynchronize, ());
+        rc = cm_pool_sync_context();
         if (rc != CUDA_SUCCESS) {
             return rc;
         }

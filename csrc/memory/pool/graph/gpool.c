@@ -443,8 +443,12 @@ cm_gpool_release(cm_context *ctx, uintptr_t handle, int sync)
     (void)ctx;
     if (sync && !p->dead) {
         /* Other streams used it and could not be recorded: every one of
-         * them is done once the context is. */
-        rc = CM_CU_RAW(CtxSynchronize, ());
+         * them is done once the context is.  Not while a blocking
+         * stream captures: tried again at a later flush. */
+        rc = cm_pool_sync_context();
+        if (rc == CUDA_ERROR_NOT_READY) {
+            return rc;
+        }
     }
     cm_mu_lock(&p->mu);
     if (!p->dead) {
